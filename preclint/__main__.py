@@ -1,0 +1,3 @@
+from preclint.cli import main
+
+raise SystemExit(main())

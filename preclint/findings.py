@@ -1,0 +1,61 @@
+"""The one finding model. Every output format converts from it at the boundary."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+SEVERITIES = ("info", "warning", "error")
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+@dataclass(frozen=True, order=True)
+class Location:
+    """A place in a file. ``line`` and ``column`` are 1-based; columns count code points."""
+
+    path: str
+    line: int = 1
+    column: int = 1
+
+
+@dataclass
+class ErrorFigure:
+    """An error, predicted or measured, for one precision mode.
+
+    ``rel_error`` is RMS(error) / RMS(reference value); ``max_abs_error`` the largest absolute
+    error over the elements. ``flip_fraction`` is set by decision rules only.
+    """
+
+    rel_error: Optional[float] = None
+    max_abs_error: Optional[float] = None
+    flip_fraction: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        out = {"rel_error": self.rel_error, "max_abs_error": self.max_abs_error}
+        if self.flip_fraction is not None:
+            out["flip_fraction"] = self.flip_fraction
+        return out
+
+
+@dataclass
+class Finding:
+    code: str
+    name: str
+    severity: str
+    message: str
+    fix: str
+    location: Optional[Location] = None
+    precisions: tuple = ()
+    module: str = ""
+    op: str = ""
+    predicted: dict = field(default_factory=dict)  # mode -> ErrorFigure
+    measured: dict = field(default_factory=dict)  # mode -> ErrorFigure (after a probe)
+    status: Optional[str] = None  # "confirmed" | "refuted" after a probe
+    related: tuple = ()  # (Location, str) pairs: e.g. the line that builds the module
+    fixable: bool = False
+
+    def sort_key(self):
+        loc = self.location or Location("")
+        return (loc.path, loc.line, loc.column, self.code, self.module, self.message)

@@ -1,0 +1,121 @@
+"""The IR: the one contract that every capture path produces and every rule and the probe read.
+
+A Graph is the ordered list of Nodes a model executes. A Node is one operation at the level a user
+wrote it: a leaf module call (``layer1.0.conv2``), a torch function (``torch.softmax``), a tensor
+method (``x.mean``) or an operator (``x + y``). Its statistics come from the reference pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from preclint.findings import Location
+
+
+class Kind:
+    """Op kinds. Rules and the error model dispatch on these, never on capture-specific targets."""
+
+    INPUT = "input"
+    OUTPUT = "output"
+    CONV = "conv"  # convolution, transposed convolution
+    LINEAR = "linear"  # nn.Linear, F.linear, addmm
+    MATMUL = "matmul"  # matmul, mm, bmm, einsum, baddbmm, sdpa
+    BATCHNORM = "batchnorm"  # BatchNorm*, FrozenBatchNorm2d, F.batch_norm
+    NORM = "norm"  # layer_norm, group_norm, instance_norm, rms_norm, normalize
+    SOFTMAX = "softmax"  # softmax, log_softmax
+    REDUCTION = "reduction"  # sum, mean, var, std, prod, norm, logsumexp
+    SCAN = "scan"  # cumsum, cumprod, logcumsumexp
+    ELEMENTWISE = "elementwise"  # add, mul, div, sub, pow, exp, log, sqrt, rsqrt, clamp, where, ...
+    ACTIVATION = "activation"  # relu, gelu, silu, sigmoid, tanh, hardswish, ...
+    POOL = "pool"  # max/avg pooling, adaptive pooling
+    RESAMPLE = "resample"  # interpolate, upsample, grid_sample, roi_align
+    DECISION = "decision"  # argmax, argmin, topk, sort, argsort, max/min with indices, nms
+    COMPARE = "compare"  # gt, lt, ge, le, eq, ne (thresholds)
+    CAST = "cast"  # .float(), .half(), .to(dtype), .long(), round, floor, ...
+    CONSTANT = "constant"  # arange, zeros, ones, full, tensor creation
+    SHAPE = "shape"  # view, reshape, permute, cat, stack, getitem, flatten, ... (no arithmetic)
+    OTHER = "other"
+
+
+DOT_PRODUCT_KINDS = frozenset({Kind.CONV, Kind.LINEAR, Kind.MATMUL})
+
+
+@dataclass
+class TensorStats:
+    """Statistics of one tensor value from the reference pass (fp32 on the CPU)."""
+
+    shape: Tuple[int, ...]
+    dtype: str
+    numel: int
+    absmax: float = 0.0
+    rms: float = 0.0
+    absmin_nonzero: float = float("inf")  # smallest nonzero magnitude; inf when all are zero
+    finite: bool = True
+    integer_valued: bool = False  # every element is a whole number (positions, counts, boxes)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith("float") or self.dtype.startswith("bfloat")
+
+
+@dataclass
+class Node:
+    name: str
+    kind: str
+    target: str  # readable target: "nn.Conv2d", "torch.matmul", "Tensor.mean", "operator.add"
+    fn: str = ""  # canonical op name shared by every capture path: "conv2d", "batch_norm", "mean", "add"
+    module_path: str = ""  # the module that owns the op ("layer1.0.conv2"); "" for the root
+    module_type: str = ""  # class name of that module ("Conv2d", "FrozenBatchNorm2d")
+    location: Optional[Location] = None  # the user's line that produced the op
+    inputs: Tuple[str, ...] = ()  # names of the nodes whose tensors this node reads
+    scalars: Dict[str, float] = field(default_factory=dict)  # scalar arguments (eps, value, exponent)
+    attrs: Dict[str, Any] = field(default_factory=dict)  # groups, kernel_size, stride, dim, ...
+    params: Tuple[str, ...] = ()  # qualified names of the parameters and buffers it reads
+    reduction_length: Optional[int] = None  # K of a dot product, N of a reduction or scan
+    groups: Optional[int] = None
+    # reference pass
+    outputs: List[TensorStats] = field(default_factory=list)
+    input_stats: List[Optional[TensorStats]] = field(default_factory=list)  # stats of each input, in order
+    dot_rms: Optional[float] = None  # RMS over outputs of sqrt(sum_k (a_k b_k)^2) for dot products / reductions
+    cancellation: Optional[float] = None  # fraction of outputs with sqrt(sum (a b)^2) > 100 |y|
+    margins: Optional[List[float]] = None  # decision margins (top-1 minus top-2 per row, or distance to threshold)
+    sensitivity: Optional[float] = None  # ||J^T v||^2 / N_out: gain from this node's error to the output
+
+    @property
+    def out(self) -> Optional[TensorStats]:
+        return self.outputs[0] if self.outputs else None
+
+    @property
+    def op(self) -> str:
+        return self.target
+
+
+@dataclass
+class Graph:
+    nodes: List[Node]
+    model_name: str
+    capture: str  # "fx" or "function-mode" (the fallback), see capture.py
+    source_path: Optional[str] = None  # the model file, for locations
+    ran_reference: bool = False  # False with --no-run: rules must not rely on statistics
+    notes: List[str] = field(default_factory=list)  # why a fallback was used, etc.
+    param_stats: Dict[str, TensorStats] = field(default_factory=dict)  # qualified name -> stats
+    module_attrs: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # module path -> attributes rules need
+
+    def __post_init__(self) -> None:
+        self._by_name = {n.name: n for n in self.nodes}
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __getitem__(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def get(self, name: str) -> Optional[Node]:
+        return self._by_name.get(name)
+
+    def users(self, name: str) -> List[Node]:
+        return [n for n in self.nodes if name in n.inputs]
+
+    @property
+    def output_nodes(self) -> List[Node]:
+        return [n for n in self.nodes if n.kind == Kind.OUTPUT]
