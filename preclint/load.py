@@ -1,0 +1,647 @@
+"""Turn what the user named on the command line into a model and example inputs.
+
+A target is a Python file (``model.py``, ``model.py:Net``) or an importable module
+(``package.module`` or ``package.module:attr``). From it we pick one ``nn.Module``, build example
+inputs for it, optionally load a state dict with ``weights_only=True``, and hand back a
+:class:`LoadedModel` in eval mode. Every mistake a user can make ends in one
+:class:`~preclint.errors.UserError` line; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import itertools
+import os
+import re
+import sys
+from dataclasses import dataclass
+from types import ModuleType, TracebackType
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.hub
+from torch import nn
+
+from preclint.errors import UserError
+
+__all__ = ["LoadedModel", "load_model", "parse_shape"]
+
+# Module-level names with a meaning, in the order they are looked for.
+MODEL_ATTR = "model"
+EXAMPLE_INPUTS_ATTR = "example_inputs"
+EXAMPLE_INPUT_ARRAY_ATTR = "example_input_array"  # PyTorch Lightning's convention
+
+# Messages quote user exceptions; they are cut so the line stays readable.
+_MAX_QUOTED_CHARS = 240
+
+# Each loaded file gets its own module name, so loading two files called model.py never collides.
+_module_counter = itertools.count()
+
+
+@dataclass
+class LoadedModel:
+    module: nn.Module  # in eval() mode
+    inputs: tuple  # positional example inputs (each a Tensor, or a list/tuple of Tensors)
+    name: str  # display name: "path/model.py:Net" or "torchvision.models:resnet50"
+    source_path: Optional[str]  # absolute path of the file the model was defined/loaded from
+
+
+@dataclass
+class _Origin:
+    """Where the model comes from, in the words the messages use."""
+
+    namespace: ModuleType
+    label: str  # "path/model.py" or "torchvision.models"
+    file_path: Optional[str]  # absolute path for file targets; None for module targets
+
+
+def load_model(
+    target: str,
+    model: Optional[str] = None,
+    input_shapes: Optional[Sequence[Sequence[int]]] = None,
+    input_dtype: str = "float32",
+    weights: Optional[str] = None,
+    seed: int = 0,
+) -> LoadedModel:
+    """Load the model named by ``target`` (and ``model``), with example inputs and optional weights."""
+    # Validate the cheap arguments first, so a typo in a flag fails before any user code runs.
+    dtype = _parse_dtype(input_dtype)
+    shapes = [_validate_shape(shape) for shape in input_shapes] if input_shapes is not None else None
+    if weights is not None:
+        _check_is_file(weights, what="weights file")
+
+    with _downloads_refused():  # user code runs in here: importing, building, example_inputs()
+        origin, attr_in_target = _import_target(target, seed)
+        if attr_in_target is not None and model is not None and attr_in_target != model:
+            raise UserError(
+                f"{target}: the model is named both in the target ({attr_in_target!r}) "
+                f"and with --model ({model!r}); give only one"
+            )
+        model_name = attr_in_target if attr_in_target is not None else model
+
+        if model_name is not None:
+            module = _build_named_model(origin, model_name, seed)
+            display_attr = model_name
+        else:
+            display_attr, module = _find_model(origin, seed)
+
+        if shapes is not None:
+            torch.manual_seed(seed)
+            inputs = tuple(_random_tensor(shape, dtype) for shape in shapes)
+        else:
+            inputs = _example_inputs(origin, module, seed)
+
+    if weights is not None:
+        _load_weights(module, weights)
+
+    module.eval()
+    return LoadedModel(
+        module=module,
+        inputs=inputs,
+        name=f"{origin.label}:{display_attr}",
+        source_path=origin.file_path or _defining_file(module),
+    )
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """Parse ``"1,3,224,224"`` into ``(1, 3, 224, 224)``; brackets and spaces are tolerated."""
+    stripped = text.strip().strip("()[]").strip()
+    parts = [part.strip() for part in stripped.split(",")] if stripped else []
+    # A trailing comma, as in "(3,)", is fine; an empty part in the middle is not.
+    if parts and parts[-1] == "" and len(parts) > 1:
+        parts.pop()
+    if not parts or not all(re.fullmatch(r"\d+", part) for part in parts):
+        raise UserError(
+            f"bad input shape {text!r}: expected comma-separated positive integers such as 1,3,224,224"
+        )
+    return _validate_shape([int(part) for part in parts], text=text)
+
+
+# --------------------------------------------------------------------------------------------
+# Target -> module namespace
+
+
+def _import_target(target: str, seed: int) -> tuple[_Origin, Optional[str]]:
+    """Import the file or module that ``target`` names; return it and the ``:attr`` part, if any."""
+    if not target or not target.strip():
+        raise UserError("no target given: expected a Python file (model.py) or package.module[:attr]")
+
+    # An existing path wins over any reading of a colon in it (C:\models\net.py, odd names).
+    if os.path.exists(target):
+        return _import_file(target, seed), None
+
+    head, colon, attr = target.rpartition(":")
+    if colon:
+        if not attr:
+            raise UserError(f"{target}: nothing after ':'; expected FILE.py:NAME or package.module:NAME")
+        if _looks_like_path(head):
+            return _import_file(head, seed), attr
+        return _import_module(head, seed), attr
+
+    if _looks_like_path(target):
+        return _import_file(target, seed), None  # raises "no such file"
+    return _import_module(target, seed), None
+
+
+def _looks_like_path(text: str) -> bool:
+    # An existing directory does not count: `mypkg:net` run beside the mypkg/ package is a module.
+    return (
+        text.endswith(".py")
+        or os.sep in text
+        or (os.altsep is not None and os.altsep in text)
+        or os.path.isfile(text)
+    )
+
+
+def _import_file(path: str, seed: int) -> _Origin:
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory; expected a Python file (model.py) or package.module[:attr]")
+    _check_is_file(path, what="file")
+    label = _display_path(path)
+    if not path.endswith(".py"):
+        raise UserError(
+            f"{label}: not a Python file; name the .py file that defines the model "
+            "(pass a checkpoint with --weights)"
+        )
+    abs_path = os.path.abspath(path)
+    directory = os.path.dirname(abs_path)
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(abs_path))[0])
+    module_name = f"_preclint_model_{stem}_{next(_module_counter)}"
+
+    loader = importlib.machinery.SourceFileLoader(module_name, abs_path)
+    spec = importlib.util.spec_from_file_location(module_name, abs_path, loader=loader)
+    assert spec is not None  # a SourceFileLoader and a path always make a spec
+    namespace = importlib.util.module_from_spec(spec)
+    # Registered for good: inspect, pickle and dataclasses look classes up through sys.modules.
+    sys.modules[module_name] = namespace
+
+    try:
+        with _on_sys_path(directory):
+            torch.manual_seed(seed)  # module-level code may build the model or random inputs
+            loader.exec_module(namespace)
+    except SyntaxError as exc:
+        del sys.modules[module_name]
+        where = _display_path(exc.filename) if exc.filename else label
+        line = f":{exc.lineno}" if exc.lineno else ""
+        raise UserError(f"{where}{line}: syntax error: {exc.msg}") from None
+    except (Exception, SystemExit) as exc:
+        del sys.modules[module_name]
+        raise UserError(
+            f"{_located(label, abs_path, exc.__traceback__)}: importing the file failed: {_quote(exc)}"
+        ) from None
+    return _Origin(namespace=namespace, label=label, file_path=abs_path)
+
+
+def _import_module(name: str, seed: int) -> _Origin:
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+        raise UserError(
+            f"no such file: {name} (and {name!r} is not a module name either; "
+            "expected a Python file or package.module[:attr])"
+        )
+    try:
+        # The console script does not put the working directory on sys.path; users expect
+        # `preclint check mypkg.models:net` to find ./mypkg, as uvicorn and gunicorn do.
+        with _on_sys_path(os.getcwd()):
+            torch.manual_seed(seed)
+            namespace = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            raise UserError(f"cannot import module {name!r}: {_first_line(exc)}") from None
+        raise UserError(f"importing module {name!r} failed: {_quote(exc)}") from None
+    except SyntaxError as exc:
+        where = _display_path(exc.filename) if exc.filename else name
+        line = f":{exc.lineno}" if exc.lineno else ""
+        raise UserError(f"{where}{line}: syntax error: {exc.msg}") from None
+    except (Exception, SystemExit) as exc:
+        raise UserError(f"importing module {name!r} failed: {_quote(exc)}") from None
+    return _Origin(namespace=namespace, label=name, file_path=None)
+
+
+@contextlib.contextmanager
+def _on_sys_path(directory: str) -> Iterator[None]:
+    """Put ``directory`` first on sys.path while importing, so the user's sibling imports work."""
+    sys.path.insert(0, directory)
+    importlib.invalidate_caches()  # files written moments ago (tests, generated code) must be seen
+    try:
+        yield
+    finally:
+        # Remove only our entry: anything the user's code added to sys.path stays.
+        try:
+            sys.path.remove(directory)
+        except ValueError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# Namespace -> nn.Module
+
+
+def _build_named_model(origin: _Origin, name: str, seed: int) -> nn.Module:
+    """Build what ``--model NAME`` (or ``:NAME``) points at: an instance, a class or a factory."""
+    obj = _resolve_attr(origin, name)
+    if isinstance(obj, nn.Module):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        return _build(origin, name, obj, seed)
+    if callable(obj):
+        built = _build(origin, name, obj, seed)
+        if not isinstance(built, nn.Module):
+            raise UserError(
+                f"{origin.label}: {name}() returned {type(built).__name__}, not an nn.Module"
+            )
+        return built
+    raise UserError(
+        f"{origin.label}: {name!r} is a {type(obj).__name__}, not an nn.Module, "
+        "an nn.Module subclass or a zero-argument factory"
+    )
+
+
+def _resolve_attr(origin: _Origin, name: str) -> Any:
+    """Look up ``name`` (dotted names walk attributes) and suggest close names when it is missing."""
+    obj: Any = origin.namespace
+    walked: list[str] = []
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            owner = ".".join(walked) if walked else None
+            candidates = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, candidates, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            where = f"{origin.label}: {owner!r}" if owner else origin.label
+            raise UserError(f"{where} has no attribute {part!r}{hint}")
+        obj = getattr(obj, part)
+        walked.append(part)
+    return obj
+
+
+def _find_model(origin: _Origin, seed: int) -> tuple[str, nn.Module]:
+    """Pick the model when none is named: ``model = ...``, else the one root class of the file."""
+    instance = getattr(origin.namespace, MODEL_ATTR, None)
+    if isinstance(instance, nn.Module):
+        return MODEL_ATTR, instance
+
+    classes = _module_classes_defined_in(origin.namespace)
+    if not classes:
+        raise UserError(
+            f"{origin.label}: no nn.Module found (looked for --model NAME, a module-level "
+            f"nn.Module instance named {MODEL_ATTR!r}, and nn.Module subclasses defined in it)"
+        )
+
+    buildable = {name: cls for name, cls in classes.items() if not _missing_arguments(cls)}
+    if not buildable:
+        needs = "; ".join(
+            f"{name}() needs arguments (missing: {_quoted_list(_missing_arguments(cls))})"
+            for name, cls in classes.items()
+        )
+        raise UserError(
+            f"{origin.label}: {needs}; define `{MODEL_ATTR} = {next(iter(classes))}(...)` "
+            "in the file or pass --model with a zero-argument factory"
+        )
+
+    # Build every candidate; one that appears inside another (Block inside Net) is not the model.
+    instances = {name: _build(origin, name, cls, seed, several=len(buildable) > 1)
+                 for name, cls in buildable.items()}
+    contained_types = {
+        type(sub)
+        for instance in instances.values()
+        for sub in instance.modules()
+        if sub is not instance
+    }
+    roots = [name for name, cls in buildable.items() if cls not in contained_types]
+    if len(roots) == 1:
+        return roots[0], instances[roots[0]]
+    if not roots:  # every class contains another (mutual nesting): nothing stands out
+        roots = list(buildable)
+    raise UserError(
+        f"{origin.label}: several candidate models ({', '.join(roots)}); "
+        "pass --model NAME to choose one"
+    )
+
+
+def _module_classes_defined_in(namespace: ModuleType) -> dict[str, type]:
+    """nn.Module subclasses defined in this module itself (not imported), in definition order."""
+    found: dict[str, type] = {}
+    seen: set[int] = set()
+    for name, obj in vars(namespace).items():
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, nn.Module)
+            and obj.__module__ == namespace.__name__
+            and id(obj) not in seen  # an alias (Model = Net) is the same class
+        ):
+            seen.add(id(obj))
+            found[name] = obj
+    return found
+
+
+def _build(origin: _Origin, name: str, factory: Callable[[], Any], seed: int,
+           several: bool = False) -> Any:
+    """Call a class or factory with no arguments, seeded, turning failures into one line."""
+    missing = _missing_arguments(factory)
+    if missing:
+        raise UserError(
+            f"{origin.label}: {name}() needs arguments (missing: {_quoted_list(missing)}); "
+            f"define `{MODEL_ATTR} = {name}(...)` in the file or pass --model with a zero-argument factory"
+        )
+    # Re-seeded per build, so a model found among several candidates has the same weights
+    # as the same model named with --model.
+    torch.manual_seed(seed)
+    try:
+        return factory()
+    except (Exception, SystemExit) as exc:
+        hint = " (pass --model NAME to choose another model)" if several else ""
+        where = _located(origin.label, origin.file_path, exc.__traceback__)
+        raise UserError(f"{where}: building {name}() failed: {_quote(exc)}{hint}") from None
+
+
+def _missing_arguments(factory: Callable[..., Any]) -> list[str]:
+    """Names of the parameters a no-argument call would lack; [] if unknown (we then just try)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return []
+    required_kinds = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    return [
+        param.name
+        for param in signature.parameters.values()
+        if param.kind in required_kinds and param.default is inspect.Parameter.empty
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Example inputs
+
+
+def _example_inputs(origin: _Origin, module: nn.Module, seed: int) -> tuple:
+    """Inputs the code provides: module-level ``example_inputs``, else ``model.example_input_array``."""
+    if hasattr(origin.namespace, EXAMPLE_INPUTS_ATTR):
+        provided = getattr(origin.namespace, EXAMPLE_INPUTS_ATTR)
+        source = f"{origin.label}: {EXAMPLE_INPUTS_ATTR}"
+        if callable(provided) and not isinstance(provided, (torch.Tensor, nn.Module)):
+            torch.manual_seed(seed)
+            try:
+                provided = provided()
+            except (Exception, SystemExit) as exc:
+                where = _located(origin.label, origin.file_path, exc.__traceback__)
+                raise UserError(f"{where}: {EXAMPLE_INPUTS_ATTR}() failed: {_quote(exc)}") from None
+            source += "()"
+        return _as_positional_inputs(provided, source)
+
+    provided = getattr(module, EXAMPLE_INPUT_ARRAY_ATTR, None)
+    if provided is not None:
+        return _as_positional_inputs(provided, f"{origin.label}: {EXAMPLE_INPUT_ARRAY_ATTR}")
+
+    raise UserError(
+        f"{origin.label}: no example inputs; pass --input-shape (e.g. --input-shape 1,3,224,224), "
+        f"define `{EXAMPLE_INPUTS_ATTR} = (...)` in the file, "
+        f"or set `{EXAMPLE_INPUT_ARRAY_ATTR}` on the model"
+    )
+
+
+def _as_positional_inputs(provided: Any, source: str) -> tuple:
+    """A tuple/list is the positional inputs, a lone Tensor is one input; structure is kept."""
+    if isinstance(provided, torch.Tensor):
+        return (provided,)
+    if not isinstance(provided, (tuple, list)):
+        raise UserError(
+            f"{source} is a {type(provided).__name__}; expected a Tensor or a tuple of Tensors"
+        )
+    for position, item in enumerate(provided):
+        if not _is_tensor_or_tensor_sequence(item):
+            raise UserError(
+                f"{source}[{position}] is a {type(item).__name__}; each input must be a Tensor "
+                "or a list/tuple of Tensors"
+            )
+    return tuple(provided)
+
+
+def _is_tensor_or_tensor_sequence(item: Any) -> bool:
+    if isinstance(item, torch.Tensor):
+        return True
+    return isinstance(item, (list, tuple)) and all(isinstance(x, torch.Tensor) for x in item)
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    bare = name.strip().removeprefix("torch.")
+    dtype = getattr(torch, bare, None)
+    if not isinstance(dtype, torch.dtype):
+        raise UserError(
+            f"unknown input dtype {name!r}: expected a torch dtype name such as "
+            "float32, float16, bfloat16 or int64"
+        )
+    return dtype
+
+
+def _validate_shape(shape: Sequence[int] | str, text: Optional[str] = None) -> tuple[int, ...]:
+    if isinstance(shape, str):  # "1,3,224,224" straight from a flag or a config file
+        return parse_shape(shape)
+    shown = repr(text) if text is not None else repr(shape)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise UserError(f"bad input shape {shown}: expected a sequence of positive integers") from None
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+        raise UserError(f"bad input shape {shown}: every dimension must be a positive integer")
+    return dims
+
+
+def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # rand in [0, 1) for floats, as torchvision's own model tests do; small ints suit index inputs.
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.rand(shape, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, dtype=torch.bool)
+    return torch.randint(0, 10, shape, dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Weights
+
+
+def _load_weights(module: nn.Module, path: str) -> None:
+    label = _display_path(path)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(
+            f"{label}: cannot be loaded with weights_only=True ({_weights_load_reason(exc)}); "
+            "save a plain state dict with torch.save(model.state_dict(), path)"
+        ) from None
+
+    state_dict = _state_dict_in(checkpoint)
+    if state_dict is None:
+        raise UserError(
+            f"{label}: holds a {type(checkpoint).__name__}, not a state dict "
+            "(or a dict with a 'state_dict' or 'model' entry holding one)"
+        )
+    state_dict = _strip_data_parallel_prefix(state_dict, module)
+
+    try:
+        module.load_state_dict(state_dict, strict=True)
+    except Exception as exc:
+        # The module is partly loaded now; raising means it never reaches the caller.
+        raise UserError(f"{label}: weights do not match the model: {_mismatch(module, state_dict, exc)}") from None
+
+
+def _state_dict_in(checkpoint: Any) -> Optional[dict]:
+    if not isinstance(checkpoint, dict):
+        return None
+    for key in ("state_dict", "model"):  # Lightning and many training scripts nest it
+        nested = checkpoint.get(key)
+        if isinstance(nested, dict):
+            return nested
+    if all(isinstance(key, str) for key in checkpoint):
+        return checkpoint
+    return None
+
+
+def _strip_data_parallel_prefix(state_dict: dict, module: nn.Module) -> dict:
+    """Checkpoints saved from DataParallel/DDP prefix every key with 'module.'; drop it."""
+    prefix = "module."
+    if all(key.startswith(prefix) for key in state_dict) and not any(
+        key.startswith(prefix) for key in module.state_dict()
+    ):
+        return {key[len(prefix):]: value for key, value in state_dict.items()}
+    return state_dict
+
+
+def _mismatch(module: nn.Module, state_dict: dict, exc: Exception) -> str:
+    """One line naming the first few missing, unexpected and misshapen keys."""
+    expected = module.state_dict()
+    missing = [key for key in expected if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in expected]
+    misshapen = [
+        f"{key} {tuple(state_dict[key].shape)} vs {tuple(expected[key].shape)} in the model"
+        for key in expected
+        if key in state_dict
+        and isinstance(state_dict[key], torch.Tensor)
+        and isinstance(expected[key], torch.Tensor)
+        and state_dict[key].shape != expected[key].shape
+    ]
+    parts = [
+        f"{title} {_first_few(items)}"
+        for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", misshapen))
+        if items
+    ]
+    return "; ".join(parts) if parts else _quote(exc)
+
+
+def _first_few(items: list[str], limit: int = 3) -> str:
+    shown = ", ".join(items[:limit])
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{shown}{more}"
+
+
+def _weights_load_reason(exc: Exception) -> str:
+    # torch's weights_only message is a paragraph; the sentence after this marker is the reason.
+    match = re.search(r"WeightsUnpickler error: (.*?\.)(\s|$)", str(exc))
+    if match:
+        return match.group(1)
+    return _quote(exc)
+
+
+# --------------------------------------------------------------------------------------------
+# No downloads
+
+
+class _DownloadRefused(Exception):
+    """Raised in place of a torch.hub download; its message is the whole explanation."""
+
+
+@contextlib.contextmanager
+def _downloads_refused() -> Iterator[None]:
+    """Make torch.hub downloads fail while user code runs.
+
+    preclint never downloads weights, yet some zero-argument factories do by default
+    (torchvision's detection models fetch their backbone's ImageNet weights). torch.hub's
+    load_state_dict_from_url and hub.load both fetch through this one module-level function.
+    Files already in the torch.hub cache still load: that is not a download.
+    """
+
+    def refuse(url: str, *args: object, **kwargs: object) -> None:
+        raise _DownloadRefused(
+            f"it tried to download {url}; preclint never downloads weights: build the model "
+            "without pretrained weights (torchvision: weights=None, weights_backbone=None) in a "
+            "zero-argument factory, or pass a local checkpoint with --weights"
+        )
+
+    original = torch.hub.download_url_to_file
+    torch.hub.download_url_to_file = refuse
+    try:
+        yield
+    finally:
+        torch.hub.download_url_to_file = original
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers for messages and locations
+
+
+def _check_is_file(path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise UserError(f"no such {what}: {path}")
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected a {what}")
+
+
+def _display_path(path: str) -> str:
+    """Relative to the working directory when inside it (as the rest of preclint prints paths)."""
+    absolute = os.path.abspath(path)
+    try:
+        relative = os.path.relpath(absolute)
+    except ValueError:  # another drive on Windows
+        return absolute
+    return absolute if relative.startswith(os.pardir) else relative
+
+
+def _defining_file(module: nn.Module) -> Optional[str]:
+    """The file that defines the model's class, for module targets (torchvision/models/resnet.py)."""
+    try:
+        found = inspect.getsourcefile(type(module))
+    except (TypeError, OSError):
+        return None
+    return os.path.abspath(found) if found else None
+
+
+def _located(label: str, abs_path: Optional[str], tb: Optional[TracebackType]) -> str:
+    """``label:line`` of the innermost traceback frame in the user's file, else just ``label``."""
+    if abs_path is None:
+        return label
+    line = None
+    for frame, lineno in _walk_traceback(tb):
+        if os.path.abspath(frame.f_code.co_filename) == abs_path:
+            line = lineno
+    return f"{label}:{line}" if line is not None else label
+
+
+def _walk_traceback(tb: Optional[TracebackType]) -> Iterator[tuple[Any, int]]:
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
+def _quote(exc: BaseException) -> str:
+    """``Type: message`` on one line, shortened; the user's exception as they would recognise it."""
+    if isinstance(exc, _DownloadRefused):
+        return str(exc)
+    message = " ".join(str(exc).split())
+    if len(message) > _MAX_QUOTED_CHARS:
+        message = message[: _MAX_QUOTED_CHARS - 1].rstrip() + "…"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _quoted_list(names: list[str]) -> str:
+    return ", ".join(repr(name) for name in names)
