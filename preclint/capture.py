@@ -1,0 +1,443 @@
+"""Graph capture: an nn.Module and its example inputs -> ir.Graph.
+
+Two paths produce the same IR:
+
+* ``fx``: torch.fx symbolic tracing (with stack traces), then, unless told not to run, an
+  fx.Interpreter that executes the graph node by node and hands every value to an observer.
+* ``function-mode``: for models FX cannot trace (data-dependent control flow, as in torchvision's
+  detectors), the model runs once under a TorchFunctionMode plus module hooks that record each
+  leaf-module call and each torch function or tensor method called outside leaf modules.
+
+The observer (reference.py) sees ``(node, args, kwargs, callee, output)`` for each op on either path.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.fx as fx
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from preclint import ops
+from preclint.errors import UserError
+from preclint.findings import Location
+from preclint.ir import Graph, Kind, Node
+
+Observer = Callable[..., Any]  # observer(node, args, kwargs, callee, output) -> output to use
+
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in [torch, sys.modules[__name__.rsplit(".", 1)[0]]]
+) + tuple(
+    os.path.dirname(os.path.abspath(sys.modules[name].__file__)) + os.sep
+    for name in ("torchvision",) if name in sys.modules
+)
+_FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
+
+
+def _is_internal(path: str) -> bool:
+    path = os.path.abspath(path)
+    dirs = _INTERNAL_DIRS
+    if "torchvision" in sys.modules and not any("torchvision" in d for d in dirs):
+        dirs = dirs + (os.path.dirname(os.path.abspath(sys.modules["torchvision"].__file__)) + os.sep,)
+    return path.startswith(dirs) or path.startswith("<")
+
+
+def user_location_from_trace(stack_trace: Optional[str]) -> Optional[Location]:
+    """The innermost frame of an FX stack trace that is the user's code (not torch, torchvision, preclint)."""
+    if not stack_trace:
+        return None
+    for path, line, _ in reversed(_FRAME_RE.findall(stack_trace)):
+        if not _is_internal(path):
+            return Location(path, int(line), 1)
+    return None
+
+
+def _user_location_from_frames() -> Optional[Location]:
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not _is_internal(path):
+            return Location(path, frame.f_lineno, 1)
+        frame = frame.f_back
+    return None
+
+
+def _display_target(target: Any, call: str) -> str:
+    if call == "call_method":
+        return f"Tensor.{target}"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", str(target))
+    if module.startswith("torch.nn.functional"):
+        return f"F.{name}"
+    if module in ("_operator", "operator"):
+        return f"operator.{name}"
+    if module.startswith("torchvision"):
+        return f"torchvision.ops.{name}"
+    if module.startswith("torch") or module == "" or "torch._C" in module:
+        return f"torch.{name}"
+    return f"{module}.{name}"
+
+
+def _scalar_args(args, kwargs, skip_first: bool) -> Dict[str, float]:
+    scalars = {}
+    for i, value in enumerate(args):
+        if i == 0 and skip_first:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scalars[f"arg{i}"] = float(value)
+    for key, value in kwargs.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scalars[key] = float(value)
+    return scalars
+
+
+def _call_attrs(fn: str, kind: str, args, kwargs) -> Dict[str, Any]:
+    attrs: Dict[str, Any] = {}
+    dim = kwargs.get("dim", kwargs.get("axis"))
+    if dim is None and kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX, Kind.DECISION) and len(args) > 1:
+        candidate = args[1]
+        if isinstance(candidate, int) or (isinstance(candidate, (tuple, list)) and all(isinstance(d, int) for d in candidate)):
+            dim = candidate
+    if isinstance(dim, (int, tuple, list)):
+        attrs["dim"] = tuple(dim) if isinstance(dim, list) else dim
+    if kind == Kind.DECISION and fn == "topk":
+        k = kwargs.get("k", args[1] if len(args) > 1 else None)
+        if isinstance(k, int):
+            attrs["k"] = k
+        attrs.pop("dim", None)
+        d = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+        if isinstance(d, int):
+            attrs["dim"] = d
+    if kind == Kind.CONV and "groups" in kwargs or (kind == Kind.CONV and len(args) > 6 and isinstance(args[6], int)):
+        attrs["groups"] = kwargs.get("groups", args[6] if len(args) > 6 else 1)
+    for key in ("stride", "padding", "dilation"):
+        if key in kwargs and isinstance(kwargs[key], (int, tuple, list)):
+            attrs[key] = kwargs[key]
+    if kwargs.get("inplace"):
+        attrs["inplace"] = True
+    for key in ("dtype",):
+        if key in kwargs and isinstance(kwargs[key], torch.dtype):
+            attrs["dtype"] = str(kwargs[key]).replace("torch.", "")
+    for value in args:
+        if isinstance(value, torch.dtype):
+            attrs["dtype"] = str(value).replace("torch.", "")
+    return attrs
+
+
+def _direct_params(module: torch.nn.Module, path: str) -> Tuple[str, ...]:
+    names = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
+    prefix = f"{path}." if path else ""
+    return tuple(prefix + n for n in names)
+
+
+def _shape(value) -> Optional[Tuple[int, ...]]:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+# ---------------------------------------------------------------------------------------------- FX
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return ops.is_leaf_module(m)
+
+
+def trace_fx(module: torch.nn.Module) -> fx.GraphModule:
+    tracer = _Tracer()
+    graph = tracer.trace(module)
+    return fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
+    inputs = tuple(a.name for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node))
+    location = user_location_from_trace(node.stack_trace)
+    stack = node.meta.get("nn_module_stack") or {}
+    owner_path, owner_type = "", ""
+    if stack:
+        owner_path, owner_cls = list(stack.values())[-1]
+        owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
+        owner_type = owner_type.rsplit(".", 1)[-1].strip("'>")
+    if node.op == "placeholder":
+        return Node(node.name, Kind.INPUT, f"input:{node.target}", fn="input", location=location)
+    if node.op == "output":
+        return Node(node.name, Kind.OUTPUT, "output", fn="output", inputs=inputs)
+    if node.op == "get_attr":
+        return Node(node.name, Kind.CONSTANT, f"parameter:{node.target}", fn="parameter", module_path=owner_path,
+                    module_type=owner_type, location=location, params=(str(node.target),))
+    if node.op == "call_module":
+        sub = gm.get_submodule(node.target)
+        kind, fn = ops.classify_module(sub)
+        attrs = ops.module_attrs(sub)
+        return Node(node.name, kind, f"nn.{type(sub).__name__}", fn=fn, module_path=str(node.target),
+                    module_type=type(sub).__name__, location=location, inputs=inputs, attrs=attrs,
+                    params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
+                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+    fn, inplace = ops.function_name(node.target)
+    kind = ops.classify_function(fn)
+    args, kwargs = node.args, dict(node.kwargs)
+    attrs = _call_attrs(fn, kind, args, kwargs)
+    if inplace:
+        attrs["inplace"] = True
+    return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
+                module_type=owner_type, location=location, inputs=inputs, attrs=attrs,
+                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+
+
+class _FxRunner(fx.Interpreter):
+    """Runs the traced graph, handing each node's values to the observer.
+
+    In-place ops run out of place: the observer keeps each node's output, and an in-place op would
+    overwrite the value (and the autograd history) of the node that produced it.
+    """
+
+    def __init__(self, gm: fx.GraphModule, ir_nodes: Dict[str, Node], observer: Observer) -> None:
+        super().__init__(gm)
+        self.ir_nodes = ir_nodes
+        self.observer = observer
+
+    def run_node(self, n: fx.Node) -> Any:
+        with self._set_current_node(n):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            callee = None
+            if n.op == "call_module":
+                callee = self.fetch_attr(n.target)
+                restore = getattr(callee, "inplace", None) is True
+                if restore:
+                    callee.inplace = False
+                try:
+                    result = callee(*args, **kwargs)
+                finally:
+                    if restore:
+                        callee.inplace = True
+            elif n.op == "call_function":
+                target = ops.INPLACE_OPERATORS.get(n.target, n.target)
+                if kwargs.get("inplace") is True:
+                    kwargs = {**kwargs, "inplace": False}
+                callee = target
+                result = target(*args, **kwargs)
+            elif n.op == "call_method":
+                name = n.target
+                obj = args[0]
+                if name.endswith("_") and not name.startswith("_") and hasattr(obj, name[:-1]):
+                    name = name[:-1]
+                callee = name
+                result = getattr(obj, name)(*args[1:], **kwargs)
+            else:
+                result = getattr(self, n.op)(n.target, args, kwargs)
+            return self.observer(self.ir_nodes[n.name], args, kwargs, callee, result)
+
+
+def capture_fx(module: torch.nn.Module, inputs: tuple, observer: Optional[Observer]) -> Tuple[List[Node], Any]:
+    gm = trace_fx(module)  # raises for untraceable code: the caller falls back
+    nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
+    output = None
+    if observer is not None:
+        runner = _FxRunner(gm, {n.name: n for n in nodes}, observer)
+        try:
+            output = runner.run(*inputs)
+        except Exception as exc:
+            raise ModelRunError(exc) from exc
+    return nodes, output
+
+
+# ------------------------------------------------------------------------------------ function mode
+
+
+class _Recorder(TorchFunctionMode):
+    """Records leaf-module calls and top-level torch calls of one eager run."""
+
+    def __init__(self, root: torch.nn.Module, observer: Observer) -> None:
+        super().__init__()
+        self.observer = observer
+        self.nodes: List[Node] = []
+        self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
+        self.paths = {id(m): p for p, m in root.named_modules()}
+        self.module_stack: List[Tuple[str, str]] = []
+        self.leaf_depth = 0
+        self.busy = False
+        self.counts: Dict[str, int] = {}
+        self.handles = []
+        for m in root.modules():
+            self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def _unique(self, base: str) -> str:
+        base = re.sub(r"\W", "_", base) or "op"
+        n = self.counts.get(base, 0)
+        self.counts[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def _inputs(self, values) -> Tuple[str, ...]:
+        names = []
+        for v in tree_flatten(values)[0]:
+            if isinstance(v, torch.Tensor) and id(v) in self.producer:
+                name = self.producer[id(v)][0]
+                if name not in names:
+                    names.append(name)
+        return tuple(names)
+
+    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
+        self.busy = True
+        try:
+            output = self.observer(node, args, kwargs, callee, output)
+        finally:
+            self.busy = False
+        self.nodes.append(node)
+        for v in tree_flatten(output)[0]:
+            if isinstance(v, torch.Tensor):
+                self.producer[id(v)] = (node.name, v)
+        if inplace_target is not None:
+            self.producer[id(inplace_target)] = (node.name, inplace_target)
+        return output
+
+    def add_input(self, name: str, value) -> None:
+        node = Node(name, Kind.INPUT, f"input:{name}", fn="input")
+        self._publish(node, (), {}, None, value)
+
+    def _pre_hook(self, module, args, kwargs):
+        if self.busy:
+            return None
+        path = self.paths.get(id(module), "")
+        if self.leaf_depth == 0 and ops.is_leaf_module(module):
+            module._preclint_inputs = (args, kwargs)
+            self.leaf_depth += 1
+        elif self.leaf_depth > 0:
+            self.leaf_depth += 1
+        else:
+            self.module_stack.append((path, type(module).__name__))
+        return None
+
+    def _post_hook(self, module, args, kwargs, output):
+        if self.busy:
+            return None
+        if self.leaf_depth > 1:
+            self.leaf_depth -= 1
+            return None
+        if self.leaf_depth == 1:
+            self.leaf_depth = 0
+            args, kwargs = module.__dict__.pop("_preclint_inputs", (args, kwargs))
+            path = self.paths.get(id(module), "")
+            kind, fn = ops.classify_module(module)
+            attrs = ops.module_attrs(module)
+            node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
+                        module_path=path, module_type=type(module).__name__, location=_user_location_from_frames(),
+                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
+                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+            result = self._publish(node, args, kwargs, module, output)
+            return result if result is not output else None
+        if self.module_stack:
+            self.module_stack.pop()
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.busy or self.leaf_depth > 0:
+            return func(*args, **kwargs)
+        output = func(*args, **kwargs)
+        flat_out = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        fn, inplace = ops.function_name(func)
+        inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
+        if not flat_out and not inplace:
+            return output
+        kind = ops.classify_function(fn)
+        owner_path, owner_type = self.module_stack[-1] if self.module_stack else ("", "")
+        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
+            getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
+        attrs = _call_attrs(fn, kind, args, kwargs)
+        if inplace:
+            attrs["inplace"] = True
+        target = f"Tensor.{getattr(func, '__name__', fn)}" if is_method else _display_target(func, "call_function")
+        node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
+                    location=_user_location_from_frames(), inputs=self._inputs((args, kwargs)), attrs=attrs,
+                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+        target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
+        if not flat_out and target_tensor is not None:
+            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor)
+            return output
+        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
+
+
+def capture_function_mode(module: torch.nn.Module, inputs: tuple, observer: Observer) -> Tuple[List[Node], Any]:
+    recorder = _Recorder(module, observer)
+    try:
+        recorded_inputs = []
+        for i, value in enumerate(inputs):
+            recorder.add_input(f"input_{i}" if len(inputs) > 1 else "x", value)
+            recorded_inputs.append(value)
+        try:
+            with recorder:
+                output = module(*inputs)
+        except Exception as exc:
+            raise ModelRunError(exc) from exc
+        out_node = Node("output", Kind.OUTPUT, "output", fn="output", inputs=recorder._inputs(output))
+        recorder.nodes.append(out_node)
+        return recorder.nodes, output
+    finally:
+        recorder.close()
+
+
+# ------------------------------------------------------------------------------------------ entry
+
+
+def capture(
+    module: torch.nn.Module,
+    inputs: tuple,
+    name: str,
+    observer: Optional[Observer] = None,
+    source_path: Optional[str] = None,
+    force: Optional[str] = None,
+) -> Tuple[Graph, Any]:
+    """Capture ``module`` as a Graph; with an observer also run it on ``inputs``.
+
+    Returns the graph and the model's output (None when not run). ``force`` picks a path ("fx" or
+    "function-mode") instead of trying FX first.
+    """
+    notes: List[str] = []
+    if force != "function-mode":
+        try:
+            nodes, output = capture_fx(module, inputs, observer)
+            graph = Graph(nodes, name, "fx", source_path=source_path, notes=notes)
+            return graph, output
+        except Exception as exc:  # FX raises many types for untraceable code; the fallback handles them all
+            if force == "fx":
+                raise UserError(f"torch.fx cannot trace {name}: {_one_line(exc)}") from exc
+            if _is_model_error(exc):
+                raise
+            notes.append(f"torch.fx could not trace the model ({_one_line(exc)}); recorded the ops of one run instead")
+    if observer is None:
+        raise UserError(
+            f"torch.fx cannot trace {name} and --no-run forbids recording a run; drop --no-run to capture it"
+        )
+    nodes, output = capture_function_mode(module, inputs, observer)
+    return Graph(nodes, name, "function-mode", source_path=source_path, notes=notes), output
+
+
+class ModelRunError(Exception):
+    """The model itself raised while running on the example inputs (not a capture problem)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(_one_line(cause))
+        self.cause = cause
+
+
+def _is_model_error(exc: BaseException) -> bool:
+    return isinstance(exc, ModelRunError)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
