@@ -1,10 +1,40 @@
-"""One Config from [tool.preclint] in pyproject.toml and the command-line flags (flags win)."""
+"""One Config from [tool.preclint] in pyproject.toml and the command-line flags (flags win).
+
+Discovery follows Ruff's closest-file model: walk up from the working directory to the first
+pyproject.toml that has a ``[tool.preclint]`` table and read that one; parents are not merged. Keys
+are kebab-case, as in Ruff:
+
+    [tool.preclint]
+    select = ["PCL"]                 # codes or prefixes, or "ALL"
+    ignore = ["PCL504"]
+    extend-select = ["PCL500"]
+    precisions = ["tf32", "fp16"]
+    rtol = 1e-3
+    atol = 1e-5
+    fail-on = "warning"              # info | warning | error
+    exclude = ["third_party/", "tests/data/**"]
+    output-format = "concise"
+
+    [tool.preclint.per-file-ignores]
+    "tests/**" = ["PCL501"]
+
+Patterns in ``exclude`` and ``per-file-ignores`` are relative to the directory of the file that
+holds them. Unknown keys and unknown codes are errors (exit 2), never silently ignored.
+"""
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
+import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from preclint.numerics import DEFAULT_MODES
+from preclint.errors import UserError
+from preclint.findings import SEVERITIES
+from preclint.numerics import DEFAULT_MODES, MODES
+
+OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
 
 
 @dataclass
@@ -19,6 +49,8 @@ class Config:
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     exclude: List[str] = field(default_factory=list)
     output_format: str = "full"
+    path: Optional[str] = None  # the configuration file read, if any
+    root: Optional[str] = None  # where relative patterns start: the config file's directory (else cwd)
 
     def is_selected(self, code: str) -> bool:
         """Ruff's precedence: the longest matching selector decides; ignore beats select on a tie."""
@@ -27,6 +59,230 @@ class Config:
         best_ignore = max((len(s) for s in self.ignore if _matches(s, code)), default=-1)
         return best_select >= 0 and best_select > best_ignore
 
+    def is_ignored_explicitly(self, code: str) -> bool:
+        """An ``ignore`` selector names ``code`` (for findings shown unless the user says otherwise)."""
+        return any(_matches(s, code) for s in self.ignore)
+
+    def ignored_for_file(self, path: str, code: str) -> bool:
+        """Whether ``per-file-ignores`` drops ``code`` in ``path`` (a path as printed)."""
+        if not self.per_file_ignores:
+            return False
+        rel = self._relative(path)
+        from preclint.source.paths import glob_match
+
+        return any(
+            glob_match(pattern, rel) and any(_matches(s, code) for s in codes)
+            for pattern, codes in self.per_file_ignores.items()
+        )
+
+    def _relative(self, path: str) -> str:
+        root = self.root or os.getcwd()
+        absolute = os.path.abspath(path)
+        try:
+            rel = os.path.relpath(absolute, root)
+        except ValueError:
+            return absolute.replace(os.sep, "/")
+        return rel.replace(os.sep, "/")
+
+    def with_flags(
+        self,
+        select: Optional[Iterable[str]] = None,
+        ignore: Optional[Iterable[str]] = None,
+        extend_select: Optional[Iterable[str]] = None,
+        **values: Any,
+    ) -> "Config":
+        """This configuration with command-line flags applied; None means "flag not given".
+
+        As in Ruff, a ``--select`` on the command line starts the selection afresh (the file's
+        select and ignore no longer apply); ``--ignore`` and ``--extend-select`` add to what is there.
+        """
+        changes: Dict[str, Any] = {k: v for k, v in values.items() if v is not None}
+        if select is not None:
+            changes["select"] = list(select)
+            changes["ignore"] = list(ignore or [])
+            changes["extend_select"] = list(extend_select or [])
+        else:
+            if ignore is not None:
+                changes["ignore"] = self.ignore + list(ignore)
+            if extend_select is not None:
+                changes["extend_select"] = self.extend_select + list(extend_select)
+        if "precisions" in changes:
+            changes["precisions"] = tuple(changes["precisions"])
+        config = dataclasses.replace(self, **changes)
+        config.validate("command line")
+        return config
+
+    def validate(self, where: str) -> None:
+        """Raise UserError on a value preclint cannot use (``where`` names its origin in the message)."""
+        for key, selectors in (("select", self.select or []), ("ignore", self.ignore), ("extend-select", self.extend_select)):
+            check_selectors(selectors, f"{where}: {key}")
+        for pattern, codes in self.per_file_ignores.items():
+            check_selectors(codes, f"{where}: per-file-ignores[{pattern!r}]")
+        for mode in self.precisions:
+            if mode not in MODES:
+                raise UserError(f"{where}: unknown precision {mode!r} (known: {', '.join(MODES)})")
+        for key in ("rtol", "atol"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
+                raise UserError(f"{where}: {key} must be a number >= 0, not {value!r}")
+        if self.fail_on not in SEVERITIES:
+            raise UserError(f"{where}: fail-on must be one of {', '.join(SEVERITIES)}, not {self.fail_on!r}")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise UserError(
+                f"{where}: output-format must be one of {', '.join(OUTPUT_FORMATS)}, not {self.output_format!r}"
+            )
+
 
 def _matches(selector: str, code: str) -> bool:
     return selector == "ALL" or code.startswith(selector)
+
+
+_SELECTOR = re.compile(r"^PCL[0-9]{0,3}$")
+
+
+def known_codes() -> List[str]:
+    from preclint.rules import all_rules
+
+    return sorted(all_rules())
+
+
+def check_selectors(selectors: Iterable[str], where: str) -> None:
+    """Every selector is ``ALL`` or a code or prefix of at least one rule; else a UserError."""
+    codes = None
+    for selector in selectors:
+        if not isinstance(selector, str):
+            raise UserError(f"{where}: expected rule codes, got {selector!r}")
+        if selector == "ALL":
+            continue
+        if codes is None:
+            codes = known_codes()
+        if not _SELECTOR.match(selector) or not any(code.startswith(selector) for code in codes):
+            raise UserError(f"{where}: unknown rule code or prefix {selector!r} (see `preclint rule --all`)")
+
+
+# --- the configuration file -------------------------------------------------------------------
+
+def _strings(value: Any, key: str, where: str) -> List[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where}: {key} must be a list of strings")
+    return list(value)
+
+
+def _number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{where}: {key} must be a number")
+    return float(value)
+
+
+def _string(value: Any, key: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise UserError(f"{where}: {key} must be a string")
+    return value
+
+
+def _table_of_lists(value: Any, key: str, where: str) -> Dict[str, List[str]]:
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: {key} must be a table of glob = [codes]")
+    return {str(pattern): _strings(codes, f"{key}[{pattern!r}]", where) for pattern, codes in value.items()}
+
+
+# key in the file -> (Config field, converter that checks the value's type)
+KEYS = {
+    "select": ("select", _strings),
+    "ignore": ("ignore", _strings),
+    "extend-select": ("extend_select", _strings),
+    "precisions": ("precisions", lambda v, k, w: tuple(_strings(v, k, w))),
+    "rtol": ("rtol", _number),
+    "atol": ("atol", _number),
+    "fail-on": ("fail_on", _string),
+    "per-file-ignores": ("per_file_ignores", _table_of_lists),
+    "exclude": ("exclude", _strings),
+    "output-format": ("output_format", _string),
+}
+
+
+def _load_toml(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the configuration: {exc.strerror}") from None
+    if sys.version_info >= (3, 11):
+        import tomllib as toml
+    else:  # pragma: no cover - exercised on Python 3.9/3.10 only
+        try:
+            import tomli as toml
+        except ImportError:
+            if re.search(rb"^\s*\[\s*tool\s*\.\s*preclint\b", data, re.MULTILINE):
+                raise UserError(
+                    f"{path}: reading [tool.preclint] needs Python 3.11 or the tomli package (pip install tomli)"
+                ) from None
+            return {}
+    try:
+        return toml.loads(data.decode("utf-8"))
+    except (toml.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _table(path: str) -> Optional[Dict[str, Any]]:
+    """The ``[tool.preclint]`` table of a pyproject.toml, or None when it has none."""
+    tool = _load_toml(path).get("tool", {})
+    table = tool.get("preclint") if isinstance(tool, dict) else None
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise UserError(f"{path}: [tool.preclint] must be a table")
+    return table
+
+
+def find_config(start: Optional[str] = None) -> Optional[str]:
+    """The closest pyproject.toml with a [tool.preclint] table, from ``start`` (default: cwd) up."""
+    directory = os.path.abspath(start or os.getcwd())
+    while True:
+        candidate = os.path.join(directory, "pyproject.toml")
+        if os.path.isfile(candidate) and _table(candidate) is not None:
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def config_from_file(path: str) -> Config:
+    """A Config from one file: a pyproject.toml (its [tool.preclint] table) or a TOML file whose top
+    level holds the same keys (``--config preclint.toml``)."""
+    if os.path.basename(path) == "pyproject.toml":
+        table = _table(path) or {}
+    else:
+        table = _load_toml(path)
+        tool = table.get("tool")
+        if isinstance(tool, dict) and isinstance(tool.get("preclint"), dict):
+            table = tool["preclint"]
+    shown = os.path.relpath(path) if not os.path.isabs(path) else path
+    values: Dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in KEYS:
+            close = [k for k in KEYS if k.replace("-", "_") == key or k == key.replace("_", "-")]
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(KEYS)})"
+            raise UserError(f"{shown}: [tool.preclint] unknown key {key!r}{hint}")
+        attribute, convert = KEYS[key]
+        values[attribute] = convert(value, key, f"{shown}: [tool.preclint]")
+    config = Config(**values, path=os.path.abspath(path), root=os.path.dirname(os.path.abspath(path)))
+    config.validate(f"{shown}: [tool.preclint]")
+    return config
+
+
+def load_config(start: Optional[str] = None, config_file: Optional[str] = None, isolated: bool = False) -> Config:
+    """The configuration a run uses before flags: ``config_file`` if given, else the closest
+    pyproject.toml with [tool.preclint] from ``start`` (default: cwd) up, else the defaults.
+    ``isolated`` ignores every configuration file."""
+    if isolated:
+        return Config()
+    if config_file is not None:
+        if not os.path.isfile(config_file):
+            raise UserError(f"{config_file}: no such configuration file")
+        return config_from_file(config_file)
+    found = find_config(start)
+    return config_from_file(found) if found else Config()

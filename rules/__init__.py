@@ -15,7 +15,13 @@ GRAPH_RULE_MODULES = (
     "backend_kernel",
     "decision_flip",
 )
-SOURCE_RULE_MODULES = ()
+SOURCE_RULE_MODULES = (
+    "unused_suppression",
+    "tolerance_resolution",
+    "deprecated_amp",
+    "deprecated_assert_allclose",
+    "unparsable_file",
+)
 
 
 def _collect(modules, base_name: str) -> List[type]:

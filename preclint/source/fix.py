@@ -1,0 +1,145 @@
+"""``--fix`` and ``--diff``: apply the safe autofixes of the reported findings.
+
+A fix replaces one node of the libcst tree, so everything else in the file keeps its bytes (comments,
+quotes, blank lines, line endings, encoding). Fixes are applied in rounds until none is left, since
+one replacement can hide another inside it. Files are written atomically: a temporary file in the
+same directory, flushed to disk, given the original's permission bits, then renamed over it, so an
+interrupted run leaves either the old file or the new one, never half of one.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
+from preclint.config import Config
+from preclint.findings import Finding
+from preclint.source.run import check_source
+from preclint.source.sourcefile import Fix, SourceFile
+from preclint.source.suppress import apply_suppressions
+
+MAX_ROUNDS = 10
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: Dict[int, cst.CSTNode]):
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def apply_fixes(source: SourceFile, fixes: Sequence[Fix]) -> str:
+    """The text of ``source`` with ``fixes`` applied (one round)."""
+    module = source.module.visit(_Replace({id(fix.node): fix.replacement for fix in fixes}))
+    add = sorted({name for fix in fixes for name in fix.add_imports})
+    unused = sorted({pair for fix in fixes for pair in fix.unused_imports})
+    if add or unused:
+        context = CodemodContext()
+        for name in add:
+            AddImportsVisitor.add_needed_import(context, name)
+        module = AddImportsVisitor(context).transform_module(module)
+        for module_name, name in unused:
+            RemoveImportsVisitor.remove_unused_import(context, module_name, name)
+        module = RemoveImportsVisitor(context).transform_module(module)
+    return module.code
+
+
+@dataclass
+class FixResult:
+    texts: Dict[str, str] = field(default_factory=dict)  # printed path -> new text, changed files only
+    counts: Dict[str, int] = field(default_factory=dict)  # printed path -> fixes applied
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def fix_file(
+    source: SourceFile,
+    rules: Sequence,
+    config: Config,
+    keep: Callable[[Finding], bool] = lambda finding: True,
+) -> Optional[tuple]:
+    """(new text, fixes applied) for one file, or None when nothing is fixable. Only findings that
+    would be reported get fixed: not those per-file-ignored, suppressed, or dropped by ``keep``."""
+    text, applied = source.text, 0
+    current = SourceFile(source.path, source.text)  # a fresh parse: fixes refer to its nodes
+    for _ in range(MAX_ROUNDS):
+        findings = [
+            f for f in check_source(current, rules) if not config.ignored_for_file(current.path, f.code)
+        ]
+        reported = apply_suppressions(findings, False, texts={current.path: current.text})
+        wanted = {id(f) for f in reported if keep(f)}
+        fixes = [fix for fix in current.fixes if id(fix.finding) in wanted]
+        if not fixes:
+            break
+        new_text = apply_fixes(current, fixes)
+        if new_text == current.text:
+            break
+        applied += len(fixes)
+        current = SourceFile(source.path, new_text)
+    if current.text == text:
+        return None
+    return current.text, applied
+
+
+def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool] = lambda f: True) -> FixResult:
+    """Fixes for every file of a source run (preclint.source.run.SourceRun) that has a fixable finding."""
+    result = FixResult()
+    paths = sorted({f.location.path for f in run.findings if f.fixable and f.location is not None})
+    for path in paths:
+        source = run.sources.get(path)
+        if source is None or source.decode_failure is not None:
+            continue
+        fixed = fix_file(source, rules, config, keep)
+        if fixed is not None:
+            result.texts[path], result.counts[path] = fixed
+    return result
+
+
+def unified_diff(run, result: FixResult) -> str:
+    """The changes as one unified diff (``a/path`` / ``b/path``), files in sorted order."""
+    chunks: List[str] = []
+    for path in sorted(result.texts):
+        before = run.sources[path].text.splitlines(keepends=True)
+        after = result.texts[path].splitlines(keepends=True)
+        for line in difflib.unified_diff(before, after, f"a/{path}", f"b/{path}"):
+            chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(chunks)
+
+
+def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
+    """Replace ``filename``'s content with ``text``; a failure leaves the original untouched."""
+    target = os.path.realpath(filename)  # through a symlink, to the file it names
+    data = text.encode(encoding)
+    mode = stat.S_IMODE(os.stat(target).st_mode)
+    directory, base = os.path.split(target)
+    handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".preclint", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def write_fixes(run, result: FixResult) -> None:
+    for path, text in sorted(result.texts.items()):
+        source = run.sources[path]
+        write_atomic(source.filename or path, text, source.encoding)

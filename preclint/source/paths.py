@@ -1,0 +1,80 @@
+"""Paths as preclint prints them, and glob matching for config patterns (exclude, per-file-ignores).
+
+Printed paths are relative to the working directory so that output, baselines and SARIF URIs are the
+same on every machine that checks out the repository.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Optional
+
+
+def display_path(path: str, cwd: Optional[str] = None) -> str:
+    """``path`` relative to ``cwd`` with forward slashes; absolute when there is no relative path
+    (another drive on Windows)."""
+    absolute = os.path.abspath(path)
+    try:
+        rel = os.path.relpath(absolute, cwd or os.getcwd())
+    except ValueError:
+        return absolute.replace(os.sep, "/")
+    return rel.replace(os.sep, "/")
+
+
+@functools.lru_cache(maxsize=512)
+def glob_regex(pattern: str) -> "re.Pattern[str]":
+    """gitignore-flavoured glob: ``**`` spans directories, ``*`` and ``?`` stay within one."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape(c))
+                i += 1
+            else:
+                body = pattern[i + 1 : end]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def glob_match(pattern: str, relpath: str) -> bool:
+    """Whether ``relpath`` (relative to the directory that holds the pattern, '/'-separated) matches.
+
+    As in .gitignore and Ruff's settings: a pattern without a slash matches a file or directory name
+    at any depth; a pattern with one is anchored at that directory; a match on a directory covers
+    everything below it.
+    """
+    pattern = pattern.strip()
+    if not pattern:
+        return False
+    pattern = pattern.replace(os.sep, "/")
+    if pattern.startswith("./"):
+        pattern = pattern[2:]
+    anchored = "/" in pattern.rstrip("/")
+    pattern = pattern.strip("/") if anchored else pattern.rstrip("/")
+    regex = glob_regex(pattern)
+    parts = relpath.replace(os.sep, "/").split("/")
+    if anchored:
+        return any(regex.match("/".join(parts[: i + 1])) for i in range(len(parts)))
+    return any(regex.match(part) for part in parts)

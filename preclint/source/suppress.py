@@ -1,0 +1,181 @@
+"""Suppression comments, for source and graph findings alike.
+
+Honoured on the line a finding is reported at, and on the lines of its related locations (a graph
+finding's related location is the line that builds the module: a suppression there reads naturally):
+
+    x = conv(y)  # preclint: ignore[PCL101]        only PCL101 (names work too: ignore[fp16-overflow])
+    x = conv(y)  # preclint: ignore                any preclint finding
+    x = conv(y)  # noqa: PCL101, E501              PCL101 (other tools' codes are theirs)
+    x = conv(y)  # noqa                            anything (flake8's and Ruff's blanket form)
+
+Unused suppressions are reported as PCL500 (rules/unused_suppression.py): a listed PCL code whose
+rule ran over the file and found nothing on that line, an unknown PCL code, or a bare
+``# preclint: ignore`` with nothing to silence when every rule ran. A bare ``# noqa`` is never
+reported: it is shared with the other linters a project runs.
+"""
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+from preclint.findings import Finding, Location
+
+_NOQA = re.compile(r"#\s*noqa(?::\s?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
+_PRECLINT = re.compile(r"#\s*preclint:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
+_CODE = re.compile(r"^PCL[0-9]{3}$")
+
+
+@dataclass
+class Directive:
+    line: int
+    column: int  # 1-based, where the directive's ``#`` is
+    kind: str  # "noqa" or "preclint"
+    codes: Tuple[str, ...]  # () for the blanket forms; PCL codes only (names resolved)
+    unknown: Tuple[str, ...] = ()  # PCL-looking codes and names that name no rule
+
+    def covers(self, code: str) -> bool:
+        return not self.codes or code in self.codes
+
+    @property
+    def blanket(self) -> bool:
+        return not self.codes and not self.unknown
+
+
+def _comments(text: str) -> Iterable[Tuple[int, int, str]]:
+    """(line, 1-based column, text) of each comment; a file that does not tokenize falls back to a
+    plain scan of the lines (a ``#`` inside a string can then count, which only errs on its side)."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                yield token.start[0], token.start[1] + 1, token.string
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        for number, line in enumerate(text.splitlines(), 1):
+            at = line.find("#")
+            if at >= 0:
+                yield number, at + 1, line[at:]
+
+
+def _known():
+    from preclint.rules import all_rules
+
+    rules = all_rules()
+    return set(rules), {rule.name: code for code, rule in rules.items()}
+
+
+def parse_directives(text: str) -> Dict[int, List[Directive]]:
+    """Suppression directives by line. Cheap on files without any: no tokenizing then."""
+    lowered = text.lower()
+    if "noqa" not in lowered and "preclint:" not in lowered:
+        return {}
+    known_codes, names = _known()
+    found: Dict[int, List[Directive]] = {}
+    for line, column, comment in _comments(text):
+        for kind, regex in (("preclint", _PRECLINT), ("noqa", _NOQA)):
+            for match in regex.finditer(comment):
+                raw = [c for c in re.split(r"[,\s]+", match.group("codes") or "") if c]
+                codes, unknown = [], []
+                for item in raw:
+                    code = item.upper()
+                    if code in known_codes:
+                        codes.append(code)
+                    elif item.lower() in names:
+                        codes.append(names[item.lower()])
+                    elif code.startswith("PCL") or kind == "preclint":
+                        unknown.append(item)
+                    # other tools' codes (E501, TOR101) in a noqa list are theirs: not ours to judge
+                if raw and not codes and not unknown:
+                    continue  # ``# noqa: E501`` says nothing to preclint
+                found.setdefault(line, []).append(
+                    Directive(line, column + match.start(), kind, tuple(codes), tuple(unknown))
+                )
+    return found
+
+
+def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
+    if path in texts:
+        return texts[path]
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    from preclint.source.sourcefile import ParseFailure, decode
+
+    try:
+        return decode(data)
+    except ParseFailure:
+        return None
+
+
+def apply_suppressions(
+    findings: Iterable[Finding],
+    report_unused: bool,
+    checked_codes: Optional[Iterable[str]] = None,
+    files: Iterable[str] = (),
+    texts: Optional[Mapping[str, str]] = None,
+) -> List[Finding]:
+    """``findings`` less the suppressed ones, plus PCL500 findings for unused suppressions when
+    ``report_unused``.
+
+    Paths in the findings' locations are read relative to the working directory (as printed).
+    ``checked_codes``: the codes whose rules ran over these files; a suppression naming another code
+    is never called unused (a graph code in a source-only run). None means every rule ran.
+    ``files``: files to look for unused suppressions in besides those with findings.
+    ``texts``: file contents already read, by path.
+    """
+    findings = list(findings)
+    texts = dict(texts or {})
+    directives: Dict[str, Dict[int, List[Directive]]] = {}
+
+    def directives_of(path: str) -> Dict[int, List[Directive]]:
+        if path not in directives:
+            text = _read(path, texts)
+            directives[path] = parse_directives(text) if text is not None else {}
+        return directives[path]
+
+    used: Set[Tuple[str, int, int, str]] = set()  # (path, line, column, code) of directives that silenced
+    kept = []
+    for finding in findings:
+        places = [finding.location] + [loc for loc, _ in finding.related if isinstance(loc, Location)]
+        silenced = False
+        for place in places:
+            if place is None or not place.path:
+                continue
+            for directive in directives_of(place.path).get(place.line, ()):
+                if directive.covers(finding.code):
+                    used.add((place.path, directive.line, directive.column, finding.code))
+                    silenced = True
+        if not silenced:
+            kept.append(finding)
+    if not report_unused:
+        return kept
+
+    from preclint.rules import all_rules
+    from preclint.rules.unused_suppression import UnusedSuppression
+
+    every = set(all_rules())
+    checked = every if checked_codes is None else set(checked_codes)
+    silenced_at = {(path, line, column) for path, line, column, _ in used}
+    paths = {f.location.path for f in findings if f.location is not None and f.location.path}
+    for path in sorted(paths | set(files)):
+        for line, line_directives in sorted(directives_of(path).items()):
+            for directive in line_directives:
+                if "PCL500" in directive.codes or (directive.kind == "noqa" and directive.blanket):
+                    continue
+                unused = tuple(
+                    code for code in directive.codes
+                    if code in checked and (path, line, directive.column, code) not in used
+                )
+                blanket_unused = (
+                    directive.blanket and checked >= every and (path, line, directive.column) not in silenced_at
+                )
+                if unused or directive.unknown or blanket_unused:
+                    kept.append(
+                        UnusedSuppression.finding_for(
+                            Location(path, line, directive.column), unused, directive.unknown
+                        )
+                    )
+    return kept

@@ -1,0 +1,40 @@
+"""PCL599 unparsable-file: a file the source rules could not read as Python."""
+from __future__ import annotations
+
+from preclint.findings import Finding, Location
+from preclint.rulebase import SourceRule
+
+
+class UnparsableFile(SourceRule):
+    code = "PCL599"
+    name = "unparsable-file"
+    summary = "A file could not be parsed (or decoded), so no source rule checked it."
+    severity = "error"
+    # Reported by the runner when parsing fails; shown unless explicitly ignored, so that a file never
+    # passes the check silently because nothing could be read from it.
+    after_suppressions = True
+    why = """
+A file that does not parse is a file no rule looked at: without this finding, a syntax error would
+make preclint report nothing and pass. The check goes on with the other files.
+"""
+    example = """
+def f(:
+    pass
+"""
+    fix = """
+Fix the syntax error (or the encoding). If the file is meant to be broken (a fixture), exclude it
+with `exclude` in `[tool.preclint]`, or ignore PCL599 for it in `per-file-ignores`.
+"""
+    valid = ("def f():\n    pass\n",)
+    invalid = ("def f(:\n    pass\n", "x = (1,\n")
+
+    @classmethod
+    def finding_for(cls, path: str, message: str, line: int = 1, column: int = 1) -> Finding:
+        return Finding(
+            code=cls.code,
+            name=cls.name,
+            severity=cls.severity,
+            message=message[0].upper() + message[1:] + ("" if message.endswith(".") else "."),
+            fix="Fix the syntax error, or exclude the file.",
+            location=Location(path, line, column),
+        )
