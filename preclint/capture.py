@@ -27,7 +27,9 @@ from preclint.errors import UserError
 from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
 
-Observer = Callable[..., Any]  # observer(node, args, kwargs, callee, output) -> output to use
+# An observer is called as observer(node, args, kwargs, callee, output) -> output to use, after
+# observer.before(node, args, kwargs, callee) -> (args, kwargs) has had its say on the operands.
+Observer = Any
 
 _INTERNAL_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep
@@ -207,9 +209,11 @@ class _FxRunner(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
+            node = self.ir_nodes[n.name]
             callee = None
             if n.op == "call_module":
                 callee = self.fetch_attr(n.target)
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
                 restore = getattr(callee, "inplace", None) is True
                 if restore:
                     callee.inplace = False
@@ -223,6 +227,7 @@ class _FxRunner(fx.Interpreter):
                 if kwargs.get("inplace") is True:
                     kwargs = {**kwargs, "inplace": False}
                 callee = target
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
                 result = target(*args, **kwargs)
             elif n.op == "call_method":
                 name = n.target
@@ -230,10 +235,11 @@ class _FxRunner(fx.Interpreter):
                 if name.endswith("_") and not name.startswith("_") and hasattr(obj, name[:-1]):
                     name = name[:-1]
                 callee = name
-                result = getattr(obj, name)(*args[1:], **kwargs)
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                result = getattr(args[0], name)(*args[1:], **kwargs)
             else:
                 result = getattr(self, n.op)(n.target, args, kwargs)
-            return self.observer(self.ir_nodes[n.name], args, kwargs, callee, result)
+            return self.observer(node, args, kwargs, callee, result)
 
 
 def capture_fx(module: torch.nn.Module, inputs: tuple, observer: Optional[Observer]) -> Tuple[List[Node], Any]:
@@ -312,8 +318,16 @@ class _Recorder(TorchFunctionMode):
             return None
         path = self.paths.get(id(module), "")
         if self.leaf_depth == 0 and ops.is_leaf_module(module):
-            module._preclint_inputs = (args, kwargs)
+            kind, fn = ops.classify_module(module)
+            probe = Node("", kind, "", fn=fn)
+            self.busy = True
+            try:
+                args, kwargs = self.observer.before(probe, args, kwargs, module)
+            finally:
+                self.busy = False
+            module._preclint_inputs = (args, kwargs, probe)
             self.leaf_depth += 1
+            return args, kwargs
         elif self.leaf_depth > 0:
             self.leaf_depth += 1
         else:
@@ -328,7 +342,7 @@ class _Recorder(TorchFunctionMode):
             return None
         if self.leaf_depth == 1:
             self.leaf_depth = 0
-            args, kwargs = module.__dict__.pop("_preclint_inputs", (args, kwargs))
+            args, kwargs, probe = module.__dict__.pop("_preclint_inputs", (args, kwargs, None))
             path = self.paths.get(id(module), "")
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
@@ -336,6 +350,7 @@ class _Recorder(TorchFunctionMode):
                         module_path=path, module_type=type(module).__name__, location=_user_location_from_frames(),
                         inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+            self.observer.rename(probe, node.name)
             result = self._publish(node, args, kwargs, module, output)
             return result if result is not output else None
         if self.module_stack:
@@ -346,13 +361,19 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.busy or self.leaf_depth > 0:
             return func(*args, **kwargs)
+        fn, inplace = ops.function_name(func)
+        kind = ops.classify_function(fn)
+        pending = Node("", kind, "", fn=fn)
+        self.busy = True
+        try:
+            args, kwargs = self.observer.before(pending, args, kwargs, func)
+        finally:
+            self.busy = False
         output = func(*args, **kwargs)
         flat_out = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
-        fn, inplace = ops.function_name(func)
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output
-        kind = ops.classify_function(fn)
         owner_path, owner_type = self.module_stack[-1] if self.module_stack else ("", "")
         is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
             getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
@@ -363,6 +384,7 @@ class _Recorder(TorchFunctionMode):
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=_user_location_from_frames(), inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+        self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
         if not flat_out and target_tensor is not None:
             self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor)

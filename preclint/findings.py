@@ -59,3 +59,27 @@ class Finding:
     def sort_key(self):
         loc = self.location or Location("")
         return (loc.path, loc.line, loc.column, self.code, self.module, self.message)
+
+
+def sci(value) -> str:
+    """A number as findings print it: three significant digits, scientific when small or large."""
+    if value is None:
+        return "n/a"
+    value = float(value)
+    if value != value:
+        return "nan"
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    if 1e-3 <= abs(value) < 1e4:
+        return f"{value:.3g}"
+    return f"{value:.2e}"
+
+
+def percent(fraction: float) -> str:
+    if fraction >= 0.1:
+        return f"{fraction * 100:.0f}%"
+    if fraction >= 0.001:
+        return f"{fraction * 100:.1f}%"
+    return f"{fraction * 100:.2g}%"

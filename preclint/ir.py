@@ -98,6 +98,7 @@ class Graph:
     source_path: Optional[str] = None  # the model file, for locations
     ran_reference: bool = False  # False with --no-run: rules must not rely on statistics
     notes: List[str] = field(default_factory=list)  # why a fallback was used, etc.
+    first_nonfinite: Optional[str] = None  # the first node whose fp32 reference value is inf or NaN
     param_stats: Dict[str, TensorStats] = field(default_factory=dict)  # qualified name -> stats
     module_attrs: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # module path -> attributes rules need
 

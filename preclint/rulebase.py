@@ -104,6 +104,12 @@ def _indent(text: str) -> str:
 
 
 def _first_sentence(text: str) -> str:
+    """Up to the first full stop that ends a sentence outside `code`."""
     text = " ".join(text.split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
+    in_code = False
+    for i, ch in enumerate(text):
+        if ch == "`":
+            in_code = not in_code
+        elif ch == "." and not in_code and (i + 1 == len(text) or (text[i + 1] == " " and text[i - 1] != ".")):
+            return text[: i + 1]
+    return text

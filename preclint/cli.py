@@ -1,0 +1,183 @@
+"""Argument parsing and exit codes. Everything else lives in the modules this one calls.
+
+Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import List, Optional, Sequence
+
+from preclint import __version__
+from preclint.errors import UserError
+from preclint.findings import severity_rank
+from preclint.report import FORMATS
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, as for every usage error
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _codes(text: str) -> List[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _precisions(text: str) -> List[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="NAME", help="the model in the file: a class, a factory or an instance")
+    p.add_argument("--input-shape", metavar="SHAPE", action="append", dest="input_shapes",
+                   help="shape of one positional input, e.g. 1,3,224,224 (repeat for each input)")
+    p.add_argument("--input-dtype", metavar="DTYPE", default="float32", help="dtype of --input-shape inputs")
+    p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random init and random inputs (default 0)")
+    p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
+                   help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full (default tf32,fp16,bf16)")
+    p.add_argument("--rtol", type=float, help="relative tolerance the outputs are compared with (enables PCL001)")
+    p.add_argument("--atol", type=float, help="absolute tolerance the outputs are compared with (enables PCL001)")
+    p.add_argument("--capture", choices=("fx", "function-mode"), help="force a capture path instead of FX first")
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output-format", choices=FORMATS, help="full (default), concise, json, sarif, github, rdjson")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="preclint", description="A precision linter for PyTorch models.")
+    parser.add_argument("-V", "--version", action="version", version=f"preclint {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    check = sub.add_parser("check", help="report precision risks of a model, with predicted errors")
+    check.add_argument("paths", nargs="+", metavar="PATH", help="a model file or package.module:attr")
+    _add_model_arguments(check)
+    check.add_argument("--no-run", action="store_true",
+                       help="skip the reference pass (for models too large for the CPU)")
+    check.add_argument("--select", type=_codes, help="rule codes or prefixes to enable (or ALL)")
+    check.add_argument("--ignore", type=_codes, help="rule codes or prefixes to disable")
+    check.add_argument("--extend-select", type=_codes, help="rule codes or prefixes to enable in addition")
+    check.add_argument("--fail-on", choices=("info", "warning", "error"),
+                       help="lowest severity that makes the exit code 1 (default warning)")
+    check.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
+    check.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
+    check.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    _add_output_arguments(check)
+
+    rule = sub.add_parser("rule", help="show a rule's documentation")
+    rule.add_argument("code", nargs="?", help="a rule code such as PCL103")
+    rule.add_argument("--all", action="store_true", help="every rule")
+    rule.add_argument("--debug", action="store_true")
+    return parser
+
+
+def _load(path: str, args):
+    from preclint.load import load_model
+
+    return load_model(path, model=args.model, input_shapes=args.input_shapes, input_dtype=args.input_dtype,
+                      weights=args.weights, seed=args.seed)
+
+
+def _config(args):
+    from preclint.config import load_config
+
+    config = load_config(config_file=args.config_file, isolated=args.isolated)
+    return config.with_flags(select=args.select, ignore=args.ignore, extend_select=args.extend_select,
+                             precisions=args.precisions, rtol=args.rtol, atol=args.atol, fail_on=args.fail_on,
+                             output_format=args.output_format)
+
+
+def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
+    if exit_zero:
+        return EXIT_OK
+    threshold = severity_rank(fail_on)
+    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in findings) else EXIT_OK
+
+
+def _use_color(args) -> bool:
+    if args.color == "always":
+        return True
+    if args.color == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty()
+
+
+def cmd_check(args) -> int:
+    from preclint.engine import CheckOptions, check_model
+    from preclint.report import render
+    from preclint.source.suppress import apply_suppressions
+
+    config = _config(args)
+    options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
+                           capture=args.capture)
+    reports = []
+    for path in args.paths:
+        loaded = _load(path, args)
+        report, _graph, _ctx = check_model(loaded, config, options)
+        report.findings = apply_suppressions(report.findings, config)
+        reports.append(report)
+    outputs = [render(r, config.output_format, color=_use_color(args)) for r in reports]
+    if config.output_format == "json" and len(outputs) > 1:
+        outputs = ["[\n" + ",\n".join(o.rstrip("\n") for o in outputs) + "\n]\n"]
+    sys.stdout.write("".join(outputs))
+    return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero)
+
+
+def cmd_rule(args) -> int:
+    from preclint.rules import all_rules
+
+    rules = all_rules()
+    if args.all:
+        sys.stdout.write("\n".join(rules[code].documentation() for code in sorted(rules)))
+        return EXIT_OK
+    if not args.code:
+        raise UserError("give a rule code (e.g. preclint rule PCL101) or --all")
+    code = args.code.upper()
+    if code not in rules:
+        by_name = {r.name: r for r in rules.values()}
+        if args.code in by_name:
+            code = by_name[args.code].code
+        else:
+            raise UserError(f"unknown rule {args.code!r} (known: {', '.join(sorted(rules))})")
+    sys.stdout.write(rules[code].documentation())
+    return EXIT_OK
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    debug = getattr(args, "debug", False)
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "rule":
+            return cmd_rule(args)
+        raise UserError(f"unknown command {args.command}")
+    except UserError as exc:
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(f"preclint: error: {exc}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("preclint: interrupted\n")
+        return EXIT_ERROR
+    except Exception as exc:  # a bug in preclint: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        sys.stderr.write(f"preclint: internal error: {type(exc).__name__}: {first} (run with --debug for the traceback)\n")
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,297 @@
+"""The reference pass: run the model once in fp32 on the CPU and record what the rules need.
+
+Per node: statistics of its outputs (absmax, RMS, smallest nonzero magnitude, finiteness, whether the
+values are whole numbers), for dot products the RMS of sqrt(sum_k (a_k b_k)^2) that sets their
+rounding error, for decisions the margins, and how rounding at the node reaches the output.
+
+That last part uses one backward pass with a random output cotangent v ~ N(0, I). A relative rounding
+error delta (RMS r, independent per element) of a value z moves v.output by sum_j g_j z_j delta_j,
+where g = J^T v is z's gradient; its expected square over v and delta is r^2 sum_j (g_j z_j)^2. So
+one pass gives, for every node at once, the gain of rounding its result (``gain_out``) and of
+rounding its operands (``gain_operands``: the activation a conv or matmul reads, and its weight).
+Weights are rounded once for all output positions, so their error is coherent across the output;
+weighting by the weight gradient accounts for that where a per-element model would not.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten
+
+from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
+
+# Decisions whose input is checked for flips by a backward pass of its own; more would make the
+# reference pass slow on detectors, and the riskiest ones (smallest relative margin) come first.
+MAX_DECISION_PASSES = 8
+MAX_MARGINS = 4096  # margins kept per decision node (subsampled deterministically beyond that)
+
+
+def tensor_stats(t: torch.Tensor) -> TensorStats:
+    dtype = str(t.dtype).replace("torch.", "")
+    shape = tuple(t.shape)
+    if t.numel() == 0:
+        return TensorStats(shape, dtype, 0)
+    with torch.no_grad():
+        x = t.detach()
+        if not (x.is_floating_point() or x.is_complex()):
+            a = x.abs().to(torch.float64) if x.dtype != torch.bool else x.to(torch.float64)
+            nz = a[a != 0]
+            return TensorStats(shape, dtype, x.numel(), float(a.max()), float(a.pow(2).mean().sqrt()),
+                               float(nz.min()) if nz.numel() else math.inf, True, True)
+        x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        finite = bool(torch.isfinite(x).all())
+        a = x.abs() if finite else x[torch.isfinite(x)].abs()
+        if a.numel() == 0:
+            return TensorStats(shape, dtype, x.numel(), math.inf, math.inf, math.inf, False, False)
+        absmax = float(a.max())
+        # the mean square in float64 so that values near fp32's range do not overflow it
+        rms = float(a.double().pow(2).mean().sqrt()) if absmax > 1e18 else float(a.pow(2).mean().sqrt())
+        smallest = float(torch.where(a == 0, torch.full_like(a, math.inf), a).min())
+        integer_valued = absmax >= 1 and bool((a == a.round()).all())
+        return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, finite, integer_valued)
+
+
+def _first_tensor(values) -> Optional[torch.Tensor]:
+    for v in tree_flatten(values)[0]:
+        if isinstance(v, torch.Tensor):
+            return v
+    return None
+
+
+def _dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
+    """sqrt(sum_k (a_k b_k)^2) per output element: the same op applied to the squared operands."""
+    sq = lambda t: t.detach().float().pow(2)  # noqa: E731 - local shorthand
+    if isinstance(callee, torch.nn.Module):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return None
+        weight = getattr(callee, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            return None
+        if isinstance(callee, torch.nn.modules.conv._ConvNd) and not callee.transposed:
+            w2 = sq(weight)
+            if callee.padding_mode != "zeros":
+                return None
+            conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[w2.dim() - 2]
+            return conv(sq(x), w2, None, callee.stride, callee.padding, callee.dilation, callee.groups).sqrt()
+        if isinstance(callee, torch.nn.Linear):
+            return F.linear(sq(x), sq(weight)).sqrt()
+        return None
+    fn = node.fn
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    try:
+        if fn in ("conv1d", "conv2d", "conv3d") and len(tensors) >= 2:
+            conv = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[fn]
+            rest = list(args[3:]) if len(args) > 3 else []
+            kw = {k: v for k, v in kwargs.items() if k not in ("bias", "input", "weight")}
+            return conv(sq(args[0]), sq(args[1]), None, *rest, **kw).sqrt()
+        if fn == "linear" and len(tensors) >= 2:
+            return F.linear(sq(args[0]), sq(args[1])).sqrt()
+        if fn in ("matmul", "mm", "bmm") and len(tensors) == 2:
+            return torch.matmul(sq(tensors[0]), sq(tensors[1])).sqrt()
+        if fn in ("addmm", "baddbmm") and len(tensors) >= 3:
+            return torch.matmul(sq(tensors[1]), sq(tensors[2])).sqrt()
+        if fn == "einsum" and isinstance(args[0], str) and len(tensors) >= 2:
+            return torch.einsum(args[0], *[sq(t) for t in tensors]).sqrt()
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
+    """Per decision unit, how far the deciding values are from changing the outcome."""
+    x = _first_tensor(args)
+    if x is None or not x.is_floating_point():
+        return None
+    x = x.detach().double()
+    fn = node.fn
+    if node.kind == Kind.COMPARE:
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        if isinstance(other, torch.Tensor):
+            other = other.detach().double()
+        elif not isinstance(other, (int, float)):
+            return None
+        return (x - other).abs().flatten()
+    dim = node.attrs.get("dim")
+    if fn in ("nms", "batched_nms"):
+        scores = args[1] if len(args) > 1 else None
+        if not isinstance(scores, torch.Tensor) or scores.numel() < 2:
+            return None
+        s = scores.detach().double().sort(descending=True).values
+        return (s[:-1] - s[1:]).abs()
+    if fn in ("argmax", "argmin", "max", "min", "topk", "sort", "argsort", "kthvalue", "msort"):
+        if fn in ("max", "min") and dim is None:
+            return None  # the value of a full reduction; no index decision
+        rows = x.flatten() if dim is None else x.movedim(dim if isinstance(dim, int) else dim[0], -1)
+        rows = rows.reshape(-1, rows.shape[-1])
+        if rows.shape[-1] < 2:
+            return None
+        ordered = rows.sort(dim=-1, descending=fn not in ("argmin", "min")).values
+        gaps = (ordered[:, :-1] - ordered[:, 1:]).abs()
+        if fn in ("argmax", "argmin", "max", "min"):
+            return gaps[:, 0]
+        if fn == "topk":
+            k = min(node.attrs.get("k", 1), gaps.shape[-1])
+            return gaps[:, :k].min(dim=-1).values
+        return gaps.min(dim=-1).values
+    return None
+
+
+class ReferenceObserver:
+    """The observer handed to capture: records statistics as each node runs.
+
+    ``before`` may hand the op views of its operands, so that a gradient hook sees the gradient that
+    flows through this op alone (an activation read by two convs is rounded separately for each).
+    """
+
+    def __init__(self, with_sensitivity: bool = True) -> None:
+        self.with_sensitivity = with_sensitivity
+        self.by_id: Dict[int, Tuple[TensorStats, torch.Tensor]] = {}
+        self.values: Dict[str, torch.Tensor] = {}  # node name -> float output kept for the backward passes
+        self.operands: Dict[str, List[torch.Tensor]] = {}  # node name -> operand views / weights it rounds
+        self.first_nonfinite: Optional[str] = None
+        self.input_names: List[str] = []
+
+    def rename(self, node: Node, name: str) -> None:
+        """The function-mode recorder names a node only after it ran; move what before() kept."""
+        if node is not None and node.name in self.operands:
+            self.operands[name] = self.operands.pop(node.name)
+
+    def before(self, node: Node, args, kwargs, callee):
+        if not self.with_sensitivity or node.kind not in DOT_PRODUCT_KINDS:
+            return args, kwargs
+        views: List[torch.Tensor] = []
+
+        def as_view(v):
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
+                if v.is_leaf:  # a weight passed as an argument: hook the parameter itself
+                    views.append(v)
+                    return v
+                view = v.view_as(v)
+                views.append(view)
+                return view
+            return v
+
+        args = tuple(as_view(a) for a in args)
+        kwargs = {k: as_view(v) for k, v in kwargs.items()}
+        if isinstance(callee, torch.nn.Module):
+            weight = getattr(callee, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
+                views.append(weight)
+        if views:
+            self.operands[node.name] = views
+        return args, kwargs
+
+    def __call__(self, node: Node, args, kwargs, callee, output):
+        node.input_stats = []
+        for v in tree_flatten((args, kwargs))[0]:
+            if isinstance(v, torch.Tensor):
+                known = self.by_id.get(id(v))
+                if known is None and v._base is not None:  # an operand view made in before()
+                    known = self.by_id.get(id(v._base))
+                node.input_stats.append(known[0] if known is not None else tensor_stats(v))
+        outputs = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        node.outputs = [tensor_stats(t) for t in outputs]
+        for t, s in zip(outputs, node.outputs):
+            self.by_id[id(t)] = (s, t)
+        if self.first_nonfinite is None and any(s.is_float and not s.finite for s in node.outputs):
+            self.first_nonfinite = node.name
+        with torch.no_grad():
+            if node.kind in DOT_PRODUCT_KINDS and outputs:
+                terms = _dot_terms(node, args, kwargs, callee)
+                if terms is not None and terms.shape == outputs[0].shape:
+                    y = outputs[0].detach().float().abs()
+                    node.dot_rms = float(terms.pow(2).mean().sqrt())
+                    ratio = terms / y.clamp_min(1e-30)
+                    node.attrs["condition"] = {
+                        str(t): float((ratio > t).float().mean()) for t in (10, 100, 1000)
+                    }
+            if node.kind in (Kind.DECISION, Kind.COMPARE) or (node.fn in ("max", "min") and "dim" in node.attrs):
+                margins = _decision_margins(node, args, kwargs)
+                if margins is not None and margins.numel():
+                    node.attrs["decision_units"] = int(margins.numel())
+                    if margins.numel() > MAX_MARGINS:
+                        step = math.ceil(margins.numel() / MAX_MARGINS)
+                        margins = margins[::step]
+                    node.margins = [float(m) for m in margins]
+        if outputs and outputs[0].is_floating_point() and outputs[0].requires_grad:
+            self.values[node.name] = outputs[0]
+            if node.kind == Kind.INPUT:
+                self.input_names.append(node.name)
+        return output
+
+    # ------------------------------------------------------------------ backward passes
+
+    def _gains(self, roots: List[torch.Tensor], seed: int, probes: int) -> Dict[str, Tuple[float, float]]:
+        """Per node, E over v of (sum_j (g_j y_j)^2, sum over operands of sum_k (g_k a_k)^2) / N_roots."""
+        n_out = sum(r.numel() for r in roots)
+        out_acc: Dict[str, float] = {}
+        op_acc: Dict[str, float] = {}
+        handles = []
+
+        def add(acc, name, grad, value):
+            acc[name] = acc.get(name, 0.0) + float((grad.detach() * value.detach()).pow(2).sum())
+
+        for name, value in self.values.items():
+            handles.append(value.register_hook(lambda g, name=name, value=value: add(out_acc, name, g, value)))
+        weights: Dict[int, torch.Tensor] = {}
+        for name, operands in self.operands.items():
+            for t in operands:
+                handles.append(t.register_hook(lambda g, name=name, t=t: add(op_acc, name, g, t)))
+                if t.is_leaf:
+                    weights[id(t)] = t
+        # Asking only for the inputs' and weights' gradients keeps memory flat; the hooks still see
+        # every value on the way. Models without float inputs (token ids) ask for all values instead.
+        leaves = [self.values[n] for n in self.input_names] or list(self.values.values())
+        leaves = leaves + list(weights.values())
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(probes):
+                vs = [torch.randn(r.shape, generator=generator, dtype=r.dtype) for r in roots]
+                torch.autograd.grad(roots, leaves, grad_outputs=vs, retain_graph=True, allow_unused=True)
+        finally:
+            for h in handles:
+                h.remove()
+        scale = 1.0 / (n_out * probes)
+        names = set(out_acc) | set(op_acc)
+        return {n: (out_acc.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
+
+    def finish(self, graph: Graph, output: Any) -> None:
+        """Backward passes: each node's gains to the output, and to each risky decision's input."""
+        if not self.with_sensitivity:
+            return
+        roots = [v for v in tree_flatten(output)[0]
+                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad and v.numel()]
+        try:
+            if roots:
+                n_out = sum(r.numel() for r in roots)
+                probes = max(1, min(4, math.ceil(64 / n_out)))
+                for name, (gain_out, gain_operands) in self._gains(roots, seed=0, probes=probes).items():
+                    node = graph[name]
+                    node.sensitivity = gain_out
+                    if name in self.operands:
+                        node.attrs["gain_operands"] = gain_operands
+            decisions = []
+            for node in graph.nodes:
+                if node.margins and node.inputs and node.inputs[0] in self.values and node.input_stats:
+                    rms = node.input_stats[0].rms or 1.0
+                    decisions.append((min(node.margins) / rms, node))
+            for _, node in sorted(decisions, key=lambda item: (item[0], item[1].name))[:MAX_DECISION_PASSES]:
+                root = self.values[node.inputs[0]]
+                node.attrs["upstream_gain"] = self._gains([root], seed=1, probes=2)
+        except RuntimeError as exc:  # an op without a derivative: predictions fall back to no amplification
+            graph.notes.append(f"error propagation estimated without gradients ({str(exc).splitlines()[0]})")
+        finally:
+            self.values.clear()
+            self.operands.clear()
+            self.by_id.clear()
+
+
+def param_stats(module: torch.nn.Module) -> Dict[str, TensorStats]:
+    stats = {}
+    for name, p in list(module.named_parameters()) + list(module.named_buffers()):
+        stats[name] = tensor_stats(p)
+    return stats

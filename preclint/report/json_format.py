@@ -1,0 +1,79 @@
+"""--output-format json: the fixed schema, one document, deterministic."""
+from __future__ import annotations
+
+import json
+import math
+
+from preclint import __version__
+from preclint.report import Report
+
+
+def _number(value):
+    # JSON has no inf/NaN: a non-finite figure is written as null (the message says what happened)
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return value
+
+
+def _figures(figures) -> dict:
+    return {mode: {k: _number(v) for k, v in figure.as_dict().items()} for mode, figure in sorted(figures.items())}
+
+
+def finding_dict(f) -> dict:
+    out = {
+        "code": f.code,
+        "name": f.name,
+        "severity": f.severity,
+        "precisions": list(f.precisions),
+        "module": f.module,
+        "op": f.op,
+        "location": (
+            {"path": f.location.path, "line": f.location.line, "column": f.location.column} if f.location else None
+        ),
+        "message": f.message,
+        "fix": f.fix,
+        "predicted": _figures(f.predicted),
+    }
+    if f.related:
+        out["related"] = [
+            {"path": loc.path, "line": loc.line, "column": loc.column, "message": text} for loc, text in f.related
+        ]
+    if f.measured or f.status:
+        out["measured"] = _figures(f.measured)
+        out["status"] = f.status
+    return out
+
+
+def to_dict(report: Report) -> dict:
+    summary = {}
+    for mode, entry in sorted(report.summary.items()):
+        item = {"predicted_output": {k: _number(v) for k, v in entry["predicted_output"].items()}}
+        if "top_layers" in entry:
+            item["top_layers"] = entry["top_layers"]
+        for key in ("measured_output",):
+            if key in entry:
+                item[key] = {k: _number(v) for k, v in entry[key].items()}
+        summary[mode] = item
+    doc = {
+        "version": __version__,
+        "model": report.model,
+        "capture": report.capture,
+        "precisions": list(report.precisions),
+        "findings": [finding_dict(f) for f in report.sorted_findings()],
+        "summary": summary,
+    }
+    if report.tolerance:
+        doc["tolerance"] = report.tolerance
+    if report.notes:
+        doc["notes"] = list(report.notes)
+    if report.files:
+        doc["files"] = list(report.files)
+    if report.environment is not None:
+        doc["environment"] = report.environment
+    if report.ledger is not None:
+        doc["nodes"] = report.ledger
+    return doc
+
+
+def render(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, sort_keys=False, allow_nan=False) + "\n"

@@ -1,0 +1,109 @@
+"""PCL103 batchnorm-scale."""
+from __future__ import annotations
+
+from preclint.findings import ErrorFigure, sci
+from preclint.rulebase import Example, Rule
+
+# A batch norm that multiplies the relative error of its input by more than this is beyond ordinary
+# rounding: healthy layers sit near 1 (random init: exactly 1).
+AMPLIFICATION_LIMIT = 10.0
+
+
+def _frozen_resnet(dead_channels: bool):
+    def build():
+        import torch
+        import torchvision
+
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(norm_layer=lambda c: torchvision.ops.misc.FrozenBatchNorm2d(c, eps=0.0))
+        model.eval()
+        if dead_channels:
+            # what pretrained weights can hold: channels whose batch variance collapsed, with eps=0
+            with torch.no_grad():
+                bn = model.layer1[0].bn1
+                bn.running_var[:8] = 1e-9
+                bn.running_mean[:8] = 0.5
+        return model, (torch.rand(1, 3, 64, 64),)
+
+    return build
+
+
+class BatchNormScale(Rule):
+    code = "PCL103"
+    name = "batchnorm-scale"
+    summary = "A (frozen) batch norm whose folded scale gamma/sqrt(var+eps) float16 cannot hold, or that amplifies rounding error."
+    severity = "warning"
+    precisions = ("fp16", "fp16-full", "bf16", "bf16-full")
+    why = """
+Inference folds a batch norm into a per-channel scale gamma/sqrt(running_var + eps) (and exporters fold
+it into the preceding conv's weights). With eps=0 (FrozenBatchNorm2d in older torchvision and in
+detection code) and channels whose variance collapsed, the scale is huge: float16 cannot hold it
+(> 65504), a running_var below 6e-8 is 0 in float16 (the scale becomes inf), a running_var above
+65504 is inf. Even when the scale fits, such a channel maps an almost constant input to its bias, so
+the input's rounding error reaches the output multiplied by the scale. The weights decide this, not
+the architecture: the same network is fine with one checkpoint and far off with another.
+"""
+    example = """
+norm = torchvision.ops.misc.FrozenBatchNorm2d(64, eps=0.0)
+norm.running_var[:8] = 1e-9   # collapsed channels in a checkpoint: scale ~ 3e4
+"""
+    fix = """
+Give the batch norm an eps (FrozenBatchNorm2d(..., eps=1e-5), as nn.BatchNorm2d has), fold batch
+norms into the conv in float32 or float64 before casting, or keep the layer in float32.
+"""
+    bad = (Example(_frozen_resnet(True), "resnet18 with FrozenBatchNorm2d(eps=0) and collapsed channels"),)
+    good = (Example(_frozen_resnet(False), "the same architecture with healthy statistics"),)
+
+    def check_graph(self, ctx):
+        modes = [m for m in ctx.modes if m in self.precisions]
+        if not modes:
+            return
+        fp16_modes = [m for m in modes if m.startswith("fp16")]
+        full_fp16 = [m for m in modes if m == "fp16-full"]
+        for node in ctx.graph.nodes:
+            facts = node.attrs.get("batchnorm")
+            if not facts:
+                continue
+            problems, severity, concerned = [], "warning", []
+            channels = facts["channels"]
+            if facts["scale_nonfinite"]:
+                problems.append(f"{facts['scale_nonfinite']} of {channels} channels have an infinite scale already in "
+                                f"fp32 (running_var 0 with eps={sci(facts['eps'])})")
+                severity, concerned = "error", modes
+            if full_fp16 and facts["channels_var_zero_in_fp16"] and not facts["scale_nonfinite"]:
+                problems.append(f"running_var of {facts['channels_var_zero_in_fp16']} channels plus eps is 0 in "
+                                f"float16, so the scale becomes inf")
+                severity, concerned = "error", concerned or full_fp16
+            if full_fp16 and facts["channels_var_over_fp16"]:
+                problems.append(f"running_var of {facts['channels_var_over_fp16']} channels exceeds 65504 (inf in float16)")
+                severity, concerned = "error", concerned or full_fp16
+            if fp16_modes and facts["channels_scale_over_fp16"]:
+                problems.append(f"the folded scale reaches {sci(facts['scale_absmax'])}, beyond float16's 65504, in "
+                                f"{facts['channels_scale_over_fp16']} channels")
+                concerned = concerned or fp16_modes
+            folded = facts.get("folded_weight_absmax")
+            if fp16_modes and folded is not None and folded > 65504:
+                problems.append(f"folded into {facts['folds_into']} its weights reach {sci(folded)}, beyond float16's 65504")
+                concerned = concerned or fp16_modes
+            if facts["amplification"] > AMPLIFICATION_LIMIT:
+                problems.append(f"channels with collapsed variance (min running_var {sci(facts['var_min'])}, eps "
+                                f"{sci(facts['eps'])}) multiply the relative rounding error of the input by "
+                                f"{sci(facts['amplification'])}")
+                concerned = concerned or modes
+            if not problems:
+                continue
+            predicted = {}
+            for mode in concerned:
+                figure = ctx.node_figure(node, mode) if ctx.graph.ran_reference else ErrorFigure(None, None)
+                received = self._received_rel(ctx, node, mode, facts["amplification"])
+                predicted[mode] = ErrorFigure(received if received is not None else figure.rel_error, figure.max_abs_error)
+            message = f"{ctx.display(node.name)}: " + "; ".join(problems) + "."
+            yield self.finding(node, message, predicted=predicted, severity=severity, precisions=tuple(concerned))
+
+    @staticmethod
+    def _received_rel(ctx, node, mode, amplification):
+        """Relative error this layer's output carries: the unit roundoff of its input, amplified."""
+        from preclint.numerics import C_OUTPUT, MODES
+
+        fmt = MODES[mode].low or MODES[mode].dot_format
+        return C_OUTPUT * fmt.unit_roundoff * max(1.0, amplification) if amplification == amplification else None

@@ -1,0 +1,101 @@
+"""PCL301 decision-flip."""
+from __future__ import annotations
+
+from preclint.findings import ErrorFigure, percent, sci
+from preclint.ir import Kind
+from preclint.rulebase import Example, Rule
+
+# A decision is reported when, under some mode, at least this fraction of its units (rows for argmax,
+# elements for a threshold) is expected to flip, or at least one flip is more likely than not.
+MIN_FLIP_FRACTION = 0.01
+MIN_EXPECTED_FLIPS = 0.5
+
+
+def _near_tie_classifier():
+    import torch
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(256, 256)
+            self.head = torch.nn.Linear(256, 10)
+
+        def forward(self, x):
+            logits = self.head(torch.relu(self.body(x))) * 0.01  # logits squeezed together
+            return logits.argmax(dim=-1)
+
+    torch.manual_seed(0)
+    return Classifier(), (torch.randn(64, 256),)
+
+
+def _confident_classifier():
+    import torch
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(x).argmax(dim=-1)
+
+    torch.manual_seed(0)
+    model = Classifier()
+    with torch.no_grad():
+        model.head.weight.copy_(torch.eye(4, 16) * 10)
+        model.head.bias.zero_()
+    x = torch.zeros(8, 16)
+    x[torch.arange(8), torch.arange(8) % 4] = 5.0  # one class far ahead in every row
+    return model, (x,)
+
+
+class DecisionFlip(Rule):
+    code = "PCL301"
+    name = "decision-flip"
+    summary = "An argmax, top-k, sort, NMS or threshold decides on values whose margins are within the predicted error."
+    severity = "warning"
+    why = """
+A decision turns a small numeric difference into a different index, box or mask. When the gap
+between the top two scores, or between a score and its threshold, is smaller than the error the
+precision adds, the decision flips: another class wins, NMS keeps a different box, a detection
+appears or disappears. Elementwise comparison of the outputs then fails by whole units, which is
+why torchvision compares detection scores rather than boxes.
+"""
+    example = """
+scores = self.head(features)        # top-2 logits 3e-4 apart
+label = scores.argmax(dim=-1)       # flips under bf16 in a fraction of rows
+"""
+    fix = """
+Compare pre-decision scores (or match detections) in tests instead of indices and boxes; keep the
+values that feed the decision in float32; use a stable sort.
+"""
+    bad = (Example(_near_tie_classifier, "argmax over logits squeezed together"),)
+    good = (Example(_confident_classifier, "argmax with a wide margin in every row"),)
+
+    def check_graph(self, ctx):
+        for node in ctx.graph.nodes:
+            if node.margins is None:
+                continue
+            units = node.attrs.get("decision_units", len(node.margins))
+            per_mode = {}
+            for mode in ctx.modes:
+                pred = ctx.predictions[mode].nodes[node.name]
+                if pred.flip_fraction is None:
+                    continue
+                per_mode[mode] = pred
+            flagged = [m for m, p in per_mode.items()
+                       if p.flip_fraction >= MIN_FLIP_FRACTION or p.flip_fraction * units >= MIN_EXPECTED_FLIPS]
+            if not flagged:
+                continue
+            rms = node.input_stats[0].rms if node.input_stats and node.input_stats[0] else None
+            predicted = {
+                m: ErrorFigure(p.received / rms if rms else None, None, p.flip_fraction) for m, p in per_mode.items()
+            }
+            what = "threshold comparison" if node.kind == Kind.COMPARE else node.fn
+            flips = ", ".join(f"{percent(per_mode[m].flip_fraction)} under {m}" for m in flagged)
+            message = (
+                f"{ctx.display(node.name)} ({what}) decides on margins as small as {sci(min(node.margins))} while the "
+                f"predicted error of its input is {sci(per_mode[flagged[0]].received)} ({flagged[0]}): about {flips} "
+                f"of its {units} decisions flip."
+            )
+            yield self.finding(node, message, predicted=predicted, precisions=tuple(flagged))

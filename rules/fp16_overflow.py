@@ -1,0 +1,121 @@
+"""PCL101 fp16-overflow."""
+from __future__ import annotations
+
+from preclint.findings import ErrorFigure, sci
+from preclint.numerics import MODES
+from preclint.rulebase import Example, Rule
+
+
+def _deep_residual_stack():
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return x + 3.0 * self.fc(x)  # each block triples the scale: no normalization resets it
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block() for _ in range(12)]), (torch.randn(2, 32),)
+
+
+def _normalized_stack():
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(32)
+            self.fc = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return x + self.fc(self.norm(x))
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block() for _ in range(12)]), (torch.randn(2, 32),)
+
+
+def _squares():
+    import torch
+
+    class SumOfSquares(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.proj(x) * 400.0
+            return (h * h).mean(dim=-1)  # x*x stays fp16 under autocast; |h| > 256 overflows
+
+    torch.manual_seed(0)
+    return SumOfSquares(), (torch.randn(4, 16),)
+
+
+class Fp16Overflow(Rule):
+    code = "PCL101"
+    name = "fp16-overflow"
+    summary = "A value leaves float16's finite range (|x| > 65504) under a precision that stores it in float16."
+    severity = "error"
+    precisions = ("fp16", "fp16-full")
+    why = """
+float16 holds magnitudes up to 65504. Activations of deep residual stacks without normalization,
+attention logits before scaling, squares of values above 256, and sums over long axes pass that
+limit; the value becomes inf and usually NaN a few ops later. Under autocast, convs and matmuls
+produce float16, and ops that are not on autocast's float32 list (add, mul, mean, var, batch_norm)
+keep computing in float16. bfloat16 has float32's range and does not overflow here.
+"""
+    example = """
+h = self.proj(x)          # |h| ~ 400
+energy = (h * h).mean(-1) # 160000 > 65504: inf under autocast(float16)
+"""
+    fix = """
+Use bfloat16 instead of float16, keep the module that produces the large values in float32
+(`with torch.autocast(device_type, enabled=False): ... x.float()`), rescale (scale queries before
+QK^T, normalize residual streams), or compute squares with `pow`, which autocast runs in float32.
+"""
+    bad = (Example(_deep_residual_stack, "12 residual blocks that triple the scale, no normalization"),
+           Example(_squares, "x*x of values around 400"))
+    good = (Example(_normalized_stack, "the same stack with LayerNorm in each block"),)
+
+    def check_graph(self, ctx):
+        graph = ctx.graph
+        order = {node.name: i for i, node in enumerate(graph.nodes)}
+        origins = {}  # node name -> {mode: number of later values that overflow with it}
+        for mode in ctx.modes:
+            if MODES[mode].low is None or MODES[mode].low.name != "fp16":
+                continue
+            overflowing = {n for n, pred in ctx.predictions[mode].nodes.items() if pred.overflow}
+            for name in overflowing:
+                if not any(i in overflowing for i in graph[name].inputs):  # else inherited from its origin
+                    origins.setdefault(name, {})[mode] = self._downstream(graph, name, overflowing)
+        for name in sorted(origins, key=order.get):
+            node = graph[name]
+            modes = tuple(origins[name])
+            downstream = max(origins[name].values())
+            inputs_only = node.out is not None and node.out.absmax <= 65504
+            value = max([node.out.absmax if node.out else 0.0]
+                        + [s.absmax for s in node.input_stats if s is not None and s.is_float and s.finite])
+            message = (
+                f"{ctx.display(name)} overflows float16 under {', '.join(modes)}: "
+                f"{'its inputs reach' if inputs_only else 'it reaches'} {sci(value)} in the fp32 reference, "
+                "above float16's 65504"
+            )
+            message += f", and {downstream} later values overflow with it." if downstream else "."
+            owner = node.module_path or "this computation"
+            fix = (f"Use bfloat16 instead of float16, or keep {owner} in float32 (autocast(enabled=False) and .float()); "
+                   "or keep the values in range: normalize the residual stream, scale before the product.")
+            yield self.finding(node, message, fix=fix, predicted={m: ErrorFigure(None, None) for m in modes},
+                               precisions=modes)
+
+    @staticmethod
+    def _downstream(graph, origin, overflowing):
+        reached, frontier = {origin}, [origin]
+        while frontier:
+            current = frontier.pop()
+            for user in graph.users(current):
+                if user.name in overflowing and user.name not in reached:
+                    reached.add(user.name)
+                    frontier.append(user.name)
+        return len(reached) - 1
