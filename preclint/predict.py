@@ -231,15 +231,30 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
     return prediction
 
 
+def _relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
+    """Relative RMS error of every value when errors pass through ops unamplified: the fallback for
+    values no gradient reaches (detached scores, integer paths). Takes the largest incoming error
+    rather than their sum, since the branches of a DAG share their history."""
+    rel: Dict[str, float] = {}
+    for node in graph.nodes:
+        incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
+        local = prediction.nodes[node.name].local
+        own = local / node.out.rms if node.out is not None and node.out.rms > 0 else 0.0
+        rel[node.name] = math.hypot(incoming, own)
+    return rel
+
+
 def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
+    fallback: Optional[Dict[str, float]] = None
     for node in graph.nodes:
         gains = node.attrs.get("upstream_gain")
         if node.margins is None:
             continue
         if gains:
             received = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
-        elif node.input_stats and node.input_stats[0] is not None and prediction.output_rms > 0:
-            received = (prediction.rel_error or 0.0) * node.input_stats[0].rms
+        elif node.inputs and node.input_stats and node.input_stats[0] is not None:
+            fallback = fallback if fallback is not None else _relative_errors(graph, prediction)
+            received = fallback.get(node.inputs[0], 0.0) * node.input_stats[0].rms
         else:
             continue
         p = prediction.nodes[node.name]

@@ -73,29 +73,42 @@ values that feed the decision in float32; use a stable sort.
     good = (Example(_confident_classifier, "argmax with a wide margin in every row"),)
 
     def check_graph(self, ctx):
+        # One finding per decision site: a loop (NMS per class, a threshold per level) runs the same
+        # line many times, and its flips add up.
+        sites = {}
         for node in ctx.graph.nodes:
-            if node.margins is None:
+            if node.margins is not None:
+                sites.setdefault((node.module_path, node.fn, node.location), []).append(node)
+        for nodes in sites.values():
+            finding = self._site_finding(ctx, nodes)
+            if finding is not None:
+                yield finding
+
+    def _site_finding(self, ctx, nodes):
+        units = sum(n.attrs.get("decision_units", len(n.margins)) for n in nodes)
+        per_mode = {}
+        for mode in ctx.modes:
+            preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
+            preds = [(n, p) for n, p in preds if p.flip_fraction is not None]
+            if not preds:
                 continue
-            units = node.attrs.get("decision_units", len(node.margins))
-            per_mode = {}
-            for mode in ctx.modes:
-                pred = ctx.predictions[mode].nodes[node.name]
-                if pred.flip_fraction is None:
-                    continue
-                per_mode[mode] = pred
-            flagged = [m for m, p in per_mode.items()
-                       if p.flip_fraction >= MIN_FLIP_FRACTION or p.flip_fraction * units >= MIN_EXPECTED_FLIPS]
-            if not flagged:
-                continue
-            rms = node.input_stats[0].rms if node.input_stats and node.input_stats[0] else None
-            predicted = {
-                m: ErrorFigure(p.received / rms if rms else None, None, p.flip_fraction) for m, p in per_mode.items()
-            }
-            what = "threshold comparison" if node.kind == Kind.COMPARE else node.fn
-            flips = ", ".join(f"{percent(per_mode[m].flip_fraction)} under {m}" for m in flagged)
-            message = (
-                f"{ctx.display(node.name)} ({what}) decides on margins as small as {sci(min(node.margins))} while the "
-                f"predicted error of its input is {sci(per_mode[flagged[0]].received)} ({flagged[0]}): about {flips} "
-                f"of its {units} decisions flip."
-            )
-            yield self.finding(node, message, predicted=predicted, precisions=tuple(flagged))
+            expected = sum(p.flip_fraction * n.attrs.get("decision_units", len(n.margins)) for n, p in preds)
+            relative = [p.received / n.input_stats[0].rms for n, p in preds
+                        if n.input_stats and n.input_stats[0] is not None and n.input_stats[0].rms > 0]
+            per_mode[mode] = (expected, max(p.received for _, p in preds), max(relative) if relative else None)
+        flagged = [m for m, (expected, _, _) in per_mode.items()
+                   if expected / units >= MIN_FLIP_FRACTION or expected >= MIN_EXPECTED_FLIPS]
+        if not flagged:
+            return None
+        first = nodes[0]
+        predicted = {m: ErrorFigure(rel, None, expected / units) for m, (expected, _, rel) in per_mode.items()}
+        what = "threshold comparison" if first.kind == Kind.COMPARE else first.fn
+        calls = f" ({len(nodes)} calls)" if len(nodes) > 1 else ""
+        flips = ", ".join(f"{percent(per_mode[m][0] / units)} under {m}" for m in flagged)
+        smallest = min(min(n.margins) for n in nodes)
+        message = (
+            f"{ctx.display(first.name)} ({what}{calls}) decides on margins as small as {sci(smallest)} while the "
+            f"predicted error of its input is {sci(per_mode[flagged[0]][1])} ({flagged[0]}): about {flips} of its "
+            f"{units} decisions flip."
+        )
+        return self.finding(first, message, predicted=predicted, precisions=tuple(flagged))
