@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     check.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
     check.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    check.add_argument("--source-only", action="store_true",
+                       help="only the source rules (PCL5xx) over files and directories; never imports torch or the code")
+    check.add_argument("--fix", action="store_true", help="apply the safe fixes (with --source-only)")
+    check.add_argument("--diff", action="store_true", help="print the fixes as a diff instead of writing them")
+    check.add_argument("--baseline", metavar="FILE", help="hide the findings recorded in FILE (see --write-baseline)")
+    check.add_argument("--write-baseline", metavar="FILE", help="record the current findings in FILE and exit 0")
     _add_output_arguments(check)
 
     rule = sub.add_parser("rule", help="show a rule's documentation")
@@ -112,22 +118,31 @@ def _use_color(args) -> bool:
 def cmd_check(args) -> int:
     from preclint.engine import CheckOptions, check_model
     from preclint.report import render
-    from preclint.source.suppress import apply_suppressions
+    from preclint.source.command import apply_baseline_to_reports, suppress_graph_findings
 
     config = _config(args)
+    if args.source_only:
+        from preclint.source.command import run_source_only
+
+        return run_source_only(args.paths, config, fix=args.fix, diff=args.diff, baseline=args.baseline,
+                               write_baseline=args.write_baseline, exit_zero=args.exit_zero, color=_use_color(args))
+    if args.fix or args.diff:
+        raise UserError("--fix and --diff apply the fixes of source rules: use them with --source-only")
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     reports = []
     for path in args.paths:
         loaded = _load(path, args)
         report, _graph, _ctx = check_model(loaded, config, options)
-        report.findings = apply_suppressions(report.findings, config)
+        report.findings = suppress_graph_findings(report.findings, config, [path])
         reports.append(report)
+    if args.baseline or args.write_baseline:
+        apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
     outputs = [render(r, config.output_format, color=_use_color(args)) for r in reports]
     if config.output_format == "json" and len(outputs) > 1:
         outputs = ["[\n" + ",\n".join(o.rstrip("\n") for o in outputs) + "\n]\n"]
     sys.stdout.write("".join(outputs))
-    return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero)
+    return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
 
 
 def cmd_rule(args) -> int:

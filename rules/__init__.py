@@ -20,6 +20,8 @@ SOURCE_RULE_MODULES = (
     "tolerance_resolution",
     "deprecated_amp",
     "deprecated_assert_allclose",
+    "tf32_flags",
+    "fp16_epsilon",
     "unparsable_file",
 )
 

@@ -15,7 +15,9 @@ class UnparsableFile(SourceRule):
     after_suppressions = True
     why = """
 A file that does not parse is a file no rule looked at: without this finding, a syntax error would
-make preclint report nothing and pass. The check goes on with the other files.
+make preclint report nothing and pass. The check goes on with the other files. A file whose text has
+none of the words the selected rules look for (no `torch`, `allclose`, `eps`, ...) is not parsed at
+all, as it cannot hold a finding; its syntax is left to Python and to your other linters.
 """
     example = """
 def f(:

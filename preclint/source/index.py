@@ -50,7 +50,7 @@ class Index:
     calls: List[CallSite] = field(default_factory=list)
     refs: List[RefSite] = field(default_factory=list)
     assigns: List[AssignSite] = field(default_factory=list)
-    adds: List[Site] = field(default_factory=list)  # BinaryOperation with operator Add
+    binops: List[Site] = field(default_factory=list)  # every BinaryOperation (a + b, a / b, ...)
     from_imports: Dict[str, cst.ImportFrom] = field(default_factory=dict)  # local name -> its import
 
     def qualify(self, dotted: Optional[str]) -> Optional[str]:
@@ -273,8 +273,7 @@ class _Collector(cst.CSTVisitor):
                 self.index.constants.pop(target.value, None)
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-        if isinstance(node.operator, cst.Add):
-            self.index.adds.append(self._site(Site, node))
+        self.index.binops.append(self._site(Site, node))
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> Optional[bool]:
         # the target of ``a.b = v`` is a store, recorded by visit_Assign; its value is still visited

@@ -1,0 +1,70 @@
+"""--output-format github: GitHub Actions workflow commands that become annotations.
+
+``::warning file=<path>,line=<l>,col=<c>,title=preclint (<CODE>)::<path>:<l>:<c>: <CODE> <message>``,
+with the fix on a second line of the message. GitHub shows at most 10 annotations of each level per
+step (error, warning, notice), so findings are ranked by severity and position, the first ten of each
+level become annotations, the rest are printed as plain log lines, and one notice says how many were
+not annotated. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
+also ``:`` and ``,`` inside properties.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from preclint.findings import severity_rank
+from preclint.report import Report
+from preclint.report.concise import finding_line
+
+LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
+PER_LEVEL = 10  # annotations GitHub keeps per level and step
+
+
+def escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(finding, model: str = "") -> str:
+    level = LEVELS.get(finding.severity, "warning")
+    properties = []
+    loc = finding.location
+    if loc is not None:
+        properties += [f"file={escape_property(loc.path)}", f"line={loc.line}", f"col={loc.column}"]
+    properties.append(f"title={escape_property(f'preclint ({finding.code})')}")
+    body = finding_line(finding, model)
+    if finding.fix:
+        body += "\n  help: " + " ".join(finding.fix.split())
+    return f"::{level} {','.join(properties)}::{escape_data(body)}"
+
+
+def render(report: Report) -> str:
+    model = report.model or ""
+    # most severe first, so that the annotations GitHub keeps are the ones that matter most
+    findings = sorted(report.sorted_findings(), key=lambda f: -severity_rank(f.severity))
+    counts = {level: 0 for level in LEVELS.values()}
+    annotated, rest = [], []
+    for finding in findings:
+        level = LEVELS.get(finding.severity, "warning")
+        if counts[level] < PER_LEVEL:
+            counts[level] += 1
+            annotated.append(finding)
+        else:
+            rest.append(finding)
+    if rest and counts["notice"] == PER_LEVEL:
+        # the summary is a notice itself: free a notice slot for it
+        last = max(i for i, f in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
+        rest.insert(0, annotated.pop(last))
+    lines: List[str] = [annotation(f, model) for f in annotated]
+    if rest:
+        lines += [finding_line(f, model) for f in rest]
+        lines.append(
+            f"::notice title={escape_property('preclint')}::"
+            + escape_data(
+                f"{len(rest)} more finding{'s' if len(rest) != 1 else ''} not shown as annotations "
+                f"(GitHub keeps {PER_LEVEL} per level and step); they are listed in the log above."
+            )
+        )
+    return "\n".join(lines) + ("\n" if lines else "")

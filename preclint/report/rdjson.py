@@ -1,0 +1,43 @@
+"""--output-format rdjson: reviewdog's Diagnostic Format (one DiagnosticResult), for
+``preclint check --output-format rdjson . | reviewdog -f=rdjson -reporter=github-pr-review``.
+
+reviewdog counts columns in UTF-8 bytes from 1; preclint's columns are code points, so they are
+converted from the line's text here. Only the start of a finding is known, so ranges carry a start
+alone. Model-level findings without a location are kept, without a location.
+"""
+from __future__ import annotations
+
+import json
+
+from preclint.report import Report
+from preclint.report.concise import finding_line
+from preclint.source.lines import utf8_column
+
+SEVERITIES = {"error": "ERROR", "warning": "WARNING", "info": "INFO"}
+
+
+def _diagnostic(finding, model: str) -> dict:
+    message = " ".join(finding.message.split())
+    if finding.fix:
+        message += f"\nhelp: {' '.join(finding.fix.split())}"
+    diagnostic = {"message": message}
+    loc = finding.location
+    if loc is not None:
+        column = utf8_column(loc.path, loc.line, loc.column)
+        diagnostic["location"] = {"path": loc.path, "range": {"start": {"line": loc.line, "column": column}}}
+    diagnostic["severity"] = SEVERITIES.get(finding.severity, "WARNING")
+    diagnostic["source"] = {"name": "preclint"}
+    diagnostic["code"] = {"value": finding.code}
+    diagnostic["original_output"] = finding_line(finding, model)
+    return diagnostic
+
+
+def to_dict(report: Report) -> dict:
+    return {
+        "source": {"name": "preclint"},
+        "diagnostics": [_diagnostic(f, report.model or "") for f in report.sorted_findings()],
+    }
+
+
+def render(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, ensure_ascii=False) + "\n"

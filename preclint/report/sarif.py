@@ -1,0 +1,141 @@
+"""--output-format sarif: SARIF 2.1.0 as GitHub code scanning ingests it.
+
+Beyond the minimum GitHub asks for: every rule is described (id, name, short and full description,
+help in text and Markdown from the rule's docs, default level, tags), URIs are relative to the
+working directory with ``uriBaseId`` %SRCROOT% (the repository root when preclint runs there, as in
+CI), regions are given in Unicode code points (``columnKind``), and each result carries GitHub's own
+``primaryLocationLineHash`` so alerts keep their identity when lines move. Findings without a source
+location (model-level) are results without ``locations``, which SARIF allows. Deterministic: no
+timestamps, no absolute paths.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from preclint import __version__
+from preclint.report import Report
+from preclint.source.lines import line_text, primary_location_line_hash
+
+SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+LEVELS = {"error": "error", "warning": "warning", "info": "note"}
+PROBLEM_SEVERITY = {"error": "error", "warning": "warning", "info": "recommendation"}
+FAMILIES = {"0": "model", "1": "range", "2": "accuracy", "3": "decisions", "5": "source"}
+MAX_DESCRIPTION = 1024  # GitHub's limit on short and full descriptions
+
+
+def _clip(text: str, limit: int = MAX_DESCRIPTION) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(". ", 0, limit - 1)
+    return text[: cut + 1] if cut > 0 else text[: limit - 1] + "…"
+
+
+def _markdown(rule) -> str:
+    return (
+        f"# {rule.name} ({rule.code})\n\n{rule.summary}\n\n## Why it matters\n\n{rule.why.strip()}\n\n"
+        f"## Example\n\n```python\n{rule.example.strip()}\n```\n\n## Fix\n\n{rule.fix.strip()}\n"
+    )
+
+
+def _rule_descriptor(rule) -> dict:
+    from preclint.rulebase import SourceRule
+
+    source = isinstance(rule, type) and issubclass(rule, SourceRule)
+    tags = ["precision", FAMILIES.get(rule.code[3:4], "other")] + list(rule.precisions)
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": _clip(rule.summary)},
+        "fullDescription": {"text": _clip(f"{rule.summary} {rule.why}")},
+        "help": {"text": rule.documentation(), "markdown": _markdown(rule)},
+        "defaultConfiguration": {"level": LEVELS.get(rule.severity, "warning")},
+        "properties": {
+            "tags": tags[:20],
+            # source rules read the code itself; graph rules predict from a model of rounding error
+            "precision": "high" if source else "medium",
+            "problem.severity": PROBLEM_SEVERITY.get(rule.severity, "warning"),
+        },
+    }
+
+
+def _physical(location) -> dict:
+    region = {"startLine": location.line, "startColumn": location.column}
+    text = line_text(location.path, location.line)
+    if text is not None and len(text) + 1 > location.column:
+        # to the end of the line: one line, so GitHub can show and match it
+        region.update({"endLine": location.line, "endColumn": len(text) + 1})
+    return {"artifactLocation": {"uri": location.path, "uriBaseId": "%SRCROOT%"}, "region": region}
+
+
+def _number(value):
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
+
+
+def _result(finding, rule_index: dict) -> dict:
+    result = {"ruleId": finding.code}
+    if finding.code in rule_index:
+        result["ruleIndex"] = rule_index[finding.code]
+    result["level"] = LEVELS.get(finding.severity, "warning")
+    text = " ".join(finding.message.split())
+    if finding.fix:
+        text += f"\nhelp: {' '.join(finding.fix.split())}"
+    result["message"] = {"text": text}
+    if finding.location is not None:
+        result["locations"] = [{"physicalLocation": _physical(finding.location)}]
+        line_hash = primary_location_line_hash(finding.location.path, finding.location.line)
+        if line_hash is not None:
+            result["partialFingerprints"] = {"primaryLocationLineHash": line_hash}
+    related = [(loc, text) for loc, text in finding.related if loc is not None]
+    if related:
+        result["relatedLocations"] = [
+            {"id": i, "physicalLocation": _physical(loc), "message": {"text": text}}
+            for i, (loc, text) in enumerate(related, 1)
+        ]
+    properties = {}
+    if finding.precisions:
+        properties["precisions"] = list(finding.precisions)
+    if finding.module:
+        properties["module"] = finding.module
+    if finding.op:
+        properties["op"] = finding.op
+    if finding.predicted:
+        properties["predicted"] = {
+            mode: {k: _number(v) for k, v in fig.as_dict().items()} for mode, fig in sorted(finding.predicted.items())
+        }
+    if finding.measured:
+        properties["measured"] = {
+            mode: {k: _number(v) for k, v in fig.as_dict().items()} for mode, fig in sorted(finding.measured.items())
+        }
+    if finding.status:
+        properties["status"] = finding.status
+    if finding.fixable:
+        properties["fixable"] = True
+    if properties:
+        result["properties"] = properties
+    return result
+
+
+def to_dict(report: Report) -> dict:
+    from preclint.rules import all_rules
+
+    rules = [rule for _, rule in sorted(all_rules().items())]
+    rule_index = {rule.code: i for i, rule in enumerate(rules)}
+    run = {
+        "tool": {
+            "driver": {
+                "name": "preclint",
+                "version": __version__,
+                "semanticVersion": __version__,
+                "rules": [_rule_descriptor(rule) for rule in rules],
+            }
+        },
+        "columnKind": "unicodeCodePoints",
+        "results": [_result(f, rule_index) for f in report.sorted_findings()],
+    }
+    return {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def render(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"

@@ -1,0 +1,127 @@
+"""What ``preclint check`` does with the source side of a run: ``--source-only`` end to end, and the
+suppression and baseline steps that graph findings go through too. The CLI parses arguments and
+calls these; nothing here imports torch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
+
+from preclint.config import Config
+from preclint.findings import Finding, severity_rank
+from preclint.source.paths import display_path
+
+EXIT_OK, EXIT_FINDINGS = 0, 1
+
+
+def apply_baseline(
+    findings: List[Finding], baseline: Optional[str] = None, write_baseline: Optional[str] = None
+) -> Tuple[List[Finding], List[str]]:
+    """(findings to report, notes for the report) after ``--baseline`` / ``--write-baseline``."""
+    from preclint.source.baseline import filter_baseline, write_baseline as write
+
+    notes: List[str] = []
+    if write_baseline:
+        count = write(findings, write_baseline)
+        notes.append(f"baseline: wrote {count} finding{'s' if count != 1 else ''} to {write_baseline}")
+    if baseline:
+        before = len(findings)
+        findings, stale = filter_baseline(findings, baseline)
+        notes.append(f"baseline: {before - len(findings)} known finding(s) hidden by {baseline}")
+        if stale:
+            notes.append(
+                f"baseline: {stale} record(s) in {baseline} match nothing any more (fixed?); "
+                "refresh it with --write-baseline"
+            )
+    return findings, notes
+
+
+def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> None:
+    """``apply_baseline`` over the findings of several reports (one per model) at once, in place;
+    the notes go to the last report."""
+    everything = [f for report in reports for f in report.findings]
+    kept, notes = apply_baseline(everything, baseline, write_baseline)
+    kept_ids = {id(f) for f in kept}
+    for report in reports:
+        report.findings = [f for f in report.findings if id(f) in kept_ids]
+    if reports:
+        reports[-1].notes.extend(notes)
+
+
+def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_files: Sequence[str] = ()) -> List[Finding]:
+    """Suppressions (and per-file-ignores) for the findings of a graph check: the codes judged for
+    unused suppressions are the graph rules that ran; ``model_files`` are searched for them too."""
+    from preclint.rules import graph_rules
+    from preclint.source.suppress import apply_suppressions
+
+    checked = [rule.code for rule in graph_rules() if config.is_selected(rule.code)]
+    kept = [
+        f for f in findings
+        if f.location is None or not config.ignored_for_file(f.location.path, f.code)
+    ]
+    files = [display_path(p) for p in model_files if os.path.isfile(p)]
+    return apply_suppressions(kept, config.is_selected("PCL500"), checked, files=files)
+
+
+def exit_code(findings: Iterable[Finding], fail_on: str, exit_zero: bool) -> int:
+    if exit_zero:
+        return EXIT_OK
+    threshold = severity_rank(fail_on)
+    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in findings) else EXIT_OK
+
+
+def run_source_only(
+    paths: Sequence[str],
+    config: Config,
+    fix: bool = False,
+    diff: bool = False,
+    baseline: Optional[str] = None,
+    write_baseline: Optional[str] = None,
+    exit_zero: bool = False,
+    color: bool = False,
+    out: Optional[TextIO] = None,
+    err: Optional[TextIO] = None,
+) -> int:
+    """``preclint check --source-only PATH...``: returns the exit code (UserError propagates).
+
+    ``--diff`` prints the fixes as a unified diff and writes nothing (exit 1 when there is a diff,
+    as Ruff does); ``--fix`` writes them and reports what is left.
+    """
+    from preclint.report import Report, render
+    from preclint.source.fix import fix_run, unified_diff, write_fixes
+    from preclint.source.run import check_paths, selected_rules
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    run = check_paths(paths, config)
+    if fix or diff:
+        rules = [rule() for rule in selected_rules(config)]
+        keep = _baseline_keep(run.findings, baseline)
+        result = fix_run(run, rules, config, keep)
+        if diff:
+            out.write(unified_diff(run, result))
+            n = len(result.texts)
+            err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
+            return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
+        write_fixes(run, result)
+        if result.total:
+            err.write(f"Fixed {result.total} finding{'s' if result.total != 1 else ''}.\n")
+            run = check_paths(paths, config)  # report what is left, at its new positions
+    findings, notes = apply_baseline(run.findings, baseline, write_baseline)
+    report = Report(findings=findings, files=list(run.files), notes=notes)
+    out.write(render(report, config.output_format, color=color))
+    if write_baseline:
+        return EXIT_OK
+    return exit_code(findings, config.fail_on, exit_zero)
+
+
+def _baseline_keep(findings: List[Finding], baseline: Optional[str]):
+    """A predicate that is False for findings the baseline accepts: those are not fixed either."""
+    if not baseline:
+        return lambda finding: True
+    from preclint.source.baseline import _key, filter_baseline
+
+    kept, _ = filter_baseline(findings, baseline)
+    new_keys = {_key(f) for f in kept}
+    return lambda finding: _key(finding) in new_keys
