@@ -167,7 +167,10 @@ def cmd_rule(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors (already printed on one line)
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     if not args.command:
         parser.print_help(sys.stderr)
         return EXIT_ERROR

@@ -1,0 +1,71 @@
+"""Benchmark: `preclint check` on torchvision resnet50 against the bare cost of its work.
+
+The baseline is what any tool must do to look at the model: import torch and torchvision, build
+the model, one FX symbolic trace, one fp32 forward pass (1x3x224x224). Both run as fresh
+processes, alternately, several times; the script prints the median wall time and peak RSS of
+each and their ratios, measured in this one run.
+
+    python benchmarks/check_speed.py [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+BASELINE = """
+import torch, torchvision, torch.fx
+torch.manual_seed(0)
+model = torchvision.models.resnet50().eval()
+torch.fx.symbolic_trace(model)
+with torch.no_grad():
+    model(torch.rand(1, 3, 224, 224))
+"""
+
+PRECLINT = [sys.executable, "-m", "preclint", "check", "torchvision.models:resnet50", "--input-shape", "1,3,224,224",
+            "--output-format", "json", "--exit-zero"]
+
+
+def measure(argv) -> tuple:
+    """Wall seconds and peak RSS (MiB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} failed: {stderr.strip()}")
+    return wall, usage.ru_maxrss / 1024.0  # ru_maxrss is KiB on Linux
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    runs = {"baseline": [], "preclint": []}
+    measure([sys.executable, "-c", BASELINE])  # warm the page cache for both
+    for _ in range(args.repeats):
+        runs["baseline"].append(measure([sys.executable, "-c", BASELINE]))
+        runs["preclint"].append(measure(PRECLINT))
+    result = {}
+    for name, values in runs.items():
+        result[name] = {"wall_s": statistics.median(v[0] for v in values),
+                        "peak_rss_mib": statistics.median(v[1] for v in values)}
+    result["ratio"] = {
+        "wall": result["preclint"]["wall_s"] / result["baseline"]["wall_s"],
+        "peak_rss": result["preclint"]["peak_rss_mib"] / result["baseline"]["peak_rss_mib"],
+    }
+    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    import torch  # noqa: E402 - only for the versions line
+
+    result["torch"] = torch.__version__
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
