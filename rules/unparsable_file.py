@@ -20,15 +20,19 @@ none of the words the selected rules look for (no `torch`, `allclose`, `eps`, ..
 all, as it cannot hold a finding; its syntax is left to Python and to your other linters.
 """
     example = """
-def f(:
-    pass
+def check(:
+    torch.testing.assert_close(a, b)
 """
     fix = """
 Fix the syntax error (or the encoding). If the file is meant to be broken (a fixture), exclude it
 with `exclude` in `[tool.preclint]`, or ignore PCL599 for it in `per-file-ignores`.
 """
-    valid = ("def f():\n    pass\n",)
-    invalid = ("def f(:\n    pass\n", "x = (1,\n")
+    valid = ("import torch\n\nok = torch.allclose(a, b)\n",)
+    # the files hold words the rules look for, so they are parsed (see Why it matters)
+    invalid = (
+        "import torch\n\ndef f(:\n    return torch.cuda.amp.autocast()\n",
+        "import torch\n\nok = torch.allclose(a, b,\n",
+    )
 
     @classmethod
     def finding_for(cls, path: str, message: str, line: int = 1, column: int = 1) -> Finding:

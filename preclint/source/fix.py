@@ -20,6 +20,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from preclint.config import Config
+from preclint.errors import UserError
 from preclint.findings import Finding
 from preclint.source.run import check_source
 from preclint.source.sourcefile import Fix, SourceFile
@@ -142,4 +143,7 @@ def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
 def write_fixes(run, result: FixResult) -> None:
     for path, text in sorted(result.texts.items()):
         source = run.sources[path]
-        write_atomic(source.filename or path, text, source.encoding)
+        try:
+            write_atomic(source.filename or path, text, source.encoding)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot write the fixes: {exc.strerror or exc} (the file is unchanged)") from None

@@ -3,13 +3,24 @@ fingerprints, rdjson's byte columns, baselines). Files are read once per process
 from __future__ import annotations
 
 import functools
+import os
 from typing import List, Optional
 
 from preclint.source.sourcefile import ParseFailure, decode
 
 
-@functools.lru_cache(maxsize=256)
 def file_text(path: str) -> Optional[str]:
+    """The file's text now: the cache is keyed on size and modification time, so a file that a fix
+    (or an editor) rewrote is read again."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return _read(path, info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _read(path: str, size: int, mtime_ns: int) -> Optional[str]:
     try:
         with open(path, "rb") as handle:
             return decode(handle.read())

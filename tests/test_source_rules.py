@@ -1,0 +1,170 @@
+"""Every source rule against its own examples (Fixit style): each invalid snippet must produce the
+rule's finding, each valid one must not; fixable rules must fix their invalid snippets into code that
+parses and no longer has the finding."""
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from preclint.config import Config
+from preclint.rules import source_rules
+from preclint.source.fix import fix_file
+from preclint.source.run import check_text, selected_rules
+from preclint.source.sourcefile import SourceFile
+
+RULES = source_rules()
+# snippets are checked as a library module (not a test, not a script), the strictest setting
+PATH = "pkg/module.py"
+
+
+def _cases(kind):
+    return [
+        pytest.param(rule, snippet, id=f"{rule.code}-{kind}-{i}")
+        for rule in RULES
+        for i, snippet in enumerate(getattr(rule, kind))
+    ]
+
+
+def codes(snippet: str):
+    return [f.code for f in check_text(snippet, PATH)]
+
+
+def test_every_source_rule_has_examples_and_docs():
+    assert {r.code for r in RULES} >= {"PCL500", "PCL501", "PCL502", "PCL503", "PCL504", "PCL505", "PCL599"}
+    for rule in RULES:
+        assert rule.valid and rule.invalid, rule.code
+        assert rule.why.strip() and rule.example.strip() and rule.fix.strip() and rule.summary.strip(), rule.code
+        assert rule.code.startswith("PCL5") and len(rule.code) == 6
+        assert rule.name == rule.name.lower() and " " not in rule.name
+
+
+@pytest.mark.parametrize("rule, snippet", _cases("invalid"))
+def test_invalid_snippet_is_reported(rule, snippet):
+    assert rule.code in codes(snippet)
+
+
+@pytest.mark.parametrize("rule, snippet", _cases("valid"))
+def test_valid_snippet_is_clean(rule, snippet):
+    assert rule.code not in codes(snippet)
+
+
+FIXABLE = [r for r in RULES if r.fixable]
+
+
+@pytest.mark.parametrize(
+    "rule, snippet",
+    [pytest.param(r, s, id=f"{r.code}-fix-{i}") for r in FIXABLE for i, s in enumerate(r.invalid)],
+)
+def test_fix_removes_the_finding_and_keeps_valid_python(rule, snippet):
+    rules = [r() for r in selected_rules(Config())]
+    source = SourceFile(PATH, snippet)
+    before = [f for f in check_text(snippet, PATH) if f.code == rule.code]
+    fixed = fix_file(source, rules, Config())
+    if not any(f.fixable for f in before):
+        assert fixed is None
+        return
+    assert fixed is not None
+    text, count = fixed
+    cst.parse_module(text)
+    compile(text, PATH, "exec")
+    after = [f for f in check_text(text, PATH) if f.code == rule.code]
+    assert not any(f.fixable for f in after)
+    assert len(after) == len(before) - count
+    # a second --fix has nothing left to do
+    assert fix_file(SourceFile(PATH, text), rules, Config()) is None
+
+
+def test_pcl502_fix_output():
+    text = (
+        "import torch\n"
+        "\n"
+        "with torch.cuda.amp.autocast(True, torch.bfloat16):  # keep me\n"
+        "    y = model(x)\n"
+        "scaler = torch.cuda.amp.GradScaler(2.0**10)\n"
+    )
+    fixed, count = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
+    assert count == 2
+    assert fixed == (
+        "import torch\n"
+        "\n"
+        'with torch.autocast("cuda", enabled=True, dtype=torch.bfloat16):  # keep me\n'
+        "    y = model(x)\n"
+        'scaler = torch.amp.GradScaler("cuda", 2.0**10)\n'
+    )
+
+
+def test_pcl502_fix_of_from_import_adds_torch_and_drops_the_unused_import():
+    text = "from torch.cuda.amp import autocast\n\nwith autocast():\n    pass\n"
+    fixed, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
+    assert fixed == 'import torch\n\nwith torch.autocast("cuda"):\n    pass\n'
+
+
+def test_pcl503_fix_keeps_assert_allclose_semantics_explicit():
+    text = "import torch\ntorch.testing.assert_allclose(a, b, 1e-3, 1e-5)\n"
+    fixed, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
+    assert fixed == (
+        "import torch\n"
+        "torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5, equal_nan=True, check_dtype=False)\n"
+    )
+
+
+def test_pcl503_without_tolerances_is_reported_without_a_fix():
+    text = "import torch\ntorch.testing.assert_allclose(a, b)\n"
+    (finding,) = [f for f in check_text(text, PATH) if f.code == "PCL503"]
+    assert not finding.fixable
+    assert "rtol=1e-4, atol=1e-5" in finding.fix
+
+
+def test_pcl501_message_gives_an_honest_tolerance():
+    text = (
+        "import torch\n"
+        "def test_x():\n"
+        "    y = model.half()(x.half())\n"
+        "    torch.testing.assert_close(y.float(), ref, rtol=1e-5, atol=1e-5)\n"
+    )
+    (finding,) = [f for f in check_text(text, PATH) if f.code == "PCL501"]
+    assert finding.location.line == 4
+    assert "rtol=1e-05" in finding.message and "fp16" in finding.message
+    assert "rtol=2.0e-03" in finding.fix and "line 3" in finding.fix
+    assert finding.precisions == ("fp16",)
+
+
+def test_pcl501_judges_against_bf16_resolution():
+    text = (
+        "import torch\n"
+        "def test_x():\n"
+        "    with torch.autocast('cpu'):\n"
+        "        y = model(x)\n"
+        "    assert torch.allclose(y, ref, rtol=5e-3, atol=1e-2)\n"
+    )
+    # cpu autocast runs in bf16 (u = 3.9e-3): rtol=5e-3 is under 2u
+    assert "PCL501" in codes(text)
+    assert "PCL501" not in codes(text.replace("'cpu'", "'cuda'"))  # fp16: 5e-3 is above 4u
+
+
+def test_pcl504_test_files_and_scripts_may_switch_tf32_at_import():
+    text = "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
+    assert "PCL504" in [f.code for f in check_text(text, "pkg/layers.py")]
+    assert "PCL504" not in [f.code for f in check_text(text, "tests/test_layers.py")]
+    assert "PCL504" not in [f.code for f in check_text(text, "conftest.py")]
+    assert "PCL504" not in [f.code for f in check_text("#!/usr/bin/env python\n" + text, "train.py")]
+
+
+def test_pcl505_needs_fp16_in_the_file():
+    text = "import torch\ny = x / (x.norm() + 1e-8)\n"
+    assert "PCL505" not in codes(text)
+    assert "PCL505" in codes("import torch\nx = x.half()\n" + text[13:])
+
+
+def test_pcl599_reports_the_syntax_error_position():
+    (finding,) = check_text("import torch\nok = torch.allclose(a,\n", PATH)
+    assert finding.code == "PCL599" and finding.severity == "error"
+    assert finding.location.path == PATH and finding.location.line >= 2
+
+
+def test_rule_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom preclint.rules import all_rules\nall_rules()\nassert 'torch' not in sys.modules\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
