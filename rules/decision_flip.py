@@ -11,7 +11,7 @@ MIN_FLIP_FRACTION = 0.01
 MIN_EXPECTED_FLIPS = 0.5
 
 
-def _near_tie_classifier():
+def _offset_logits_classifier():
     import torch
 
     class Classifier(torch.nn.Module):
@@ -21,11 +21,13 @@ def _near_tie_classifier():
             self.head = torch.nn.Linear(256, 10)
 
         def forward(self, x):
-            logits = self.head(torch.relu(self.body(x))) * 0.01  # logits squeezed together
-            return logits.argmax(dim=-1)
+            return self.head(torch.relu(self.body(x))).argmax(dim=-1)
 
     torch.manual_seed(0)
-    return Classifier(), (torch.randn(64, 256),)
+    model = Classifier()
+    with torch.no_grad():
+        model.head.bias.fill_(64.0)  # a common offset: gaps of ~0.1 between logits near 64
+    return model, (torch.randn(64, 256),)
 
 
 def _confident_classifier():
@@ -69,7 +71,7 @@ label = scores.argmax(dim=-1)       # flips under bf16 in a fraction of rows
 Compare pre-decision scores (or match detections) in tests instead of indices and boxes; keep the
 values that feed the decision in float32; use a stable sort.
 """
-    bad = (Example(_near_tie_classifier, "argmax over logits squeezed together"),)
+    bad = (Example(_offset_logits_classifier, "argmax over logits that share a large offset"),)
     good = (Example(_confident_classifier, "argmax with a wide margin in every row"),)
 
     def check_graph(self, ctx):

@@ -18,7 +18,7 @@ def _deep_residual_stack():
             return x + 3.0 * self.fc(x)  # each block triples the scale: no normalization resets it
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[Block() for _ in range(12)]), (torch.randn(2, 32),)
+    return torch.nn.Sequential(*[Block() for _ in range(16)]), (torch.randn(2, 32),)
 
 
 def _normalized_stack():
@@ -75,7 +75,7 @@ Use bfloat16 instead of float16, keep the module that produces the large values 
 (`with torch.autocast(device_type, enabled=False): ... x.float()`), rescale (scale queries before
 QK^T, normalize residual streams), or compute squares with `pow`, which autocast runs in float32.
 """
-    bad = (Example(_deep_residual_stack, "12 residual blocks that triple the scale, no normalization"),
+    bad = (Example(_deep_residual_stack, "16 residual blocks that triple the scale, no normalization"),
            Example(_squares, "x*x of values around 400"))
     good = (Example(_normalized_stack, "the same stack with LayerNorm in each block"),)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 from preclint.findings import ErrorFigure, percent, sci
-from preclint.numerics import gaussian_max_factor
 from preclint.rulebase import Example, Rule
 
 
@@ -156,4 +155,5 @@ def forward(self, x):
             f"{ctx.display(name)} is inf or NaN already in the fp32 reference run; precision errors downstream of "
             "it cannot be predicted.",
             predicted={mode: ErrorFigure(None, None) for mode in ctx.modes},
+            precisions=ctx.modes,
         )

@@ -1,0 +1,25 @@
+"""Running the engine on a model built in a test, as `preclint check` would."""
+from typing import Any, Dict, Optional, Sequence
+
+from preclint.config import Config
+from preclint.engine import CheckOptions, check_model
+from preclint.load import LoadedModel
+from preclint.numerics import DEFAULT_MODES
+
+
+def check(module, inputs, precisions: Sequence[str] = DEFAULT_MODES, rtol: Optional[float] = None,
+          atol: Optional[float] = None, run: bool = True, select: Optional[Sequence[str]] = None, name: str = "model"):
+    """(report, graph, ctx) for ``module`` on ``inputs`` with the default configuration."""
+    config = Config(select=list(select) if select else None, precisions=tuple(precisions))
+    loaded = LoadedModel(module.eval(), tuple(inputs), name, None)
+    return check_model(loaded, config, CheckOptions(modes=tuple(precisions), run=run, rtol=rtol, atol=atol))
+
+
+def check_example(example) -> Any:
+    module, inputs = example.build()
+    options: Dict[str, Any] = dict(example.options)
+    return check(module, inputs, **options)
+
+
+def codes(report):
+    return {f.code for f in report.findings}
