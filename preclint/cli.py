@@ -116,7 +116,6 @@ def _use_color(args) -> bool:
 
 
 def cmd_check(args) -> int:
-    from preclint.engine import CheckOptions, check_model
     from preclint.report import render
     from preclint.source.command import apply_baseline_to_reports, suppress_graph_findings
 
@@ -128,6 +127,13 @@ def cmd_check(args) -> int:
                                write_baseline=args.write_baseline, exit_zero=args.exit_zero, color=_use_color(args))
     if args.fix or args.diff:
         raise UserError("--fix and --diff apply the fixes of source rules: use them with --source-only")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise UserError("the graph check needs torch in this environment (pip install 'preclint[graph]'); "
+                        "--source-only works without it")
+    from preclint.engine import CheckOptions, check_model
+
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     reports = []
