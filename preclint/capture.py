@@ -141,6 +141,16 @@ def _shape(value) -> Optional[Tuple[int, ...]]:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
+def _set_reduction_length(node: Node, args, kwargs, callee) -> None:
+    """K of a dot product or N of a reduction, from the shapes the op really got."""
+    in_shapes = [_shape(a) for a in args if isinstance(a, torch.Tensor)]
+    if isinstance(callee, torch.nn.Module):
+        weight = getattr(callee, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            in_shapes = in_shapes[:1] + [tuple(weight.shape)]
+    node.reduction_length = ops.reduction_length(node.kind, node.fn, node.attrs, in_shapes, None)
+
+
 # ---------------------------------------------------------------------------------------------- FX
 
 
@@ -180,6 +190,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
         kind, fn = ops.classify_module(sub)
         attrs = ops.module_attrs(sub)
         return Node(node.name, kind, f"nn.{type(sub).__name__}", fn=fn, module_path=str(node.target),
+                    reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
                     module_type=type(sub).__name__, location=location, inputs=inputs, attrs=attrs,
                     params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
                     scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
@@ -239,6 +250,7 @@ class _FxRunner(fx.Interpreter):
                 result = getattr(args[0], name)(*args[1:], **kwargs)
             else:
                 result = getattr(self, n.op)(n.target, args, kwargs)
+            _set_reduction_length(node, args, kwargs, callee)
             return self.observer(node, args, kwargs, callee, result)
 
 
@@ -298,6 +310,7 @@ class _Recorder(TorchFunctionMode):
     def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
         self.busy = True
         try:
+            _set_reduction_length(node, args, kwargs, callee)
             output = self.observer(node, args, kwargs, callee, output)
         finally:
             self.busy = False

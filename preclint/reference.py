@@ -274,14 +274,21 @@ class ReferenceObserver:
                     node.sensitivity = gain_out
                     if name in self.operands:
                         node.attrs["gain_operands"] = gain_operands
-            decisions = []
+            # One backward pass per decision site (a line run in a loop, like NMS per class, is one
+            # site): the riskiest call of the site stands for the others, whose inputs are alike.
+            sites: Dict[tuple, List[Tuple[float, Node]]] = {}
             for node in graph.nodes:
                 if node.margins and node.inputs and node.inputs[0] in self.values and node.input_stats:
                     rms = node.input_stats[0].rms or 1.0
-                    decisions.append((min(node.margins) / rms, node))
-            for _, node in sorted(decisions, key=lambda item: (item[0], item[1].name))[:MAX_DECISION_PASSES]:
-                root = self.values[node.inputs[0]]
-                node.attrs["upstream_gain"] = self._gains([root], seed=1, probes=2)
+                    key = (node.module_path, node.fn, node.location)
+                    sites.setdefault(key, []).append((min(node.margins) / rms, node))
+            riskiest = [(min(members, key=lambda m: (m[0], m[1].name)), members) for members in sites.values()]
+            riskiest.sort(key=lambda item: (item[0][0], item[0][1].name))
+            for (_, representative), members in riskiest[:MAX_DECISION_PASSES]:
+                root = self.values[representative.inputs[0]]
+                gains = self._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+                for _, node in members:
+                    node.attrs["upstream_gain"] = gains
         except RuntimeError as exc:  # an op without a derivative: predictions fall back to no amplification
             graph.notes.append(f"error propagation estimated without gradients ({str(exc).splitlines()[0]})")
         finally:
