@@ -115,11 +115,16 @@ def _call_attrs(fn: str, kind: str, args, kwargs) -> Dict[str, Any]:
         d = kwargs.get("dim", args[2] if len(args) > 2 else -1)
         if isinstance(d, int):
             attrs["dim"] = d
-    if kind == Kind.CONV and "groups" in kwargs or (kind == Kind.CONV and len(args) > 6 and isinstance(args[6], int)):
-        attrs["groups"] = kwargs.get("groups", args[6] if len(args) > 6 else 1)
-    for key in ("stride", "padding", "dilation"):
-        if key in kwargs and isinstance(kwargs[key], (int, tuple, list)):
-            attrs[key] = kwargs[key]
+    if kind == Kind.CONV:
+        groups = kwargs.get("groups", args[6] if len(args) > 6 else None)
+        if isinstance(groups, int):
+            attrs["groups"] = groups
+    for position, key in ((3, "stride"), (4, "padding"), (5, "dilation")):
+        value = kwargs.get(key, args[position] if kind == Kind.CONV and len(args) > position else None)
+        if isinstance(value, int):
+            value = (value,)
+        if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+            attrs[key] = tuple(value)
     if kwargs.get("inplace"):
         attrs["inplace"] = True
     for key in ("dtype",):
@@ -148,6 +153,12 @@ def _set_reduction_length(node: Node, args, kwargs, callee) -> None:
         weight = getattr(callee, "weight", None)
         if isinstance(weight, torch.Tensor):
             in_shapes = in_shapes[:1] + [tuple(weight.shape)]
+    if node.kind == Kind.CONV and "kernel_size" not in node.attrs and len(in_shapes) >= 2 and in_shapes[1]:
+        # a functional conv: its geometry is in the weight's shape (out, in/groups, *kernel)
+        weight = in_shapes[1]
+        node.attrs["kernel_size"] = tuple(weight[2:])
+        node.attrs["in_channels"] = weight[1] * (node.groups or 1)
+        node.attrs["out_channels"] = weight[0]
     node.reduction_length = ops.reduction_length(node.kind, node.fn, node.attrs, in_shapes, None)
 
 

@@ -29,6 +29,8 @@ def conv_family(node):
     if groups > 1:
         return "depthwise" if in_channels is not None and groups == in_channels else "grouped"
     kernel, stride = attrs.get("kernel_size"), attrs.get("stride")
+    if kernel and stride and len(stride) == 1:
+        stride = tuple(stride) * len(kernel)
     if kernel and stride and tuple(kernel) == tuple(stride) and max(kernel) > 1:
         return "patch-embedding"
     return None
