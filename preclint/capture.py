@@ -41,6 +41,11 @@ _INTERNAL_DIRS = tuple(
 _FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
 
 
+def is_internal_file(path: str) -> bool:
+    """Whether a source file belongs to torch, torchvision or preclint rather than to the user."""
+    return _is_internal(path)
+
+
 def _is_internal(path: str) -> bool:
     path = os.path.abspath(path)
     dirs = _INTERNAL_DIRS

@@ -187,7 +187,7 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     predictions = predict(graph, options.modes)
     ctx = Context(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
-    attach_source_locations(findings, graph, loaded)
+    attach_source_locations(findings, loaded)
     relativize(findings)
     notes = list(graph.notes)
     if not graph.ran_reference:
@@ -204,22 +204,59 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     return report, graph, ctx
 
 
-def attach_source_locations(findings: List[Finding], graph: Graph, loaded) -> None:
-    """Point each finding at the line that builds its module as well as the line that calls it."""
-    try:
-        from preclint.source.locate import module_definition_locations
-    except ImportError:  # the source package is optional at this stage
-        return
-    definitions = module_definition_locations(loaded.module, loaded.source_path)
+def module_definition_locations(root, paths) -> Dict[str, Location]:
+    """module path -> the line in the user's code that builds that module.
+
+    A module is built by the nearest enclosing module whose class the user wrote (torchvision's and
+    torch's own classes are not the user's code): ``stages.0.depthwise`` is built by the class of
+    ``stages.0`` as its ``depthwise`` attribute; a block inside an ``nn.Sequential`` by the class that
+    builds the Sequential.
+    """
+    from preclint.capture import is_internal_file
+    from preclint.source.locations import definition_location
+
+    modules = dict(root.named_modules())
+    files: Dict[str, Optional[str]] = {}
+
+    def user_file(path: str) -> Optional[str]:
+        if path not in files:
+            try:
+                source = inspect.getsourcefile(type(modules[path]))
+            except (TypeError, OSError):
+                source = None
+            files[path] = source if source and not is_internal_file(source) else None
+        return files[path]
+
+    found: Dict[str, Location] = {}
+    for path in paths:
+        if path not in modules or not path:
+            continue
+        parts = path.split(".")
+        for cut in range(len(parts) - 1, -1, -1):
+            owner = ".".join(parts[:cut])
+            source = user_file(owner)
+            if source is None:
+                continue
+            where = definition_location(source, type(modules[owner]).__name__, ".".join(parts[cut:]))
+            if where is not None:
+                found[path] = where
+            break
+    return found
+
+
+def attach_source_locations(findings: List[Finding], loaded) -> None:
+    """Point each finding at the line that builds its module as well as the line that calls it.
+
+    A finding inside library code (no user frame in its stack) moves to the line that builds its
+    module, or stays at the model's definition.
+    """
+    definitions = module_definition_locations(loaded.module, {f.module for f in findings if f.module})
+    fallback = model_location(loaded)
     for f in findings:
         where = definitions.get(f.module)
         if where is None:
             continue
-        if f.location is None or f.location == graph_model_location(loaded):
+        if f.location is None or f.location == fallback:
             f.location = where
-        elif where != f.location:
+        elif (where.path, where.line) != (os.path.relpath(f.location.path), f.location.line):
             f.related = f.related + ((where, f"{f.module} is built here"),)
-
-
-def graph_model_location(loaded) -> Optional[Location]:
-    return model_location(loaded)
