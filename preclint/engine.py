@@ -250,7 +250,10 @@ def attach_source_locations(findings: List[Finding], loaded) -> None:
     A finding inside library code (no user frame in its stack) moves to the line that builds its
     module, or stays at the model's definition.
     """
-    definitions = module_definition_locations(loaded.module, {f.module for f in findings if f.module})
+    modules = {f.module for f in findings if f.module}
+    if not modules:  # nothing to place: don't pay for parsing (or importing libcst)
+        return
+    definitions = module_definition_locations(loaded.module, modules)
     fallback = model_location(loaded)
     for f in findings:
         where = definitions.get(f.module)
