@@ -39,7 +39,12 @@ class ToleranceBelowResolution(SourceRule):
     summary = "A closeness check is tighter than the precision the compared values are computed in."
     severity = "warning"
     precisions = ("tf32", "fp16", "bf16")
-    triggers = (("allclose", "assert_close", "isclose"),)
+    # a check to judge, and some sign of reduced precision (see preclint.source.evidence)
+    triggers = (
+        ("allclose", "assert_close", "isclose"),
+        ("half", "float16", "bfloat16", "autocast", "tf32", "TF32", "FP16", "BF16", "float32_matmul_precision",
+         "fp32_precision", "fp16", "bf16"),
+    )
     why = """
 A value computed in fp16 or under TF32 carries a relative rounding error of about u = 2^-11 = 4.9e-4
 (bf16: u = 2^-8 = 3.9e-3), and elements where large terms cancel carry an error of about u times the

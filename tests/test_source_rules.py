@@ -157,7 +157,7 @@ def test_pcl505_needs_fp16_in_the_file():
 
 
 def test_pcl599_reports_the_syntax_error_position():
-    (finding,) = check_text("import torch\nok = torch.allclose(a,\n", PATH)
+    (finding,) = check_text("import torch\nok = torch.allclose(a.half(),\n", PATH)
     assert finding.code == "PCL599" and finding.severity == "error"
     assert finding.location.path == PATH and finding.location.line >= 2
 

@@ -10,6 +10,7 @@ and rebound elsewhere is not tracked; the rules accept that imprecision.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
@@ -141,9 +142,70 @@ def _is_main_guard(test: cst.BaseExpression) -> bool:
     return len(names) == 1 and len(strings) == 1
 
 
-class _Collector(cst.CSTVisitor):
+# Fields of a node that hold no code: whitespace, comments, punctuation. The walk skips them.
+_SKIP_FIELDS = frozenset(
+    """lpar rpar leading_lines lines_after_decorator header footer comma semicolon equal colon dot star
+    whitespace_before whitespace_after whitespace_after_at whitespace_before_colon whitespace_after_colon
+    whitespace_before_params whitespace_after_def whitespace_after_class whitespace_before_args
+    whitespace_after_arg whitespace_after_star whitespace_after_star_star whitespace_after_param
+    whitespace_after_func whitespace_before_from whitespace_after_from whitespace_after_import
+    whitespace_after_as whitespace_before_as whitespace_before_indent whitespace_after_in whitespace_before_in
+    whitespace_after_for whitespace_before_for whitespace_after_if whitespace_before_if whitespace_after_else
+    whitespace_before_else whitespace_after_lambda whitespace_after_await whitespace_after_return
+    whitespace_after_assert whitespace_after_del whitespace_after_global whitespace_after_nonlocal
+    whitespace_after_raise whitespace_after_with whitespace_after_async whitespace_after_yield
+    whitespace_after_walrus whitespace_before_walrus trailing_whitespace operator newline indent
+    first_line_newline default_newline default_indent encoding""".split()
+)
+_CHILD_FIELDS: Dict[type, tuple] = {}
+
+
+def _child_fields(kind: type) -> tuple:
+    fields = _CHILD_FIELDS.get(kind)
+    if fields is None:
+        fields = tuple(f.name for f in dataclasses.fields(kind) if f.name not in _SKIP_FIELDS)
+        _CHILD_FIELDS[kind] = fields
+    return fields
+
+
+def walk(root: cst.CSTNode, visitor) -> None:
+    """Visit ``root`` and the code below it, in source order, calling ``visitor.visit_<Type>(node)``
+    (a False return skips the node's children) and ``visitor.leave_<Type>(node)``.
+
+    libcst's own visitors rebuild every node on the way up, which makes a walk several times slower
+    than parsing; this one only reads the dataclass fields that hold code, iteratively, so deep
+    expressions cannot exhaust the interpreter's recursion limit either.
+    """
+    stack = [(root, False)]
+    visits: Dict[type, tuple] = {}
+    while stack:
+        node, leaving = stack.pop()
+        kind = type(node)
+        methods = visits.get(kind)
+        if methods is None:
+            methods = (getattr(visitor, "visit_" + kind.__name__, None), getattr(visitor, "leave_" + kind.__name__, None))
+            visits[kind] = methods
+        if leaving:
+            methods[1](node)
+            continue
+        if methods[0] is not None and methods[0](node) is False:
+            if methods[1] is not None:
+                methods[1](node)
+            continue
+        if methods[1] is not None:
+            stack.append((node, True))
+        children = []
+        for name in _child_fields(kind):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                children.append(value)
+            elif isinstance(value, (tuple, list)):
+                children.extend(v for v in value if isinstance(v, cst.CSTNode))
+        stack.extend((child, False) for child in reversed(children))
+
+
+class _Collector:
     def __init__(self, index: Index):
-        super().__init__()
         self.index = index
         self.functions: List[cst.FunctionDef] = []
         self.classes: List[cst.ClassDef] = []
@@ -167,10 +229,10 @@ class _Collector(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         # decorators and defaults run at definition time, in the enclosing scope: visit them first
         for decorator in node.decorators:
-            decorator.visit(self)
-        node.params.visit(self)
+            walk(decorator, self)
+        walk(node.params, self)
         self.functions.append(node)
-        node.body.visit(self)
+        walk(node.body, self)
         self.functions.pop()
         return False
 
@@ -282,5 +344,5 @@ class _Collector(cst.CSTVisitor):
 
 def build_index(module: cst.Module) -> Index:
     index = Index()
-    module.visit(_Collector(index))
+    walk(module, _Collector(index))
     return index

@@ -84,6 +84,11 @@ class SourceFile:
         return source
 
     @property
+    def parsed(self) -> bool:
+        """Whether the file has been parsed (the prefilter skips files no selected rule can match)."""
+        return self._module is not None
+
+    @property
     def module(self) -> cst.Module:
         if self.decode_failure is not None:
             raise self.decode_failure
