@@ -55,7 +55,7 @@ class DeprecatedAmpApi(SourceRule):
     severity = "warning"
     precisions = ("fp16", "bf16")
     fixable = True
-    triggers = (("amp",),)
+    triggers = (("torch",), ("amp",))  # the deprecated names are reached through an import from torch
     why = """
 `torch.cuda.amp.autocast`, `torch.cpu.amp.autocast`, `torch.cuda.amp.GradScaler` and
 `torch.cuda.amp.custom_fwd`/`custom_bwd` warn (FutureWarning) on every use since torch 2.4 and are

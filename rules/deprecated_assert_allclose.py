@@ -34,7 +34,7 @@ class DeprecatedAssertAllclose(SourceRule):
     summary = "`torch.testing.assert_allclose` is deprecated; `torch.testing.assert_close` replaces it."
     severity = "warning"
     fixable = True
-    triggers = (("assert_allclose",),)
+    triggers = (("torch",), ("assert_allclose",))
     why = """
 `torch.testing.assert_allclose` has been deprecated since torch 1.12 (FutureWarning on every call) and
 is slated for removal. It is not a plain alias of `assert_close`: it calls `assert_close` with

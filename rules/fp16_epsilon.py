@@ -39,7 +39,7 @@ class Fp16EpsilonLiteral(SourceRule):
     summary = "An epsilon that float16 cannot hold: it rounds to 0 (below 3e-8) or to a subnormal."
     severity = "warning"
     precisions = ("fp16", "fp16-full")
-    triggers = (("e-", "eps"), ("half", "float16", "autocast", "fp16", "FP16"))
+    triggers = (("e-", "E-", "0.0000", "eps"), ("half", "float16", "autocast", "fp16", "FP16"))
     why = """
 float16's smallest subnormal is 6.0e-8 and its smallest normal 6.1e-5. An epsilon of 1e-8 or 1e-12
 that guards a division becomes exactly 0 once it meets an fp16 tensor (`x / (n + 1e-8)`, `n.clamp(min=1e-12)`,

@@ -25,7 +25,7 @@ class Tf32Flags(SourceRule):
     summary = "TF32 switches that raise, reset themselves, or change TF32 for every importer."
     severity = "warning"
     precisions = ("tf32",)
-    triggers = (("tf32", "float32_matmul_precision", "fp32_precision", "cudnn.flags", "flags("),)
+    triggers = (("torch",), ("tf32", "float32_matmul_precision", "fp32_precision", "cudnn"))
     why = """
 Three ways TF32 settings go wrong, all visible in the source:
 

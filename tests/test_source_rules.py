@@ -168,3 +168,9 @@ def test_rule_modules_do_not_import_torch():
 
     code = "import sys\nfrom preclint.rules import all_rules\nall_rules()\nassert 'torch' not in sys.modules\n"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pathologically_nested_file_is_reported_not_fatal():
+    deep = "import torch\nx = x.half()\ny = " + " + ".join(["a"] * 3000) + "\nz = w / (v + 1e-8)\n"
+    (finding,) = check_text(deep, PATH)
+    assert finding.code == "PCL599" and "nested too deeply" in finding.message

@@ -88,10 +88,10 @@ def dotted_name(node: cst.BaseExpression) -> Optional[str]:
     return ".".join(reversed(parts))
 
 
-def number(node: Optional[cst.BaseExpression], constants: Optional[Dict[str, float]] = None) -> Optional[float]:
+def number(node: Optional[cst.BaseExpression], constants: Optional[Dict[str, float]] = None, depth: int = 0) -> Optional[float]:
     """The value of a numeric constant expression (``1e-3``, ``-2``, ``2 ** -10``, ``4 * 2.0 ** -11``,
-    a module-level constant), or None."""
-    if node is None:
+    a module-level constant), or None. Expressions nested deeper than a literal needs are not evaluated."""
+    if node is None or depth > 20:
         return None
     if isinstance(node, (cst.Integer, cst.Float)):
         try:
@@ -101,7 +101,7 @@ def number(node: Optional[cst.BaseExpression], constants: Optional[Dict[str, flo
     if isinstance(node, cst.Name):
         return (constants or {}).get(node.value)
     if isinstance(node, cst.UnaryOperation):
-        value = number(node.expression, constants)
+        value = number(node.expression, constants, depth + 1)
         if value is None:
             return None
         if isinstance(node.operator, cst.Minus):
@@ -110,7 +110,7 @@ def number(node: Optional[cst.BaseExpression], constants: Optional[Dict[str, flo
             return value
         return None
     if isinstance(node, cst.BinaryOperation):
-        left, right = number(node.left, constants), number(node.right, constants)
+        left, right = number(node.left, constants, depth + 1), number(node.right, constants, depth + 1)
         if left is None or right is None:
             return None
         op = node.operator

@@ -54,8 +54,16 @@ def check_source(source: SourceFile, rules: Sequence) -> List[Finding]:
 
         return [UnparsableFile.finding_for(source.path, failure.message, failure.line, failure.column)]
     findings: List[Finding] = []
-    for rule in active:
-        findings.extend(rule.check_source(source))
+    try:
+        for rule in active:
+            findings.extend(rule.check_source(source))
+    except RecursionError:
+        # libcst computes positions by recursive code generation: an expression nested thousands
+        # deep (generated code) exhausts the interpreter's stack; the file is reported, the run goes on
+        from preclint.rules.unparsable_file import UnparsableFile
+
+        source.fixes.clear()
+        return [UnparsableFile.finding_for(source.path, "cannot check the file: expressions are nested too deeply")]
     return findings
 
 

@@ -15,6 +15,7 @@ reported: it is shared with the other linters a project runs.
 """
 from __future__ import annotations
 
+import functools
 import io
 import re
 import tokenize
@@ -58,6 +59,7 @@ def _comments(text: str) -> Iterable[Tuple[int, int, str]]:
                 yield number, at + 1, line[at:]
 
 
+@functools.lru_cache(maxsize=1)
 def _known():
     from preclint.rules import all_rules
 
