@@ -31,9 +31,11 @@ Three ways TF32 settings go wrong, all visible in the source:
 
 1. Mixing the legacy switches (`torch.backends.cuda.matmul.allow_tf32`, `torch.backends.cudnn.allow_tf32`,
    `torch.set_float32_matmul_precision`) with the `fp32_precision` API of torch >= 2.9 in one program:
-   once the new API has set the state, reading it through the legacy one raises `RuntimeError: ... you
-   have used mix of the legacy and new APIs to set the TF32 status` (in your code, in torch.compile /
-   Inductor, or in a library).
+   when the legacy API reads a TF32 state that the new one set differently (for example
+   `torch.backends.cuda.matmul.allow_tf32` after `fp32_precision = "tf32"`, or
+   `torch.backends.cudnn.allow_tf32` after `cudnn.conv.fp32_precision = "ieee"`), torch raises
+   `RuntimeError: ... you have used mix of the legacy and new APIs to set the TF32 status`, in your code,
+   in torch.compile / Inductor, or in a library.
 2. `torch.backends.cudnn.flags(...)` sets every flag it has, and its `allow_tf32` defaults to True:
    inside `with torch.backends.cudnn.flags(enabled=True, deterministic=True):` cuDNN convolutions run in
    TF32 even where the program switched TF32 off (pytorch#145472). With `enabled=False` cuDNN is off in
@@ -154,7 +156,7 @@ torch.set_float32_matmul_precision("high")
                 yield source.report(
                     self, node,
                     f"`{qualified}` mixes the legacy TF32 API with `{first_new[1]}` (line {line}): torch >= 2.9 "
-                    "raises RuntimeError when TF32 state set through one is read through the other.",
+                    "raises RuntimeError when the legacy API reads a TF32 state the new one set differently.",
                     "Use only the fp32_precision API (`torch.backends.cuda.matmul.fp32_precision`, "
                     "`torch.backends.cudnn.conv.fp32_precision`).",
                     severity="error",
