@@ -174,3 +174,29 @@ def test_pathologically_nested_file_is_reported_not_fatal():
     deep = "import torch\nx = x.half()\ny = " + " + ".join(["a"] * 3000) + "\nz = w / (v + 1e-8)\n"
     (finding,) = check_text(deep, PATH)
     assert finding.code == "PCL599" and "nested too deeply" in finding.message
+
+
+def test_the_rules_claims_hold_in_torch():
+    """What PCL504 and PCL505 tell users, measured on the installed torch (CPU)."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    # PCL505: eps=1e-8 is lost with fp16 parameters (Adam) and fp16 values (guards, normalize) ...
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    opt = torch.optim.Adam([p], lr=1e-3, eps=1e-8)
+    p.grad = torch.tensor([0.0, 1e-3], dtype=torch.float16)
+    opt.step()
+    assert not torch.isfinite(p.data).any()
+    zero = torch.zeros(1, 4, dtype=torch.float16)
+    assert torch.isnan(F.normalize(zero, dim=-1, eps=1e-12)).all()
+    assert torch.isnan(zero / (zero.norm(dim=-1, keepdim=True) + 1e-8)).all()
+    # ... while LayerNorm's kernel adds eps in fp32 (why PCL505 reports it as info only)
+    assert torch.isfinite(torch.nn.LayerNorm(4, eps=1e-12).half()(zero)).all()
+    # PCL504: cudnn.flags() turns allow_tf32 back on unless it is passed
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        with torch.backends.cudnn.flags(enabled=False):
+            assert torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
