@@ -200,3 +200,23 @@ def test_the_rules_claims_hold_in_torch():
             assert torch.backends.cudnn.allow_tf32 is True
     finally:
         torch.backends.cudnn.allow_tf32 = before
+
+
+def test_mixing_the_tf32_apis_raises_in_torch():
+    """PCL504's first claim, in a fresh interpreter (it changes process-wide state)."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "try:\n"
+        "    torch.backends.cuda.matmul.allow_tf32\n"
+        "except RuntimeError as e:\n"
+        "    assert 'mix of the legacy and new APIs' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no error')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
