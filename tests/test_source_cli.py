@@ -62,7 +62,7 @@ def test_empty_file_set_is_a_clean_exit(project, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--select", "PCL999", "pkg"], "unknown rule code or prefix 'PCL999'"),
+        (["--select", "PCL5999", "pkg"], "unknown rule code or prefix 'PCL5999'"),
         (["--ignore", "E501", "pkg"], "unknown rule code or prefix 'E501'"),
         (["missing.py"], "missing.py: no such file or directory"),
     ],
