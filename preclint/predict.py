@@ -26,9 +26,12 @@ from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, FP32, MODES, Format, M
 # Ops whose result is one of their inputs' values (or a plain function of it with no rounding).
 EXACT_FNS = frozenset(
     """relu relu6 hardtanh max_pool identity neg abs clamp clamp_min clamp_max clip maximum minimum where
-    masked_fill max min amax amin sign floor ceil round trunc dropout input output parameter getitem""".split()
+    masked_fill max min amax amin sign floor ceil round trunc dropout input output getitem""".split()
 )
 VALUE_FREE_KINDS = frozenset({Kind.SHAPE, Kind.DECISION, Kind.COMPARE, Kind.OUTPUT})
+
+
+SATURATION = math.sqrt(2.0)
 
 
 @dataclass
@@ -36,6 +39,7 @@ class NodePrediction:
     fmt: str  # format the node's result is stored in under the mode ("fp32", "fp16", "bf16", "int")
     local: float = 0.0  # RMS absolute error the node itself adds
     overflow: bool = False  # its result (or its rounded inputs) leave the format's finite range
+    pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
 
@@ -84,10 +88,15 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     out = node.out
     if out is not None and not out.is_float:
         return "int"
+    # a float made from integers (an embedding lookup, a cast of token ids) takes its format from the
+    # float inputs it has, else from the mode
+    input_formats = [f for f in input_formats if f != "int"]
     if mode.low is None:
         return "fp32"
+    if node.kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX) and node.attrs.get("dtype") in _DTYPE_FORMATS:
+        return _DTYPE_FORMATS[node.attrs["dtype"]]  # sum(x, dtype=torch.float32) accumulates and returns fp32
     if not mode.autocast:
-        return mode.low.name
+        return _cast_model_format(node, mode.low.name, input_formats)
     if node.kind == Kind.INPUT or node.kind == Kind.CONSTANT:
         return "fp32"
     policy = autocast_policy(node.fn)
@@ -101,6 +110,8 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
         return "fp16" if node.fn == "half" else "bf16"
     if node.kind == Kind.CAST and node.fn in ("float", "double"):
         return "fp32"
+    if node.kind == Kind.CAST and node.fn == "type_as" and len(input_formats) > 1:
+        return input_formats[1]
     # 'promote' and unlisted ops: the inputs' dtype (type promotion). Parameters enter as fp32, so an
     # unlisted op with weights (BatchNorm) keeps its activation input's dtype.
     if node.kind in (Kind.BATCHNORM, Kind.ACTIVATION, Kind.POOL) or node.params:
@@ -108,12 +119,102 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     return _widest(input_formats) if input_formats else "fp32"
 
 
+_DTYPE_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp32"}
+
+
+def _cast_model_format(node: Node, low: str, input_formats: List[str]) -> str:
+    """The format under ``model.to(dtype)``: parameters, buffers and inputs are cast; a tensor the
+    forward creates keeps the dtype it is created with (float32 unless made like another tensor or
+    given a dtype), and ops promote mixed inputs to the wider format, as PyTorch does."""
+    if node.kind == Kind.INPUT or node.params or node.fn == "parameter":
+        return low
+    if node.kind == Kind.CONSTANT:
+        if node.fn.endswith("_like") or node.fn.startswith("new_"):
+            return input_formats[0] if input_formats else low
+        return _DTYPE_FORMATS.get(node.attrs.get("dtype"), "fp32")
+    if node.kind == Kind.CAST:
+        if "dtype" in node.attrs:
+            return _DTYPE_FORMATS.get(node.attrs["dtype"], "fp32")
+        if node.fn in ("half", "bfloat16"):
+            return "fp16" if node.fn == "half" else "bf16"
+        if node.fn in ("float", "double"):
+            return "fp32"
+        if node.fn == "type_as" and len(input_formats) > 1:
+            return input_formats[1]
+    return _widest(input_formats) if input_formats else low
+
+
+# Arithmetic that maps whole numbers to whole numbers; exact in a format while they stay below its
+# exact-integer limit (positions, counts and coordinates computed this way carry no rounding error).
+INTEGER_EXACT_FNS = frozenset("add sub rsub mul neg abs floordiv fmod remainder cumsum sum".split())
+
+
+def exact_integers(node: Node, fmt: str) -> bool:
+    """Whether the node computes whole numbers from whole numbers, exactly representable in ``fmt``."""
+    out = node.out
+    if out is None or not out.integer_valued or fmt not in FORMATS:
+        return False
+    if node.fn not in INTEGER_EXACT_FNS and node.kind not in (Kind.CAST, Kind.CONSTANT):
+        return False
+    inputs_whole = all(s is None or not s.is_float or s.integer_valued or s.absmax == 0 for s in node.input_stats)
+    return inputs_whole and out.absmax <= FORMATS[fmt].exact_integers_to
+
+
+def _result_rounding(node: Node, fmt: str, stored: Format) -> float:
+    """Relative RMS error of storing the node's result in ``fmt``: C_OUTPUT * u for values in the normal
+    range, plus what the kernel's accumulation adds, plus the absolute step of the subnormal range:
+    values below the smallest normal keep a fixed absolute resolution (2^-24 in float16), and values
+    far below it become 0 (vanishing activations of deep random-init nets: a relative error of 1)."""
+    relative = math.hypot(C_OUTPUT * stored.unit_roundoff, accumulation_error(node, fmt))
+    rms = node.out.rms if node.out is not None else 0.0
+    if stored.min_subnormal and rms > 0 and rms < stored.min_normal:
+        relative = math.hypot(relative, min(1.0, stored.min_subnormal / math.sqrt(12.0) / rms))
+    return relative
+
+
+def rounds_operands(node: Node, mode: Mode, stored) -> bool:
+    """Whether a dot product rounds its operands under ``mode``: to the reduced format when it computes
+    in it, to TF32 under tf32, except an einsum that sums over nothing (an outer product), which
+    runs as an elementwise product that TF32 does not touch."""
+    if node.kind not in DOT_PRODUCT_KINDS:
+        return False
+    if stored is not None:
+        return True
+    return mode.name == "tf32" and node.attrs.get("contracted", True)
+
+
+# How CUDA kernels accumulate sums, products and scans of float16/bfloat16 inputs: (a, p) of an
+# accumulation error of a * u * n**p (relative RMS) over a length n; absent means float32
+# accumulation, whose only error is rounding the result. Measured on an H200 with torch 2.11
+# (benchmarks/accuracy.py measure --accumulation; benchmarks/README.md, Accuracy): sum, mean and prod
+# accumulate in float32 at every length; cumsum carries its running sum in the reduced format between
+# blocks, fitted over n = 256 ... 65536 within 1.5x (positive terms over 10^6 stagnate, 10x more);
+# cumprod keeps its running product in the reduced format, which rounds at every step: sqrt(n/3) u,
+# more when the factors lie within a few u of 1 (then products stagnate).
+LOW_PRECISION_ACCUMULATION: Dict[str, tuple] = {"cumsum": (0.163, 0.37), "cumprod": (1 / math.sqrt(3.0), 0.5)}
+SUMS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
+PRODUCTS = frozenset({"prod", "cumprod"})
+
+
+def accumulation_error(node: Node, fmt: str) -> float:
+    """Relative RMS error that the kernel of a reduction or scan of length n adds in ``fmt`` by keeping
+    its partial results there, beyond rounding its result; 0 where it accumulates in float32. (The
+    rounding of a product's n factors compounds as sqrt(n) of theirs: the gradients carry that.)"""
+    law = LOW_PRECISION_ACCUMULATION.get(node.fn)
+    if law is None or fmt not in ("fp16", "bf16"):
+        return 0.0
+    n = node.reduction_length or 1
+    return law[0] * FORMATS[fmt].unit_roundoff * n ** law[1]
+
+
 def local_error(node: Node, mode: Mode, fmt: str) -> float:
     out = node.out
     if out is None or not out.is_float or not out.finite or node.kind in VALUE_FREE_KINDS:
         return 0.0
+    if node.kind not in DOT_PRODUCT_KINDS and exact_integers(node, fmt):
+        return 0.0
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
-    if node.kind in DOT_PRODUCT_KINDS and (stored is not None or mode.name == "tf32"):
+    if rounds_operands(node, mode, stored):
         terms = node.dot_rms if node.dot_rms is not None else out.rms
         rounding = C_INPUT * mode.dot_format.unit_roundoff * terms
         if stored is not None:
@@ -121,7 +222,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         return rounding
     if stored is None or node.fn in EXACT_FNS:
         return 0.0
-    return C_OUTPUT * stored.unit_roundoff * out.rms
+    return _result_rounding(node, fmt, stored) * out.rms
 
 
 def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
@@ -131,10 +232,11 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     if out is None or not out.is_float or not out.finite or node.kind in VALUE_FREE_KINDS:
         return terms
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
-    if node.kind in DOT_PRODUCT_KINDS and (stored is not None or mode.name == "tf32"):
+    if rounds_operands(node, mode, stored):
         terms["operands"] = C_INPUT / math.sqrt(2.0) * mode.dot_format.unit_roundoff
-    if stored is not None and node.fn not in EXACT_FNS:
-        terms["result"] = C_OUTPUT * stored.unit_roundoff
+    if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
+                                                                 and exact_integers(node, fmt)):
+        terms["result"] = _result_rounding(node, fmt, stored)
     return terms
 
 
@@ -155,16 +257,56 @@ def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> 
     return total
 
 
+# torch.finfo(x.dtype).min/.max/.tiny/.eps as the fp32 reference run sees them: a model that builds its
+# constants from the dtype gets the reduced format's own values under a reduced precision.
+DTYPE_DERIVED = frozenset({FP32.max_finite, FP32.min_normal, 2.0**-23})
+FILL_FNS = frozenset({"masked_fill", "where", "full", "full_like", "new_full", "clamp", "clamp_min", "clamp_max", "clip"})
+
+
+def dtype_derived(value: float) -> bool:
+    return abs(value) in DTYPE_DERIVED
+
+
 def _overflows(node: Node, fmt: str, mode: Mode, input_nodes: List[Node]) -> bool:
     limit = FORMATS[fmt].max_finite if fmt in FORMATS else math.inf
     out = node.out
     if out is not None and out.is_float and out.finite and out.absmax > limit:
-        return True
+        derived = node.fn in FILL_FNS and any(dtype_derived(v) for v in node.scalars.values())
+        return not (derived and out.absmax >= FP32.max_finite)
     if mode.low is not None and node.kind in DOT_PRODUCT_KINDS and fmt == mode.low.name:
         # the operands are cast to the reduced format before the product
         return any(s is not None and s.is_float and s.finite and s.absmax > mode.low.max_finite
                    for s in node.input_stats)
     return False
+
+
+# the operand of each op that a zero turns into inf or NaN
+POLE_OPERAND = {"div": 1, "true_divide": 1, "rsqrt": 0, "reciprocal": 0, "log": 0, "log2": 0, "log10": 0}
+# ops whose result is 0 where an operand is
+ZERO_KEEPING = frozenset({"sqrt", "mul", "abs", "neg", "pow", "square", "relu", "identity", "getitem"})
+
+
+def _mark_poles(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
+    """Underflow to zero: a value whose smallest nonzero elements round to 0 in its format (below half
+    the smallest subnormal: 3e-8 in float16), carried through ops that keep zeros, makes a division,
+    rsqrt or log that reads it inf or NaN (a variance of tiny activations, an eps that is 0 too)."""
+    zeroed: Dict[str, bool] = {}
+    for node in graph.nodes:
+        p = prediction.nodes[node.name]
+        out = node.out
+        flushed = False
+        if "result" in roundings.get(node.name, {}) and p.fmt in FORMATS and out is not None and out.finite:
+            flushed = 0 < out.absmin_nonzero < FORMATS[p.fmt].min_subnormal / 2
+        carried = (node.kind == Kind.SHAPE or node.fn in ZERO_KEEPING) and any(zeroed.get(n) for n in node.inputs)
+        zeroed[node.name] = flushed or carried
+        position = POLE_OPERAND.get(node.fn)
+        if position is None or not node.inputs:
+            continue
+        if node.fn in ("div", "true_divide") and len(node.inputs) == 1:
+            # one tensor operand: the divisor when the numerator is the scalar (`1 / t`)
+            position = 1 if ("arg1" in node.scalars or "other" in node.scalars) else 0
+        if position < len(node.inputs) and zeroed.get(node.inputs[position]):
+            p.pole = True
 
 
 def _flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
@@ -195,16 +337,17 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
+    _mark_poles(graph, prediction, roundings)
 
     outputs = [s for node in graph.output_nodes for n in node.inputs for s in graph[n].outputs[:1] if s.is_float]
     numel = sum(s.numel for s in outputs)
     prediction.output_numel = numel
     if not numel:  # integer outputs only (labels, indices): their error is the decisions' flips
-        prediction.finite = not any(p.overflow for p in prediction.nodes.values())
+        prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
         _predict_decisions(graph, prediction, roundings)
         return prediction
     prediction.output_rms = math.sqrt(sum(s.rms**2 * s.numel for s in outputs) / numel) if numel else 0.0
-    prediction.finite = not any(p.overflow for p in prediction.nodes.values())
+    prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
 
     have_gains = any(n.sensitivity is not None for n in graph.nodes)
     variance = 0.0
@@ -223,7 +366,9 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
             continue
         terms[node.name] = term
         variance = variance + term if have_gains else max(variance, term)
-    prediction.output_error = math.sqrt(variance)
+    # The model is linear in the errors; a real error saturates where the output no longer resembles the
+    # reference: an unrelated output of the same size differs by sqrt(2) of its RMS.
+    prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
     if variance > 0 and have_gains:
         prediction.contributions = {name: term / variance for name, term in terms.items()}
 
@@ -231,35 +376,53 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
     return prediction
 
 
-def _relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
-    """Relative RMS error of every value when errors pass through ops unamplified: the fallback for
-    values no gradient reaches (detached scores, integer paths). Takes the largest incoming error
-    rather than their sum, since the branches of a DAG share their history."""
+def amplification(node: Node) -> Optional[float]:
+    """How many times the op multiplies a relative error that arrives at its inputs, as seen from the
+    output: sqrt(gain of its inputs through it / gain of its result). 1 for ops that pass relative
+    error through (a product, a division, a random conv); large for a subtraction of nearly equal
+    values or exp/softmax of large arguments. None where the reference pass has no gradients."""
+    gain_in = node.attrs.get("gain_inputs")
+    gain_out = node.sensitivity
+    if gain_in is None or not gain_out or gain_out <= 0 or not math.isfinite(gain_in / gain_out):
+        return None
+    return math.sqrt(gain_in / gain_out)
+
+
+def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
+    """Relative RMS error of every value: what arrives from its inputs, times the op's amplification
+    where the gradients tell it (else 1), combined with its own rounding. The fallback for values no
+    output gradient reaches (detached scores, integer paths) and the error a node receives. Takes
+    the largest incoming error rather than their sum, since the branches of a DAG share their history."""
     rel: Dict[str, float] = {}
     for node in graph.nodes:
         incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
+        if node.kind not in DOT_PRODUCT_KINDS:
+            incoming *= amplification(node) or 1.0
         local = prediction.nodes[node.name].local
         own = local / node.out.rms if node.out is not None and node.out.rms > 0 else 0.0
         rel[node.name] = math.hypot(incoming, own)
     return rel
 
 
+
 def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
     fallback: Optional[Dict[str, float]] = None
     for node in graph.nodes:
         gains = node.attrs.get("upstream_gain")
-        if node.margins is None:
+        margins = node.margins if node.margins is not None else node.attrs.get("rounding_margins")
+        if margins is None:
             continue
         if gains:
             received = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
         elif node.inputs and node.input_stats and node.input_stats[0] is not None:
-            fallback = fallback if fallback is not None else _relative_errors(graph, prediction)
+            fallback = fallback if fallback is not None else relative_errors(graph, prediction)
             received = fallback.get(node.inputs[0], 0.0) * node.input_stats[0].rms
         else:
             continue
         p = prediction.nodes[node.name]
         p.received = received
-        p.flip_fraction = _flip_fraction(node.margins, received, node.kind == Kind.COMPARE)
+        # a comparison or a rounding moves one value against a fixed boundary; an order, two values
+        p.flip_fraction = _flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:
@@ -272,4 +435,5 @@ def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:
     return value / scale if scale > 0 else 0.0
 
 
-__all__ = ["ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "FP32", "Format"]
+__all__ = ["ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
+           "relative_errors", "exact_integers", "dtype_derived", "accumulation_error", "FP32", "Format"]

@@ -11,6 +11,15 @@ one pass gives, for every node at once, the gain of rounding its result (``gain_
 rounding its operands (``gain_operands``: the activation a conv or matmul reads, and its weight).
 Weights are rounded once for all output positions, so their error is coherent across the output;
 weighting by the weight gradient accounts for that where a per-element model would not.
+
+Other ops that compute values get views of their float operands too (``gain_inputs``): the ratio
+gain_inputs / gain_out is how much the op amplifies a relative error that arrives at its inputs,
+the relative condition number of the op weighted by what reaches the output.
+
+Sums, means and cumulative sums record sqrt(sum_k x_k^2) per output, as dot products record
+sqrt(sum_k (a_k b_k)^2): the scale of the terms against which cancellation is judged. Casts of
+floats to integers, and round/floor/ceil/trunc, record how far each value is from the boundary
+where its integer changes (``rounding_margins``), so their flips can be predicted like decisions.
 """
 from __future__ import annotations
 
@@ -27,6 +36,13 @@ from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
 # reference pass slow on detectors, and the riskiest ones (smallest relative margin) come first.
 MAX_DECISION_PASSES = 8
 MAX_MARGINS = 4096  # margins kept per decision node (subsampled deterministically beyond that)
+
+# Ops whose operands get views so that their amplification of incoming error can be read off the
+# gradients (shape ops move values and amplify nothing; decisions and comparisons are judged by margins).
+AMPLIFYING_KINDS = frozenset({Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.SOFTMAX, Kind.NORM, Kind.REDUCTION,
+                              Kind.SCAN, Kind.POOL, Kind.RESAMPLE, Kind.BATCHNORM})
+SUMMING_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
+ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
@@ -101,6 +117,57 @@ def _dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
     return None
 
 
+def _sum_terms(node: Node, args, kwargs, callee, output: torch.Tensor) -> Optional[torch.Tensor]:
+    """sqrt(sum_k x_k^2) per output of a sum, mean or cumsum: the same call on the squared input."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+        return None
+    squares = x.detach().double().pow(2)
+    rest = {k: v for k, v in kwargs.items() if k != "dtype"}
+    try:
+        if isinstance(callee, str):
+            terms = getattr(squares, callee)(*args[1:], **rest)
+        elif callable(callee):
+            terms = callee(squares, *args[1:], **rest)
+        else:
+            return None
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    if not isinstance(terms, torch.Tensor) or terms.shape != output.shape:
+        return None
+    if node.fn in ("mean", "nanmean"):
+        # mean = sum / N: its terms are x_k / N, and mean(x^2) = sum(x^2) / N
+        n = max(1, x.numel() // max(1, output.numel()))
+        return (terms / n).sqrt()
+    return terms.sqrt()
+
+
+def _einsum_contracts(equation: str) -> bool:
+    """Whether an einsum sums over an index (a matmul) or only multiplies (an outer product)."""
+    equation = equation.replace(" ", "")
+    inputs, arrow, output = equation.partition("->")
+    letters = [c for c in inputs if c.isalpha()]
+    if not arrow:  # implicit output: the indices that appear once
+        output = "".join(c for c in set(letters) if letters.count(c) == 1)
+    return bool(set(letters) - set(output))
+
+
+def _rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
+    """Distance of each value to the boundary where its integer changes (a cast to an integer dtype
+    truncates, so integers are the boundaries; round's boundaries are the half-integers)."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not isinstance(output, torch.Tensor):
+        return None
+    to_int = not output.is_floating_point() and output.dtype != torch.bool
+    if not (to_int or node.fn in ROUNDING_FNS):
+        return None
+    v = x.detach().double().flatten()
+    v = v[torch.isfinite(v)]
+    if node.fn == "round":
+        return (0.5 - (v - v.round()).abs()).abs()
+    return (v - v.round()).abs()
+
+
 def _decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
     """Per decision unit, how far the deciding values are from changing the outcome."""
     x = _first_tensor(args)
@@ -153,7 +220,18 @@ class ReferenceObserver:
         self.values: Dict[str, torch.Tensor] = {}  # node name -> float output kept for the backward passes
         self.operands: Dict[str, List[torch.Tensor]] = {}  # node name -> operand views / weights it rounds
         self.first_nonfinite: Optional[str] = None
+        self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
+        self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
         self.input_names: List[str] = []
+
+    def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
+        """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
+        or an op that passes such a mask on (scores + mask). NaN never is."""
+        if any(t.is_floating_point() and bool(torch.isnan(t).any()) for t in outputs):
+            return False
+        if any(math.isinf(v) for v in node.scalars.values()):
+            return True
+        return any(name in self.masked for name in node.inputs)
 
     def rename(self, node: Node, name: str) -> None:
         """The function-mode recorder names a node only after it ran; move what before() kept."""
@@ -161,14 +239,20 @@ class ReferenceObserver:
             self.operands[name] = self.operands.pop(node.name)
 
     def before(self, node: Node, args, kwargs, callee):
-        if not self.with_sensitivity or node.kind not in DOT_PRODUCT_KINDS:
+        dot = node.kind in DOT_PRODUCT_KINDS
+        # A node without a name yet comes from the function-mode recorder, which finds a node's inputs
+        # by tensor identity: a view would hide them, so there only dot products (whose operand
+        # rounding must be weighted) get views, and other ops' amplification is not read.
+        amplifying = node.kind in AMPLIFYING_KINDS and bool(node.name)
+        if not self.with_sensitivity or not (dot or amplifying):
             return args, kwargs
         views: List[torch.Tensor] = []
 
         def as_view(v):
             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
                 if v.is_leaf:  # a weight passed as an argument: hook the parameter itself
-                    views.append(v)
+                    if dot:  # only a dot product rounds its weights; other ops' inputs are activations
+                        views.append(v)
                     return v
                 view = v.view_as(v)
                 views.append(view)
@@ -177,7 +261,7 @@ class ReferenceObserver:
 
         args = tuple(as_view(a) for a in args)
         kwargs = {k: as_view(v) for k, v in kwargs.items()}
-        if isinstance(callee, torch.nn.Module):
+        if dot and isinstance(callee, torch.nn.Module):
             weight = getattr(callee, "weight", None)
             if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
                 views.append(weight)
@@ -197,8 +281,11 @@ class ReferenceObserver:
         node.outputs = [tensor_stats(t) for t in outputs]
         for t, s in zip(outputs, node.outputs):
             self.by_id[id(t)] = (s, t)
-        if self.first_nonfinite is None and any(s.is_float and not s.finite for s in node.outputs):
-            self.first_nonfinite = node.name
+        if any(s.is_float and not s.finite for s in node.outputs):
+            if self._intended_infinity(node, outputs):
+                self.masked.add(node.name)
+            elif self.first_nonfinite is None:
+                self.first_nonfinite = node.name
         with torch.no_grad():
             if node.kind in DOT_PRODUCT_KINDS and outputs:
                 terms = _dot_terms(node, args, kwargs, callee)
@@ -209,6 +296,24 @@ class ReferenceObserver:
                     node.attrs["condition"] = {
                         str(t): float((ratio > t).float().mean()) for t in (10, 100, 1000)
                     }
+            if node.fn == "einsum" and args and isinstance(args[0], str):
+                node.attrs["contracted"] = _einsum_contracts(args[0])
+            if node.fn in SUMMING_FNS and outputs and outputs[0].is_floating_point():
+                terms = _sum_terms(node, args, kwargs, callee, outputs[0])
+                if terms is not None:
+                    y = outputs[0].detach().double().abs()
+                    node.dot_rms = float(terms.pow(2).mean().sqrt())
+                    ratio = terms / y.clamp_min(1e-300)
+                    node.attrs["condition"] = {
+                        str(t): float((ratio > t).double().mean()) for t in (10, 100, 1000)
+                    }
+            if node.kind == Kind.CAST or node.fn in ROUNDING_FNS:
+                margins = _rounding_margins(node, args, outputs[0] if outputs else None)
+                if margins is not None and margins.numel():
+                    node.attrs["rounding_units"] = int(margins.numel())
+                    if margins.numel() > MAX_MARGINS:
+                        margins = margins[:: math.ceil(margins.numel() / MAX_MARGINS)]
+                    node.attrs["rounding_margins"] = [float(m) for m in margins]
             if node.kind in (Kind.DECISION, Kind.COMPARE) or (node.fn in ("max", "min") and "dim" in node.attrs):
                 margins = _decision_margins(node, args, kwargs)
                 if margins is not None and margins.numel():
@@ -217,11 +322,27 @@ class ReferenceObserver:
                         step = math.ceil(margins.numel() / MAX_MARGINS)
                         margins = margins[::step]
                     node.margins = [float(m) for m in margins]
+        # (not scalars: models turn them into Python numbers with .item(), which warns on a leaf)
+        if (self.with_sensitivity and isinstance(output, torch.Tensor) and output.is_floating_point()
+                and output.numel() > 1 and not output.requires_grad and node.kind not in (Kind.OUTPUT, Kind.SHAPE)):
+            output = self._as_leaf(output)
+            outputs = [output]
         if outputs and outputs[0].is_floating_point() and outputs[0].requires_grad:
             self.values[node.name] = outputs[0]
             if node.kind == Kind.INPUT:
                 self.input_names.append(node.name)
         return output
+
+    def _as_leaf(self, value: torch.Tensor) -> torch.Tensor:
+        """A float value made from constants (a position table from arange, a buffer) has no gradient,
+        so nothing would say how its rounding reaches the output: make it a leaf of the backward pass.
+        The model gets a copy, which it may modify in place as it could the original."""
+        leaf = value.detach().requires_grad_(True)
+        self.constant_leaves.append(leaf)
+        with torch.enable_grad():
+            copy = leaf.clone()
+        self.by_id[id(copy)] = self.by_id.get(id(value), (tensor_stats(value), value))
+        return copy
 
     # ------------------------------------------------------------------ backward passes
 
@@ -233,7 +354,12 @@ class ReferenceObserver:
         handles = []
 
         def add(acc, name, grad, value):
-            acc[name] = acc.get(name, 0.0) + float((grad.detach() * value.detach()).pow(2).sum())
+            if grad is None:  # an empty tensor: no gradient, nothing to round
+                return
+            product = grad.detach() * value.detach()
+            # an intended infinity (a -inf attention mask) has gradient 0 and is exact: no error
+            product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
+            acc[name] = acc.get(name, 0.0) + float(product.pow(2).sum())
 
         for name, value in self.values.items():
             handles.append(value.register_hook(lambda g, name=name, value=value: add(out_acc, name, g, value)))
@@ -246,7 +372,7 @@ class ReferenceObserver:
         # Asking only for the inputs' and weights' gradients keeps memory flat; the hooks still see
         # every value on the way. Models without float inputs (token ids) ask for all values instead.
         leaves = [self.values[n] for n in self.input_names] or list(self.values.values())
-        leaves = leaves + list(weights.values())
+        leaves = leaves + list(weights.values()) + self.constant_leaves
         generator = torch.Generator().manual_seed(seed)
         try:
             for _ in range(probes):
@@ -260,7 +386,8 @@ class ReferenceObserver:
         return {n: (out_acc.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
 
     def finish(self, graph: Graph, output: Any) -> None:
-        """Backward passes: each node's gains to the output, and to each risky decision's input."""
+        """Backward passes: each node's gains to the output, and to the input of each risky decision
+        or rounding to integers."""
         if not self.with_sensitivity:
             return
         roots = [v for v in tree_flatten(output)[0]
@@ -273,15 +400,17 @@ class ReferenceObserver:
                     node = graph[name]
                     node.sensitivity = gain_out
                     if name in self.operands:
-                        node.attrs["gain_operands"] = gain_operands
+                        key = "gain_operands" if node.kind in DOT_PRODUCT_KINDS else "gain_inputs"
+                        node.attrs[key] = gain_operands
             # One backward pass per decision site (a line run in a loop, like NMS per class, is one
             # site): the riskiest call of the site stands for the others, whose inputs are alike.
             sites: Dict[tuple, List[Tuple[float, Node]]] = {}
             for node in graph.nodes:
-                if node.margins and node.inputs and node.inputs[0] in self.values and node.input_stats:
+                margins = node.margins or node.attrs.get("rounding_margins")
+                if margins and node.inputs and node.inputs[0] in self.values and node.input_stats:
                     rms = node.input_stats[0].rms or 1.0
                     key = (node.module_path, node.fn, node.location)
-                    sites.setdefault(key, []).append((min(node.margins) / rms, node))
+                    sites.setdefault(key, []).append((min(margins) / rms, node))
             riskiest = [(min(members, key=lambda m: (m[0], m[1].name)), members) for members in sites.values()]
             riskiest.sort(key=lambda item: (item[0][0], item[0][1].name))
             for (_, representative), members in riskiest[:MAX_DECISION_PASSES]:
@@ -295,6 +424,7 @@ class ReferenceObserver:
             self.values.clear()
             self.operands.clear()
             self.by_id.clear()
+            self.constant_leaves.clear()
 
 
 def param_stats(module: torch.nn.Module) -> Dict[str, TensorStats]:

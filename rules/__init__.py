@@ -14,6 +14,12 @@ GRAPH_RULE_MODULES = (
     "batchnorm_scale",
     "backend_kernel",
     "decision_flip",
+    "constants",
+    "integer_precision",
+    "statistics",
+    "reductions",
+    "cancellation",
+    "amplification",
 )
 SOURCE_RULE_MODULES = (
     "unused_suppression",

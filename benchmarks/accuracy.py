@@ -1,0 +1,683 @@
+"""Benchmark: preclint's predicted errors against errors measured by running the reduced precision.
+
+For every model of the zoo (benchmarks/zoo.py) and every precision mode it compares
+
+* the predicted output error (relative RMS) with the measured one,
+* predicted overflow (inf/NaN) with what the run produced,
+* for models whose output is a decision, the predicted flip fraction (PCL301) with the measured one,
+* the layers predicted to contribute most with a one-layer-at-a-time measurement (one conv, linear
+  or attention module in reduced precision, the rest in fp32).
+
+Measuring, predicting and reporting are separate steps, so the measurement can run on a GPU machine
+and the prediction here:
+
+    python -m benchmarks.accuracy measure --device cuda --out gpu.json [--ranking]   # on the GPU
+    python -m benchmarks.accuracy measure --device cpu --out cpu.json [--ranking]
+    python -m benchmarks.accuracy predict --out predicted.json
+    python -m benchmarks.accuracy report predicted.json cpu.json gpu.json            # markdown tables
+
+How each mode runs:
+
+| mode | cuda | cpu |
+|---|---|---|
+| tf32 | TF32 on for cuDNN and cuBLAS | conv/matmul operands rounded to 10 mantissa bits, fp32 accumulation |
+| fp16, bf16 | torch.autocast('cuda') | torch.autocast('cpu'), with the ops CUDA's autocast runs in fp32 run in fp32 |
+| fp16-full, bf16-full | model and inputs cast with .to(dtype) | the same, on CPU kernels |
+
+The reference is the model in float64 on the same device; decisions are compared with the fp32 run
+(TF32 off), whose margins preclint reads.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclint` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint  # noqa: E402
+
+MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
+RANKING_MODES = ("tf32", "fp16", "bf16")
+LOW = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TOP = 5
+WITHIN = 3.0  # a prediction "holds" when it is within this factor of the measurement
+BROKEN = 0.5  # a relative error this large is no rounding: the values were destroyed (inf divided away)
+
+# ---------------------------------------------------------------------------------------- running
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """Round float32 values to TF32's 10 mantissa bits (nearest, ties to even), as tensor cores read them."""
+    if t.dtype != torch.float32:
+        return t
+    bits = t.contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    rounded = (bits + 0xFFF + lsb) & ~0x1FFF
+    out = rounded.view(torch.float32)
+    return torch.where(torch.isfinite(t), out, t)
+
+
+# aten ops that multiply-accumulate, and the positions of the operands they round (not the bias)
+_DOT_OPERANDS = {
+    "convolution": (0, 1),
+    "mm": (0, 1),
+    "bmm": (0, 1),
+    "addmm": (1, 2),
+    "baddbmm": (1, 2),
+    "addbmm": (1, 2),
+    "mv": (0, 1),
+    "addmv": (1, 2),
+    "dot": (0, 1),
+}
+
+
+class Tf32Emulation(TorchDispatchMode):
+    """Rounds the operands of every conv/matmul to TF32 while ``active`` (fp32 accumulation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        positions = _DOT_OPERANDS.get(func.overloadpacket.__name__) if self.active else None
+        if positions:
+            args = tuple(round_tf32(a) if i in positions and isinstance(a, torch.Tensor) else a
+                         for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+# What CUDA's autocast runs in float32 (aten/src/ATen/autocast_mode.h); CPU autocast leaves most of
+# these in the input's dtype, so the CPU run casts them up to follow the CUDA policy preclint predicts.
+_CUDA_FP32 = frozenset(
+    """acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus layer_norm
+    group_norm norm frobenius_norm nuclear_norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss
+    hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss
+    multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits
+    dist pdist cdist renorm logsumexp prod softmax log_softmax cumprod cumsum sum vector_norm matrix_norm
+    interpolate upsample_nearest1d upsample_nearest2d upsample_nearest3d upsample_bilinear2d""".split()
+)
+_CUDA_LOWER_NOT_CPU = frozenset("einsum mv addmv addr chain_matmul".split())
+
+
+class CudaAutocastLists(TorchFunctionMode):
+    """Under CPU autocast, runs the ops of CUDA's fp32 list in fp32 (and its extra lower ops in ``dtype``)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "").lstrip("_")
+        if name in _CUDA_FP32 and "dtype" not in kwargs:
+            up = lambda v: v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v  # noqa: E731
+            with torch.autocast("cpu", enabled=False):
+                return func(*tree_map(up, args), **tree_map(up, kwargs))
+        if name in _CUDA_LOWER_NOT_CPU:
+            down = lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+            return func(*tree_map(down, args), **tree_map(down, kwargs))
+        return func(*args, **kwargs)
+
+
+def _to(values, device: str, dtype: Optional[torch.dtype] = None):
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            v = v.to(device)
+            return v.to(dtype) if dtype is not None and v.is_floating_point() else v
+        return v
+
+    return tree_map(move, values)
+
+
+def _set_tf32(on: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+@contextlib.contextmanager
+def _cpu_tf32():
+    """Whole-model TF32 emulation: fused attention kernels are decomposed so their matmuls are seen."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    emulation = Tf32Emulation()
+    try:
+        with sdpa_kernel(SDPBackend.MATH), emulation:
+            yield emulation
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def run(model: torch.nn.Module, inputs: tuple, mode: str, device: str):
+    """The model's output under ``mode`` ('fp64', 'fp32' or a precision mode) on ``device``."""
+    with torch.no_grad():
+        if mode in ("fp64", "fp16-full", "bf16-full"):
+            dtype = {"fp64": torch.float64, "fp16-full": torch.float16, "bf16-full": torch.bfloat16}[mode]
+            cast = copy.deepcopy(model).to(dtype)
+            return cast(*_to(inputs, device, dtype))
+        args = _to(inputs, device)
+        if device == "cuda":
+            _set_tf32(mode == "tf32")
+            try:
+                if mode in LOW:
+                    with torch.autocast("cuda", dtype=LOW[mode]):
+                        return model(*args)
+                return model(*args)
+            finally:
+                _set_tf32(False)
+        if mode == "tf32":
+            with _cpu_tf32():
+                return model(*args)
+        if mode in LOW:
+            with torch.autocast("cpu", dtype=LOW[mode]), CudaAutocastLists(LOW[mode]):
+                return model(*args)
+        return model(*args)
+
+
+def _leaves(output) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(float values as one float64 vector, integer values as one int64 vector) of an output."""
+    floats, ints = [], []
+    for v in tree_flatten(output)[0]:
+        if isinstance(v, torch.Tensor):
+            (floats if v.is_floating_point() else ints).append(v.detach().flatten().cpu())
+    f = torch.cat([t.double() for t in floats]) if floats else None
+    i = torch.cat([t.long() for t in ints]) if ints else None
+    return f, i
+
+
+def rel_rms(value: torch.Tensor, reference: torch.Tensor) -> float:
+    scale = float(reference.pow(2).mean().sqrt())
+    return float((value - reference).pow(2).mean().sqrt()) / scale if scale > 0 else 0.0
+
+
+def ranking_units(model: torch.nn.Module) -> List[str]:
+    """Module paths of the leaf convs, linears and attention modules: the layers one can put in
+    reduced precision alone."""
+    from preclint import ops
+    from preclint.ir import DOT_PRODUCT_KINDS
+
+    units = []
+    for path, module in model.named_modules():
+        if path and ops.is_leaf_module(module) and ops.classify_module(module)[0] in DOT_PRODUCT_KINDS:
+            if any(True for _ in module.parameters(recurse=False)):
+                units.append(path)
+    return units
+
+
+@contextlib.contextmanager
+def _one_unit(model: torch.nn.Module, path: str, mode: str, device: str, emulation: Optional[Tf32Emulation]):
+    """Run the module at ``path`` in ``mode`` and everything else in fp32."""
+    module = model.get_submodule(path)
+    state: Dict[str, Any] = {}
+
+    def pre(_m, _args):
+        if mode == "tf32":
+            if device == "cuda":
+                _set_tf32(True)
+            else:
+                emulation.active = True
+        else:
+            state["autocast"] = torch.autocast(device, dtype=LOW[mode])
+            state["autocast"].__enter__()
+
+    def post(_m, _args, output):
+        if mode == "tf32":
+            if device == "cuda":
+                _set_tf32(False)
+            else:
+                emulation.active = False
+            return None
+        state.pop("autocast").__exit__(None, None, None)
+        return tree_map(lambda v: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v, output)
+
+    handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def measure_ranking(model, inputs, device: str, modes: Sequence[str] = RANKING_MODES) -> Dict[str, Dict[str, float]]:
+    """Per mode, per unit: relative mean-square output error with only that unit in reduced precision."""
+    units = ranking_units(model)
+    with torch.no_grad():
+        reference, _ = _leaves(run(model, inputs, "fp32", device))
+        args = _to(inputs, device)
+        result: Dict[str, Dict[str, float]] = {}
+        for mode in modes:
+            errors = {}
+            for path in units:
+                if device == "cpu" and mode == "tf32":
+                    with _cpu_tf32() as emulation:
+                        emulation.active = False
+                        with _one_unit(model, path, mode, device, emulation):
+                            out, _ = _leaves(model(*args))
+                else:
+                    if device == "cuda":
+                        _set_tf32(False)
+                    with _one_unit(model, path, mode, device, None):
+                        out, _ = _leaves(model(*args))
+                errors[path] = rel_rms(out, reference) ** 2 if torch.isfinite(out).all() else math.inf
+            result[mode] = errors
+    return result
+
+
+def measure_model(entry: ZooModel, device: str, modes: Sequence[str] = MODES, ranking: bool = False) -> Dict[str, Any]:
+    model, inputs = entry.build()
+    record: Dict[str, Any] = {"name": entry.name, "family": entry.family, "fingerprint": fingerprint(model, inputs),
+                              "device": device, "modes": {}}
+    start = time.perf_counter()
+    model = model.to(device)
+    with torch.no_grad():
+        reference, _ = _leaves(run(model, inputs, "fp64", device))
+        fp32, fp32_labels = _leaves(run(model, inputs, "fp32", device))
+    if reference is not None and fp32 is not None:
+        record["fp32_rel_error"] = rel_rms(fp32, reference)
+    for mode in modes:
+        try:
+            out, labels = _leaves(run(model, inputs, mode, device))
+        except RuntimeError as exc:  # PyTorch refuses the mode (a constant float16 cannot hold, ...)
+            record["modes"][mode] = {"finite": False, "raised": str(exc).splitlines()[0]}
+            continue
+        entry_out: Dict[str, Any] = {}
+        if out is not None:
+            finite = bool(torch.isfinite(out).all())
+            entry_out["finite"] = finite
+            entry_out["rel_error"] = rel_rms(out, reference) if finite else None
+        if labels is not None and fp32_labels is not None:
+            entry_out["flip_fraction"] = float((labels != fp32_labels).double().mean())
+            entry_out["decisions"] = int(labels.numel())
+            entry_out.setdefault("finite", True)
+        record["modes"][mode] = entry_out
+    if ranking and entry.ranking:
+        record["ranking"] = measure_ranking(model, inputs, device)
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+def measure(entries: Iterable[ZooModel], device: str, ranking: bool, modes: Sequence[str] = MODES,
+            log=print, out: Optional[str] = None, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Measure each entry; with ``out``, rewrite that file after each model, so a run cut short by a
+    time limit still leaves what it measured (with ``extra`` results measured before)."""
+    results = {**(extra or {}), "machine": describe_machine(device), "models": {}}
+    for entry in entries:
+        try:
+            results["models"][entry.name] = measure_model(entry, device, modes, ranking)
+            log(f"measured {entry.name} on {device} in {results['models'][entry.name]['seconds']}s")
+        except Exception as exc:  # one broken model must not cost the whole (GPU) run
+            results["models"][entry.name] = {"name": entry.name, "error": f"{type(exc).__name__}: {exc}"}
+            log(f"FAILED {entry.name}: {type(exc).__name__}: {exc}")
+        if out:
+            _write(out, results)
+    return results
+
+
+def rule_examples() -> List[ZooModel]:
+    """The bad example models of the rules that predict an error, run like zoo models."""
+    from preclint.rules import graph_rules
+
+    entries = []
+    for rule in graph_rules():
+        if rule.code not in EXAMPLE_RULES:
+            continue
+        for i, example in enumerate(rule.bad):
+            entries.append(ZooModel(f"{rule.code}-bad-{i}", "rule example", example.build))
+    return entries
+
+
+# rules whose findings carry a predicted error (or flip fraction, or overflow) to check
+EXAMPLE_RULES = ("PCL101", "PCL102", "PCL104", "PCL201", "PCL202", "PCL203", "PCL204", "PCL301")
+
+
+def measure_accumulation(device: str) -> Dict[str, Any]:
+    """Relative error of sums, means, products and cumulative sums of float16/bfloat16 inputs against
+    float64 sums of the same rounded inputs, by length: whether the kernels accumulate in the
+    reduced format (error growing with the length) or in float32 (error of the final rounding only)."""
+    generator = torch.Generator().manual_seed(0)
+    results: Dict[str, Any] = {}
+    ops = {
+        "sum": lambda x: x.sum(-1), "mean": lambda x: x.mean(-1), "cumsum": lambda x: x.cumsum(-1),
+        "prod": lambda x: x.prod(-1), "cumprod": lambda x: x.cumprod(-1),
+    }
+    with torch.no_grad():
+        for n in (256, 4096, 65536, 1 << 20):
+            rows = max(2, min(64, (1 << 22) // n))
+            data = {
+                # positive terms whose sum stays ~500 (inside float16's range at every length)
+                "positive": torch.rand(rows, n, generator=generator) * (1000.0 / n),
+                # signed terms whose sum is ~N(0, 100^2)
+                "signed": torch.randn(rows, n, generator=generator) * (100.0 / math.sqrt(n)),
+                # factors near 1 whose product stays near 1
+                "factors": torch.exp(torch.randn(rows, n, generator=generator) * (0.1 / math.sqrt(n))),
+            }
+            for dtype_name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+                for op_name, op in ops.items():
+                    for data_name, x in data.items():
+                        if (op_name in ("prod", "cumprod")) != (data_name == "factors"):
+                            continue
+                        low = x.to(dtype).to(device)
+                        reference = op(low.double()).cpu()
+                        value = op(low).double().cpu()
+                        key = f"{op_name}/{dtype_name}/{data_name}/{n}"
+                        results[key] = rel_rms(value, reference) if torch.isfinite(value).all() else None
+        ones = torch.ones(8192, dtype=torch.float16, device=device)
+        results["cumsum/fp16/ones/8192 at 4097"] = float(ones.cumsum(0)[4096])
+        if device == "cuda" and hasattr(torch.backends.cuda.matmul, "allow_fp16_accumulation"):
+            for k in (64, 1024, 16384):
+                a = torch.randn(64, k, generator=generator).to(device, torch.float16)
+                b = torch.randn(k, 64, generator=generator).to(device, torch.float16)
+                reference = (a.double() @ b.double()).cpu()
+                for flag in (False, True):
+                    torch.backends.cuda.matmul.allow_fp16_accumulation = flag
+                    try:
+                        results[f"matmul/fp16/accumulate_fp16={flag}/{k}"] = rel_rms((a @ b).double().cpu(), reference)
+                    finally:
+                        torch.backends.cuda.matmul.allow_fp16_accumulation = False
+    return results
+
+
+def describe_machine(device: str) -> Dict[str, Any]:
+    info = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import torchvision
+
+        info["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+        info["cudnn"] = torch.backends.cudnn.version()
+    else:
+        info["cpu"] = platform.processor() or platform.machine()
+        info["threads"] = torch.get_num_threads()
+    return info
+
+
+# ------------------------------------------------------------------------------------- predicting
+
+
+def predict_model(entry: ZooModel, modes: Sequence[str] = MODES) -> Dict[str, Any]:
+    from preclint.config import Config
+    from preclint.engine import CheckOptions, check_model
+    from preclint.ir import DOT_PRODUCT_KINDS
+    from preclint.load import LoadedModel
+
+    model, inputs = entry.build()
+    start = time.perf_counter()
+    loaded = LoadedModel(model.eval(), inputs, entry.name, None)
+    report, graph, ctx = check_model(loaded, Config(precisions=tuple(modes)), CheckOptions(modes=tuple(modes)))
+    record: Dict[str, Any] = {"name": entry.name, "fingerprint": fingerprint(model, inputs), "modes": {},
+                              "findings": sorted({f.code for f in report.findings})}
+    units = set(ranking_units(model))
+    decision_nodes = _output_decisions(graph)
+    record["finding_figures"] = [
+        {"code": f.code, "severity": f.severity, "precisions": list(f.precisions),
+         "predicted": {m: fig.as_dict() for m, fig in f.predicted.items()}}
+        for f in report.findings
+    ]
+    for mode in modes:
+        p = ctx.predictions[mode]
+        contributions = {}
+        for name, share in p.contributions.items():
+            node = graph[name]
+            if node.kind in DOT_PRODUCT_KINDS and node.module_path in units:
+                contributions[node.module_path] = contributions.get(node.module_path, 0.0) + share
+        flips = [p.nodes[n.name].flip_fraction for n in decision_nodes if p.nodes[n.name].flip_fraction is not None]
+        record["modes"][mode] = {
+            "rel_error": p.rel_error,
+            "finite": p.finite,
+            "top": [ctx.display(n) for n, _ in p.top_contributors(TOP)],
+            "unit_shares": contributions,
+            "flip_fraction": max(flips) if flips else None,
+            "findings": sorted({f.code for f in report.findings if mode in f.precisions}),
+        }
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+def _output_decisions(graph) -> List[Any]:
+    """The decisions and roundings to integers whose outcome is the model's output: walked back from
+    the outputs through integer values (indices, labels, codes) to the op that decided them."""
+    found, seen = [], set()
+    frontier = [n for out in graph.output_nodes for n in out.inputs]
+    while frontier:
+        name = frontier.pop()
+        node = graph.get(name)
+        if node is None or name in seen:
+            continue
+        seen.add(name)
+        if node.margins is not None or node.attrs.get("rounding_margins") is not None:
+            found.append(node)
+            if node.out is not None and node.out.is_float:
+                continue  # round/floor: the decision was taken here
+        if node.out is not None and not node.out.is_float:
+            frontier.extend(node.inputs)
+    return found
+
+
+def predict_all(entries: Iterable[ZooModel], modes: Sequence[str] = MODES, log=print) -> Dict[str, Any]:
+    results = {"machine": describe_machine("cpu"), "models": {}}
+    for entry in entries:
+        try:
+            results["models"][entry.name] = predict_model(entry, modes)
+            log(f"predicted {entry.name} in {results['models'][entry.name]['seconds']}s")
+        except Exception as exc:
+            results["models"][entry.name] = {"name": entry.name, "error": f"{type(exc).__name__}: {exc}"}
+            log(f"FAILED {entry.name}: {type(exc).__name__}: {exc}")
+    return results
+
+
+# -------------------------------------------------------------------------------------- comparing
+
+
+def within(predicted: Optional[float], measured: Optional[float], factor: float = WITHIN) -> bool:
+    if predicted is None or measured is None:
+        return False
+    if measured == 0 or predicted == 0:
+        return measured == predicted
+    return 1.0 / factor <= predicted / measured <= factor
+
+
+def top_overlap(predicted: Dict[str, float], measured: Dict[str, float], n: int = TOP) -> Tuple[int, List[str], List[str]]:
+    top_p = [k for k, _ in sorted(predicted.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+    top_m = [k for k, _ in sorted(measured.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+    return len(set(top_p) & set(top_m)), top_p, top_m
+
+
+def compare(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]:
+    """Agreement figures of one measurement file against the predictions."""
+    pairs, overflow, flips, ranking, mismatched = [], [], [], [], []
+    for name, m in measured["models"].items():
+        p = predicted["models"].get(name)
+        if p is None or "error" in m or "error" in p:
+            continue
+        if m["fingerprint"] != p["fingerprint"]:
+            mismatched.append(name)
+            continue
+        for mode, mm in m["modes"].items():
+            pm = p["modes"].get(mode)
+            if pm is None:
+                continue
+            if "raised" in mm:
+                overflow.append((name, mode, not pm["finite"], True))
+                continue
+            if "rel_error" in mm:
+                # an overflow whose inf is divided away shows as zeros, not inf: destroyed values
+                # (an error as large as the values) are the same outcome
+                broken = not mm["finite"] or (not pm["finite"] and mm["rel_error"] >= BROKEN)
+                overflow.append((name, mode, not pm["finite"], broken))
+                if broken:
+                    continue
+                if mm["finite"] and pm["rel_error"] is not None:
+                    pairs.append((name, mode, pm["rel_error"], mm["rel_error"], within(pm["rel_error"], mm["rel_error"])))
+                elif mm["finite"]:
+                    pairs.append((name, mode, None, mm["rel_error"], False))
+            if "flip_fraction" in mm:
+                flips.append((name, mode, pm.get("flip_fraction"), mm["flip_fraction"], mm.get("decisions")))
+        for mode, errors in (m.get("ranking") or {}).items():
+            finite = {k: v for k, v in errors.items() if math.isfinite(v)}
+            hits, top_p, top_m = top_overlap(p["modes"][mode]["unit_shares"], finite)
+            ranking.append((name, mode, hits, top_p, top_m))
+    measured_nonfinite = [o for o in overflow if o[3]]
+    caught = [o for o in measured_nonfinite if o[2]]
+    false_alarms = [o for o in overflow if o[2] and not o[3]]
+    summary = {
+        "pairs": len(pairs),
+        "within": sum(1 for p in pairs if p[4]),
+        "within_fraction": (sum(1 for p in pairs if p[4]) / len(pairs)) if pairs else None,
+        "nonfinite_measured": len(measured_nonfinite),
+        "nonfinite_predicted": len(caught),
+        "false_alarms": len(false_alarms),
+        "ranking_mean_hits": {mode: statistics.mean(r[2] for r in ranking if r[1] == mode)
+                              for mode in sorted({r[1] for r in ranking})},
+        "fingerprint_mismatch": mismatched,
+    }
+    return {"summary": summary, "pairs": pairs, "overflow": overflow, "flips": flips, "ranking": ranking}
+
+
+def _sci(v: Optional[float]) -> str:
+    if v is None:
+        return "—"
+    if v == 0:
+        return "0"
+    return f"{v:.2e}"
+
+
+def report(predicted: Dict[str, Any], measurements: Sequence[Dict[str, Any]]) -> str:
+    lines: List[str] = []
+    for measured in measurements:
+        machine = measured["machine"]
+        where = machine.get("gpu") or f"CPU ({machine.get('cpu')}, {machine.get('threads')} threads)"
+        result = compare(predicted, measured)
+        s = result["summary"]
+        lines.append(f"### Measured on {where}, torch {machine['torch']}"
+                     + (f", CUDA {machine['cuda']}, cuDNN {machine['cudnn']}" if "cuda" in machine else ""))
+        lines.append("")
+        lines.append(f"- predicted output error within {WITHIN:g}x of measured: **{s['within']}/{s['pairs']}** "
+                     f"(model, mode) pairs = **{100 * (s['within_fraction'] or 0):.0f}%**")
+        lines.append(f"- inf/NaN outputs predicted: **{s['nonfinite_predicted']}/{s['nonfinite_measured']}**, "
+                     f"false alarms: **{s['false_alarms']}**")
+        if s["ranking_mean_hits"]:
+            hits = ", ".join(f"{mode} {v:.1f}" for mode, v in s["ranking_mean_hits"].items())
+            lines.append(f"- contribution ranking, measured top-{TOP} layers found in the predicted top-{TOP} "
+                         f"(mean over models): {hits}")
+        if s["fingerprint_mismatch"]:
+            lines.append(f"- not compared (the weights built there differ from here): {', '.join(s['fingerprint_mismatch'])}")
+        lines.append("")
+        modes = [m for m in MODES if any(p[1] == m for p in result["pairs"]) or any(o[1] == m for o in result["overflow"])]
+        lines.append("| model | " + " | ".join(modes) + " |")
+        lines.append("|---|" + "---|" * len(modes))
+        cells: Dict[Tuple[str, str], str] = {}
+        for name, mode, pred, meas, ok in result["pairs"]:
+            ratio = f" ({pred / meas:.2f}x)" if pred and meas else ""
+            cells[(name, mode)] = f"{_sci(pred)} / {_sci(meas)}{ratio}{'' if ok else ' ✗'}"
+        for name, mode, pred_nf, meas_nf in result["overflow"]:
+            if meas_nf or pred_nf:
+                cells[(name, mode)] = ("inf/NaN predicted / measured" if pred_nf and meas_nf else
+                                       "inf/NaN measured, not predicted ✗" if meas_nf else
+                                       "inf/NaN predicted, finite measured ✗")
+        for name in measured["models"]:
+            if any((name, m) in cells for m in modes):
+                lines.append(f"| {name} | " + " | ".join(cells.get((name, m), "—") for m in modes) + " |")
+        lines.append("")
+        lines.append("Cells: predicted / measured relative RMS error of the output (ratio); ✗ outside "
+                     f"{WITHIN:g}x.")
+        lines.append("")
+        if result["flips"]:
+            lines.append("Decision flips (PCL301), predicted / measured fraction of decisions that change:")
+            lines.append("")
+            lines.append("| model | mode | decisions | predicted | measured |")
+            lines.append("|---|---|---|---|---|")
+            for name, mode, pred, meas, units in result["flips"]:
+                lines.append(f"| {name} | {mode} | {units} | {_sci(pred)} | {_sci(meas)} |")
+            lines.append("")
+        if result["ranking"]:
+            lines.append(f"One layer at a time: measured top-{TOP} layers that are in the predicted top-{TOP}:")
+            lines.append("")
+            lines.append("| model | mode | hits | predicted top | measured top |")
+            lines.append("|---|---|---|---|---|")
+            for name, mode, hits, top_p, top_m in result["ranking"]:
+                lines.append(f"| {name} | {mode} | {hits}/{TOP} | {', '.join(top_p)} | {', '.join(top_m)} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def _entries(names: Optional[Sequence[str]]) -> List[ZooModel]:
+    if names is None:
+        return list(ZOO)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown zoo models: {', '.join(unknown)} (known: {', '.join(BY_NAME)})")
+    return [BY_NAME[n] for n in names]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.accuracy", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="run the zoo in every mode and record the output errors")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    m.add_argument("--ranking", action="store_true", help="also measure one layer at a time")
+    m.add_argument("--models", nargs="*")
+    m.add_argument("--examples", action="store_true", help="also the rules' bad example models")
+    m.add_argument("--accumulation", action="store_true", help="also reductions and scans by length")
+    m.add_argument("--out", required=True)
+    p = sub.add_parser("predict", help="run preclint on the zoo and record its predictions")
+    p.add_argument("--models", nargs="*")
+    p.add_argument("--examples", action="store_true", help="also the rules' bad example models")
+    p.add_argument("--out", required=True)
+    r = sub.add_parser("report", help="markdown tables: predictions against measurements")
+    r.add_argument("predicted")
+    r.add_argument("measured", nargs="+")
+    args = parser.parse_args(argv)
+
+    if args.command == "measure":
+        torch.backends.cudnn.benchmark = False
+        entries = _entries(args.models) + (rule_examples() if args.examples else [])
+        extra = {}
+        if args.accumulation:  # first: it takes seconds, and the reduction rule stands on it
+            extra["accumulation"] = measure_accumulation(args.device)
+        _write(args.out, measure(entries, args.device, args.ranking, out=args.out, extra=extra))
+    elif args.command == "predict":
+        entries = _entries(args.models) + (rule_examples() if args.examples else [])
+        _write(args.out, predict_all(entries))
+    else:
+        with open(args.predicted) as f:
+            predicted = json.load(f)
+        measurements = []
+        for path in args.measured:
+            with open(path) as f:
+                measurements.append(json.load(f))
+        print(report(predicted, measurements))
+    return 0
+
+
+def _write(path: str, data: Dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""PCL204 error-amplification."""
+from __future__ import annotations
+
+from preclint.findings import ErrorFigure, percent, sci
+from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.numerics import C_OUTPUT, MODES, gaussian_max_factor
+from preclint.predict import amplification, relative_errors
+from preclint.rulebase import Example, Rule
+from preclint.rules._dataflow import ancestors
+
+# An op is reported when it multiplies the relative error it receives by at least this factor: an
+# order of magnitude beyond ordinary ops (which pass relative error on about 1:1), and beyond the
+# factor of 3 within which preclint's predictions hold.
+AMPLIFICATION_LIMIT = 10.0
+# Sums and dot products that amplify do so by cancelling (PCL203); batch norms by collapsed
+# channels (PCL103). Those rules explain them better.
+EXPLAINED_ELSEWHERE = frozenset({Kind.BATCHNORM}) | DOT_PRODUCT_KINDS
+EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
+
+
+def _attention_weights(shared: float):
+    def build():
+        import torch
+
+        class Attention(torch.nn.Module):
+            """Attention weights of tokens that share a large common component (as massive activations
+            in trained transformers do): every score is large, their differences are not."""
+
+            def __init__(self):
+                super().__init__()
+                self.q = torch.nn.Linear(64, 64)
+                self.k = torch.nn.Linear(64, 64)
+
+            def forward(self, x):
+                scores = self.q(x) @ self.k(x).transpose(-2, -1) / 8.0
+                return torch.softmax(scores, dim=-1)
+
+        torch.manual_seed(0)
+        model = Attention()
+        with torch.no_grad():
+            common = torch.randn(64)
+            model.q.bias.copy_(common * shared)
+            model.k.bias.copy_(common * shared)
+        return model, (torch.randn(2, 16, 64),)
+
+    return build
+
+
+def _offset_layer_norm(offset: float):
+    def build():
+        import torch
+
+        class Encoder(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(64, 64)
+                self.norm = torch.nn.LayerNorm(64)
+
+            def forward(self, x):
+                return self.norm(self.proj(x) + offset)  # a large common offset that the norm removes
+
+        torch.manual_seed(0)
+        return Encoder(), (torch.randn(8, 64),)
+
+    return build
+
+
+class ErrorAmplification(Rule):
+    code = "PCL204"
+    name = "error-amplification"
+    summary = "An op multiplies the relative error it receives many times over: softmax or exp of wide logits, removal of a large common offset."
+    severity = "warning"
+    why = """
+Most ops pass relative error on unchanged: a product, a division, a random conv. Some magnify it.
+`exp`, `softmax` and `sigmoid` turn a relative error r of a logit z into an error of r*|z| in the
+exponent, so logits in the tens magnify it tens of times; subtracting a large common offset (a
+normalization of values that sit far from zero, `x - x.mean()` of such values, `a - b` with a close
+to b) divides the result by the offset; `cos`/`sin` of large angles multiply it by the angle. The
+rounding upstream is then no longer ordinary: a float16 error of 5e-4 becomes 1e-2. Division by a
+small value magnifies what its divisor's producer got wrong, and preclint reports it there. preclint
+reads each op's amplification from the gradients of the reference pass (how much more the output
+depends on the op's inputs than on its result) and names the upstream layers whose error is
+magnified.
+"""
+    example = """
+scores = q @ k.transpose(-2, -1)     # all about 150, differences about 3 (a shared component)
+p = torch.softmax(scores, dim=-1)    # relative error of the scores x ~50
+y = norm(h + 300.0)                  # LayerNorm removes the offset: relative error x ~500
+"""
+    fix = """
+Keep the values that reach the amplifying op in float32 (or compute the op and its inputs in
+float32), remove large offsets before they are rounded (center inputs, subtract the max before exp),
+or scale logits down (temperature, 1/sqrt(d) for attention).
+"""
+    bad = (Example(_attention_weights(4.0), "softmax of attention scores that share a large common part"),
+           Example(_offset_layer_norm(300.0), "LayerNorm of activations sitting 300 away from zero"))
+    good = (Example(_attention_weights(0.0), "softmax of ordinary attention scores"),
+            Example(_offset_layer_norm(0.0), "LayerNorm of centred activations"))
+
+    def check_graph(self, ctx):
+        graph = ctx.graph
+        if not graph.ran_reference:
+            return
+        received = {}
+        for node in graph.nodes:
+            if node.kind in EXPLAINED_ELSEWHERE or node.fn in EXPLAINED_FNS:
+                continue
+            factor = amplification(node)
+            if factor is None or factor < AMPLIFICATION_LIMIT:
+                continue
+            figures = {}
+            for mode in ctx.modes:
+                if mode not in received:
+                    received[mode] = relative_errors(graph, ctx.predictions[mode])
+                incoming = max((received[mode].get(n, 0.0) for n in node.inputs), default=0.0)
+                # reported where the error that leaves is beyond ordinary too: an order of magnitude
+                # above what storing the op's own result in the mode's format would cost
+                ordinary = C_OUTPUT * (MODES[mode].low or MODES[mode].dot_format).unit_roundoff
+                if factor * incoming >= AMPLIFICATION_LIMIT * ordinary:
+                    figures[mode] = (incoming, factor * incoming)
+            if figures:
+                yield self._finding(ctx, node, factor, figures)
+
+    def _finding(self, ctx, node, factor, figures):
+        mode = max(figures, key=lambda m: figures[m][1])
+        incoming, outgoing = figures[mode]
+        upstream = ancestors(ctx.graph, node.name)
+        shares = ctx.predictions[mode].contributions
+        top = sorted((n for n in upstream if shares.get(n, 0) >= 0.01), key=lambda n: (-shares[n], n))[:3]
+        sources = ", ".join(f"{ctx.display(n)} ({percent(shares[n])} of the output error)" for n in top)
+        message = (f"{ctx.display(node.name)} amplifies the relative error of its input {sci(factor)} times: "
+                   f"under {mode} the {sci(incoming)} it receives leaves as {sci(outgoing)}")
+        message += f", magnifying the rounding of {sources}." if sources else "."
+        out = node.out
+        predicted = {m: ErrorFigure(o, o * out.rms * gaussian_max_factor(out.numel) if out is not None else None)
+                     for m, (_, o) in figures.items()}
+        return self.finding(node, message, predicted=predicted, precisions=tuple(figures))

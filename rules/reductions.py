@@ -1,0 +1,127 @@
+"""PCL202 low-precision-reduction."""
+from __future__ import annotations
+
+import math
+
+from preclint.findings import ErrorFigure, sci
+from preclint.ir import Kind
+from preclint.numerics import C_OUTPUT, FORMATS, gaussian_max_factor
+from preclint.predict import LOW_PRECISION_ACCUMULATION, PRODUCTS, SUMS, accumulation_error, amplification, relative_errors
+from preclint.rulebase import Example, Rule
+
+# Reported when the predicted error of the reduction is this many times what rounding its result
+# costs: beyond the factor of 3 within which preclint's predictions hold, it is not ordinary rounding.
+EXCESS = 3.0
+DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _cumulative_decay(dtype_arg: bool):
+    def build():
+        import torch
+
+        class DecayScan(torch.nn.Module):
+            """State decays of a linear-attention / state-space layer: the running product of per-step
+            gates near 1 over 256 steps."""
+
+            def __init__(self):
+                super().__init__()
+                self.gate = torch.nn.Linear(16, 16)
+                with torch.no_grad():
+                    self.gate.weight.mul_(2.0)
+                    self.gate.bias.fill_(4.6)  # sigmoid ~ 0.99: each step keeps 99% of the state
+
+            def forward(self, x):
+                decay = torch.sigmoid(self.gate(x))
+                if dtype_arg:
+                    return torch.cumprod(decay, dim=1, dtype=torch.float32)
+                return torch.cumprod(decay, dim=1)
+
+        torch.manual_seed(0)
+        return DecayScan(), (torch.randn(2, 256, 16),)
+
+    return build
+
+
+class LowPrecisionReduction(Rule):
+    code = "PCL202"
+    name = "low-precision-reduction"
+    summary = "A sum, mean, product or scan over a long axis computed in float16 or bfloat16, whose error grows with the length."
+    severity = "warning"
+    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    why = """
+A product of n factors carries the rounding of every factor: its relative error grows as sqrt(n)
+times the unit roundoff (more when the factors are alike and round the same way), 3% after 256
+steps of a cumulative product in bfloat16 (state decays, a diffusion schedule's alphas_cumprod). Sums and scans whose kernel keeps its partial results in the reduced
+format grow with the length too; preclint knows which kernels do from measurement and predicts the
+error from the length. Autocast runs sum, prod, cumsum and cumprod in float32, but a model cast with
+`.half()` / `.to(torch.bfloat16)` (or an exported float16 engine) runs them in the reduced format.
+A reduction whose error stays at the rounding of its result is no finding, however long.
+"""
+    example = """
+decay = torch.cumprod(torch.sigmoid(self.gate(x)), dim=1)   # 256 steps in bfloat16: ~3% off
+"""
+    fix = """
+Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.float32)`,
+`x.sum(dtype=torch.float32)`), or compute tables such as noise schedules once in float64 in
+`__init__` and keep them as float32 buffers.
+"""
+    bad = (Example(_cumulative_decay(False), "a cumulative product of decays over 256 steps in a cast model",
+                   {"precisions": ("fp16-full", "bf16-full")}),)
+    good = (Example(_cumulative_decay(True), "the same product with dtype=torch.float32",
+                    {"precisions": ("fp16-full", "bf16-full")}),)
+
+    def check_graph(self, ctx):
+        if not ctx.graph.ran_reference:
+            return
+        received = {}
+        for node in ctx.graph.nodes:
+            if node.kind not in (Kind.REDUCTION, Kind.SCAN) or (node.fn not in SUMS and node.fn not in PRODUCTS):
+                continue
+            out = node.out
+            if out is None or not out.is_float or not out.finite or not out.rms:
+                continue
+            figures = {}
+            for mode in ctx.modes:
+                fmt = ctx.predictions[mode].nodes[node.name].fmt
+                if fmt not in ("fp16", "bf16"):
+                    continue
+                if mode not in received:
+                    received[mode] = relative_errors(ctx.graph, ctx.predictions[mode])
+                rel, parts = self._error(node, fmt, received[mode])
+                if rel >= EXCESS * C_OUTPUT * FORMATS[fmt].unit_roundoff:
+                    figures[mode] = (fmt, rel, parts)
+            if figures:
+                yield self._finding(ctx, node, figures)
+
+    @staticmethod
+    def _error(node, fmt, received):
+        """Relative RMS error of the result: its rounding, the kernel's accumulation in fmt, and for
+        products the compounded rounding of the n factors (what the factors carry, times sqrt(n))."""
+        u = FORMATS[fmt].unit_roundoff
+        n = node.reduction_length or 1
+        parts = {"result": C_OUTPUT * u, "accumulation": accumulation_error(node, fmt)}
+        if node.fn in PRODUCTS:
+            incoming = max((received.get(i, 0.0) for i in node.inputs), default=0.0)
+            # each factor carries at least its own storage rounding in fmt
+            per_factor = max(incoming, C_OUTPUT * u)
+            gain = amplification(node)
+            parts["factors"] = per_factor * (gain if gain is not None else math.sqrt(n))
+        return math.sqrt(sum(v * v for v in parts.values())), parts
+
+    def _finding(self, ctx, node, figures):
+        mode = max(figures, key=lambda m: figures[m][1])
+        fmt, rel, parts = figures[mode]
+        n = node.reduction_length or 1
+        dtype = DTYPE_NAMES[fmt]
+        cause = max(("accumulation", "factors"), key=lambda k: parts.get(k, 0.0))
+        why = ("its kernel keeps partial results in " + dtype if cause == "accumulation"
+               else f"each of its {n} factors carries its rounding into the product")
+        message = (f"{ctx.display(node.name)} {'multiplies' if node.fn in PRODUCTS else 'sums'} {n} values in {dtype} "
+                   f"under {mode}: {why}, so its relative error is predicted at {sci(rel)}, "
+                   f"{sci(rel / (C_OUTPUT * FORMATS[fmt].unit_roundoff))} times the rounding of its result.")
+        out = node.out
+        predicted = {m: ErrorFigure(r, r * out.rms * gaussian_max_factor(out.numel)) for m, (_, r, _) in figures.items()}
+        return self.finding(node, message, predicted=predicted, precisions=tuple(figures))
+
+
+__all__ = ["LowPrecisionReduction", "LOW_PRECISION_ACCUMULATION"]
