@@ -130,7 +130,7 @@ def cmd_check(args) -> int:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        raise UserError("the graph check needs torch in this environment (pip install 'preclint[graph]'); "
+        raise UserError("the graph check needs torch in this environment (pip install torch torchvision); "
                         "--source-only works without it")
     from preclint.engine import CheckOptions, check_model
 

@@ -1,8 +1,10 @@
 """The hooks of .pre-commit-hooks.yaml, run by the real pre-commit in a throwaway git repository.
 
-preclint-source is installed by pre-commit into an isolated environment (pip, from this checkout:
-libcst and rich, never torch) and must find the staged problem; the graph hook runs in this
-environment (language: system) on the model its args name. About 15 s, mostly pip.
+preclint-source is installed by pre-commit into an isolated environment from this checkout and must
+find the staged problem. The test installs it without torch (pip's --no-deps, the source side's own
+dependencies named), which is what proves the hook never needs torch; a user's hook environment
+holds torch too, unused. The graph hook runs in this environment (language: system) on the model its
+args name. About 15 s, mostly pip.
 """
 from __future__ import annotations
 
@@ -59,11 +61,24 @@ def project(tmp_path):
     return repo, env
 
 
-def test_source_hook_installs_without_torch_and_reports(project):
+# what the source side imports, with what those import: installed one by one (no dependencies)
+SOURCE_SIDE = ["libcst", "pyyaml", "rich", "markdown-it-py", "mdurl", "pygments"]
+
+
+def test_source_hook_runs_without_torch_and_reports(project):
     repo, env = project
+    rev = git(ROOT, "rev-parse", "HEAD")
+    (repo / ".pre-commit-config.yaml").write_text(
+        f"repos:\n"
+        f"- repo: {ROOT}\n"
+        f"  rev: {rev}\n"
+        f"  hooks:\n"
+        f"  - id: preclint-source\n"
+        f"    additional_dependencies: [{', '.join(SOURCE_SIDE)}]\n"
+    )
     done = subprocess.run(
-        PRE_COMMIT + ["try-repo", str(ROOT), "preclint-source", "--all-files"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+        PRE_COMMIT + ["run", "preclint-source", "--all-files"],
+        cwd=repo, env=dict(env, PIP_NO_DEPS="1"), capture_output=True, text=True, timeout=600,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
