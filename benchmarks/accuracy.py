@@ -489,11 +489,15 @@ def predict_all(entries: Iterable[ZooModel], modes: Sequence[str] = MODES, log=p
 # -------------------------------------------------------------------------------------- comparing
 
 
-def within(predicted: Optional[float], measured: Optional[float], factor: float = WITHIN) -> bool:
+FP32_U = 2.0**-24
+
+
+def within(predicted: Optional[float], measured: Optional[float], factor: float = WITHIN, floor: float = FP32_U) -> bool:
+    """Whether the prediction is within ``factor`` of the measurement. Errors below ``floor`` (what the
+    fp32 run itself differs from float64 by) cannot be told apart, so both are raised to it."""
     if predicted is None or measured is None:
         return False
-    if measured == 0 or predicted == 0:
-        return measured == predicted
+    predicted, measured = max(predicted, floor), max(measured, floor)
     return 1.0 / factor <= predicted / measured <= factor
 
 
@@ -527,8 +531,10 @@ def compare(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, An
                 overflow.append((name, mode, not pm["finite"], broken))
                 if broken:
                     continue
+                floor = max(FP32_U, m.get("fp32_rel_error") or 0.0)
                 if mm["finite"] and pm["rel_error"] is not None:
-                    pairs.append((name, mode, pm["rel_error"], mm["rel_error"], within(pm["rel_error"], mm["rel_error"])))
+                    pairs.append((name, mode, pm["rel_error"], mm["rel_error"],
+                                  within(pm["rel_error"], mm["rel_error"], floor=floor)))
                 elif mm["finite"]:
                     pairs.append((name, mode, None, mm["rel_error"], False))
             if "flip_fraction" in mm:
@@ -647,6 +653,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--models", nargs="*")
     p.add_argument("--examples", action="store_true", help="also the rules' bad example models")
     p.add_argument("--out", required=True)
+    g = sub.add_parser("merge", help="one measurement file from several runs on one machine (later ones win)")
+    g.add_argument("out")
+    g.add_argument("inputs", nargs="+")
     r = sub.add_parser("report", help="markdown tables: predictions against measurements")
     r.add_argument("predicted")
     r.add_argument("measured", nargs="+")
@@ -662,6 +671,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.command == "predict":
         entries = _entries(args.models) + (rule_examples() if args.examples else [])
         _write(args.out, predict_all(entries))
+    elif args.command == "merge":
+        merged: Dict[str, Any] = {"models": {}}
+        for path in args.inputs:
+            with open(path) as f:
+                part = json.load(f)
+            models = part.pop("models", {})
+            merged.update(part)
+            merged["models"].update(models)
+        _write(args.out, merged)
     else:
         with open(args.predicted) as f:
             predicted = json.load(f)

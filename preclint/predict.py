@@ -172,15 +172,51 @@ def _result_rounding(node: Node, fmt: str, stored: Format) -> float:
     return relative
 
 
+def tensor_core_tf32(node: Node) -> bool:
+    """Whether the backend runs the dot product on TF32 tensor cores when TF32 is on. On an H200
+    (torch 2.11, cuBLAS, cuDNN 9.19; benchmarks/README.md, Accuracy) these ran in plain fp32 instead:
+    products with a single row (matrix-vector: cuBLAS gemv; a classifier on one image, an SE block's
+    1x1 convs on pooled features), depthwise convs, and convs that read fewer than 4 channels per
+    group (an RGB stem, a patch embedding). An einsum that contracts nothing is an elementwise
+    product. Other shapes are left to the backend's heuristics, which the probe measures."""
+    if node.attrs.get("contracted") is False:
+        return False
+    out = node.out
+    shape = out.shape if out is not None else ()
+    if node.kind == Kind.CONV and len(shape) >= 3:
+        rows = out.numel // max(1, shape[1])  # batch x output positions
+        in_channels = node.attrs.get("in_channels")
+        groups = node.groups or node.attrs.get("groups") or 1
+        if in_channels is None and len(node.input_stats) > 0 and node.input_stats[0] is not None:
+            in_channels = node.input_stats[0].shape[1] if len(node.input_stats[0].shape) > 1 else None
+        if in_channels is not None and (in_channels // groups < 4 or (groups > 1 and groups == in_channels)):
+            return False
+        return rows > 1
+    if node.kind == Kind.LINEAR and shape:
+        return out.numel // max(1, shape[-1]) > 1
+    if node.kind == Kind.MATMUL and len(shape) >= 2 and node.fn in ("matmul", "mm", "bmm", "baddbmm"):
+        return shape[-2] > 1 and shape[-1] > 1
+    return True
+
+
 def rounds_operands(node: Node, mode: Mode, stored) -> bool:
     """Whether a dot product rounds its operands under ``mode``: to the reduced format when it computes
-    in it, to TF32 under tf32, except an einsum that sums over nothing (an outer product), which
-    runs as an elementwise product that TF32 does not touch."""
+    in it, and under tf32 where the backend uses TF32 tensor cores for it (tensor_core_tf32)."""
     if node.kind not in DOT_PRODUCT_KINDS:
         return False
     if stored is not None:
         return True
-    return mode.name == "tf32" and node.attrs.get("contracted", True)
+    return mode.name == "tf32" and tensor_core_tf32(node)
+
+
+def operand_rounding(node: Node, fmt: Format) -> float:
+    """Relative RMS error of rounding a dot product's two operands to ``fmt`` (C_INPUT * u); an
+    activation below the format's normal range keeps only the absolute subnormal step (float16)."""
+    relative = C_INPUT * fmt.unit_roundoff
+    activation = node.input_stats[0] if node.input_stats else None
+    if fmt.min_subnormal and activation is not None and activation.is_float and 0 < activation.rms < fmt.min_normal:
+        relative = math.hypot(relative, min(1.0, fmt.min_subnormal / math.sqrt(12.0) / activation.rms))
+    return relative
 
 
 # How CUDA kernels accumulate sums, products and scans of float16/bfloat16 inputs: (a, p) of an
@@ -216,7 +252,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
         terms = node.dot_rms if node.dot_rms is not None else out.rms
-        rounding = C_INPUT * mode.dot_format.unit_roundoff * terms
+        rounding = operand_rounding(node, mode.dot_format) * terms
         if stored is not None:
             rounding = math.hypot(rounding, C_OUTPUT * stored.unit_roundoff * out.rms)
         return rounding
@@ -233,7 +269,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
         return terms
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
-        terms["operands"] = C_INPUT / math.sqrt(2.0) * mode.dot_format.unit_roundoff
+        terms["operands"] = operand_rounding(node, mode.dot_format) / math.sqrt(2.0)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
         terms["result"] = _result_rounding(node, fmt, stored)

@@ -207,6 +207,20 @@ def _decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
     return None
 
 
+def _module_weights(module: torch.nn.Module) -> List[torch.Tensor]:
+    """The weights a conv, linear or attention module multiplies with (MultiheadAttention keeps them
+    in in_proj_weight, or q/k/v_proj_weight, and out_proj)."""
+    found = []
+    for name in ("weight", "in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
+        value = getattr(module, name, None)
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+    out_proj = getattr(module, "out_proj", None)
+    if isinstance(out_proj, torch.nn.Linear):
+        found.append(out_proj.weight)
+    return found
+
+
 class ReferenceObserver:
     """The observer handed to capture: records statistics as each node runs.
 
@@ -262,9 +276,9 @@ class ReferenceObserver:
         args = tuple(as_view(a) for a in args)
         kwargs = {k: as_view(v) for k, v in kwargs.items()}
         if dot and isinstance(callee, torch.nn.Module):
-            weight = getattr(callee, "weight", None)
-            if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
-                views.append(weight)
+            for weight in _module_weights(callee):
+                if weight.requires_grad and weight.is_leaf:
+                    views.append(weight)
         if views:
             self.operands[node.name] = views
         return args, kwargs

@@ -6,6 +6,7 @@ from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import C_OUTPUT, MODES, gaussian_max_factor
 from preclint.predict import amplification, relative_errors
 from preclint.rulebase import Example, Rule
+from preclint.rules._norun import undecided
 from preclint.rules._dataflow import ancestors
 
 # An op is reported when it multiplies the relative error it receives by at least this factor: an
@@ -16,6 +17,9 @@ AMPLIFICATION_LIMIT = 10.0
 # channels (PCL103). Those rules explain them better.
 EXPLAINED_ELSEWHERE = frozenset({Kind.BATCHNORM}) | DOT_PRODUCT_KINDS
 EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
+# ops that can magnify error, named under --no-run where their amplification cannot be measured
+TYPICAL_AMPLIFIERS = frozenset({"softmax", "log_softmax", "exp", "sub", "layer_norm", "group_norm", "sigmoid",
+                                "cos", "sin", "tan", "log", "pow", "rsub"})
 
 
 def _attention_weights(shared: float):
@@ -100,6 +104,9 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
     def check_graph(self, ctx):
         graph = ctx.graph
         if not graph.ran_reference:
+            amplifiers = [n for n in graph.nodes if n.fn in TYPICAL_AMPLIFIERS]
+            yield from undecided(self, ctx, amplifiers, "error amplification",
+                                 "the gradients that measure how much each op magnifies its input's error")
             return
         received = {}
         for node in graph.nodes:

@@ -6,6 +6,7 @@ from preclint.ir import DOT_PRODUCT_KINDS
 from preclint.numerics import gaussian_max_factor
 from preclint.predict import relative_errors
 from preclint.rulebase import Example, Rule
+from preclint.rules._norun import undecided
 from preclint.rules.output_tolerance import passing_atol
 
 # A reduction is reported when its terms are this many times larger (RMS) than its result, or when
@@ -72,6 +73,9 @@ the layer in float32, or compare its outputs with an absolute tolerance (the mes
 
     def check_graph(self, ctx):
         if not ctx.graph.ran_reference:
+            sums = [n for n in ctx.graph.nodes if n.kind in DOT_PRODUCT_KINDS or n.fn in ("sum", "mean", "cumsum")]
+            yield from undecided(self, ctx, sums, "cancellation in dot products and sums",
+                                 "the size of their terms against their results")
             return
         received = {mode: None for mode in ctx.modes}
         for node in ctx.graph.nodes:

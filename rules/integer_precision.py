@@ -7,9 +7,16 @@ from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import FORMATS, MODES, gaussian_max_factor
 from preclint.rulebase import Example, Rule
+from preclint.rules._norun import undecided
 from preclint.rules.decision_flip import MIN_EXPECTED_FLIPS, MIN_FLIP_FRACTION
 
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "TF32"}
+ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
+
+
+def _casts_to_integer(node) -> bool:
+    dtype = node.attrs.get("dtype", "")
+    return node.fn in ("long", "int", "short") or (node.kind == Kind.CAST and dtype.startswith(("int", "uint")))
 
 
 def spacing(value: float, fmt) -> float:
@@ -133,6 +140,10 @@ float32.
 
     def check_graph(self, ctx):
         if not ctx.graph.ran_reference:
+            candidates = [n for n in ctx.graph.nodes
+                          if n.fn in ("arange", "linspace") or n.fn in ROUNDING_FNS or _casts_to_integer(n)]
+            yield from undecided(self, ctx, candidates, "positions and roundings to integers",
+                                 "whether values are whole numbers, how large, and how close to a boundary")
             return
         yield from self._beyond_exact_range(ctx)
         yield from self._roundings(ctx)
@@ -223,7 +234,7 @@ float32.
         if not flagged:
             return None
         first = nodes[0]
-        what = first.fn if first.fn in ("round", "floor", "ceil", "trunc") else "cast to an integer type"
+        what = first.fn if first.fn in ROUNDING_FNS else "cast to an integer type"
         flips = ", ".join(f"{percent(per_mode[m][0] / units)} under {m}" for m in flagged)
         mode = max(flagged, key=lambda m: per_mode[m][0])
         message = (f"{ctx.display(first.name)} ({what}) turns values into integers after reduced-precision arithmetic: "

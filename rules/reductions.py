@@ -8,6 +8,7 @@ from preclint.ir import Kind
 from preclint.numerics import C_OUTPUT, FORMATS, gaussian_max_factor
 from preclint.predict import LOW_PRECISION_ACCUMULATION, PRODUCTS, SUMS, accumulation_error, amplification, relative_errors
 from preclint.rulebase import Example, Rule
+from preclint.rules._norun import undecided
 
 # Reported when the predicted error of the reduction is this many times what rounding its result
 # costs: beyond the factor of 3 within which preclint's predictions hold, it is not ordinary rounding.
@@ -71,12 +72,16 @@ Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.fl
                     {"precisions": ("fp16-full", "bf16-full")}),)
 
     def check_graph(self, ctx):
+        reductions = [n for n in ctx.graph.nodes
+                      if n.kind in (Kind.REDUCTION, Kind.SCAN) and (n.fn in SUMS or n.fn in PRODUCTS)]
         if not ctx.graph.ran_reference:
+            low = [n for n in reductions if (n.fn in PRODUCTS or n.fn in LOW_PRECISION_ACCUMULATION)
+                   and any(ctx.predictions[m].nodes[n.name].fmt in ("fp16", "bf16") for m in ctx.modes)]
+            yield from undecided(self, ctx, low, "products and scans in a reduced format",
+                                 "their lengths and the error of the values they combine")
             return
         received = {}
-        for node in ctx.graph.nodes:
-            if node.kind not in (Kind.REDUCTION, Kind.SCAN) or (node.fn not in SUMS and node.fn not in PRODUCTS):
-                continue
+        for node in reductions:
             out = node.out
             if out is None or not out.is_float or not out.finite or not out.rms:
                 continue

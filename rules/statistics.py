@@ -8,6 +8,7 @@ from preclint.ir import Kind
 from preclint.numerics import FORMATS
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import ancestors, readers, users_by_input
+from preclint.rules._norun import undecided
 
 # reductions that give a normalization its mean, variance or mean square
 STATISTICS = frozenset({"mean", "var", "std", "var_mean", "std_mean", "sum", "nanmean"})
@@ -102,13 +103,17 @@ the statistics and cast back: `hf = h.float(); ...; y.to(h.dtype)`.
     good = (Example(_channels_first_norm(True), "the same statistics computed in float32"),)
 
     def check_graph(self, ctx):
-        if not ctx.graph.ran_reference:
-            return
         graph = ctx.graph
         users = users_by_input(graph)
-        for node in graph.nodes:
-            if node.fn not in STATISTICS or node.kind != Kind.REDUCTION or not self._normalizes(graph, users, node):
-                continue
+        statistics = [n for n in graph.nodes
+                      if n.fn in STATISTICS and n.kind == Kind.REDUCTION and self._normalizes(graph, users, n)]
+        if not graph.ran_reference:
+            low = [n for n in statistics
+                   if any(ctx.predictions[m].nodes[n.name].fmt in ("fp16", "bf16") for m in ctx.modes)]
+            yield from undecided(self, ctx, low, "hand-written normalization statistics in a reduced format",
+                                 "the values that tell whether they overflow or underflow")
+            return
+        for node in statistics:
             problems = {}
             for mode in ctx.modes:
                 fmt = ctx.predictions[mode].nodes[node.name].fmt
