@@ -270,8 +270,11 @@ class _FxRunner(fx.Interpreter):
             return self.observer(node, args, kwargs, callee, result)
 
 
-def capture_fx(module: torch.nn.Module, inputs: tuple, observer: Optional[Observer]) -> Tuple[List[Node], Any]:
+def capture_fx(module: torch.nn.Module, inputs: tuple, observer: Optional[Observer],
+               traced: Optional[list] = None) -> Tuple[List[Node], Any]:
     gm = trace_fx(module)  # raises for untraceable code: the caller falls back
+    if traced is not None:  # the probe re-runs the traced graph on copies of the model
+        traced.append(gm.graph)
     nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
     output = None
     if observer is not None:
@@ -459,8 +462,9 @@ def capture(
     notes: List[str] = []
     if force != "function-mode":
         try:
-            nodes, output = capture_fx(module, inputs, observer)
-            graph = Graph(nodes, name, "fx", source_path=source_path, notes=notes)
+            traced: list = []
+            nodes, output = capture_fx(module, inputs, observer, traced)
+            graph = Graph(nodes, name, "fx", source_path=source_path, notes=notes, fx_graph=traced[0])
             return graph, output
         except Exception as exc:  # FX raises many types for untraceable code; the fallback handles them all
             if force == "fx":

@@ -25,17 +25,23 @@ class ErrorFigure:
     """An error, predicted or measured, for one precision mode.
 
     ``rel_error`` is RMS(error) / RMS(reference value); ``max_abs_error`` the largest absolute
-    error over the elements. ``flip_fraction`` is set by decision rules only.
+    error over the elements. ``flip_fraction`` is set by decision rules only. Measured figures (a
+    probe) may also carry the smallest ``min_rtol``/``min_atol`` the measured output passes with
+    (PCL001) and the ``status`` the measurement gave the finding in this mode.
     """
 
     rel_error: Optional[float] = None
     max_abs_error: Optional[float] = None
     flip_fraction: Optional[float] = None
+    min_rtol: Optional[float] = None
+    min_atol: Optional[float] = None
+    status: Optional[str] = None
 
     def as_dict(self) -> dict:
         out = {"rel_error": self.rel_error, "max_abs_error": self.max_abs_error}
-        if self.flip_fraction is not None:
-            out["flip_fraction"] = self.flip_fraction
+        for key in ("flip_fraction", "min_rtol", "min_atol", "status"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
@@ -55,6 +61,7 @@ class Finding:
     status: Optional[str] = None  # "confirmed" | "refuted" after a probe
     related: tuple = ()  # (Location, str) pairs: e.g. the line that builds the module
     fixable: bool = False
+    node: str = ""  # the IR node the finding is about ("" for model-level findings): what a probe measures
 
     def sort_key(self):
         loc = self.location or Location("")

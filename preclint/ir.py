@@ -101,6 +101,7 @@ class Graph:
     first_nonfinite: Optional[str] = None  # the first node whose fp32 reference value is inf or NaN
     param_stats: Dict[str, TensorStats] = field(default_factory=dict)  # qualified name -> stats
     module_attrs: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # module path -> attributes rules need
+    fx_graph: Any = None  # the traced torch.fx.Graph (FX capture only): the probe re-runs it on copies of the model
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

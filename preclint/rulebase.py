@@ -82,6 +82,7 @@ class Rule(RuleDoc):
             module=node.module_path if node is not None else "",
             op=node.target if node is not None else "",
             predicted=dict(predicted or {}),
+            node=node.name if node is not None else "",
         )
 
 
