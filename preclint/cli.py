@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 from preclint import __version__
 from preclint.errors import UserError
 from preclint.findings import severity_rank
+from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -75,7 +76,32 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--diff", action="store_true", help="print the fixes as a diff instead of writing them")
     check.add_argument("--baseline", metavar="FILE", help="hide the findings recorded in FILE (see --write-baseline)")
     check.add_argument("--write-baseline", metavar="FILE", help="record the current findings in FILE and exit 0")
+    check.add_argument("--probe", nargs="?", const="auto", choices=PROBE_DEVICES, metavar="DEVICE",
+                       help="measure every finding on a GPU (cuda) or emulated on the CPU (cpu); auto (the default "
+                            "DEVICE) picks the GPU when there is one")
+    check.add_argument("--ablate", action="store_true",
+                       help="with --probe: check the measured contributions against one-layer-at-a-time runs (small models)")
     _add_output_arguments(check)
+
+    probe = sub.add_parser("probe", help="measure every layer's error per precision: the full per-layer ledger")
+    probe.add_argument("paths", nargs="+", metavar="PATH", help="a model file or package.module:attr")
+    _add_model_arguments(probe)
+    probe.add_argument("--device", dest="probe", choices=PROBE_DEVICES, default="auto",
+                       help="cuda runs the precisions on the GPU, cpu emulates them; auto (default) picks the GPU if any")
+    probe.add_argument("--ablate", action="store_true",
+                       help="check the measured contributions against one-layer-at-a-time runs (small models)")
+    probe.add_argument("--select", type=_codes, help="rule codes or prefixes to enable (or ALL)")
+    probe.add_argument("--ignore", type=_codes, help="rule codes or prefixes to disable")
+    probe.add_argument("--extend-select", type=_codes, help="rule codes or prefixes to enable in addition")
+    probe.add_argument("--fail-on", choices=("info", "warning", "error"),
+                       help="lowest severity that makes the exit code 1 (default warning)")
+    probe.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
+    probe.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
+    probe.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    _add_output_arguments(probe)
+    # `probe` is `check --probe` with the ledger of every node in its report
+    probe.set_defaults(no_run=False, source_only=False, fix=False, diff=False, baseline=None, write_baseline=None,
+                       ledger=True)
 
     rule = sub.add_parser("rule", help="show a rule's documentation")
     rule.add_argument("code", nargs="?", help="a rule code such as PCL103")
@@ -134,12 +160,17 @@ def cmd_check(args) -> int:
                         "--source-only works without it")
     from preclint.engine import CheckOptions, check_model
 
+    probe = _probe_options(args)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     reports = []
     for path in args.paths:
         loaded = _load(path, args)
-        report, _graph, _ctx = check_model(loaded, config, options)
+        report, graph, ctx = check_model(loaded, config, options)
+        if probe is not None:
+            from preclint.probe import probe_report
+
+            probe_report(loaded, report, graph, ctx, config, probe)
         report.findings = suppress_graph_findings(report.findings, config, [path])
         reports.append(report)
     if args.baseline or args.write_baseline:
@@ -149,6 +180,20 @@ def cmd_check(args) -> int:
         outputs = ["[\n" + ",\n".join(o.rstrip("\n") for o in outputs) + "\n]\n"]
     sys.stdout.write("".join(outputs))
     return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
+
+
+def _probe_options(args):
+    """The probe's options for `check --probe` and `probe`, or None without a probe."""
+    device = getattr(args, "probe", None)
+    if device is None:
+        if args.ablate:
+            raise UserError("--ablate checks the probe's measured contributions: use it with --probe")
+        return None
+    if args.no_run:
+        raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
+    from preclint.probe import ProbeOptions
+
+    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False))
 
 
 def cmd_rule(args) -> int:
@@ -182,7 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
     try:
-        if args.command == "check":
+        if args.command in ("check", "probe"):
             return cmd_check(args)
         if args.command == "rule":
             return cmd_rule(args)

@@ -14,6 +14,7 @@ GRAPH_RULE_MODULES = (
     "batchnorm_scale",
     "backend_kernel",
     "decision_flip",
+    "unflagged_hotspot",
     "constants",
     "integer_precision",
     "statistics",

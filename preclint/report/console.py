@@ -16,17 +16,90 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def _figure_line(f) -> str:
     parts = []
-    for mode, figure in sorted(f.predicted.items()):
-        if figure.rel_error is None and figure.flip_fraction is None:
-            continue
-        text = f"{mode} {sci(figure.rel_error)}"
-        if figure.flip_fraction is not None:
-            text += f" (flips {percent(figure.flip_fraction)})"
+    for mode in sorted(set(f.predicted) | set(f.measured)):
+        figure = f.predicted.get(mode)
         measured = f.measured.get(mode)
-        if measured is not None and measured.rel_error is not None:
-            text += f" / measured {sci(measured.rel_error)}"
-        parts.append(text)
+        text = ""
+        if figure is not None and (figure.rel_error is not None or figure.flip_fraction is not None):
+            text = f"{mode} {sci(figure.rel_error)}"
+            if figure.flip_fraction is not None:
+                text += f" (flips {percent(figure.flip_fraction)})"
+        if measured is not None:
+            shown = sci(measured.rel_error) if measured.rel_error is not None else "inf/NaN"
+            if measured.flip_fraction is not None:
+                shown += f" (flips {percent(measured.flip_fraction)})"
+            text = (f"{text} / measured {shown}" if text else f"{mode} measured {shown}")
+            if measured.status and f.status and measured.status != f.status:
+                text += f" ({measured.status})"
+        if text:
+            parts.append(text)
     return ", ".join(parts)
+
+
+def _measured_cell(entry) -> str:
+    measured = entry.get("measured_output")
+    if measured is None:
+        return "n/a"
+    if "error" in measured:
+        return "not measured"
+    if measured.get("finite") is False:
+        return "inf/NaN"
+    text = sci(measured.get("rel_error"))
+    if measured.get("flip_fraction") is not None:
+        text += f" (flips {percent(measured['flip_fraction'])})"
+    return text
+
+
+def _share(share) -> str:
+    """A contribution: signed (an error can cancel part of the others), 0% below a twentieth of a percent."""
+    if share is None:
+        return "n/a"
+    if abs(share) < 0.0005:
+        return "0%"
+    return ("-" if share < 0 else "") + percent(abs(share))
+
+
+def _ledger_tables(console: Console, report: Report) -> None:
+    """`preclint probe`: per mode, every node that adds error, with what reaches it and its share."""
+    modes = list(report.precisions)
+    for mode in modes:
+        rows = []
+        hidden = 0
+        for row in report.ledger:
+            m = row["modes"].get(mode)
+            if m is None or "error" in m:
+                continue
+            local = (m.get("local") or {}).get("rel_error")
+            share = m.get("contribution")
+            if not (local or share or m.get("flips") or m.get("nonfinite")):
+                hidden += 1
+                continue
+            name = row["module"] if row["op"].startswith("nn.") and row["module"] else (
+                f"{row['op']} in {row['module']}" if row["module"] else row["op"])
+            where = str(row["location"]["line"]) if row.get("location") else ""
+            notes = []
+            if m.get("tf32_applied") is not None:
+                notes.append("TF32" if m["tf32_applied"] else "fp32 kernel")
+            if m.get("nonfinite"):
+                notes.append("inf/NaN")
+            if m.get("flips") is not None:
+                notes.append(f"flips {m['flips']}/{m['units']}")
+            rows.append([name, where, m.get("dtype") or "", sci(local),
+                         sci((m.get("received") or {}).get("rel_error")) if not m.get("nonfinite") else "inf/NaN",
+                         sci(m.get("amplification")), _share(share), ", ".join(notes)])
+        if not rows:
+            continue
+        console.print()
+        table = Table(title=f"Measured per layer under {mode}", title_justify="left", show_edge=False)
+        for column, justify in (("layer", "left"), ("line", "right"), ("dtype", "left"), ("local", "right"),
+                                ("received", "right"), ("amplification", "right"), ("share", "right"), ("", "left")):
+            table.add_column(column, justify=justify)
+        for r in rows:
+            table.add_row(*r)
+        console.print(table)
+        if hidden:
+            console.print(Text(f"{hidden} nodes that add no error and hold no share are not shown; "
+                               "--output-format json lists every node.", style="dim"))
 
 
 def render(report: Report, color: bool = False, width: int = 110) -> str:
@@ -68,10 +141,12 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
             row = [mode, sci(out["rel_error"]), sci(out["max_abs_error"]),
                    "n/a" if out["finite"] is None else ("yes" if out["finite"] else "NO")]
             if measured:
-                row.append(sci(entry.get("measured_output", {}).get("rel_error")))
+                row.append(_measured_cell(entry))
             row.append(layers or "-")
             table.add_row(*row)
         console.print(table)
+    if report.ledger:
+        _ledger_tables(console, report)
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}

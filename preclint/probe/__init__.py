@@ -1,0 +1,287 @@
+"""The probe: the error each node of a model really has under TF32, float16 and bfloat16.
+
+On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (modes.py). Per
+mode and node it measures the local and received error, the amplification and the contribution to
+the output error (ledger.py), against a float64 reference on the same device; then every finding
+is confirmed or refuted (verdict.py) and layers that hold much of the error without a finding are
+reported as PCL900.
+
+    result = measure_model(module, inputs, graph, modes, ProbeOptions(device="auto"))
+    apply(report, loaded, graph, ctx, config, result, ledger=True)
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from preclint.errors import UserError
+
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+
+
+@dataclass
+class ProbeOptions:
+    device: str = "auto"  # "auto", "cuda" or "cpu"
+    ablate: bool = False  # check contributions against one-node-at-a-time runs
+    emulate: Optional[bool] = None  # None: emulate exactly when the device is the CPU
+    ledger: bool = False  # put every node's figures in the report (`preclint probe`)
+
+
+class _Clock:
+    """Wall time per stage, with the device synchronised at each boundary so that the time is real."""
+
+    def __init__(self, device, timings: Dict[str, float]) -> None:
+        self.device = device
+        self.timings = timings
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        from preclint.probe.device import synchronize
+
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
+                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
+    """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs``."""
+    import torch
+
+    from preclint.probe.device import environment, is_out_of_memory, select_device
+    from preclint.probe.execute import Program, RunFailed, copy_to, one_line
+    from preclint.probe.measure import reference_pass, sensitivity_pass
+
+    if not graph.ran_reference:
+        raise UserError("--probe needs the reference pass that --no-run skips; drop --no-run")
+    device = select_device(options.device)
+    emulated = device.type == "cpu" if options.emulate is None else options.emulate
+    env = environment(device, emulated)
+    timings: Dict[str, float] = {}
+    clock = _Clock(device, timings)
+    notes: List[str] = []
+    try:
+        with clock("setup"):
+            program = Program(graph, module)
+            with torch.no_grad():
+                model32 = copy_to(module, device)
+                model64 = copy_to(model32, device, torch.float64)
+            inputs32 = _move(inputs, device, None)
+            inputs64 = _move(inputs, device, torch.float64)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise UserError(f"out of memory on {device} while copying {name} there for the probe; "
+                            "try a smaller --input-shape, or --probe cpu") from exc
+        raise UserError(f"{name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
+    if program.note:
+        notes.append(program.note)
+
+    try:
+        with clock("reference"):
+            ref = reference_pass(program, model64, inputs64)
+    except RunFailed as exc:
+        raise UserError(_failure(name, "in float64", device, exc.cause)) from exc.cause
+    except Exception as exc:
+        raise UserError(_failure(name, "in float64", device, exc)) from exc
+    reference_nonfinite = sorted({n for n, _ in ref.nonfinite}, key=ref.order.index)
+    outputs = [t for t in _tensors(ref.output) if t.is_floating_point()]
+    if any(not bool(torch.isfinite(t).all()) for t in outputs):
+        first = reference_nonfinite[0] if reference_nonfinite else "the output"
+        raise UserError(f"the float64 reference of {name} is not finite (first at {first}); "
+                        "there is nothing to measure reduced precision against")
+    if ref.downcasts:
+        shown = ", ".join(ref.downcasts[:3]) + (f" and {len(ref.downcasts) - 3} more" if len(ref.downcasts) > 3 else "")
+        notes.append(f"the model computes some values below float64 even in the reference run ({shown}): "
+                     "the reference there is as precise as the model makes it")
+
+    sens = None
+    try:
+        with clock("sensitivity"), _tf32_for_gradients(device):
+            sens = sensitivity_pass(program, graph, model32, inputs32)
+    except Exception as exc:  # contributions are lost, the rest of the probe is not
+        cause = exc.cause if isinstance(exc, RunFailed) else exc
+        reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
+        notes.append(f"contributions not measured: the float32 run with gradients failed ({reason})")
+        _release(device)
+
+    from preclint.probe.ledger import ProbeResult
+
+    result = ProbeResult(env, {}, list(ref.order), timings, notes)
+    result.reference_nonfinite = reference_nonfinite
+    for mode in modes:
+        result.modes[mode] = _measure_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
+                                           model64, inputs64, tolerance, options, clock)
+    if sens is not None:
+        sens.close()
+    env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
+    env["contributions"] = ("one backward pass per mode through the float32 model"
+                            + (" (TF32 on: the gradients only weight errors)" if device.type == "cuda" else ""))
+    return result
+
+
+def _measure_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, inputs64,
+                  tolerance, options, clock):
+    import torch
+
+    from preclint.probe.ablate import ablate
+    from preclint.probe.device import is_out_of_memory
+    from preclint.probe.execute import RunFailed, one_line
+    from preclint.probe.ledger import ModeMeasure
+    from preclint.probe.measure import finish, integer_outputs, output_error, plain_run, sweep
+    from preclint.probe.modes import _describe, build_mode_run
+
+    measure = ModeMeasure(mode, _describe(mode, device, emulated))
+    swept = None
+    try:
+        with clock(f"{mode}: sweep"):
+            run = build_mode_run(mode, device, emulated, model32, inputs32, model64, graph)
+            measure.how = run.how
+            swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
+        errors, ref_outputs = output_error(swept.output, ref)
+        present = [e for e in errors if e is not None]
+        contributions = {}
+        if sens is not None and present:
+            # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
+            norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
+            with clock(f"{mode}: contributions"), _tf32_for_gradients(device):
+                contributions = sens.contributions(swept.observer.errors, errors, norm)
+        with clock(f"{mode}: figures"):
+            finish(measure, swept, ref, graph, contributions, errors, ref_outputs, tolerance,
+                   integer_outputs(swept.output, ref))
+        if not run.emulated:
+            with clock(f"{mode}: plain run"):
+                measure.observer_delta = _difference(plain_run(run), swept.output)
+        if options.ablate and sens is not None:
+            with clock(f"{mode}: ablation"):
+                ablate(program, graph, ref, model64, inputs64, swept.observer.errors, errors, measure)
+    except Exception as exc:
+        cause = exc.cause if isinstance(exc, RunFailed) else exc
+        if is_out_of_memory(cause):
+            measure.error = f"out of memory on {device}"
+        elif isinstance(exc, RunFailed):
+            measure.error = f"the model failed under {mode} on {device}: {one_line(cause)}"
+        else:
+            measure.error = f"{one_line(cause)}"
+        _release(device)
+    finally:
+        if swept is not None:
+            swept.observer.errors = {}
+    return measure
+
+
+def _difference(plain: Any, observed: Any) -> Optional[float]:
+    """Largest |plain - observed| over the outputs (inf when they differ in shape or labels)."""
+    a, b = _tensors(plain), _tensors(observed)
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return math.inf
+        if x.is_floating_point():
+            both_nan = x.isnan() & y.isnan()
+            d = (x.double() - y.double()).abs().masked_fill(both_nan, 0.0)
+            d = d.masked_fill(x == y, 0.0)  # equal infinities
+            worst = max(worst, float(d.max()) if d.numel() else 0.0)
+        elif not bool((x == y).all()):
+            return math.inf
+    return worst
+
+
+@contextmanager
+def _tf32_for_gradients(device) -> Iterator[None]:
+    from preclint.probe.device import tf32
+
+    if device.type != "cuda":
+        yield
+        return
+    with tf32(True):
+        yield
+
+
+def _release(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _move(inputs: tuple, device, dtype):
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            v = v.detach().to(device)
+            if dtype is not None and v.is_floating_point():
+                v = v.to(dtype)
+            return v
+        return v
+
+    return tuple(tree_map(move, list(inputs)))
+
+
+def _tensors(value) -> list:
+    from preclint.probe.execute import tensors
+
+    return tensors(value)
+
+
+def _failure(name: str, what: str, device, exc: BaseException) -> str:
+    from preclint.probe.device import is_out_of_memory
+    from preclint.probe.execute import one_line
+
+    if is_out_of_memory(exc):
+        return (f"out of memory on {device} while running {name} {what} for the probe's reference; "
+                "try a smaller --input-shape, or --probe cpu")
+    return f"{name} cannot run {what} on {device}: {one_line(exc)}"
+
+
+def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> None:
+    """Put the measurements into ``report``: measured figures and statuses, PCL900, notes, environment."""
+    from preclint.engine import attach_source_locations, relativize
+    from preclint.findings import Finding
+    from preclint.probe.ledger import node_row
+    from preclint.probe.verdict import judge, probe_notes, summary_entries
+
+    judge(report.findings, graph, result, set(result.reference_nonfinite))
+    if config is None or config.is_selected("PCL900"):
+        from preclint.rules.unflagged_hotspot import UnflaggedHotspot
+
+        flagged = {f.node for f in report.findings if f.node}
+        missed = {mode for mode, m in result.modes.items() if m.tolerance is not None and m.tolerance.failing}
+        hot = list(UnflaggedHotspot().from_probe(ctx, result, flagged, missed))
+        for finding in hot:
+            if finding.location is None:
+                finding.location = ctx.model_location
+        if loaded is not None:
+            attach_source_locations(hot, loaded)
+        relativize(hot)
+        report.findings = sorted(list(report.findings) + hot, key=Finding.sort_key)
+    for mode, entry in summary_entries(result).items():
+        report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}})
+        report.summary[mode]["measured_output"] = entry
+    report.notes = list(report.notes) + probe_notes(result, ctx.display)
+    report.environment = result.environment
+    if ledger:
+        report.ledger = [node_row(graph, ctx, result, n.name) for n in graph.nodes if n.kind != "output"]
+
+
+def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions):
+    """``check --probe`` and ``probe``: measure ``loaded`` and put the results into ``report``."""
+    tolerance = None
+    if ctx.rtol is not None or ctx.atol is not None:
+        tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
+    result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
+    return result
+
+
+__all__ = ["ProbeOptions", "measure_model", "apply", "probe_report", "DEVICE_CHOICES"]

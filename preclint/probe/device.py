@@ -1,0 +1,158 @@
+"""Where the probe runs, the precision flags it sets there, and the record of both.
+
+A reader trusts a measured error only as far as the reference it was measured against, so the probe
+records the software (torch, CUDA, cuDNN), the GPU and every flag that changes how float32, float16
+and bfloat16 are computed, as they stood before the probe touched them.
+
+TF32 has two APIs in torch: the legacy booleans (``torch.backends.cuda.matmul.allow_tf32``,
+``torch.backends.cudnn.allow_tf32``) and, since torch 2.9, ``fp32_precision`` strings per backend
+and op. Reading a legacy flag after the new API set a value raises, so the probe sets and restores
+flags through the new API wherever it exists and reads every flag defensively.
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+from typing import Any, Callable, Dict, Iterator, Optional
+
+import torch
+
+from preclint.errors import UserError
+from preclint.probe import DEVICE_CHOICES
+
+
+def select_device(choice: str) -> torch.device:
+    """The device of ``--probe CHOICE``; emulation happens exactly when it is the CPU."""
+    if choice not in DEVICE_CHOICES:
+        raise UserError(f"unknown probe device {choice!r} (choose from {', '.join(DEVICE_CHOICES)})")
+    if choice == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if choice == "cuda" and not available:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support"
+        raise UserError(
+            f"--probe cuda: torch {torch.__version__} ({build}) sees no CUDA device; "
+            "run with --probe cpu to emulate the precisions on the CPU"
+        )
+    if available:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _new_tf32_api() -> bool:
+    matmul = getattr(torch.backends.cuda, "matmul", None)
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    return hasattr(matmul, "fp32_precision") and hasattr(conv, "fp32_precision")
+
+
+# The op-level settings the probe changes: (object, attribute) of the new API.
+def _new_api_targets():
+    targets = [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")]
+    rnn = getattr(torch.backends.cudnn, "rnn", None)
+    if hasattr(rnn, "fp32_precision"):
+        targets.append((rnn, "fp32_precision"))
+    return targets
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """TF32 on (or off) for cuDNN convolutions and cuBLAS matmuls, restored on exit."""
+    if _new_tf32_api():
+        targets = _new_api_targets()
+        saved = [getattr(obj, attr) for obj, attr in targets]
+        try:
+            for obj, attr in targets:
+                setattr(obj, attr, "tf32" if enabled else "ieee")
+            yield
+        finally:
+            for (obj, attr), value in zip(targets, saved):
+                setattr(obj, attr, value)
+        return
+    saved_matmul = torch.backends.cuda.matmul.allow_tf32
+    saved_cudnn = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved_matmul
+        torch.backends.cudnn.allow_tf32 = saved_cudnn
+
+
+def _read(getter: Callable[[], Any]) -> Any:
+    try:
+        value = getter()
+    except Exception as exc:  # a legacy flag after the new API was used raises; say so instead
+        return f"unreadable ({type(exc).__name__})"
+    return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
+
+
+def precision_flags() -> Dict[str, Any]:
+    """Every flag that changes float32/float16/bfloat16 arithmetic, as it stands now."""
+    b = torch.backends
+    getters: Dict[str, Callable[[], Any]] = {
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision,
+        "torch.backends.cuda.matmul.allow_tf32": lambda: b.cuda.matmul.allow_tf32,
+        "torch.backends.cudnn.allow_tf32": lambda: b.cudnn.allow_tf32,
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction":
+            lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction":
+            lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "torch.backends.cudnn.enabled": lambda: b.cudnn.enabled,
+        "torch.backends.cudnn.benchmark": lambda: b.cudnn.benchmark,
+        "torch.backends.cudnn.deterministic": lambda: b.cudnn.deterministic,
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled,
+        "torch.backends.cuda.flash_sdp_enabled()": lambda: b.cuda.flash_sdp_enabled(),
+        "torch.backends.cuda.mem_efficient_sdp_enabled()": lambda: b.cuda.mem_efficient_sdp_enabled(),
+        "torch.backends.cuda.math_sdp_enabled()": lambda: b.cuda.math_sdp_enabled(),
+    }
+    if _new_tf32_api():
+        getters["torch.backends.cuda.matmul.fp32_precision"] = lambda: b.cuda.matmul.fp32_precision
+        getters["torch.backends.cudnn.conv.fp32_precision"] = lambda: b.cudnn.conv.fp32_precision
+        if hasattr(getattr(b.cudnn, "rnn", None), "fp32_precision"):
+            getters["torch.backends.cudnn.rnn.fp32_precision"] = lambda: b.cudnn.rnn.fp32_precision
+        if hasattr(b, "fp32_precision"):
+            getters["torch.backends.fp32_precision"] = lambda: b.fp32_precision
+    return {key: _read(getter) for key, getter in sorted(getters.items())}
+
+
+def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
+    """The record a reader needs to trust the reference: software, hardware and flags."""
+    env: Dict[str, Any] = {
+        "device": str(device),
+        "emulated": emulated,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "cudnn": _read(torch.backends.cudnn.version) if torch.backends.cudnn.is_available() else None,
+    }
+    try:
+        import torchvision
+
+        env["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env["gpu"] = props.name
+        env["compute_capability"] = f"{props.major}.{props.minor}"
+        env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["threads"] = torch.get_num_threads()
+    env["reference"] = {"dtype": "float64", "device": str(device)}
+    env["flags"] = precision_flags()
+    return env
+
+
+def synchronize(device: Optional[torch.device]) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate" in text)

@@ -1,0 +1,181 @@
+"""Running one copy of the model through the capture path the check used, with an observer.
+
+Every pass of the probe (the float64 reference, each precision mode, the sensitivity pass, the
+one-layer-at-a-time runs) executes the same ops in the same order, so their values line up node by
+node by name:
+
+* FX models: the graph the check traced is re-rooted on each copy of the model; capture's
+  interpreter runs it and hands each value to the observer. A run can start part-way, from values of an earlier run (``initial_env``).
+* Models FX cannot trace: capture's function-mode recorder runs the copy eagerly; its node names are
+  assigned in execution order, so they match as long as control flow does (the probe checks).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from preclint import ops
+from preclint.capture import ModelRunError, _FxRunner, capture_function_mode
+from preclint.ir import Graph
+
+
+class _Tracer(fx.Tracer):
+    """capture's tracer without stack traces (for graphs built without the check's trace): the same
+    leaves, so the same nodes and names."""
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return ops.is_leaf_module(m)
+
+
+class RunFailed(Exception):
+    """The model raised while the probe ran it; ``cause`` is the original exception."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(one_line(cause))
+        self.cause = cause
+
+
+class Program:
+    """The model as the probe executes it, on any copy (float64, float16, rounded weights)."""
+
+    def __init__(self, graph: Graph, module: torch.nn.Module) -> None:
+        self.ir_nodes = {n.name: n for n in graph.nodes}
+        self.order = [n.name for n in graph.nodes]
+        self.fx_graph: Optional[fx.Graph] = None
+        self.note: Optional[str] = None
+        if graph.capture == "fx":
+            traced = graph.fx_graph if graph.fx_graph is not None else _Tracer().trace(module)
+            if [n.name for n in traced.nodes] == self.order:
+                self.fx_graph = traced
+            else:  # cannot happen for a deterministic trace; run eagerly rather than mislabel values
+                self.note = "the model traced differently a second time; the probe recorded its ops eagerly instead"
+        self._modules: Dict[int, Tuple[torch.nn.Module, fx.GraphModule]] = {}
+        self._fx_nodes = {n.name: n for n in self.fx_graph.nodes} if self.fx_graph is not None else {}
+
+    @property
+    def is_fx(self) -> bool:
+        return self.fx_graph is not None
+
+    def _graph_module(self, root: torch.nn.Module) -> fx.GraphModule:
+        cached = self._modules.get(id(root))
+        if cached is None or cached[0] is not root:
+            cached = (root, fx.GraphModule(root, self.fx_graph, type(root).__name__))
+            self._modules[id(root)] = cached
+        return cached[1]
+
+    def run(self, root: torch.nn.Module, inputs: tuple, observer, initial_env: Optional[Dict[str, Any]] = None):
+        """The model's output; ``initial_env`` (FX only) maps node names to values not to recompute."""
+        try:
+            if self.fx_graph is None:
+                return capture_function_mode(root, inputs, observer)[1]
+            runner = _FxRunner(self._graph_module(root), self.ir_nodes, observer)
+            env = {self._fx_nodes[name]: value for name, value in (initial_env or {}).items()}
+            return runner.run(*inputs, initial_env=env or None)
+        except ModelRunError as exc:
+            raise RunFailed(exc.cause) from exc.cause
+        except RunFailed:
+            raise
+        except Exception as exc:
+            raise RunFailed(exc) from exc
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0].strip() if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def tensors(value) -> List[torch.Tensor]:
+    """The tensors in a (nested) value, in pytree order: a node's outputs, numbered as the probe numbers them."""
+    if isinstance(value, torch.Tensor):  # the common case, without pytree's cost (it runs per node)
+        return [value]
+    return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
+
+
+def flatten(args, kwargs):
+    """(leaves, rebuild) of a call's arguments; flat calls (the common case) skip pytree."""
+    if not kwargs and all(not isinstance(a, (list, tuple, dict)) for a in args):
+        return list(args), lambda leaves: (tuple(leaves), {})
+    if all(not isinstance(a, (list, tuple, dict)) for a in args) and all(
+            not isinstance(v, (list, tuple, dict)) for v in kwargs.values()):
+        keys = list(kwargs)
+        n = len(args)
+        return list(args) + [kwargs[k] for k in keys], lambda leaves: (tuple(leaves[:n]), dict(zip(keys, leaves[n:])))
+    leaves, spec = tree_flatten((args, kwargs))
+    return leaves, lambda new: tree_unflatten(list(new), spec)
+
+
+def invoke(callee, args, kwargs):
+    """Call what a node called: a module (never in place), a function, or a tensor method by name."""
+    if isinstance(callee, torch.nn.Module):
+        with not_inplace(callee):
+            return callee(*args, **kwargs)
+    if isinstance(callee, str):
+        return getattr(args[0], callee)(*args[1:], **kwargs)
+    return callee(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def not_inplace(module: torch.nn.Module):
+    restore = getattr(module, "inplace", None) is True
+    if restore:
+        module.inplace = False
+    try:
+        yield
+    finally:
+        if restore:
+            module.inplace = True
+
+
+def is_inplace_call(callee, kwargs) -> bool:
+    """Whether this call writes into its first argument (a module with inplace=True, add_, setitem)."""
+    if kwargs.get("inplace") is True:
+        return True
+    if isinstance(callee, torch.nn.Module):
+        return getattr(callee, "inplace", None) is True
+    name = callee if isinstance(callee, str) else getattr(callee, "__name__", "")
+    return name in ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__") or (
+        name.endswith("_") and not name.startswith("_"))
+
+
+class Producers:
+    """Which node produced a tensor, by identity: the recorder's bookkeeping, kept by the probe itself
+    so that it also knows the index of the tensor among the node's outputs.
+
+    Entries hold weak references, so an id reused by a later tensor is never mistaken for the old one.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: Dict[int, Tuple[Any, str, int]] = {}
+
+    def add(self, name: str, outputs: List[torch.Tensor]) -> None:
+        for index, t in enumerate(outputs):
+            self._by_id[id(t)] = (weakref.ref(t), name, index)
+
+    def get(self, t: torch.Tensor) -> Optional[Tuple[str, int]]:
+        entry = self._by_id.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        return entry[1], entry[2]
+
+
+def copy_to(module: torch.nn.Module, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers are made directly on ``device`` (and,
+    if floating point, in ``dtype``): deepcopy's memo takes the moved tensors, so no intermediate
+    copy is made on the way."""
+    memo: Dict[int, Any] = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) in memo:
+            continue
+        target = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        moved = t.detach().to(device, target, copy=True)
+        if isinstance(t, torch.nn.Parameter):
+            moved = torch.nn.Parameter(moved, requires_grad=t.requires_grad)
+        memo[id(t)] = moved
+    return copy.deepcopy(module, memo)

@@ -1,0 +1,744 @@
+"""The measuring passes: the float64 reference, the sensitivity pass, and one sweep per mode.
+
+* Reference: the model in float64 on the probe's device; every node's value is kept.
+* Sensitivity: the model in float32 with autograd; after each mode's sweep, one backward pass with
+  the mode's measured output error as the cotangent gives J_i^T E at every node i at once, and so
+  each node's contribution <J_i e_i, E> (ledger.py). Gradients only weight errors, three digits
+  are plenty, so on a GPU this pass may use TF32.
+* Sweep: the full run of the mode, observed and never altered (on a GPU the observed run is checked
+  against the plain model afterwards). At each node the observer compares the value with the
+  reference (received) and replays the node on reference inputs (local), keeping the local error
+  vector for the contribution.
+
+Figures are computed on the device as zero-dimensional tensors and read back once per pass: a read
+per node would stall the GPU at every node.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.numerics import C_INPUT
+from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, one_line, tensors
+from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
+from preclint.probe.modes import ModeRun
+from preclint.probe.rounding import REDUCED_FLOATS
+
+# A conv or matmul ran in TF32 when its local error is nearer (on a log scale) to TF32's size
+# C_INPUT * 2^-11 * RMS(sqrt(sum (a b)^2)) than to float32's C_INPUT * 2^-24 * ...: the geometric
+# midpoint is 2^-17.5. Measured TF32 layers sit within 3x of their size and float32 kernels within
+# ~10x of theirs (longer sums), so the two never come near the threshold (a factor of 90 away).
+TF32_THRESHOLD = 2.0 ** -17.5
+
+_NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE, Kind.DECISION, Kind.COMPARE})
+
+
+class Scalars:
+    """Zero-dimensional results gathered during a pass and read back in one transfer.
+
+    Norms are queued rather than computed at once: at the end of the pass ``torch._foreach_norm``
+    computes all of them in a few launches (per node, two reductions and their Python calls would
+    cost more than the node itself on a GPU).
+    """
+
+    def __init__(self) -> None:
+        self._values: List[Optional[torch.Tensor]] = []
+        self._queued: List[Tuple[torch.Tensor, int]] = []
+        self.resolved: Optional[List[float]] = None
+
+    def add(self, value: torch.Tensor) -> int:
+        self._values.append(value.detach())
+        return len(self._values) - 1
+
+    def norms(self, t: torch.Tensor) -> Tuple[int, int]:
+        """Slots of ||t||_2 and ||t||_inf."""
+        slot = len(self._values)
+        self._values += [None, None]
+        self._queued.append((t.detach(), slot))
+        return slot, slot + 1
+
+    def resolve(self) -> None:
+        if self.resolved is not None:
+            return
+        if self._queued:
+            l2, linf = batch_norms([t for t, _ in self._queued])
+            for (_, slot), a, b in zip(self._queued, l2, linf):
+                self._values[slot], self._values[slot + 1] = a, b
+            self._queued = []
+        values = [v if v.dtype == torch.float64 else v.to(torch.float64) for v in self._values]
+        if values and len({v.device for v in values}) > 1:
+            values = [v.cpu() for v in values]
+        self.resolved = torch.stack(values).cpu().tolist() if values else []
+        self._values = []
+
+    def __getitem__(self, index: int) -> float:
+        return self.resolved[index]
+
+
+def batch_norms(tensors: List[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """(||t||_2, ||t||_inf) of each tensor; empty tensors count 0."""
+    zero = [t.numel() == 0 for t in tensors]
+    work = [t if t.numel() else t.new_zeros(1) for t in tensors]
+    try:
+        l2 = list(torch._foreach_norm(work, 2))
+        linf = list(torch._foreach_norm(work, float("inf")))
+    except (RuntimeError, TypeError, AttributeError):  # torch versions without the fused norms
+        l2 = [torch.linalg.vector_norm(t) for t in work]
+        linf = [torch.linalg.vector_norm(t, ord=float("inf")) for t in work]
+    return ([a * 0 if z else a for a, z in zip(l2, zero)], [b * 0 if z else b for b, z in zip(linf, zero)])
+
+
+def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.float64, same_inf: bool = False) -> torch.Tensor:
+    """a - b computed in the wider of their dtypes (type promotion, in one pass) and stored as ``dtype``.
+
+    The values compared are float64 references or float32/float16/bfloat16 results; their difference
+    in float64 is exact, and storing it in float32 keeps 24 bits of an error: plenty for figures.
+    ``same_inf``: elements that are the same inf (or both NaN) differ by 0, not NaN."""
+    out = torch.empty(a.shape, dtype=dtype, device=a.device)
+    d = torch.sub(a.detach(), b.detach(), out=out)
+    if same_inf:
+        d = d.masked_fill((a == b) | (a.isnan() & b.isnan()), 0.0)
+    return d
+
+
+# ------------------------------------------------------------------------------------- reference
+
+
+class ReferenceStore:
+    """Every node's value in the float64 run, and each float value's squared norm."""
+
+    def __init__(self) -> None:
+        self.values: Dict[str, List[torch.Tensor]] = {}
+        self.raw: Dict[str, Any] = {}
+        self.order: List[str] = []
+        self.fns: Dict[str, str] = {}
+        self.norms: Dict[Tuple[str, int], int] = {}  # (node, output index) -> index of ||value||_2
+        self.scalars = Scalars()
+        self.output: Any = None
+        self.downcasts: List[str] = []  # nodes whose float result is not float64 (the model casts down)
+        self.nonfinite: set = set()  # (node, output index) whose reference holds inf or NaN
+        self.finite_norms: Dict[Tuple[str, int], float] = {}
+
+    def norm(self, name: str, index: int) -> Optional[float]:
+        """||value|| over its finite elements (a mask's -inf is no size)."""
+        if (name, index) in self.finite_norms:
+            return self.finite_norms[(name, index)]
+        slot = self.norms.get((name, index))
+        return None if slot is None else self.scalars[slot]
+
+    def find_nonfinite(self) -> None:
+        """Values that hold inf or NaN already in float64 (attention masks, -inf paddings): compared
+        elementwise, an element that is the same inf (or NaN) in both runs has no error."""
+        for key, slot in self.norms.items():
+            if not math.isfinite(self.scalars[slot]):
+                t = self.values[key[0]][key[1]]
+                self.nonfinite.add(key)
+                self.finite_norms[key] = float(torch.linalg.vector_norm(torch.where(torch.isfinite(t), t, t.new_zeros(()))))
+
+
+class _ReferenceObserver:
+    def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
+        self.store = store
+        self.protect_inplace = protect_inplace
+        self.producers = Producers()
+
+    def before(self, node, args, kwargs, callee):
+        # An eager in-place op (ReLU(inplace=True) in a recorded model) would overwrite the value
+        # kept for the node that produced its input: keep a copy of that one first.
+        if self.protect_inplace and args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs):
+            source = self.producers.get(args[0])
+            if source is not None:
+                kept = self.store.values[source[0]]
+                if kept[source[1]] is args[0]:
+                    kept[source[1]] = args[0].detach().clone()
+        return args, kwargs
+
+    def rename(self, node, name) -> None:
+        pass
+
+    def __call__(self, node, args, kwargs, callee, output):
+        if node.kind == Kind.OUTPUT:
+            return output
+        outs = [t.detach() for t in tensors(output)]
+        store = self.store
+        store.values[node.name] = outs
+        store.raw[node.name] = output
+        store.order.append(node.name)
+        store.fns[node.name] = node.fn
+        for j, t in enumerate(outs):
+            if t.is_floating_point():
+                store.norms[(node.name, j)] = store.scalars.norms(t)[0]
+                if t.dtype != torch.float64 and node.name not in store.downcasts:
+                    store.downcasts.append(node.name)
+        self.producers.add(node.name, tensors(output))
+        return output
+
+
+def reference_pass(program: Program, model64: torch.nn.Module, inputs64: tuple) -> ReferenceStore:
+    store = ReferenceStore()
+    with torch.no_grad():
+        store.output = program.run(model64, inputs64, _ReferenceObserver(store, protect_inplace=not program.is_fx))
+    store.scalars.resolve()
+    store.find_nonfinite()
+    return store
+
+
+# ----------------------------------------------------------------------------------- sensitivity
+
+
+class Sensitivity:
+    """The float32 run with autograd whose backward passes weight each node's local error."""
+
+    def __init__(self) -> None:
+        self.roots: List[torch.Tensor] = []
+        self.root_index: List[int] = []  # position of each root among the output's float tensors
+        self.leaves: List[torch.Tensor] = []
+        self.handles: List[Any] = []
+        self._errors: Dict[str, List[Optional[torch.Tensor]]] = {}
+        self._acc: Dict[str, torch.Tensor] = {}
+
+    # observer protocol
+    def before(self, node, args, kwargs, callee):
+        return args, kwargs
+
+    def rename(self, node, name) -> None:
+        pass
+
+    def __call__(self, node, args, kwargs, callee, output):
+        if node.kind == Kind.OUTPUT:
+            return output
+        for j, t in enumerate(tensors(output)):
+            if t.is_floating_point() and t.requires_grad:
+                self.handles.append(t.register_hook(partial(self._on_grad, node.name, j)))
+        return output
+
+    def _on_grad(self, name: str, index: int, grad: torch.Tensor):
+        errors = self._errors.get(name)
+        if errors is None or index >= len(errors) or errors[index] is None or grad is None:
+            return None
+        e = errors[index]
+        if e.shape != grad.shape:
+            return None
+        term = torch.sum(grad.to(e.dtype) * e, dtype=torch.float64)
+        self._acc[name] = self._acc[name] + term if name in self._acc else term
+        return None
+
+    def contributions(self, errors: Dict[str, List[Optional[torch.Tensor]]], output_error: List[Optional[torch.Tensor]],
+                      norm: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """<J_i e_i, E> / ||E||^2 per node, as zero-dimensional tensors (``norm`` is ||E||, on the
+        device: reading it back here would stall the GPU; a zero or non-finite norm is caught when
+        the figures are read)."""
+        cotangents = []
+        roots = []
+        for root, position in zip(self.roots, self.root_index):
+            e = output_error[position] if position < len(output_error) else None
+            if e is None or e.shape != root.shape:
+                continue
+            roots.append(root)
+            cotangents.append((e / norm).to(root.dtype))
+        if not roots:
+            return {}
+        self._errors, self._acc = errors, {}
+        try:
+            torch.autograd.grad(roots, self.leaves, cotangents, retain_graph=True, allow_unused=True)
+        finally:
+            self._errors = {}
+        return {name: value / norm for name, value in self._acc.items()}
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.roots = []
+        self.leaves = []
+
+
+def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32: tuple) -> Sensitivity:
+    """Run the float32 model with autograd, hooks on every value. Parameters get no gradient unless
+    nothing else reaches the output (token-id models), so each backward costs about one forward."""
+    sens = Sensitivity()
+    inputs = tuple(_with_grad(v) for v in inputs32)
+    leaves = [v for v in tree_flatten(list(inputs))[0] if isinstance(v, torch.Tensor) and v.requires_grad]
+    # parameters the graph reads as values of their own (FX get_attr): their rounding is a node's error
+    by_name = dict(model32.named_parameters())
+    constants = [by_name[p] for n in graph.nodes if n.kind == Kind.CONSTANT for p in n.params if p in by_name]
+    saved = {id(p): p.requires_grad for p in model32.parameters()}
+    try:
+        for p in model32.parameters():
+            p.requires_grad_(False)
+        for p in constants:
+            p.requires_grad_(True)
+        leaves += [p for p in constants]
+        with torch.enable_grad():
+            output = program.run(model32, inputs, sens)
+            floats = [t for t in tensors(output) if t.is_floating_point()]
+            if not any(t.requires_grad for t in floats):
+                # no float input reaches the output (token ids): take the gradient through the weights
+                sens.close()
+                sens = Sensitivity()
+                for p in model32.parameters():
+                    p.requires_grad_(p.is_floating_point())
+                leaves = [p for p in model32.parameters() if p.requires_grad]
+                output = program.run(model32, inputs, sens)
+                floats = [t for t in tensors(output) if t.is_floating_point()]
+        sens.roots = [t for t in floats if t.requires_grad]
+        sens.root_index = [i for i, t in enumerate(floats) if t.requires_grad]
+        sens.leaves = leaves
+    finally:
+        for p in model32.parameters():
+            p.requires_grad_(saved.get(id(p), p.requires_grad))
+    return sens
+
+
+def _with_grad(value):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().clone().requires_grad_(True)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_grad(v) for v in value)
+    return value
+
+
+# ----------------------------------------------------------------------------------------- sweep
+
+
+class _Slots:
+    """Where one node's figures sit in the sweep's Scalars."""
+
+    __slots__ = ("received", "local", "local_zero", "flips", "inputs", "dtype", "note", "local_from_received")
+
+    def __init__(self) -> None:
+        self.received: List[Tuple[int, int, int]] = []  # (output index, ||d||_2, ||d||_inf)
+        self.local: List[Tuple[int, int, int]] = []
+        self.local_zero = False  # moves values only: no local error by construction
+        self.local_from_received = False  # enters the graph: its rounding on entry is its local error
+        self.flips: List[Tuple[int, int]] = []  # (flipped units slot, units slot)
+        self.inputs: List[Tuple[str, int]] = []  # producers of its float inputs
+        self.dtype: Optional[str] = None
+        self.note: Optional[str] = None
+
+
+class _Unmatched(Exception):
+    pass
+
+
+class _SweepObserver:
+    def __init__(self, run: ModeRun, ref: ReferenceStore, graph, inplace_semantics: bool, keep_errors: bool) -> None:
+        self.run = run
+        self.ref = ref
+        self.graph = graph
+        self.inplace_semantics = inplace_semantics
+        self.keep_errors = keep_errors
+        self.producers = Producers()
+        self.pending: Optional[list] = None
+        self.position = 0
+        self.diverged_at: Optional[str] = None
+        self.scalars = Scalars()
+        self.slots: Dict[str, _Slots] = {}
+        self.errors: Dict[str, List[Optional[torch.Tensor]]] = {}
+
+    # ------------------------------------------------------------ observer protocol
+
+    def before(self, node, args, kwargs, callee):
+        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
+        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
+        self.pending = [node, args, kwargs, decision]
+        return new_args, new_kwargs
+
+    def rename(self, node, name) -> None:
+        if self.pending is not None and self.pending[0] is node:
+            self.pending[0] = name
+
+    def __call__(self, node, args, kwargs, callee, output):
+        pending = self.pending
+        if pending is not None and (pending[0] is node or pending[0] == node.name):
+            self.pending = None
+            orig_args, orig_kwargs, decision = pending[1], pending[2], pending[3]
+        else:
+            orig_args, orig_kwargs, decision = args, kwargs, None
+        output = self.run.entering(node, self.run.after(output, decision))
+        if node.kind == Kind.OUTPUT:
+            return output
+        outs = tensors(output)
+        aligned = self._aligned(node)
+        if aligned:
+            slots = self.slots[node.name] = _Slots()
+            self._received(node.name, outs, slots)
+            if node.kind in (Kind.DECISION, Kind.COMPARE) or self._has_margins(node.name):
+                self._flips(node, outs, slots)
+            slots.inputs = self._input_producers(orig_args, orig_kwargs)
+            self._local(node, orig_args, orig_kwargs, callee, outs, slots)
+        self.producers.add(node.name, outs)
+        return output
+
+    # ------------------------------------------------------------ helpers
+
+    def _has_margins(self, name: str) -> bool:
+        ir = self.graph.get(name)
+        return ir is not None and ir.margins is not None
+
+    def _aligned(self, node) -> bool:
+        if self.diverged_at is not None:
+            return False
+        order = self.ref.order
+        if self.position < len(order) and order[self.position] == node.name and self.ref.fns[node.name] == node.fn:
+            self.position += 1
+            return True
+        self.diverged_at = node.name
+        return False
+
+    def _received(self, name: str, outs: List[torch.Tensor], slots: _Slots) -> None:
+        refs = self.ref.values[name]
+        for j, (o, r) in enumerate(zip(outs, refs)):
+            if not (o.is_floating_point() and r.is_floating_point()):
+                continue
+            if slots.dtype is None:
+                slots.dtype = str(o.dtype).replace("torch.", "")
+            if o.shape != r.shape:
+                slots.note = f"output {j} has shape {tuple(o.shape)} here and {tuple(r.shape)} in the reference"
+                continue
+            if (name, j) in self.ref.nonfinite:
+                d = difference(o, r, torch.float64, same_inf=True)
+            else:
+                d = torch.sub(o.detach(), r)  # float64 by type promotion, in one call
+            n2, ninf = self.scalars.norms(d)
+            slots.received.append((j, n2, ninf))
+
+    def _flips(self, node, outs: List[torch.Tensor], slots: _Slots) -> None:
+        refs = self.ref.values[node.name]
+        for o, r in zip(outs, refs):
+            if o.is_floating_point() or r.is_floating_point():
+                continue
+            flipped, units = decision_changes(node, o, r)
+            slots.flips.append((self.scalars.add(flipped), self.scalars.add(units)))
+
+    def _input_producers(self, args, kwargs) -> List[Tuple[str, int]]:
+        found = []
+        for v in flatten(args, kwargs)[0]:
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                source = self.producers.get(v)
+                if source is not None and source not in found:
+                    found.append(source)
+        return found
+
+    def _reference_of(self, t: torch.Tensor) -> Optional[torch.Tensor]:
+        source = self.producers.get(t)
+        if source is not None:
+            values = self.ref.values.get(source[0])
+            return values[source[1]] if values is not None and source[1] < len(values) else None
+        return self.run.reference_tensors.get(id(t))
+
+    def _reference_args(self, args, kwargs, copy: bool):
+        """The node's operands with reference values, each in the dtype it has in this mode's run."""
+        flat, rebuild = flatten(args, kwargs)
+        out = []
+        for v in flat:
+            if isinstance(v, torch.Tensor):
+                source = self._reference_of(v)
+                if source is not None:
+                    if source.shape != v.shape:
+                        raise _Unmatched(f"an operand has shape {tuple(v.shape)} here and {tuple(source.shape)} in the reference")
+                    dtype = self.run.low if id(v) in self.run.low_params else v.dtype
+                    v = source.to(dtype=dtype, copy=copy)
+            out.append(v)
+        return rebuild(out)
+
+    def _exact_args(self, args, kwargs, ref_args, ref_kwargs):
+        """Operands for the exact replay: rounded reference values in float32, parameters as the user's."""
+        flat, rebuild = flatten(args, kwargs)
+        ref_flat, _ = flatten(ref_args, ref_kwargs)
+        out = []
+        for original, rounded in zip(flat, ref_flat):
+            if isinstance(original, torch.Tensor):
+                param = self.run.original_tensors.get(id(original))
+                if param is not None:
+                    out.append(param)
+                elif rounded.dtype in REDUCED_FLOATS:
+                    out.append(rounded.float())
+                else:
+                    out.append(rounded)
+            else:
+                out.append(rounded)
+        return rebuild(out)
+
+    def _local(self, node, args, kwargs, callee, outs: List[torch.Tensor], slots: _Slots) -> None:
+        name = node.name
+        if not any(t.is_floating_point() for t in outs):
+            return
+        if node.kind in (Kind.INPUT, Kind.CONSTANT) or (callee is None and node.kind != Kind.SHAPE):
+            # A value entering the graph (an input, a parameter read as a value, a constant): its
+            # rounding on entry is the only error it adds.
+            slots.local_from_received = True
+            slots.local = list(slots.received)
+            if self.keep_errors:
+                refs = self.ref.values[name]
+                self.errors[name] = [
+                    difference(o, refs[j], torch.float32, (name, j) in self.ref.nonfinite)
+                    if o.is_floating_point() and o.shape == refs[j].shape else None
+                    for j, o in enumerate(outs)
+                ]
+            return
+        if node.kind in _NO_REPLAY_KINDS:
+            slots.local_zero = node.kind == Kind.SHAPE
+            return
+        inplace = is_inplace_call(callee, kwargs)
+        try:
+            ref_args, ref_kwargs = self._reference_args(args, kwargs, copy=inplace)
+            run_args, run_kwargs, decision = self.run.before(node, ref_args, ref_kwargs, callee)
+            replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
+            if any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in flatten(ref_args, ref_kwargs)[0]):
+                exact_args, exact_kwargs = self._exact_args(args, kwargs, ref_args, ref_kwargs)
+                exact_callee = self.run.originals.get(id(callee), callee) if isinstance(callee, torch.nn.Module) else callee
+                with self.run.exact_context():
+                    exact = tensors(invoke(exact_callee, exact_args, exact_kwargs))
+            else:
+                exact = self.ref.values[name]
+        except _Unmatched as exc:
+            slots.note = f"local error not measured: {exc}"
+            return
+        except Exception as exc:  # a node that cannot be called again on its own: say so, measure the rest
+            slots.note = f"local error not measured: replaying the node raised {one_line(exc)}"
+            return
+        kept: List[Optional[torch.Tensor]] = []
+        for j, (y, z) in enumerate(zip(replayed, exact)):
+            if not (y.is_floating_point() and z.is_floating_point()) or y.shape != z.shape:
+                kept.append(None)
+                continue
+            e = difference(y, z, torch.float32, (name, j) in self.ref.nonfinite)
+            n2, ninf = self.scalars.norms(e)
+            slots.local.append((j, n2, ninf))
+            kept.append(e if self.keep_errors else None)
+        if self.keep_errors:
+            self.errors[name] = kept
+
+
+def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(units whose decision changed, units) for an integer/boolean result of a decision.
+
+    Units are what PCL301 counts: elements for thresholds and argmax, rows for top-k and sort
+    (a row changes when its index set or order does), and for variable-length results (NMS) the
+    union of the kept indices, of which the symmetric difference changed.
+    """
+    device = reference.device
+    value = value.to(device)
+    if value.shape != reference.shape:
+        if value.dim() == 1 and reference.dim() == 1:
+            a, b = value.long(), reference.long()
+            missing = (~torch.isin(b, a)).sum()
+            extra = (~torch.isin(a, b)).sum()
+            return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
+        units = max(value.numel(), reference.numel())
+        return torch.as_tensor(units, device=device), torch.as_tensor(units, device=device)
+    if value.numel() == 0:
+        zero = torch.zeros((), device=device)
+        return zero, zero
+    fn = node.fn
+    dim = node.attrs.get("dim", -1)
+    if fn in ("topk", "sort", "argsort", "msort") and value.dim() > 0 and isinstance(dim, int):
+        a, b = value, reference
+        if fn == "topk":  # the set of the top k, whatever their order
+            a, b = a.sort(dim=dim).values, b.sort(dim=dim).values
+        changed = (a != b).any(dim=dim)
+        return changed.sum(), torch.as_tensor(changed.numel(), device=device)
+    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1:
+        a, b = value.long(), reference.long()
+        missing = (~torch.isin(b, a)).sum()
+        extra = (~torch.isin(a, b)).sum()
+        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
+    changed = value != reference
+    return changed.sum(), torch.as_tensor(changed.numel(), device=device)
+
+
+class Sweep:
+    """The products of one mode's sweep before they are read back."""
+
+    def __init__(self, observer: _SweepObserver, output: Any) -> None:
+        self.observer = observer
+        self.output = output
+
+
+def sweep(program: Program, run: ModeRun, ref: ReferenceStore, graph, keep_errors: bool) -> Sweep:
+    observer = _SweepObserver(run, ref, graph, inplace_semantics=not program.is_fx, keep_errors=keep_errors)
+    with torch.no_grad(), run.context():
+        output = program.run(run.variant, run.inputs, observer)
+    return Sweep(observer, output)
+
+
+def plain_run(run: ModeRun):
+    """The model as a user runs it under this mode, with nobody watching."""
+    with torch.no_grad(), run.context():
+        return run.variant(*run.inputs)
+
+
+def output_error(output: Any, ref: ReferenceStore) -> Tuple[List[Optional[torch.Tensor]], List[torch.Tensor]]:
+    """(float errors, float reference values) of the model's outputs, in pytree order."""
+    outs = [t for t in tensors(output) if t.is_floating_point()]
+    refs = [t for t in tensors(ref.output) if t.is_floating_point()]
+    errors = [o.detach().double() - r if o.shape == r.shape else None for o, r in zip(outs, refs)]
+    return errors, refs
+
+
+def integer_outputs(output: Any, ref: ReferenceStore) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    outs = [t for t in tensors(output) if not t.is_floating_point()]
+    refs = [t for t in tensors(ref.output) if not t.is_floating_point()]
+    return list(zip(outs, refs))
+
+
+# --------------------------------------------------------------------------------------- finish
+
+
+def finish(measure: ModeMeasure, swept: Sweep, ref: ReferenceStore, graph, contributions: Dict[str, torch.Tensor],
+           errors: List[Optional[torch.Tensor]], ref_outputs: List[torch.Tensor], tolerance: Optional[Tuple[float, float]],
+           int_pairs) -> None:
+    """Read the sweep's figures back and fill ``measure``."""
+    obs = swept.observer
+    scalars = obs.scalars
+    contribution_slots = {name: scalars.add(value) for name, value in contributions.items()}
+    if contributions:
+        norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in errors if e is not None)))
+    out_slots = []
+    for e, r in zip(errors, ref_outputs):
+        if e is None:
+            continue
+        out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
+    tol_slots = None
+    if tolerance is not None and out_slots:
+        tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
+    flip_slots = []
+    for o, r in int_pairs:
+        changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
+        flip_slots.append((scalars.add(changed.sum()), changed.numel()))
+    scalars.resolve()
+
+    # the output
+    if out_slots:
+        sq_err = sum(scalars[s[0][0]] ** 2 for s in out_slots)
+        sq_ref = sum(scalars[s[1]] ** 2 for s in out_slots)
+        max_abs = max(scalars[s[0][1]] for s in out_slots)
+        finite = _finite(sq_err) and _finite(max_abs)
+        rel = (sq_err ** 0.5 / sq_ref ** 0.5 if sq_ref > 0 else 0.0) if finite else float("inf")
+        measure.output = Figure(rel, max_abs if finite else float("inf"))
+        measure.output_finite = finite
+    if flip_slots:
+        measure.output_flips = int(sum(scalars[s] for s, _ in flip_slots))
+        measure.output_units = int(sum(n for _, n in flip_slots))
+        if measure.output_finite is None:
+            measure.output_finite = True
+    if tol_slots is not None:
+        rtol, atol = tolerance
+        failing, numel, min_atol, min_rtol = tol_slots
+        measure.tolerance = ToleranceCheck(rtol, atol, int(scalars[failing]), numel, scalars[min_atol],
+                                           scalars[min_rtol] if _finite(scalars[min_rtol]) else None)
+
+    # every node
+    contributions_valid = bool(contributions) and _finite(scalars[norm_slot]) and scalars[norm_slot] > 0
+    if contributions and not contributions_valid:
+        measure.notes.append("contributions not measured: the output error is zero or not finite")
+    explained = 0.0
+    any_contribution = False
+    received_rel: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (squared error norm, squared ref norm)
+    for name in ref.order:
+        slots = obs.slots.get(name)
+        if slots is None:
+            continue
+        m = NodeMeasure(dtype=slots.dtype, note=slots.note)
+        sq_e = sq_r = 0.0
+        max_abs = 0.0
+        for j, n2, ninf in slots.received:
+            r = ref.norm(name, j) or 0.0
+            received_rel[(name, j)] = (scalars[n2] ** 2, r * r)
+            sq_e += scalars[n2] ** 2
+            sq_r += r * r
+            max_abs = max(max_abs, scalars[ninf])
+        if slots.received:
+            finite = _finite(sq_e) and _finite(max_abs)
+            m.received = Figure((sq_e ** 0.5 / sq_r ** 0.5 if sq_r > 0 else 0.0) if finite else float("inf"),
+                                max_abs if finite else float("inf"))
+            m.nonfinite = not finite  # the same inf as the reference's counts as no error (difference())
+            if m.nonfinite and measure.first_nonfinite is None:
+                measure.first_nonfinite = name
+        if slots.local_zero:
+            m.local = Figure(0.0, 0.0)
+        elif slots.local:
+            sq_l = sum(scalars[n2] ** 2 for _, n2, _ in slots.local)
+            sq_lr = sum((ref.norm(name, j) or 0.0) ** 2 for j, _, _ in slots.local)
+            max_l = max(scalars[ninf] for _, _, ninf in slots.local)
+            finite = _finite(sq_l) and _finite(max_l)
+            m.local = Figure((sq_l ** 0.5 / sq_lr ** 0.5 if sq_lr > 0 else 0.0) if finite else float("inf"),
+                             max_l if finite else float("inf"))
+        if slots.flips:
+            m.flips = int(sum(scalars[f] for f, _ in slots.flips))
+            m.units = int(sum(scalars[u] for _, u in slots.flips))
+        m.amplification = _amplification(m, slots, received_rel)
+        if name in contribution_slots and contributions_valid:
+            value = scalars[contribution_slots[name]]
+            if _finite(value):
+                m.contribution = value
+                explained += value
+                any_contribution = True
+        node = graph.get(name)
+        if measure.mode == "tf32" and node is not None and node.kind in DOT_PRODUCT_KINDS and m.local is not None:
+            m.tf32_applied = _tf32_applied(node, m.local, slots, scalars, ref)
+        measure.nodes[name] = m
+    if any_contribution:
+        measure.explained = explained
+    measure.diverged_at = obs.diverged_at
+
+
+def _amplification(m: NodeMeasure, slots: _Slots, received: Dict[Tuple[str, int], Tuple[float, float]]) -> Optional[float]:
+    if m.received is None or m.local is None or slots.local_from_received:
+        return None
+    sq_e = sum(received[s][0] for s in slots.inputs if s in received)
+    sq_r = sum(received[s][1] for s in slots.inputs if s in received)
+    if sq_r <= 0 or sq_e <= 0 or not _finite(sq_e) or not _finite(m.received.rel_error):
+        return None
+    incoming = (sq_e / sq_r) ** 0.5
+    passed_on = max(m.received.rel_error ** 2 - (m.local.rel_error or 0.0) ** 2, 0.0) ** 0.5
+    return passed_on / incoming
+
+
+def _tf32_applied(node, local: Figure, slots: _Slots, scalars: Scalars, ref: ReferenceStore) -> Optional[bool]:
+    """TF32-sized local error (True) or float32-sized (False), against the size of the summed terms."""
+    if local.rel_error is None or not _finite(local.rel_error):
+        return None
+    numel = node.out.numel if node.out is not None and node.out.numel else None
+    terms = node.dot_rms if node.dot_rms else (node.out.rms if node.out is not None else None)
+    if not terms or not numel:
+        return None
+    sq = sum(scalars[n2] ** 2 for _, n2, _ in slots.local)
+    local_rms = (sq / numel) ** 0.5
+    return local_rms / (C_INPUT * terms) > TF32_THRESHOLD
+
+
+def _tolerance_slots(errors, refs, tolerance, scalars: Scalars):
+    """Elements failing |d| <= atol + rtol |ref|, and the smallest atol (at rtol) and rtol (at atol) that pass."""
+    rtol, atol = tolerance
+    failing = None
+    min_atol = None
+    min_rtol = None
+    numel = 0
+    for e, r in zip(errors, refs):
+        if e is None or e.numel() == 0:
+            continue
+        d = e.abs()
+        a = r.abs()
+        numel += d.numel()
+        fail = (d > atol + rtol * a) | ~torch.isfinite(d)
+        need_atol = (d - rtol * a).clamp_min(0).max()
+        # where |ref| == 0 no rtol helps an element beyond atol: its need is inf
+        over = (d - atol).clamp_min(0)
+        need_rtol = torch.where(over > 0, over / a, torch.zeros_like(over)).max()
+        failing = fail.sum() if failing is None else failing + fail.sum()
+        min_atol = need_atol if min_atol is None else torch.maximum(min_atol, need_atol)
+        min_rtol = need_rtol if min_rtol is None else torch.maximum(min_rtol, need_rtol)
+    if failing is None:
+        return None
+    return scalars.add(failing), numel, scalars.add(min_atol), scalars.add(min_rtol)
+
+
+def _finite(value) -> bool:
+    return value is not None and value == value and value not in (float("inf"), float("-inf"))

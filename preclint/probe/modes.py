@@ -1,0 +1,399 @@
+"""How each precision mode runs on the probe's device: natively on a GPU, or emulated.
+
+Native (CUDA): the user's model, unmodified, under the switch a user flips:
+
+* ``tf32``: TF32 on for cuDNN convolutions and cuBLAS matmuls;
+* ``fp16``, ``bf16``: ``torch.autocast('cuda', dtype)`` (TF32 off, so each mode measures one choice);
+* ``fp16-full``, ``bf16-full``: the model and its float inputs cast with ``.to(dtype)``.
+
+Emulated (the CPU, or any device when asked): the same arithmetic, reproduced by rounding values
+and computing in float32, which is what the GPU kernels do up to the order of their sums:
+
+* ``tf32``: the operands of every conv, linear and matmul rounded to TF32, float32 accumulation;
+* ``fp16``, ``bf16``: autocast's CUDA op lists (numerics.py). A listed op rounds its operands (and
+  its module's parameters) to the low format, accumulates in float32 and stores its result in the
+  low format; a float32-listed op computes in float32; any other op computes in float32 from its
+  (already rounded) inputs and stores its result in the dtype type promotion gives, as GPU kernels
+  with float32 "opmath" do;
+* ``fp16-full``, ``bf16-full``: every parameter, buffer and input rounded to the low format, every
+  op computing in float32 and storing in the low format.
+
+Where the GPU does something else (a kernel with no TF32 path, float16 accumulation) emulation and
+hardware part; the report says which one it measured.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from preclint import ops
+from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.numerics import MODES, Mode, autocast_policy
+from preclint.probe.device import tf32
+from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
+
+# Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
+# comparisons, decisions, attribute reads such as .dtype) run as they are, on the values they get.
+_EMULATED_KINDS = frozenset({
+    Kind.CONV, Kind.LINEAR, Kind.MATMUL, Kind.BATCHNORM, Kind.NORM, Kind.SOFTMAX, Kind.REDUCTION, Kind.SCAN,
+    Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.POOL, Kind.RESAMPLE,
+})
+
+# Positions of the two multiplied operands of functional dot products (the bias is added in float32).
+_OPERANDS = {
+    "conv1d": (0, 1), "conv2d": (0, 1), "conv3d": (0, 1), "convolution": (0, 1),
+    "conv_transpose1d": (0, 1), "conv_transpose2d": (0, 1), "conv_transpose3d": (0, 1),
+    "linear": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2), "addmv": (1, 2),
+}
+
+
+@dataclass
+class Decision:
+    """What the emulation did to one call, so that its result can be stored as the mode would."""
+
+    out_dtype: Optional[torch.dtype] = None  # cast float results to this (None: keep)
+    inplace_target: Optional[torch.Tensor] = None  # write the result back here (in-place ops)
+
+
+@dataclass
+class ModeRun:
+    """One precision mode on one device: the model copy it runs, its inputs, and its arithmetic."""
+
+    name: str
+    mode: Mode
+    device: torch.device
+    emulated: bool
+    variant: torch.nn.Module  # the model as this mode runs it
+    inputs: tuple
+    how: str  # one line for the report
+    originals: Dict[int, torch.nn.Module] = field(default_factory=dict)  # id(variant module) -> float32 module
+    original_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)  # id(variant param) -> float32 param
+    reference_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)  # id(variant param) -> float64 param
+    low_params: frozenset = frozenset()  # ids of parameters that stand for low-format values (emulated -full)
+
+    @property
+    def low(self) -> Optional[torch.dtype]:
+        return LOW_DTYPES.get(self.mode.low.name) if self.mode.low is not None else None
+
+    # ------------------------------------------------------------------ contexts
+
+    def context(self):
+        """Entered around the whole run of this mode (and its replays)."""
+        stack = contextlib.ExitStack()
+        if self.device.type == "cuda" or not self.emulated:
+            stack.enter_context(tf32(self.name == "tf32" and not self.emulated))
+        if not self.emulated and self.mode.autocast and self.low is not None:
+            stack.enter_context(torch.autocast(self.device.type, dtype=self.low))
+        return stack
+
+    def exact_context(self):
+        """Float32 as float32 (for the exact replays of single nodes, inside this mode's context):
+        only the float16/bfloat16 modes replay exactly, and their context has TF32 off already, so
+        only native autocast needs switching off. Per node, anything more would show in the time."""
+        if not self.emulated and self.mode.autocast:
+            return torch.autocast(self.device.type, enabled=False)
+        if self.name == "tf32" and not self.emulated:
+            return tf32(False)
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ emulation
+
+    def before(self, node, args, kwargs, callee, inplace: bool = False) -> Tuple[Any, Any, Optional[Decision]]:
+        """The operands as the mode's arithmetic reads them, and what to do with the result."""
+        if not self.emulated:
+            return args, kwargs, None
+        low = self.low
+        full = low is not None and not self.mode.autocast
+        if full and self.low_params:
+            # in a cast model the parameters an op reads as values are low-format tensors
+            as_low = lambda t: t.to(low) if id(t) in self.low_params else t  # noqa: E731
+            args, kwargs = _map_floats(args, as_low), _map_floats(kwargs, as_low)
+        up = lambda t: t.float() if t.dtype in REDUCED_FLOATS else t  # noqa: E731
+        target = _first_tensor(args) if inplace else None
+        if full and isinstance(callee, torch.nn.Module) and node.kind not in (Kind.SHAPE, Kind.CAST):
+            # a module of a cast model (an embedding too) computes from low-format inputs and
+            # parameters and stores a low-format result; dot products round their operands first
+            fn = (lambda t: round_to(t.float(), low) if _is_float32ish(t) else t) if node.kind in DOT_PRODUCT_KINDS else up
+            return _map_floats(args, fn), _map_floats(kwargs, fn), Decision(low, target)
+        if node.kind not in _EMULATED_KINDS:
+            return args, kwargs, None
+        if self.name == "tf32":
+            if node.kind in DOT_PRODUCT_KINDS and tf32_kernel(node, callee, args, kwargs):
+                args, kwargs = _map_operands(node, callee, args, kwargs, round_tf32)
+            return args, kwargs, None
+        policy = autocast_policy(node.fn)
+        rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
+        if self.mode.autocast:
+            if policy == "lower":
+                return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
+            if policy == "fp32":
+                return _map_floats(args, up), _map_floats(kwargs, up), Decision(None, target)
+        elif node.kind in DOT_PRODUCT_KINDS or policy == "lower":
+            # -full: operands and parameters already hold low-format values; accumulate in float32
+            return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
+        out_dtype = _promoted(args, kwargs)
+        if out_dtype not in REDUCED_FLOATS and not _any_reduced(args, kwargs):
+            return args, kwargs, None
+        return _map_floats(args, up), _map_floats(kwargs, up), Decision(out_dtype, target)
+
+    def entering(self, node, output):
+        """A parameter the graph reads as a value (FX get_attr): low-format in a cast model."""
+        if self.emulated and self.low is not None and not self.mode.autocast and node.fn == "parameter":
+            low = self.low
+            return tree_map(lambda v: v.to(low) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, output)
+        return output
+
+    def after(self, output, decision: Optional[Decision], replay: bool = False):
+        """The result stored as the mode stores it."""
+        if decision is None:
+            return output
+        if decision.out_dtype is not None:
+            dtype = decision.out_dtype
+            output = tree_map(lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, output)
+        target = decision.inplace_target
+        if target is not None and not replay and isinstance(output, torch.Tensor) and output is not target:
+            with torch.no_grad():
+                target.copy_(output)
+            return target
+        return output
+
+
+def _is_float32ish(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.float32,) + REDUCED_FLOATS
+
+
+def _first_tensor(args) -> Optional[torch.Tensor]:
+    return args[0] if args and isinstance(args[0], torch.Tensor) else None
+
+
+def _map_floats(value, fn):
+    return tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
+
+
+def _map_operands(node, callee, args, kwargs, fn):
+    """Apply ``fn`` to the multiplied operands of a dot product (not to its bias)."""
+    if isinstance(callee, torch.nn.Module):
+        return _map_floats(args, fn), kwargs
+    positions = _OPERANDS.get(node.fn)
+    if positions is None:
+        return _map_floats(args, fn), _map_floats(kwargs, fn)
+    new_args = tuple(fn(a) if i in positions and isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                     for i, a in enumerate(args))
+    new_kwargs = {k: (fn(v) if k in ("input", "weight", "mat1", "mat2", "batch1", "batch2") and
+                      isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kwargs.items()}
+    return new_args, new_kwargs
+
+
+def _any_reduced(args, kwargs) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in tree_flatten((args, kwargs))[0])
+
+
+def _promoted(args, kwargs) -> Optional[torch.dtype]:
+    """The float dtype torch's type promotion gives these operands (dimensioned tensors win over
+    zero-dimensional ones)."""
+    floats = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not floats:
+        return None
+    ranked = [t for t in floats if t.dim() > 0] or floats
+    dtype = ranked[0].dtype
+    for t in ranked[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def tf32_kernel(node, callee, args, kwargs) -> bool:
+    """Whether a conv or matmul gets a TF32 tensor-core kernel: the emulation's model of cuDNN and
+    cuBLAS, from what the probe measured on an H200 (torch 2.11, CUDA 13.0, cuDNN 9.19; see
+    benchmarks/README.md). Three kinds of layer had float32-sized error with TF32 on:
+
+    * depthwise convolutions (mobilenet_v3, efficientnet, convnext): CUDA-core kernels;
+    * convolutions reading 4 or fewer channels per group (the RGB stems of resnet, mobilenet,
+      efficientnet and convnext, ViT's patch embedding);
+    * products with a single row, which BLAS computes as matrix-vector products (a classifier head
+      or a squeeze-excitation 1x1 conv at batch size 1).
+
+    Other kernels choose by shape heuristics the emulation cannot know (some 1x1 stride-2 convs at
+    batch 1 ran without TF32 too); a real probe measures every layer.
+    """
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+    if node.kind == Kind.CONV:
+        weight = getattr(callee, "weight", None) if isinstance(callee, torch.nn.Module) else (
+            args[1] if len(args) > 1 else kwargs.get("weight"))
+        if not isinstance(weight, torch.Tensor):
+            return True
+        transposed = bool(getattr(callee, "transposed", False)) or "transpose" in node.fn
+        groups = getattr(callee, "groups", None) or node.groups or 1
+        # output positions of a 1x1 conv: one per input pixel (at stride 1; fewer with a stride)
+        rows = x.shape[0] * x.shape[2:].numel() if isinstance(x, torch.Tensor) and x.dim() >= 3 else None
+        return conv_uses_tf32(tuple(weight.shape), groups, transposed, rows)
+    if node.kind == Kind.MATMUL and len(args) >= 2 and all(isinstance(a, torch.Tensor) for a in args[:2]):
+        a, b = args[0], args[1]
+        return (a.shape[-2] if a.dim() >= 2 else 1) > 1 and (b.shape[-1] if b.dim() >= 2 else 1) > 1
+    rows = x.numel() // max(x.shape[-1], 1) if isinstance(x, torch.Tensor) and x.dim() >= 1 else None
+    return product_uses_tf32(node.kind, rows)
+
+
+def conv_uses_tf32(weight_shape: tuple, groups: int, transposed: bool, rows: Optional[int]) -> bool:
+    """``rows``: the output positions (batch x pixels), which decide only for 1x1 kernels."""
+    if len(weight_shape) < 3:
+        return True
+    per_group = weight_shape[0] if transposed else weight_shape[1]
+    if groups > 1 and per_group == 1:
+        return False
+    if per_group <= 4:
+        return False
+    kernel = 1
+    for k in weight_shape[2:]:
+        kernel *= k
+    return not (kernel == 1 and rows == 1)
+
+
+def product_uses_tf32(kind: str, rows: Optional[int]) -> bool:
+    """A linear layer over a single row is a matrix-vector product."""
+    return not (kind == Kind.LINEAR and rows == 1)
+
+
+def _module_uses_tf32(node, module) -> bool:
+    """The kernel rule for a module node, from the output shape the check recorded."""
+    out = node.out.shape if node.out is not None else None
+    if node.kind == Kind.CONV and isinstance(getattr(module, "weight", None), torch.Tensor):
+        rows = None
+        if out is not None and len(out) >= 3 and out[1]:
+            rows = 1
+            for d in out:
+                rows *= d
+            rows //= out[1]
+        return conv_uses_tf32(tuple(module.weight.shape), getattr(module, "groups", 1) or 1,
+                              bool(getattr(module, "transposed", False)), rows)
+    rows = None
+    if out is not None and len(out) >= 1:
+        rows = 1
+        for d in out[:-1]:
+            rows *= d
+    return product_uses_tf32(node.kind, rows)
+
+
+# --------------------------------------------------------------------------------------- building
+
+
+def _describe(name: str, device: torch.device, emulated: bool) -> str:
+    mode = MODES[name]
+    if emulated:
+        if name == "tf32":
+            return ("emulated: conv, linear and matmul operands rounded to TF32 (10 mantissa bits, nearest even), "
+                    "float32 accumulation, where an H200's cuDNN/cuBLAS use TF32 kernels (not for depthwise convs, "
+                    "convs over <= 4 channels, or single-row products)")
+        low = mode.low.name
+        if mode.autocast:
+            return (f"emulated autocast({low}) with CUDA's op lists: listed ops round operands and parameters to {low}, "
+                    f"accumulate in float32 and store {low}; other ops compute in float32 and store the promoted dtype")
+        return f"emulated: parameters, buffers and inputs rounded to {low}; every op computes in float32 and stores {low}"
+    if name == "tf32":
+        return "TF32 on for cuDNN convolutions and cuBLAS matmuls"
+    dtype = str(LOW_DTYPES[mode.low.name])
+    if mode.autocast:
+        return f"torch.autocast('{device.type}', dtype={dtype}), TF32 off"
+    return f"model and float inputs cast with .to({dtype}), TF32 off"
+
+
+def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
+                   model64: torch.nn.Module, graph=None) -> ModeRun:
+    """The copy of the model and the inputs ``name`` runs on ``device`` (model32 and model64 live there).
+
+    A copy shares every parameter it does not change with ``model32``: only the rounded or cast
+    ones are new tensors, so a mode costs the memory of what it changes.
+    """
+    mode = MODES[name]
+    low = LOW_DTYPES.get(mode.low.name) if mode.low is not None else None
+    inputs = inputs32
+    low_params: frozenset = frozenset()
+    with torch.no_grad():
+        if not emulated:
+            if mode.low is None or mode.autocast:
+                variant = model32
+            else:
+                variant = _variant(model32, lambda module, pname, t: t.to(low) if t.is_floating_point() else None)
+                inputs = _cast_inputs(inputs32, low)
+        elif name == "tf32":
+            uses = _tf32_modules(model32, graph)
+
+            def to_tf32(module, pname, t):
+                if id(module) in uses and "weight" in pname and t.dtype == torch.float32:
+                    return round_tf32(t)
+                return None
+
+            variant = _variant(model32, to_tf32)
+        elif mode.autocast:
+            lower = {id(m) for m in model32.modules()
+                     if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"}
+            variant = _variant(model32, lambda module, pname, t: round_to(t, low)
+                               if id(module) in lower and t.dtype == torch.float32 else None)
+        else:
+            variant = _variant(model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
+            low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
+            inputs = _cast_inputs(inputs32, low)
+    run = ModeRun(name, mode, device, emulated, variant, inputs, _describe(name, device, emulated), low_params=low_params)
+    run.originals = _module_map(variant, model32)
+    run.original_tensors = _tensor_map(variant, model32)
+    run.reference_tensors = _tensor_map(variant, model64)
+    return run
+
+
+def _variant(model: torch.nn.Module, change) -> torch.nn.Module:
+    """A copy of ``model`` whose tensors are ``change(module, name, tensor)``, or shared where that is None."""
+    memo: Dict[int, Any] = {}
+    for module in model.modules():
+        for pname, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if id(t) in memo:
+                continue
+            new = change(module, pname, t.detach())
+            if new is None:
+                memo[id(t)] = t
+            elif isinstance(t, torch.nn.Parameter):
+                memo[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            else:
+                memo[id(t)] = new
+    return copy.deepcopy(model, memo)
+
+
+def _tf32_modules(model: torch.nn.Module, graph) -> set:
+    """ids of the dot-product modules whose kernels take TF32 (tf32_kernel), judged from the shapes
+    the check recorded for the nodes that call them."""
+    uses = {}
+    modules = dict(model.named_modules())
+    for node in (graph.nodes if graph is not None else ()):
+        module = modules.get(node.module_path) if node.target.startswith("nn.") else None
+        if module is not None and node.kind in DOT_PRODUCT_KINDS:
+            uses.setdefault(id(module), _module_uses_tf32(node, module))
+    return {id(m) for _, m in _dot_modules(model) if uses.get(id(m), True)}
+
+
+def _cast_inputs(inputs: tuple, dtype: torch.dtype) -> tuple:
+    return tuple(tree_map(lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v,
+                          list(inputs)))
+
+
+def _dot_modules(model: torch.nn.Module):
+    for path, module in model.named_modules():
+        if ops.is_leaf_module(module) and ops.classify_module(module)[0] in DOT_PRODUCT_KINDS:
+            yield path, module
+
+
+def _module_map(variant: torch.nn.Module, other: torch.nn.Module) -> Dict[int, torch.nn.Module]:
+    others = dict(other.named_modules())
+    return {id(m): others[path] for path, m in variant.named_modules() if path in others}
+
+
+def _tensor_map(variant: torch.nn.Module, other: torch.nn.Module) -> Dict[int, torch.Tensor]:
+    others = dict(other.named_parameters(remove_duplicate=False))
+    others.update(dict(other.named_buffers(remove_duplicate=False)))
+    mapped = {}
+    for path, t in list(variant.named_parameters(remove_duplicate=False)) + list(variant.named_buffers(remove_duplicate=False)):
+        if path in others:
+            mapped[id(t)] = others[path]
+    return mapped

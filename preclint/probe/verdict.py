@@ -1,0 +1,191 @@
+"""Confirm or refute every finding with what the probe measured, and report what no rule flagged.
+
+A finding predicts one of a few things; the probe compares it with the matching measurement:
+
+| rule | predicted | measured | confirmed when |
+|---|---|---|---|
+| PCL001 | the output fails rtol/atol | the output of each mode's full run | some element fails |atol + rtol |ref|| |
+| PCL002 | a non-finite fp32 value | the node in float64 and in each mode | it is inf/NaN there too |
+| PCL101 | a float16 overflow | the node in the mode's run | it is inf/NaN there (the reference is finite) |
+| PCL205 | the conv's own (local) error | its local error | measured >= predicted / 3 |
+| PCL301 | decisions flip | the decisions of the mode's run | at least one flipped |
+| others | the error the node's value carries | its received error | measured >= predicted / 3 |
+
+A third, because the error model's measured/predicted ratios over whole layers of ten torchvision
+and timm models lie within a factor of 3 (NUMERICS.md): below a third, the prediction was wrong in
+kind, not in degree. Each measured mode gets a status; the finding is ``confirmed`` when at least
+one mode it names is, ``refuted`` when every measured one is, and keeps no status when none of its
+modes could be measured.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Set
+
+from preclint.findings import ErrorFigure, Finding, percent, sci
+from preclint.probe.ledger import ModeMeasure, ProbeResult
+
+CONFIRM_FRACTION = 1.0 / 3.0
+
+MEASURED_AS = {
+    "PCL001": "output",
+    "PCL002": "reference",
+    "PCL101": "overflow",
+    "PCL205": "local",
+    "PCL301": "flips",
+}
+DEFAULT_MEASURE = "received"
+
+
+def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str]) -> None:
+    """Fill ``measured`` and ``status`` of each finding the probe can measure."""
+    for f in findings:
+        kind = MEASURED_AS.get(f.code, DEFAULT_MEASURE)
+        if kind != "output" and not f.node:
+            continue  # model-level or source findings: nothing at a node to measure
+        modes = [m for m in (f.precisions or tuple(f.predicted)) if m in result.modes]
+        statuses = []
+        for mode in modes:
+            measure = result.modes[mode]
+            if measure.error is not None:
+                continue
+            figure = _measure(kind, f, graph, measure, reference_nonfinite)
+            if figure is None:
+                continue
+            f.measured[mode] = figure
+            if figure.status is not None:
+                statuses.append(figure.status)
+        if statuses:
+            f.status = "confirmed" if "confirmed" in statuses else "refuted"
+        if f.code == "PCL001":
+            _tolerance_fix(f, result)
+
+
+def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfinite: Set[str]) -> Optional[ErrorFigure]:
+    predicted = f.predicted.get(measure.mode)
+    if kind == "output":
+        if measure.output is None:
+            return None
+        figure = ErrorFigure(measure.output.rel_error, measure.output.max_abs_error)
+        tolerance = measure.tolerance
+        if tolerance is not None:
+            figure.min_atol = tolerance.min_atol
+            figure.min_rtol = tolerance.min_rtol
+            figure.status = "confirmed" if tolerance.failing > 0 or not measure.output_finite else "refuted"
+        else:
+            figure.status = _by_size(predicted, figure.rel_error, not measure.output_finite)
+        return figure
+    m = measure.nodes.get(f.node)
+    if m is None:
+        return None
+    if kind == "flips":
+        site = [n for n in graph.nodes if _same_site(graph[f.node], n)]
+        flips = [measure.nodes[n.name] for n in site if n.name in measure.nodes and measure.nodes[n.name].flips is not None]
+        if not flips:
+            return None
+        units = sum(x.units or 0 for x in flips)
+        changed = sum(x.flips or 0 for x in flips)
+        figure = ErrorFigure(m.received.rel_error if m.received else None, m.received.max_abs_error if m.received else None,
+                             flip_fraction=changed / units if units else 0.0)
+        figure.status = "confirmed" if changed > 0 else "refuted"
+        return figure
+    if kind == "overflow":
+        figure = ErrorFigure(m.received.rel_error if m.received else None, m.received.max_abs_error if m.received else None)
+        figure.status = "confirmed" if m.nonfinite else "refuted"
+        return figure
+    if kind == "reference":
+        figure = ErrorFigure(m.received.rel_error if m.received else None, m.received.max_abs_error if m.received else None)
+        figure.status = "confirmed" if f.node in reference_nonfinite or m.nonfinite else "refuted"
+        return figure
+    source = m.local if kind == "local" else m.received
+    if source is None:
+        return None
+    figure = ErrorFigure(source.rel_error, source.max_abs_error)
+    figure.status = _by_size(predicted, source.rel_error, m.nonfinite)
+    return figure
+
+
+def _by_size(predicted: Optional[ErrorFigure], measured: Optional[float], nonfinite: bool) -> Optional[str]:
+    if nonfinite:
+        return "confirmed"
+    if predicted is None or predicted.rel_error is None or measured is None or not math.isfinite(measured):
+        return None
+    return "confirmed" if measured >= CONFIRM_FRACTION * predicted.rel_error else "refuted"
+
+
+def _same_site(a, b) -> bool:
+    return a.name == b.name or (a.margins is not None and b.margins is not None and a.module_path == b.module_path
+                                 and a.fn == b.fn and a.location == b.location)
+
+
+def _tolerance_fix(f: Finding, result: ProbeResult) -> None:
+    parts = []
+    for mode, figure in sorted(f.measured.items()):
+        tolerance = result.modes[mode].tolerance
+        if tolerance is None or figure.min_atol is None:
+            continue
+        text = f"{mode} passes with atol >= {sci(figure.min_atol)} at rtol={sci(tolerance.rtol)}"
+        if figure.min_rtol is not None:
+            text += f", or rtol >= {sci(figure.min_rtol)} at atol={sci(tolerance.atol)}"
+        else:
+            text += f" (no rtol suffices at atol={sci(tolerance.atol)}: elements that are 0 in the reference miss it)"
+        if tolerance.failing:
+            text += f"; {percent(tolerance.failing / tolerance.numel)} of {tolerance.numel} elements fail now"
+        parts.append(text)
+    if parts:
+        f.fix = f.fix.rstrip() + " Measured: " + "; ".join(parts) + "."
+
+
+def summary_entries(result: ProbeResult) -> Dict[str, Dict]:
+    """``measured_output`` for each mode of the report's summary."""
+    entries = {}
+    for mode, measure in result.modes.items():
+        if measure.error is not None:
+            entries[mode] = {"error": measure.error}
+            continue
+        entry: Dict = {}
+        if measure.output is not None:
+            entry["rel_error"] = measure.output.rel_error
+            entry["max_abs_error"] = measure.output.max_abs_error
+        entry["finite"] = measure.output_finite
+        if measure.output_units:
+            entry["flip_fraction"] = measure.output_flips / measure.output_units
+        if measure.explained is not None:
+            entry["explained_by_contributions"] = round(measure.explained, 4)
+        if measure.tolerance is not None:
+            entry["min_atol"] = measure.tolerance.min_atol
+            entry["min_rtol"] = measure.tolerance.min_rtol
+        entries[mode] = entry
+    return entries
+
+
+def probe_notes(result: ProbeResult, display) -> List[str]:
+    env = result.environment
+    if env.get("emulated"):
+        where = f"emulated on {env.get('cpu') or env['device']} ({env.get('threads', '?')} threads)" \
+            if env["device"] == "cpu" else f"emulated on {env['device']}"
+    else:
+        where = f"measured on {env.get('gpu', env['device'])} (CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')})"
+    notes = [f"probe: {where}, torch {env['torch']}, against a float64 reference on the same device"]
+    notes += [f"probe: {n}" for n in result.notes]
+    for mode, measure in result.modes.items():
+        if measure.error is not None:
+            notes.append(f"probe: {mode} could not be measured: {measure.error}")
+            continue
+        if measure.first_nonfinite is not None:
+            notes.append(f"probe: under {mode} the values first become inf/NaN at {display(measure.first_nonfinite)}")
+        if measure.diverged_at is not None:
+            notes.append(f"probe: under {mode} control flow left the reference's path at {display(measure.diverged_at)}; "
+                         "later nodes are not compared")
+        if measure.observer_delta is not None and measure.observer_delta != 0:
+            notes.append(f"probe: under {mode} the observed run differs from the plain model by up to "
+                         f"{sci(measure.observer_delta)} (kernel nondeterminism)")
+        if measure.agreement is not None:
+            a = measure.agreement
+            text = (f"probe: {mode} contributions against one-node-at-a-time runs over {a['nodes']} nodes: "
+                    f"correlation {sci(a['correlation'])}, largest difference {sci(a['max_abs_difference'])}")
+            if "major_nodes" in a:
+                text += f", {percent(a['major_within_2x'])} of the {a['major_nodes']} nodes above 5% within 2x"
+            notes.append(text)
+        notes += [f"probe: {mode}: {n}" for n in measure.notes]
+    return notes

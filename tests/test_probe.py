@@ -1,0 +1,344 @@
+"""The probe on the CPU (emulated precisions) on small real models: what it measures, and that the
+measurements are right.
+
+Reference values here are computed independently of the probe, by writing out what each precision
+does to a single layer; tolerances say why they are what they are.
+"""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from preclint.errors import UserError
+from preclint.numerics import C_INPUT
+from preclint.probe import ProbeOptions, apply, measure_model
+from preclint.probe.rounding import round_tf32
+from tests.helpers import check
+
+CPU = ProbeOptions(device="cpu")
+
+
+def probe(model, inputs, modes=("tf32", "fp16", "bf16"), options=CPU, **check_options):
+    report, graph, ctx = check(model, inputs, precisions=modes, **check_options)
+    tolerance = None
+    if ctx.rtol is not None or ctx.atol is not None:
+        tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
+    result = measure_model(model, inputs, graph, modes, options, tolerance)
+    return report, graph, ctx, result
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    ).eval()
+    return model, (torch.rand(2, 3, 16, 16),)
+
+
+@pytest.fixture(scope="module")
+def cnn_probe():
+    model, inputs = small_cnn()
+    return probe(model, inputs, modes=("tf32", "fp16", "bf16", "fp16-full"), options=ProbeOptions(device="cpu", ablate=True))
+
+
+def test_every_node_is_measured_in_every_mode(cnn_probe):
+    _report, graph, _ctx, result = cnn_probe
+    for mode, measure in result.modes.items():
+        assert measure.error is None, measure.error
+        assert measure.output is not None and measure.output_finite
+        for node in graph.nodes:
+            if node.kind == "output":
+                continue
+            m = measure.nodes[node.name]
+            assert m.received is not None and m.received.rel_error >= 0, (mode, node.name)
+            assert m.local is not None, (mode, node.name, m.note)
+    assert result.environment["emulated"] is True
+    assert result.environment["reference"]["dtype"] == "float64"
+    assert "torch.get_float32_matmul_precision()" in result.environment["flags"]
+
+
+def test_local_error_of_a_dot_product_has_the_size_of_its_format(cnn_probe):
+    # NUMERICS.md: over whole layers the measured local error of a conv/linear was within 3x of
+    # C_INPUT * u * RMS(sqrt(sum (a b)^2)); the exact emulation must land in the same band.
+    _report, graph, _ctx, result = cnn_probe
+    u = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "fp16-full": 2.0 ** -11, "bf16": 2.0 ** -8}
+    for mode in ("tf32", "bf16"):
+        for node in graph.nodes:
+            if node.kind not in ("conv", "linear") or not node.dot_rms:
+                continue
+            if mode == "tf32" and not result.modes[mode].nodes[node.name].tf32_applied:
+                continue  # a kernel without TF32 (the 3-channel stem): float32's error
+            local = result.modes[mode].nodes[node.name].local
+            local_rms = local.rel_error * node.out.rms
+            size = C_INPUT * u[mode] * node.dot_rms
+            assert size / 3 <= local_rms <= 3 * size, (mode, node.name, local_rms, size)
+
+
+def test_data_movement_adds_no_error_and_tf32_leaves_other_ops_alone(cnn_probe):
+    _report, graph, _ctx, result = cnn_probe
+    for node in graph.nodes:
+        m = result.modes["tf32"].nodes.get(node.name)
+        if m is None:
+            continue
+        if node.kind == "shape":
+            assert m.local.rel_error == 0.0
+        if node.kind in ("batchnorm", "activation", "pool"):
+            # these run in float32 under TF32: only float32 rounding against the float64 reference
+            assert m.local.rel_error < 1e-6, (node.name, m.local.rel_error)
+
+
+def test_contributions_match_one_node_at_a_time_runs(cnn_probe):
+    _report, _graph, _ctx, result = cnn_probe
+    for mode, measure in result.modes.items():
+        a = measure.agreement
+        assert a is not None and a["nodes"] >= 4, mode
+        # the adjoint is the exact runs' first-order term: for errors of 1e-3 the rest is 1e-3 of it
+        assert a["correlation"] > 0.999, (mode, a)
+        assert a["max_abs_difference"] < 0.01, (mode, a)
+        assert a["top5_overlap"] >= 0.8, (mode, a)
+        # a shallow network: first-order propagation of the local errors is nearly all of the error
+        assert 0.9 < measure.explained < 1.1, (mode, measure.explained)
+
+
+def test_amplification_of_a_pure_gain_is_the_gain():
+    # y = 8 x after a conv: the relative error passes through unchanged (amplification 1), and the
+    # scaling itself adds float32 rounding only under TF32
+    torch.manual_seed(0)
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3)
+
+        def forward(self, x):
+            return self.conv(x) * 8.0
+
+    _r, graph, _c, result = probe(Scaled().eval(), (torch.rand(2, 8, 12, 12),), modes=("tf32",))
+    mul = [n for n in graph.nodes if n.fn == "mul"][0]
+    assert result.modes["tf32"].nodes[mul.name].amplification == pytest.approx(1.0, rel=1e-3)
+
+
+def test_emulated_autocast_matches_a_hand_written_float16_linear():
+    # autocast float16 on Linear: operands and bias rounded to float16, float32 accumulation, result
+    # stored in float16. Written out by hand, the output error must equal the probe's to float32's
+    # resolution (the two computations differ only in the order of the float32 sums).
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32).eval()
+    x = torch.randn(16, 64)
+    _r, _g, _c, result = probe(layer, (x,), modes=("fp16", "fp16-full", "bf16"))
+    with torch.no_grad():
+        reference = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+    for mode, dtype in (("fp16", torch.float16), ("fp16-full", torch.float16), ("bf16", torch.bfloat16)):
+        r = lambda t: t.detach().to(dtype).float()  # noqa: E731
+        by_hand = torch.nn.functional.linear(r(x), r(layer.weight), r(layer.bias)).to(dtype).double()
+        expected = float((by_hand - reference).norm() / reference.norm())
+        measured = result.modes[mode].output.rel_error
+        assert measured == pytest.approx(expected, rel=1e-3), mode
+
+
+def test_emulated_tf32_matches_a_hand_written_tf32_conv():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3).eval()
+    x = torch.randn(2, 8, 10, 10)
+    _r, graph, _c, result = probe(conv, (x,), modes=("tf32",))
+    with torch.no_grad():
+        reference = torch.nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double())
+        by_hand = torch.nn.functional.conv2d(round_tf32(x), round_tf32(conv.weight), conv.bias).double()
+    expected = float((by_hand - reference).norm() / reference.norm())
+    assert result.modes["tf32"].output.rel_error == pytest.approx(expected, rel=1e-3)
+    node = [n for n in graph.nodes if n.kind == "conv"][0]
+    assert result.modes["tf32"].nodes[node.name].tf32_applied is True
+
+
+def test_emulated_tf32_follows_the_kernels_an_h200_picks():
+    # depthwise convs, convs over <= 4 channels and single-row products ran without TF32 on an H200
+    # (benchmarks/README.md); the emulation leaves them in float32, a dense conv gets TF32
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.Conv2d(16, 16, 3, groups=16), nn.Conv2d(16, 16, 3),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4)).eval()
+    _r, graph, _c, result = probe(model, (torch.rand(1, 3, 12, 12),), modes=("tf32",))
+    applied = {n.module_path: result.modes["tf32"].nodes[n.name].tf32_applied
+               for n in graph.nodes if n.kind in ("conv", "linear")}
+    assert applied == {"0": False, "1": False, "2": True, "5": False}
+
+
+def test_tf32_applied_is_false_where_rounding_to_tf32_changes_nothing():
+    # small integers are exact in TF32, so the conv's error is float32's (here: none), which the
+    # probe must tell apart from a TF32 kernel, as it does for depthwise convs on cuDNN
+    conv = nn.Conv2d(8, 4, 3, bias=False).eval()
+    with torch.no_grad():
+        conv.weight.copy_(torch.randint(-3, 4, conv.weight.shape).float())
+    x = torch.randint(-4, 5, (2, 8, 8, 8)).float()
+    _r, graph, _c, result = probe(conv, (x,), modes=("tf32",))
+    node = [n for n in graph.nodes if n.kind == "conv"][0]
+    assert result.modes["tf32"].nodes[node.name].tf32_applied is False
+
+
+def test_tf32_rounding_is_to_nearest_even_with_10_mantissa_bits():
+    values = torch.tensor([1.0, 1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -10 + 2 ** -11, -(1 + 3 * 2 ** -11),
+                           float("inf"), -float("inf"), 3.4028234e38])
+    expected = [1.0, 1.0, 1 + 2 ** -9, 1 + 2 ** -9, -(1 + 2 ** -9), float("inf"), -float("inf"), float("inf")]
+    assert round_tf32(values).tolist() == expected
+    assert math.isnan(float(round_tf32(torch.tensor([float("nan")]))))
+
+
+def test_overflow_under_fp16_is_measured_and_confirms_pcl101():
+    from preclint.rules.fp16_overflow import Fp16Overflow
+
+    model, inputs = Fp16Overflow.bad[0].build()
+    report, graph, ctx, result = probe(model, inputs, modes=("fp16", "bf16"))
+    measure = result.modes["fp16"]
+    assert measure.output_finite is False
+    assert measure.first_nonfinite is not None
+    assert result.modes["bf16"].output_finite is True
+    apply(report, None, graph, ctx, None, result)
+    flagged = [f for f in report.findings if f.code == "PCL101"]
+    assert flagged and all(f.status == "confirmed" for f in flagged)
+    assert report.summary["fp16"]["measured_output"]["finite"] is False
+
+
+def test_decision_flips_are_measured_for_pcl301():
+    from preclint.rules.decision_flip import DecisionFlip
+
+    model, inputs = DecisionFlip.bad[0].build()
+    report, graph, ctx, result = probe(model, inputs, modes=("bf16",))
+    apply(report, None, graph, ctx, None, result)
+    argmax = [n for n in graph.nodes if n.fn == "argmax"][0]
+    m = result.modes["bf16"].nodes[argmax.name]
+    assert m.units == 64 and m.flips is not None
+    # the flips are the labels that differ from the float64 reference's, counted independently here
+    with torch.no_grad():
+        ref = model.double()(inputs[0].double())
+    assert result.modes["bf16"].output_units == ref.numel()
+    assert result.modes["bf16"].output_flips == m.flips
+    for f in report.findings:
+        if f.code == "PCL301":
+            assert f.measured["bf16"].flip_fraction == pytest.approx(m.flips / 64)
+            assert f.status == ("confirmed" if m.flips else "refuted")
+
+
+def test_pcl001_gets_the_smallest_passing_tolerance():
+    from rules.output_tolerance import OutputTolerance
+
+    model, inputs = OutputTolerance.bad[0].build()
+    report, graph, ctx, result = probe(model, inputs, modes=("fp16-full",), rtol=1e-3, atol=1e-5)
+    apply(report, None, graph, ctx, None, result)
+    finding = [f for f in report.findings if f.code == "PCL001"][0]
+    assert finding.status == "confirmed"
+    figure = finding.measured["fp16-full"]
+    check_ = result.modes["fp16-full"].tolerance
+    assert check_.failing > 0 and figure.min_atol > 1e-5
+    # recompute with the definition: every element passes |d| <= atol + rtol |ref| at the reported atol
+    with torch.no_grad():
+        ref = model.double()(inputs[0].double())
+        low = model.half()(inputs[0].half()).double()
+    d = (low - ref).abs()
+    assert bool((d <= figure.min_atol * (1 + 1e-6) + 1e-3 * ref.abs()).all())
+    assert not bool((d <= figure.min_atol * 0.99 + 1e-3 * ref.abs()).all())
+    assert "Measured:" in finding.fix
+
+
+def test_reference_that_is_not_finite_is_a_user_error():
+    class Exploding(nn.Module):
+        def forward(self, x):
+            return torch.exp(x * 1000.0)
+
+    with pytest.raises(UserError, match="float64 reference .* not finite"):
+        probe(Exploding(), (torch.full((2, 3), 10.0),), modes=("fp16",))
+
+
+def test_a_mode_that_cannot_run_is_reported_not_raised():
+    class Float32Only(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.dtype == torch.float16:
+                raise RuntimeError("this model only takes float32 or float64 inputs")
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    _r, _g, _c, result = probe(Float32Only().eval(), (torch.randn(4, 8),), modes=("bf16", "fp16-full"))
+    assert result.modes["bf16"].error is None
+    error = result.modes["fp16-full"].error
+    assert error and "only takes float32" in error and "\n" not in error
+
+
+def test_out_of_memory_in_one_mode_is_a_per_mode_could_not_measure():
+    class Hungry(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.dtype == torch.bfloat16:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    _r, _g, _c, result = probe(Hungry().eval(), (torch.randn(4, 8),), modes=("fp16", "bf16-full"))
+    assert result.modes["fp16"].error is None
+    assert result.modes["bf16-full"].error.startswith("out of memory")
+
+
+def test_cuda_without_a_gpu_is_a_user_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    model, inputs = small_cnn()
+    with pytest.raises(UserError, match="--probe cuda.*--probe cpu"):
+        probe(model, inputs, modes=("tf32",), options=ProbeOptions(device="cuda"))
+
+
+def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops():
+    # data-dependent control flow (the recorder, not FX) and an in-place ReLU that would overwrite
+    # the reference value of the batch norm before it if the probe did not keep a copy
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.bn = nn.BatchNorm2d(8)
+            self.relu = nn.ReLU(inplace=True)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = self.relu(self.bn(self.conv(x)))
+            if y.mean() > 0:  # FX cannot trace this
+                y = y * 2.0
+            return self.fc(y.mean(dim=(2, 3)))
+
+    torch.manual_seed(0)
+    _r, graph, _c, result = probe(Branchy().eval(), (torch.rand(2, 3, 10, 10),), modes=("fp16", "bf16"))
+    assert graph.capture == "function-mode"
+    for mode, measure in result.modes.items():
+        assert measure.error is None and measure.diverged_at is None, (mode, measure.error)
+        bn = measure.nodes["bn"]
+        # the batch norm's own error is its float16 rounding (|relative| ~ u/3), not the ReLU's clipping
+        assert bn.local.rel_error < 4 * 2.0 ** -8, (mode, bn.local)
+        assert measure.explained == pytest.approx(1.0, abs=0.15), (mode, measure.explained)
+
+
+def test_a_mask_of_minus_inf_is_no_error():
+    # causal attention: the scores hold -inf in float64 too; the same -inf in a reduced run is no error
+    class Causal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).split(16, dim=-1)
+            scores = torch.matmul(q, k.transpose(-2, -1)) / 4.0
+            mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+            return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+
+    torch.manual_seed(0)
+    _r, graph, _c, result = probe(Causal().eval(), (torch.randn(2, 8, 16),), modes=("bf16", "fp16-full"))
+    fill = [n for n in graph.nodes if n.fn == "masked_fill"][0]
+    assert fill.name in result.reference_nonfinite
+    for mode, measure in result.modes.items():
+        m = measure.nodes[fill.name]
+        assert not m.nonfinite and m.received.rel_error < 0.05 and math.isfinite(m.local.rel_error), (mode, m)
+        assert measure.first_nonfinite is None and measure.output_finite
