@@ -1,0 +1,322 @@
+"""Benchmark: the probe's speed, its contributions against one-layer-at-a-time runs, and emulation
+against real GPU arithmetic.
+
+    python benchmarks/probe.py speed --device cuda --model resnet50 --batch 32 [--ablate] --out speed.json
+    python benchmarks/probe.py speed --device cpu --model resnet18 --batch 1 --out cpu_speed.json
+    python benchmarks/probe.py agree --models resnet18,vit_b_16 --out agree.json   # GPU machine
+    python benchmarks/probe.py report speed.json cpu_speed.json agree.json         # markdown tables
+
+``speed`` times one float32 forward pass (TF32 off, no autograd, median of 10 after warm-up) and
+the probe of three modes (local, received and contribution for every node), warm: the second of two
+probe runs, so that CUDA's context, cuDNN's heuristics and the allocator are set up as in any
+process that has run the model once. The static check that the probe extends is timed apart.
+
+``agree`` probes each model of the zoo (benchmarks/zoo.py) natively on the GPU and emulated (on the
+GPU's own float32 units: emulation is device-independent arithmetic, checked against the CPU by the
+tests) and compares, per mode, the output error, every layer's local error and the contributions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from preclint.config import Config  # noqa: E402
+from preclint.engine import CheckOptions, check_model  # noqa: E402
+from preclint.load import LoadedModel  # noqa: E402
+from preclint.probe import ProbeOptions, measure_model  # noqa: E402
+
+MODES = ("tf32", "fp16", "bf16")
+FP32_FLOOR = 2.0 ** -17.5  # below this a local error is float32's, not the mode's (measure.py)
+
+
+def machine(device: str) -> Dict[str, Any]:
+    info = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import torchvision
+
+        info["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    if device == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    else:
+        info.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
+                    cores=os.cpu_count())
+    return info
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def forward_time(model, inputs, device: str, repeats: int = 10) -> float:
+    """Median seconds of one float32 forward pass, TF32 off, without autograd."""
+    from preclint.probe.device import tf32
+
+    model = model.to(device)
+    args = tuple(x.to(device) for x in inputs)
+    times = []
+    with torch.no_grad(), tf32(False):
+        for i in range(repeats + 3):
+            _sync(device)
+            start = time.perf_counter()
+            model(*args)
+            _sync(device)
+            if i >= 3:
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _check(model, inputs, name: str, modes=MODES):
+    loaded = LoadedModel(model.eval(), tuple(inputs), name, None)
+    return check_model(loaded, Config(precisions=tuple(modes)), CheckOptions(modes=tuple(modes)))
+
+
+def speed(args) -> Dict[str, Any]:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, args.model)(weights=None).eval()
+    inputs = (torch.rand(args.batch, 3, 224, 224),)
+    record: Dict[str, Any] = {"model": args.model, "batch": args.batch, "device": args.device,
+                              "machine": machine(args.device), "modes": list(MODES)}
+    start = time.perf_counter()
+    _report, graph, _ctx = _check(model, inputs, args.model)
+    record["check_seconds"] = time.perf_counter() - start
+    record["forward_fp32_seconds"] = forward_time(_copy(model), inputs, args.device)
+    runs = []
+    for _ in range(2):
+        start = time.perf_counter()
+        result = measure_model(model, inputs, graph, MODES, ProbeOptions(device=args.device))
+        runs.append((time.perf_counter() - start, result))
+    total, result = runs[-1]
+    record["probe_seconds"] = total
+    record["probe_seconds_first_run"] = runs[0][0]
+    record["stages"] = {k: round(v, 4) for k, v in result.timings.items()}
+    record["probe_over_forward"] = total / record["forward_fp32_seconds"]
+    record["emulated"] = result.environment["emulated"]
+    record["output_rel_error"] = {m: result.modes[m].output.rel_error if result.modes[m].output else None for m in MODES}
+    record["errors"] = {m: result.modes[m].error for m in MODES if result.modes[m].error}
+    record["observer_delta"] = {m: result.modes[m].observer_delta for m in MODES}
+    record["explained"] = {m: result.modes[m].explained for m in MODES}
+    record["tf32_not_applied"] = [n for n, m in result.modes["tf32"].nodes.items() if m.tf32_applied is False]
+    _write(args.out, record)  # before the ablation, which may be cut short
+    if args.ablate:
+        start = time.perf_counter()
+        ablated = measure_model(model, inputs, graph, MODES, ProbeOptions(device=args.device, ablate=True))
+        record["probe_with_ablation_seconds"] = time.perf_counter() - start
+        record["ablation_seconds"] = sum(v for k, v in ablated.timings.items() if k.endswith("ablation"))
+        record["ablation_over_forward"] = record["ablation_seconds"] / record["forward_fp32_seconds"]
+        record["agreement"] = {m: ablated.modes[m].agreement for m in MODES}
+    return record
+
+
+def _write(path: Optional[str], record: Dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(record, fh, indent=1, default=str)
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+# ------------------------------------------------------------------------------------- agreement
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return None
+    return a / b
+
+
+def compare(graph, native, emulated) -> Dict[str, Any]:
+    """Per mode: output error native vs emulated, local errors layer by layer, top contributors."""
+    out: Dict[str, Any] = {}
+    for mode in native.modes:
+        n, e = native.modes[mode], emulated.modes[mode]
+        entry: Dict[str, Any] = {"native_error": n.error, "emulated_error": e.error}
+        if n.error or e.error:
+            out[mode] = entry
+            continue
+        entry["native_output"] = n.output.rel_error if n.output else None
+        entry["emulated_output"] = e.output.rel_error if e.output else None
+        entry["output_ratio"] = _ratio(entry["emulated_output"], entry["native_output"])
+        entry["native_finite"], entry["emulated_finite"] = n.output_finite, e.output_finite
+        ratios = []
+        for name, nm in n.nodes.items():
+            em = e.nodes.get(name)
+            if em is None or nm.local is None or em.local is None:
+                continue
+            a, b = nm.local.rel_error, em.local.rel_error
+            if a is not None and b is not None and max(a, b) > FP32_FLOOR:
+                ratios.append((name, _ratio(b, a) if a else math.inf))
+        finite = [r for _, r in ratios if r is not None and math.isfinite(r)]
+        entry["layers"] = len(ratios)
+        entry["layers_within_2x"] = sum(1 for r in finite if 0.5 <= r <= 2.0) / len(ratios) if ratios else None
+        entry["layer_ratio_median"] = statistics.median(finite) if finite else None
+        entry["layers_off_2x"] = [(name, r) for name, r in ratios if r is None or not (0.5 <= r <= 2.0)][:12]
+        entry["dot_layers"] = [
+            (name, nm.local.rel_error if nm.local else None,
+             e.nodes[name].local.rel_error if name in e.nodes and e.nodes[name].local else None, nm.tf32_applied)
+            for name, nm in n.nodes.items() if graph.get(name) is not None and graph[name].kind in ("conv", "linear", "matmul")]
+        if mode == "tf32":
+            entry["tf32_not_applied"] = [name for name, m in n.nodes.items() if m.tf32_applied is False]
+            entry["tf32_applied"] = sum(1 for m in n.nodes.values() if m.tf32_applied)
+        top_n = [k for k, _ in sorted(((k, m.contribution) for k, m in n.nodes.items() if m.contribution is not None),
+                                      key=lambda kv: -kv[1])[:5]]
+        top_e = [k for k, _ in sorted(((k, m.contribution) for k, m in e.nodes.items() if m.contribution is not None),
+                                      key=lambda kv: -kv[1])[:5]]
+        entry["top5_native"], entry["top5_emulated"] = top_n, top_e
+        entry["top5_overlap"] = len(set(top_n) & set(top_e)) / 5 if top_n else None
+        entry["observer_delta"] = n.observer_delta
+        entry["explained"] = {"native": n.explained, "emulated": e.explained}
+        out[mode] = entry
+    return out
+
+
+def agree(args) -> Dict[str, Any]:
+    from benchmarks.zoo import BY_NAME
+
+    names = args.models.split(",")
+    modes = tuple(args.modes.split(","))
+    results: Dict[str, Any] = {"machine": machine("cuda"), "modes": list(modes), "models": {}}
+    for name in names:
+        entry = BY_NAME[name]
+        start = time.perf_counter()
+        try:
+            model, inputs = entry.build()
+            _r, graph, _c = _check(model, inputs, name, modes)
+            native = measure_model(model, inputs, graph, modes, ProbeOptions(device="cuda"))
+            emulated = measure_model(model, inputs, graph, modes, ProbeOptions(device="cuda", emulate=True))
+            record = {"capture": graph.capture, "modes": compare(graph, native, emulated),
+                      "probe_seconds": {"native": sum(native.timings.values()), "emulated": sum(emulated.timings.values())}}
+            if args.cpu and name in args.cpu.split(","):
+                on_cpu = measure_model(model, inputs, graph, modes, ProbeOptions(device="cpu"))
+                record["cpu_vs_gpu_emulation"] = {
+                    m: _ratio(on_cpu.modes[m].output.rel_error, emulated.modes[m].output.rel_error)
+                    for m in modes if on_cpu.modes[m].output and emulated.modes[m].output}
+        except Exception as exc:  # one model must not cost the whole GPU run
+            record = {"error": f"{type(exc).__name__}: {exc}"}
+        record["seconds"] = round(time.perf_counter() - start, 2)
+        results["models"][name] = record
+        print(f"{name}: {record.get('error') or 'ok'} in {record['seconds']}s", flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(results, fh, indent=1, default=str)
+    return results
+
+
+# ---------------------------------------------------------------------------------------- report
+
+
+def _sci(v) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "inf"
+    return f"{v:.3g}"
+
+
+def report(paths: List[str]) -> str:
+    lines = []
+    for path in paths:
+        with open(path) as fh:
+            doc = json.load(fh)
+        if "probe_seconds" in doc:
+            m = doc["machine"]
+            where = m.get("gpu") or f"{m.get('cpu')} ({m.get('threads')} threads)"
+            lines.append(f"**{doc['model']}, batch {doc['batch']}, {doc['device']}** ({where}, torch {m['torch']}"
+                         + (f", CUDA {m['cuda']}, cuDNN {m['cudnn']}" if "cuda" in m else "") + ")")
+            lines.append("")
+            lines.append("| figure | seconds | x fp32 forward |")
+            lines.append("|---|---|---|")
+            fwd = doc["forward_fp32_seconds"]
+            lines.append(f"| fp32 forward (TF32 off) | {fwd:.4f} | 1 |")
+            lines.append(f"| probe, 3 modes (warm) | {doc['probe_seconds']:.3f} | {doc['probe_seconds'] / fwd:.1f} |")
+            lines.append(f"| probe, first run in the process | {doc['probe_seconds_first_run']:.3f} | "
+                         f"{doc['probe_seconds_first_run'] / fwd:.1f} |")
+            if "ablation_seconds" in doc:
+                lines.append(f"| one-layer-at-a-time ablation, 3 modes | {doc['ablation_seconds']:.3f} | "
+                             f"{doc['ablation_seconds'] / fwd:.1f} |")
+            lines.append(f"| static check (`preclint check`, CPU) | {doc['check_seconds']:.2f} | |")
+            lines.append("")
+            lines.append("Stages: " + ", ".join(f"{k} {v:.3f}s" for k, v in doc["stages"].items()))
+            lines.append("")
+            if doc.get("agreement"):
+                for mode, a in doc["agreement"].items():
+                    if a:
+                        lines.append(f"- {mode}: {a['nodes']} nodes, correlation {_sci(a['correlation'])}, "
+                                     f"max |adjoint - ablation| {_sci(a['max_abs_difference'])}, "
+                                     f"sum adjoint {_sci(a['sum_adjoint'])} / ablation {_sci(a['sum_ablation'])}")
+                lines.append("")
+        elif "models" in doc:
+            lines.append("| model | mode | output: GPU | emulated | ratio | layers within 2x | median layer ratio | "
+                         "top-5 overlap | TF32 not applied |")
+            lines.append("|---|---|---|---|---|---|---|---|---|")
+            for name, rec in doc["models"].items():
+                if "error" in rec:
+                    lines.append(f"| {name} | | {rec['error'][:60]} | | | | | | |")
+                    continue
+                for mode, e in rec["modes"].items():
+                    if e.get("native_error") or e.get("emulated_error"):
+                        lines.append(f"| {name} | {mode} | {e.get('native_error') or ''} | {e.get('emulated_error') or ''} "
+                                     "| | | | | |")
+                        continue
+                    out_n = _sci(e["native_output"]) if e["native_finite"] else "inf/NaN"
+                    out_e = _sci(e["emulated_output"]) if e["emulated_finite"] else "inf/NaN"
+                    within = e["layers_within_2x"]
+                    not_applied = len(e.get("tf32_not_applied", [])) if mode == "tf32" else ""
+                    lines.append(f"| {name} | {mode} | {out_n} | {out_e} | {_sci(e['output_ratio'])} | "
+                                 f"{'n/a' if within is None else f'{within:.0%}'} of {e['layers']} | "
+                                 f"{_sci(e['layer_ratio_median'])} | {_sci(e['top5_overlap'])} | {not_applied} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--model", default="resnet50")
+    s.add_argument("--batch", type=int, default=32)
+    s.add_argument("--ablate", action="store_true")
+    s.add_argument("--out")
+    a = sub.add_parser("agree")
+    a.add_argument("--models", default="resnet18,resnet50,mobilenet_v3_large,efficientnet_b0,convnext_tiny,"
+                                        "regnet_y_400mf,vit_b_16,swin_t,tiny_gpt,mlp_block")
+    a.add_argument("--modes", default="tf32,fp16,bf16,fp16-full,bf16-full")
+    a.add_argument("--cpu", default="", help="models to emulate on the CPU as well")
+    a.add_argument("--out")
+    r = sub.add_parser("report")
+    r.add_argument("paths", nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "speed":
+        record = speed(args)
+        _write(args.out, record)
+        print(json.dumps(record, indent=1, default=str))
+    elif args.command == "agree":
+        agree(args)
+    else:
+        print(report(args.paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
