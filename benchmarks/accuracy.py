@@ -546,10 +546,14 @@ def compare(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, An
     measured_nonfinite = [o for o in overflow if o[3]]
     caught = [o for o in measured_nonfinite if o[2]]
     false_alarms = [o for o in overflow if o[2] and not o[3]]
+    examples = {n for n, m in measured["models"].items() if m.get("family") == "rule example"}
+    zoo_pairs = [p for p in pairs if p[0] not in examples]
     summary = {
         "pairs": len(pairs),
         "within": sum(1 for p in pairs if p[4]),
         "within_fraction": (sum(1 for p in pairs if p[4]) / len(pairs)) if pairs else None,
+        "zoo_pairs": len(zoo_pairs),
+        "zoo_within": sum(1 for p in zoo_pairs if p[4]),
         "nonfinite_measured": len(measured_nonfinite),
         "nonfinite_predicted": len(caught),
         "false_alarms": len(false_alarms),
@@ -568,7 +572,7 @@ def _sci(v: Optional[float]) -> str:
     return f"{v:.2e}"
 
 
-def report(predicted: Dict[str, Any], measurements: Sequence[Dict[str, Any]]) -> str:
+def report(predicted: Dict[str, Any], measurements: Sequence[Dict[str, Any]], details: bool = False) -> str:
     lines: List[str] = []
     for measured in measurements:
         machine = measured["machine"]
@@ -579,7 +583,9 @@ def report(predicted: Dict[str, Any], measurements: Sequence[Dict[str, Any]]) ->
                      + (f", CUDA {machine['cuda']}, cuDNN {machine['cudnn']}" if "cuda" in machine else ""))
         lines.append("")
         lines.append(f"- predicted output error within {WITHIN:g}x of measured: **{s['within']}/{s['pairs']}** "
-                     f"(model, mode) pairs = **{100 * (s['within_fraction'] or 0):.0f}%**")
+                     f"(model, mode) pairs = **{100 * (s['within_fraction'] or 0):.0f}%**; the zoo alone "
+                     f"{s['zoo_within']}/{s['zoo_pairs']} = {100 * s['zoo_within'] / max(1, s['zoo_pairs']):.0f}%, "
+                     f"the rules' example models {s['within'] - s['zoo_within']}/{s['pairs'] - s['zoo_pairs']}")
         lines.append(f"- inf/NaN outputs predicted: **{s['nonfinite_predicted']}/{s['nonfinite_measured']}**, "
                      f"false alarms: **{s['false_alarms']}**")
         if s["ranking_mean_hits"]:
@@ -617,14 +623,35 @@ def report(predicted: Dict[str, Any], measurements: Sequence[Dict[str, Any]]) ->
                 lines.append(f"| {name} | {mode} | {units} | {_sci(pred)} | {_sci(meas)} |")
             lines.append("")
         if result["ranking"]:
-            lines.append(f"One layer at a time: measured top-{TOP} layers that are in the predicted top-{TOP}:")
-            lines.append("")
-            lines.append("| model | mode | hits | predicted top | measured top |")
-            lines.append("|---|---|---|---|---|")
-            for name, mode, hits, top_p, top_m in result["ranking"]:
-                lines.append(f"| {name} | {mode} | {hits}/{TOP} | {', '.join(top_p)} | {', '.join(top_m)} |")
-            lines.append("")
+            lines.extend(_ranking_table(result["ranking"], details))
     return "\n".join(lines)
+
+
+def _ranking_table(ranking, details: bool) -> List[str]:
+    """Per model and mode, how many of the measured top layers the predicted top holds."""
+    lines = [f"One layer at a time: of the {TOP} layers measured to contribute most, how many are among the "
+             f"{TOP} predicted to:", ""]
+    modes = [m for m in RANKING_MODES if any(r[1] == m for r in ranking)]
+    hits = {(r[0], r[1]): r[2] for r in ranking}
+    models = list(dict.fromkeys(r[0] for r in ranking))
+    lines.append("| model | " + " | ".join(modes) + " | mean |")
+    lines.append("|---|" + "---|" * (len(modes) + 1))
+    for name in models:
+        row = [hits.get((name, m)) for m in modes]
+        known = [h for h in row if h is not None]
+        lines.append(f"| {name} | " + " | ".join("—" if h is None else f"{h}/{TOP}" for h in row)
+                     + f" | {statistics.mean(known):.1f} |")
+    means = [statistics.mean(hits[(n, m)] for n in models if (n, m) in hits) for m in modes]
+    lines.append("| **mean** | " + " | ".join(f"**{v:.1f}**" for v in means)
+                 + f" | **{statistics.mean(hits.values()):.1f}** |")
+    lines.append("")
+    if details:
+        lines.append("| model | mode | predicted top | measured top |")
+        lines.append("|---|---|---|---|")
+        for name, mode, _, top_p, top_m in ranking:
+            lines.append(f"| {name} | {mode} | {', '.join(top_p)} | {', '.join(top_m)} |")
+        lines.append("")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -659,6 +686,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r = sub.add_parser("report", help="markdown tables: predictions against measurements")
     r.add_argument("predicted")
     r.add_argument("measured", nargs="+")
+    r.add_argument("--details", action="store_true", help="name the top layers of each ranking")
     args = parser.parse_args(argv)
 
     if args.command == "measure":
@@ -687,7 +715,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for path in args.measured:
             with open(path) as f:
                 measurements.append(json.load(f))
-        print(report(predicted, measurements))
+        print(report(predicted, measurements, details=args.details))
     return 0
 
 

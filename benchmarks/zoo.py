@@ -163,6 +163,14 @@ def _lraspp_labels():
 
 
 @_seeded
+def _fcn_labels():
+    import torchvision
+
+    model = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None).eval()
+    return _SegmentationLabels(model), (torch.rand(1, 3, 224, 224),)
+
+
+@_seeded
 def _resnet18_labels():
     import torchvision
 
@@ -248,6 +256,7 @@ ZOO: List[ZooModel] = [
     ZooModel("retinanet_resnet50_fpn_heads", "detection", _retinanet),
     ZooModel("tiny_gpt", "transformer", _tiny_gpt, ranking="transformer", mini=True),
     ZooModel("lraspp_labels", "segmentation", _lraspp_labels, decisions=True),
+    ZooModel("fcn_resnet50_labels", "segmentation", _fcn_labels, decisions=True),
     ZooModel("resnet18_labels", "classification", _resnet18_labels, decisions=True),
     ZooModel("mlp_block", "transformer", _mlp_block, mini=True),
 ]

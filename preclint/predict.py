@@ -165,7 +165,9 @@ def _result_rounding(node: Node, fmt: str, stored: Format) -> float:
     range, plus what the kernel's accumulation adds, plus the absolute step of the subnormal range:
     values below the smallest normal keep a fixed absolute resolution (2^-24 in float16), and values
     far below it become 0 (vanishing activations of deep random-init nets: a relative error of 1)."""
-    relative = math.hypot(C_OUTPUT * stored.unit_roundoff, accumulation_error(node, fmt))
+    # (a dot product's accumulation scales with its terms, not its result: rounds_operands adds it)
+    accumulation = accumulation_error(node, fmt) if node.kind not in DOT_PRODUCT_KINDS else 0.0
+    relative = math.hypot(C_OUTPUT * stored.unit_roundoff, accumulation)
     rms = node.out.rms if node.out is not None else 0.0
     if stored.min_subnormal and rms > 0 and rms < stored.min_normal:
         relative = math.hypot(relative, min(1.0, stored.min_subnormal / math.sqrt(12.0) / rms))
@@ -228,6 +230,9 @@ def operand_rounding(node: Node, fmt: Format) -> float:
 # cumprod keeps its running product in the reduced format, which rounds at every step: sqrt(n/3) u,
 # more when the factors lie within a few u of 1 (then products stagnate).
 LOW_PRECISION_ACCUMULATION: Dict[str, tuple] = {"cumsum": (0.163, 0.37), "cumprod": (1 / math.sqrt(3.0), 0.5)}
+# float16 GEMMs with torch.backends.cuda.matmul.allow_fp16_accumulation = True, same form over the
+# reduction length K (H200, K = 64 ... 16384: 0.66, 1.33, 2.62 u in all against 0.43 u without).
+FP16_GEMM_ACCUMULATION = (0.15, 0.29)
 SUMS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 PRODUCTS = frozenset({"prod", "cumprod"})
 
@@ -236,7 +241,10 @@ def accumulation_error(node: Node, fmt: str) -> float:
     """Relative RMS error that the kernel of a reduction or scan of length n adds in ``fmt`` by keeping
     its partial results there, beyond rounding its result; 0 where it accumulates in float32. (The
     rounding of a product's n factors compounds as sqrt(n) of theirs: the gradients carry that.)"""
-    law = LOW_PRECISION_ACCUMULATION.get(node.fn)
+    if node.kind in DOT_PRODUCT_KINDS:
+        law = FP16_GEMM_ACCUMULATION if node.attrs.get("fp16_accumulation") and fmt == "fp16" else None
+    else:
+        law = LOW_PRECISION_ACCUMULATION.get(node.fn)
     if law is None or fmt not in ("fp16", "bf16"):
         return 0.0
     n = node.reduction_length or 1
@@ -252,7 +260,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
         terms = node.dot_rms if node.dot_rms is not None else out.rms
-        rounding = operand_rounding(node, mode.dot_format) * terms
+        rounding = math.hypot(operand_rounding(node, mode.dot_format), accumulation_error(node, fmt)) * terms
         if stored is not None:
             rounding = math.hypot(rounding, C_OUTPUT * stored.unit_roundoff * out.rms)
         return rounding
@@ -270,9 +278,14 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
         terms["operands"] = operand_rounding(node, mode.dot_format) / math.sqrt(2.0)
+        if accumulation_error(node, fmt):  # an error of the sum itself, relative to its terms
+            terms["accumulation"] = accumulation_error(node, fmt)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
         terms["result"] = _result_rounding(node, fmt, stored)
+        exact = node.attrs.get("gain_rounding", {}).get(fmt)
+        if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
+            terms["result_to_output"] = exact
     return terms
 
 
@@ -288,7 +301,13 @@ def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> 
             # operands as a relative error of the result
             rel = math.sqrt(2.0) * terms["operands"] * (node.dot_rms or node.out.rms) / node.out.rms
             total += rel**2 * gain_out
-    if "result" in terms:
+    if "accumulation" in terms and node.out is not None and node.out.rms > 0:
+        # accumulating in float16 errs by the size of the terms, independently per output
+        rel = terms["accumulation"] * (node.dot_rms or node.out.rms) / node.out.rms
+        total += rel**2 * gain_out
+    if "result_to_output" in terms and gains is None:
+        total += terms["result_to_output"]
+    elif "result" in terms:
         total += terms["result"] ** 2 * gain_out
     return total
 
@@ -457,6 +476,12 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
             continue
         p = prediction.nodes[node.name]
         p.received = received
+        gap = node.attrs.get("gap_gain")
+        if gap:
+            # the error of the margins themselves (winner minus runner-up), from a pass along that direction
+            spread = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
+            p.flip_fraction = _flip_fraction(margins, spread, True)
+            continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
         p.flip_fraction = _flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
 
@@ -472,4 +497,4 @@ def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:
 
 
 __all__ = ["ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
-           "relative_errors", "exact_integers", "dtype_derived", "accumulation_error", "FP32", "Format"]
+           "relative_errors", "exact_integers", "dtype_derived", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]

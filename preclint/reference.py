@@ -207,6 +207,38 @@ def _decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
     return None
 
 
+def _fp16_accumulation() -> bool:
+    """torch.backends.cuda.matmul.allow_fp16_accumulation, as the model's code left it (torch >= 2.7)."""
+    return bool(getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", False))
+
+
+def _gap_direction(node: Node, value: torch.Tensor) -> Optional[Tuple[torch.Tensor, int, int]]:
+    """For an argmax/argmin (or max/min over a dim): +1 at each row's winner and -1 at its runner-up,
+    the number of rows, and the dim. A backward pass along it weighs what changes the margin itself: errors
+    the two values share (both logits come from the same features) do not flip the decision."""
+    dim = node.attrs.get("dim")
+    if node.fn not in ("argmax", "argmin", "max", "min") or not isinstance(dim, int) or value.dim() == 0:
+        return None
+    if value.shape[dim] < 2:
+        return None
+    with torch.no_grad():
+        x = value.detach()
+        top = x.topk(2, dim=dim, largest=node.fn in ("argmax", "max")).indices
+        direction = torch.zeros_like(x)
+        direction.scatter_(dim, top.narrow(dim, 0, 1), 1.0)
+        direction.scatter_(dim, top.narrow(dim, 1, 1), -1.0)
+    return direction, x.numel() // x.shape[dim], dim % x.dim()
+
+
+def _rounding_error(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What rounding ``value`` to ``dtype`` changes, element by element (0 where it overflows, which
+    the range checks report)."""
+    with torch.no_grad():
+        v = value.detach()
+        error = v.to(dtype).to(v.dtype) - v
+        return torch.where(torch.isfinite(error), error, torch.zeros_like(error))
+
+
 def _module_weights(module: torch.nn.Module) -> List[torch.Tensor]:
     """The weights a conv, linear or attention module multiplies with (MultiheadAttention keeps them
     in in_proj_weight, or q/k/v_proj_weight, and out_proj)."""
@@ -236,6 +268,8 @@ class ReferenceObserver:
         self.first_nonfinite: Optional[str] = None
         self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
         self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
+        self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
+        self.exact_rounding: Dict[str, Dict[str, float]] = {}
         self.input_names: List[str] = []
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
@@ -301,6 +335,9 @@ class ReferenceObserver:
             elif self.first_nonfinite is None:
                 self.first_nonfinite = node.name
         with torch.no_grad():
+            if node.kind in DOT_PRODUCT_KINDS and _fp16_accumulation():
+                # the model's code asked cuBLAS to accumulate float16 products in float16
+                node.attrs["fp16_accumulation"] = True
             if node.kind in DOT_PRODUCT_KINDS and outputs:
                 terms = _dot_terms(node, args, kwargs, callee)
                 if terms is not None and terms.shape == outputs[0].shape:
@@ -341,6 +378,9 @@ class ReferenceObserver:
                 and output.numel() > 1 and not output.requires_grad and node.kind not in (Kind.OUTPUT, Kind.SHAPE)):
             output = self._as_leaf(output)
             outputs = [output]
+            self.constant_names.add(node.name)
+        elif node.fn == "parameter":
+            self.constant_names.add(node.name)
         if outputs and outputs[0].is_floating_point() and outputs[0].requires_grad:
             self.values[node.name] = outputs[0]
             if node.kind == Kind.INPUT:
@@ -360,9 +400,13 @@ class ReferenceObserver:
 
     # ------------------------------------------------------------------ backward passes
 
-    def _gains(self, roots: List[torch.Tensor], seed: int, probes: int) -> Dict[str, Tuple[float, float]]:
-        """Per node, E over v of (sum_j (g_j y_j)^2, sum over operands of sum_k (g_k a_k)^2) / N_roots."""
-        n_out = sum(r.numel() for r in roots)
+    def _gains(self, roots: List[torch.Tensor], seed: int, probes: int,
+               cotangents: Optional[List[torch.Tensor]] = None, count: Optional[int] = None) -> Dict[str, Tuple[float, float]]:
+        """Per node, E over v of (sum_j (g_j y_j)^2, sum over operands of sum_k (g_k a_k)^2) / N_roots.
+
+        With ``cotangents`` (one pass), the gains of those fixed directions, per one of ``count`` units:
+        the error of a decision's margins rather than of its input's elements."""
+        n_out = count or sum(r.numel() for r in roots)
         out_acc: Dict[str, float] = {}
         op_acc: Dict[str, float] = {}
         handles = []
@@ -377,6 +421,19 @@ class ReferenceObserver:
 
         for name, value in self.values.items():
             handles.append(value.register_hook(lambda g, name=name, value=value: add(out_acc, name, g, value)))
+        # Constants (buffers, parameters read as values, tables the forward builds) are rounded once,
+        # with errors that are known exactly: weigh those instead of a statistical model of them. A
+        # position table's highest frequency is often exactly 1.0, which no format rounds.
+        exact: Dict[str, Dict[str, float]] = {}
+        for name in self.constant_names & set(self.values):
+            value = self.values[name]
+            errors = {fmt: _rounding_error(value, dtype) for fmt, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))}
+
+            def add_exact(grad, name=name, errors=errors):
+                for fmt, error in errors.items():
+                    add(exact.setdefault(name, {}), fmt, grad, error)
+
+            handles.append(value.register_hook(add_exact))
         weights: Dict[int, torch.Tensor] = {}
         for name, operands in self.operands.items():
             for t in operands:
@@ -389,15 +446,34 @@ class ReferenceObserver:
         leaves = leaves + list(weights.values()) + self.constant_leaves
         generator = torch.Generator().manual_seed(seed)
         try:
-            for _ in range(probes):
-                vs = [torch.randn(r.shape, generator=generator, dtype=r.dtype) for r in roots]
+            for _ in range(probes if cotangents is None else 1):
+                vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype) for r in roots]
                 torch.autograd.grad(roots, leaves, grad_outputs=vs, retain_graph=True, allow_unused=True)
         finally:
             for h in handles:
                 h.remove()
-        scale = 1.0 / (n_out * probes)
+        scale = 1.0 / (n_out * (probes if cotangents is None else 1))
+        self.exact_rounding = {n: {fmt: v * scale for fmt, v in per.items()} for n, per in exact.items()}
         names = set(out_acc) | set(op_acc)
         return {n: (out_acc.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
+
+    def _gap_gains(self, root: torch.Tensor, direction: torch.Tensor, rows: int, dim: int) -> Dict[str, Tuple[float, float]]:
+        """Gains of the decisions' margins: backward passes along the winner-minus-runner-up direction
+        with a random sign per row, so that errors shared by different rows (a rounded weight) add up
+        as they do row by row, not as one sum over all rows."""
+        generator = torch.Generator().manual_seed(2)
+        probes = max(1, min(4, math.ceil(64 / rows)))
+        total: Dict[str, List[float]] = {}
+        for _ in range(probes):
+            shape = list(direction.shape)
+            shape[dim] = 1
+            signs = torch.randint(0, 2, shape, generator=generator).to(direction.dtype) * 2 - 1
+            for name, (gain_out, gain_operands) in self._gains([root], seed=1, probes=1, cotangents=[direction * signs],
+                                                                count=rows).items():
+                acc = total.setdefault(name, [0.0, 0.0])
+                acc[0] += gain_out / probes
+                acc[1] += gain_operands / probes
+        return {name: (v[0], v[1]) for name, v in total.items()}
 
     def finish(self, graph: Graph, output: Any) -> None:
         """Backward passes: each node's gains to the output, and to the input of each risky decision
@@ -413,6 +489,8 @@ class ReferenceObserver:
                 for name, (gain_out, gain_operands) in self._gains(roots, seed=0, probes=probes).items():
                     node = graph[name]
                     node.sensitivity = gain_out
+                    if name in self.exact_rounding:
+                        node.attrs["gain_rounding"] = self.exact_rounding[name]
                     if name in self.operands:
                         key = "gain_operands" if node.kind in DOT_PRODUCT_KINDS else "gain_inputs"
                         node.attrs[key] = gain_operands
@@ -430,8 +508,12 @@ class ReferenceObserver:
             for (_, representative), members in riskiest[:MAX_DECISION_PASSES]:
                 root = self.values[representative.inputs[0]]
                 gains = self._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+                gap = _gap_direction(representative, root)
+                gap_gains = self._gap_gains(root, *gap) if gap else None
                 for _, node in members:
                     node.attrs["upstream_gain"] = gains
+                    if gap_gains is not None:
+                        node.attrs["gap_gain"] = gap_gains
         except RuntimeError as exc:  # an op without a derivative: predictions fall back to no amplification
             graph.notes.append(f"error propagation estimated without gradients ({str(exc).splitlines()[0]})")
         finally:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, percent, sci
-from preclint.ir import DOT_PRODUCT_KINDS
+from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import gaussian_max_factor
 from preclint.predict import relative_errors
 from preclint.rulebase import Example, Rule
@@ -16,6 +16,10 @@ from preclint.rules.output_tolerance import passing_atol
 # preclint's predictions hold, so the excess is not an artefact of the model.
 CANCELLATION_LIMIT = 10.0
 CANCELLED_SHARE = 0.1
+# ... and when that error matters: the op's outputs are the model's, or its rounding (for a sum, with
+# that of the values it sums) makes at least this share of the predicted output error. A cancelling
+# edge filter early in a network whose error the later layers wash out is no finding.
+OUTPUT_SHARE = 0.1
 
 
 def _sobel(smooth: bool):
@@ -78,6 +82,7 @@ the layer in float32, or compare its outputs with an absolute tolerance (the mes
                                  "the size of their terms against their results")
             return
         received = {mode: None for mode in ctx.modes}
+        outputs = _output_values(ctx.graph)
         for node in ctx.graph.nodes:
             # the reference pass records the size of the terms (dot_rms) of dot products and of sums,
             # means and cumulative sums
@@ -90,10 +95,19 @@ the layer in float32, or compare its outputs with an absolute tolerance (the mes
             figures = {}
             for mode in ctx.modes:
                 rel = self._relative_error(ctx, node, mode, received, ratio)
-                if rel:
+                if rel and (outputs is not None and node.name in outputs or self._share(ctx, node, mode) >= OUTPUT_SHARE):
                     figures[mode] = rel
             if figures:
                 yield self._finding(ctx, node, ratio, cancelled, figures)
+
+    @staticmethod
+    def _share(ctx, node, mode) -> float:
+        """The node's share of the predicted output error (a sum's, with the values it sums)."""
+        shares = ctx.predictions[mode].contributions
+        own = shares.get(node.name, 0.0)
+        if node.kind in DOT_PRODUCT_KINDS:
+            return own
+        return own + sum(shares.get(n, 0.0) for n in node.inputs)
 
     @staticmethod
     def _relative_error(ctx, node, mode, received, ratio):
@@ -125,3 +139,17 @@ the layer in float32, or compare its outputs with an absolute tolerance (the mes
                f"absolute, about {sci(sigma)} RMS whatever the value. Or remove the common part before the sum, or "
                "keep the op in float32.")
         return self.finding(node, message, fix=fix, predicted=predicted, precisions=tuple(figures))
+
+
+def _output_values(graph):
+    """Names of the nodes whose values are the model's outputs (through reshapes and the like)."""
+    found, frontier = set(), [n for out in graph.output_nodes for n in out.inputs]
+    while frontier:
+        name = frontier.pop()
+        node = graph.get(name)
+        if node is None or name in found:
+            continue
+        found.add(name)
+        if node.kind == Kind.SHAPE:
+            frontier.extend(node.inputs)
+    return found

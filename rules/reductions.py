@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 from preclint.findings import ErrorFigure, sci
-from preclint.ir import Kind
-from preclint.numerics import C_OUTPUT, FORMATS, gaussian_max_factor
+from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, gaussian_max_factor
 from preclint.predict import LOW_PRECISION_ACCUMULATION, PRODUCTS, SUMS, accumulation_error, amplification, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
@@ -53,8 +53,9 @@ class LowPrecisionReduction(Rule):
 A product of n factors carries the rounding of every factor: its relative error grows as sqrt(n)
 times the unit roundoff (more when the factors are alike and round the same way), 3% after 256
 steps of a cumulative product in bfloat16 (state decays, a diffusion schedule's alphas_cumprod). Sums and scans whose kernel keeps its partial results in the reduced
-format grow with the length too; preclint knows which kernels do from measurement and predicts the
-error from the length. Autocast runs sum, prod, cumsum and cumprod in float32, but a model cast with
+format grow with the length too (cumsum and cumprod on CUDA; float16 GEMMs when the model turns on
+`torch.backends.cuda.matmul.allow_fp16_accumulation`); preclint knows which kernels do from
+measurement and predicts the error from the length. Autocast runs sum, prod, cumsum and cumprod in float32, but a model cast with
 `.half()` / `.to(torch.bfloat16)` (or an exported float16 engine) runs them in the reduced format.
 A reduction whose error stays at the rounding of its result is no finding, however long.
 """
@@ -80,6 +81,7 @@ Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.fl
             yield from undecided(self, ctx, low, "products and scans in a reduced format",
                                  "their lengths and the error of the values they combine")
             return
+        yield from self._fp16_gemms(ctx)
         received = {}
         for node in reductions:
             out = node.out
@@ -97,6 +99,35 @@ Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.fl
                     figures[mode] = (fmt, rel, parts)
             if figures:
                 yield self._finding(ctx, node, figures)
+
+    def _fp16_gemms(self, ctx):
+        """Dot products whose float16 products the model asked to accumulate in float16
+        (torch.backends.cuda.matmul.allow_fp16_accumulation = True): error growing with K."""
+        sites = {}
+        for node in ctx.graph.nodes:
+            if node.kind not in DOT_PRODUCT_KINDS or not node.attrs.get("fp16_accumulation"):
+                continue
+            for mode in ctx.modes:
+                if ctx.predictions[mode].nodes[node.name].fmt != "fp16":
+                    continue
+                u = FORMATS["fp16"].unit_roundoff
+                ordinary = math.hypot(C_INPUT, C_OUTPUT) * u
+                rel = math.hypot(ordinary, accumulation_error(node, "fp16"))
+                if rel >= EXCESS * ordinary:
+                    sites.setdefault(node.name, {})[mode] = rel
+        for name, figures in sites.items():
+            node = ctx.graph[name]
+            mode = max(figures, key=figures.get)
+            message = (f"{ctx.display(name)} accumulates {node.reduction_length} float16 products in float16 "
+                       f"(allow_fp16_accumulation is on): its relative error is predicted at {sci(figures[mode])} "
+                       f"under {mode}, {sci(figures[mode] / (math.hypot(C_INPUT, C_OUTPUT) * FORMATS['fp16'].unit_roundoff))} "
+                       "times that of float32 accumulation.")
+            out = node.out
+            predicted = {m: ErrorFigure(r, r * out.rms * gaussian_max_factor(out.numel) if out else None)
+                         for m, r in figures.items()}
+            yield self.finding(node, message, predicted=predicted, precisions=tuple(figures),
+                               fix="Leave torch.backends.cuda.matmul.allow_fp16_accumulation off (the default) for "
+                                   "layers with long reductions, or compute them in bfloat16/float32.")
 
     @staticmethod
     def _error(node, fmt, received):

@@ -178,6 +178,24 @@ def test_scan_accumulation_law_grows_with_the_length():
     assert accumulation_error(total, "fp16") == 0.0  # sums accumulate in float32
 
 
+def test_fp16_accumulation_flag_makes_long_gemms_a_finding():
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "allow_fp16_accumulation"):
+        pytest.skip("torch without allow_fp16_accumulation")
+    torch.manual_seed(0)
+    model, inputs = torch.nn.Sequential(torch.nn.Linear(16384, 64), torch.nn.Linear(64, 64)), (torch.randn(4, 16384),)
+    saved = matmul.allow_fp16_accumulation
+    matmul.allow_fp16_accumulation = True  # as a model file that sets it at import would
+    try:
+        report, _, _ = check(model, inputs, precisions=("fp16", "bf16"))
+    finally:
+        matmul.allow_fp16_accumulation = saved
+    (finding,) = findings(report, "PCL202")
+    assert finding.module == "0" and finding.precisions == ("fp16",)  # K=64 stays ordinary; bf16 GEMMs are unaffected
+    report, _, _ = check(model, inputs, precisions=("fp16",))
+    assert not findings(report, "PCL202")
+
+
 # ----------------------------------------------------------------------------------------- PCL203
 
 
