@@ -619,9 +619,16 @@ def report(predicted: Dict[str, Any], measurements: Sequence[Dict[str, Any]], de
             lines.append("")
             lines.append("| model | mode | decisions | predicted | measured |")
             lines.append("|---|---|---|---|---|")
+            quiet = []
             for name, mode, pred, meas, units in result["flips"]:
+                if (pred or 0.0) < 1.0 / max(units or 1, 1) / 100 and not meas:
+                    quiet.append(f"{name} ({mode})")  # no flip predicted (< 0.01 expected) and none measured
+                    continue
                 lines.append(f"| {name} | {mode} | {units} | {_sci(pred)} | {_sci(meas)} |")
             lines.append("")
+            if quiet:
+                lines.append(f"No flip predicted (fewer than 0.01 expected) and none measured: {', '.join(quiet)}.")
+                lines.append("")
         if result["ranking"]:
             lines.extend(_ranking_table(result["ranking"], details))
     return "\n".join(lines)
