@@ -59,8 +59,8 @@ class Cancellation(Rule):
 Rounding errors of a sum scale with its terms, not with its result: a conv, matmul or sum whose
 terms cancel (image gradients of raw pixel values, differences of nearly equal activations, a
 row that sums to almost zero) returns a small result carrying the error of the large terms. Its
-relative error is the unit roundoff times sqrt(sum of squared terms) / |result|, which is about 1
-for ordinary layers and far above 1 here, and every elementwise comparison with an `rtol` fails on
+relative error is the unit roundoff times sqrt(sum of squared terms) / |result|; that ratio is about
+1 for ordinary layers and far above 1 here, and every elementwise comparison with an `rtol` fails on
 those elements. preclint reads the size of the terms of every output in the reference pass and says
 which absolute tolerance the precision can meet.
 """

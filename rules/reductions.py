@@ -51,16 +51,18 @@ class LowPrecisionReduction(Rule):
     precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
     why = """
 A product of n factors carries the rounding of every factor: its relative error grows as sqrt(n)
-times the unit roundoff (more when the factors are alike and round the same way), 3% after 256
-steps of a cumulative product in bfloat16 (state decays, a diffusion schedule's alphas_cumprod). Sums and scans whose kernel keeps its partial results in the reduced
-format grow with the length too (cumsum and cumprod on CUDA; float16 GEMMs when the model turns on
+times the unit roundoff (more when the factors are alike and round the same way): 2% after 256
+steps of a cumulative product in bfloat16 on an H200 (state decays, alphas_cumprod of a schedule).
+Sums and scans whose kernel keeps its partial results in the reduced format grow with the length
+too (cumsum and cumprod on CUDA; float16 GEMMs when the model turns on
 `torch.backends.cuda.matmul.allow_fp16_accumulation`); preclint knows which kernels do from
-measurement and predicts the error from the length. Autocast runs sum, prod, cumsum and cumprod in float32, but a model cast with
-`.half()` / `.to(torch.bfloat16)` (or an exported float16 engine) runs them in the reduced format.
-A reduction whose error stays at the rounding of its result is no finding, however long.
+measurement and predicts the error from the length. Autocast runs sum, prod, cumsum and cumprod in
+float32, but a model cast with `.half()` / `.to(torch.bfloat16)` (or an exported float16 engine) runs
+them in the reduced format. A reduction whose error stays at the rounding of its result is no
+finding, however long.
 """
     example = """
-decay = torch.cumprod(torch.sigmoid(self.gate(x)), dim=1)   # 256 steps in bfloat16: ~3% off
+decay = torch.cumprod(torch.sigmoid(self.gate(x)), dim=1)   # 256 steps in bfloat16: ~2% off
 """
     fix = """
 Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.float32)`,
