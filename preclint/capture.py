@@ -295,6 +295,7 @@ class _Recorder(TorchFunctionMode):
     def __init__(self, root: torch.nn.Module, observer: Observer) -> None:
         super().__init__()
         self.observer = observer
+        self.origin = getattr(observer, "origin", lambda tensor: tensor)
         self.nodes: List[Node] = []
         self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
         self.paths = {id(m): p for p, m in root.named_modules()}
@@ -320,6 +321,8 @@ class _Recorder(TorchFunctionMode):
     def _inputs(self, values) -> Tuple[str, ...]:
         names = []
         for v in tree_flatten(values)[0]:
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)  # an operand view the observer made stands for its tensor
             if isinstance(v, torch.Tensor) and id(v) in self.producer:
                 name = self.producer[id(v)][0]
                 if name not in names:

@@ -265,6 +265,7 @@ class ReferenceObserver:
         self.by_id: Dict[int, Tuple[TensorStats, torch.Tensor]] = {}
         self.values: Dict[str, torch.Tensor] = {}  # node name -> float output kept for the backward passes
         self.operands: Dict[str, List[torch.Tensor]] = {}  # node name -> operand views / weights it rounds
+        self.view_origin: Dict[int, torch.Tensor] = {}  # id of an operand view -> the tensor it views
         self.first_nonfinite: Optional[str] = None
         self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
         self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
@@ -286,12 +287,13 @@ class ReferenceObserver:
         if node is not None and node.name in self.operands:
             self.operands[name] = self.operands.pop(node.name)
 
+    def origin(self, tensor):
+        """The tensor an operand view made by before() stands for (the tensor itself otherwise)."""
+        return self.view_origin.get(id(tensor), tensor)
+
     def before(self, node: Node, args, kwargs, callee):
         dot = node.kind in DOT_PRODUCT_KINDS
-        # A node without a name yet comes from the function-mode recorder, which finds a node's inputs
-        # by tensor identity: a view would hide them, so there only dot products (whose operand
-        # rounding must be weighted) get views, and other ops' amplification is not read.
-        amplifying = node.kind in AMPLIFYING_KINDS and bool(node.name)
+        amplifying = node.kind in AMPLIFYING_KINDS
         if not self.with_sensitivity or not (dot or amplifying):
             return args, kwargs
         views: List[torch.Tensor] = []
@@ -304,6 +306,8 @@ class ReferenceObserver:
                     return v
                 view = v.view_as(v)
                 views.append(view)
+                # a view of a view has the root as its _base; remember which tensor this one stands for
+                self.view_origin[id(view)] = v
                 return view
             return v
 
@@ -321,9 +325,7 @@ class ReferenceObserver:
         node.input_stats = []
         for v in tree_flatten((args, kwargs))[0]:
             if isinstance(v, torch.Tensor):
-                known = self.by_id.get(id(v))
-                if known is None and v._base is not None:  # an operand view made in before()
-                    known = self.by_id.get(id(v._base))
+                known = self.by_id.get(id(self.origin(v)))
                 node.input_stats.append(known[0] if known is not None else tensor_stats(v))
         outputs = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
         node.outputs = [tensor_stats(t) for t in outputs]
@@ -519,6 +521,7 @@ class ReferenceObserver:
         finally:
             self.values.clear()
             self.operands.clear()
+            self.view_origin.clear()
             self.by_id.clear()
             self.constant_leaves.clear()
 
