@@ -178,6 +178,11 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return ops.is_leaf_module(m)
 
+    def _filter_traceback_frames(self, user_stack_summary):
+        # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
+        # user_location_from_trace picks the user's frame itself, so keep the frames as they are.
+        return user_stack_summary
+
 
 def trace_fx(module: torch.nn.Module) -> fx.GraphModule:
     tracer = _Tracer()

@@ -55,12 +55,15 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     from preclint.rules import graph_rules
     from preclint.source.suppress import apply_suppressions
 
+    findings = list(findings)
+    files = [display_path(p) for p in model_files if os.path.isfile(p)]
+    if not findings and not files:  # nothing to filter and no file to look for unused suppressions in
+        return []
     checked = [rule.code for rule in graph_rules() if config.is_selected(rule.code)]
     kept = [
         f for f in findings
         if f.location is None or not config.ignored_for_file(f.location.path, f.code)
     ]
-    files = [display_path(p) for p in model_files if os.path.isfile(p)]
     return apply_suppressions(kept, config.is_selected("PCL500"), checked, files=files)
 
 
