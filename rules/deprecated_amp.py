@@ -7,7 +7,7 @@ import libcst as cst
 
 from preclint.findings import Finding
 from preclint.rulebase import SourceRule
-from preclint.source.args import has_star
+from preclint.source.args import has_star, keyword_arg
 
 # deprecated qualified name -> (what replaces it, device)
 DEPRECATED = {
@@ -25,7 +25,6 @@ NEW_PATH = {"autocast": "autocast", "GradScaler": "amp.GradScaler", "custom_fwd"
 # torch.{cuda,cpu}.amp.autocast(enabled, dtype, cache_enabled): their positions, which torch.autocast
 # does not share (its first parameter is the device), so positional arguments become keywords
 AUTOCAST_PARAMS = ("enabled", "dtype", "cache_enabled")
-_NO_SPACE = cst.SimpleWhitespace("")
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
@@ -37,15 +36,6 @@ def _new_usage(kind: str, device: str) -> str:
 
 def _dotted(text: str) -> cst.BaseExpression:
     return cst.parse_expression(text)
-
-
-def _keyword_arg(name: str, value: cst.BaseExpression, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:
-    return cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE),
-        comma=comma,
-    )
 
 
 class DeprecatedAmpApi(SourceRule):
@@ -175,7 +165,7 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
         new_func = _dotted(f"{torch_name}.{NEW_PATH[kind]}")
         device_string = cst.SimpleString(f'"{device}"')
         if kind in ("custom_fwd", "custom_bwd"):
-            device_kw = _keyword_arg("device_type", device_string)
+            device_kw = keyword_arg("device_type", device_string)
             if call is None:  # ``@torch.cuda.amp.custom_fwd`` used bare as a decorator
                 return (ref.node, cst.Call(func=new_func, args=[device_kw]), add, unused), ""
             args = list(call.node.args)
@@ -196,7 +186,7 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
             if arg.keyword is None:
                 if position >= len(AUTOCAST_PARAMS):
                     return None, "the call passes more positional arguments than autocast takes"
-                arg = _keyword_arg(AUTOCAST_PARAMS[position], arg.value, arg.comma)
+                arg = keyword_arg(AUTOCAST_PARAMS[position], arg.value, arg.comma)
                 position += 1
             args.append(arg)
         head = cst.Arg(device_string, comma=_COMMA if args else cst.MaybeSentinel.DEFAULT)

@@ -7,25 +7,15 @@ import libcst as cst
 
 from preclint.findings import Finding
 from preclint.rulebase import SourceRule
-from preclint.source.args import has_star
+from preclint.source.args import has_star, keyword_arg
 
 DEPRECATED = ("torch.testing.assert_allclose", "torch.testing._comparison.assert_allclose")
 # assert_allclose(actual, expected, rtol=None, atol=None, equal_nan=True, msg=""): assert_close takes
 # everything after ``expected`` by keyword only
 PARAMS = ("actual", "expected", "rtol", "atol", "equal_nan", "msg")
-_NO_SPACE = cst.SimpleWhitespace("")
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 # torch/testing/_comparison.py: the tolerances assert_allclose picks when given neither
 OLD_DEFAULTS = "float16: rtol=1e-3, atol=1e-3; float32: rtol=1e-4, atol=1e-5; float64: rtol=1e-5, atol=1e-8"
-
-
-def _kw(name: str, value: cst.BaseExpression, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:
-    return cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE),
-        comma=comma,
-    )
 
 
 class DeprecatedAssertAllclose(SourceRule):
@@ -123,7 +113,7 @@ torch.testing.assert_allclose(out, ref, 1e-3, 1e-5, False)
                 name = PARAMS[position]
                 position += 1
                 if position > 2:  # assert_close takes only actual and expected by position
-                    arg = _kw(name, arg.value, arg.comma)
+                    arg = keyword_arg(name, arg.value, arg.comma)
             else:
                 name = arg.keyword.value
             given.add(name)
@@ -139,8 +129,8 @@ torch.testing.assert_allclose(out, ref, 1e-3, 1e-5, False)
             return None, "it passes only one of rtol and atol, which already raises: pass both"
         extra = []
         if "equal_nan" not in given:
-            extra.append(_kw("equal_nan", cst.Name("True")))
-        extra.append(_kw("check_dtype", cst.Name("False")))
+            extra.append(keyword_arg("equal_nan", cst.Name("True")))
+        extra.append(keyword_arg("check_dtype", cst.Name("False")))
         if args:
             args[-1] = args[-1].with_changes(comma=_COMMA)
         for i, arg in enumerate(extra[:-1]):

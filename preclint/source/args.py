@@ -45,3 +45,14 @@ def is_name(node: Optional[cst.BaseExpression], value: str) -> bool:
 def code(node: cst.CSTNode) -> str:
     """The source text of a node, as written."""
     return cst.Module(body=[]).code_for_node(node)
+
+
+def keyword_arg(name: str, value: cst.BaseExpression, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:
+    """``name=value`` written the way PEP 8 writes keyword arguments (no spaces around ``=``)."""
+    no_space = cst.SimpleWhitespace("")
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space),
+        comma=comma,
+    )
