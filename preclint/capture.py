@@ -51,7 +51,9 @@ def _is_internal(path: str) -> bool:
     dirs = _INTERNAL_DIRS
     if "torchvision" in sys.modules and not any("torchvision" in d for d in dirs):
         dirs = dirs + (os.path.dirname(os.path.abspath(sys.modules["torchvision"].__file__)) + os.sep,)
-    return path.startswith(dirs) or path.startswith("<")
+    # installed libraries (timm, transformers, pytest) are not the user's code either
+    in_library = f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+    return path.startswith(dirs) or path.startswith("<") or in_library
 
 
 def user_location_from_trace(stack_trace: Optional[str]) -> Optional[Location]:
