@@ -11,6 +11,7 @@ from typing import Dict, List, Type
 GRAPH_RULE_MODULES = (
     "output_tolerance",
     "fp16_overflow",
+    "fp16_underflow",
     "batchnorm_scale",
     "backend_kernel",
     "decision_flip",
