@@ -88,6 +88,8 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
                 continue
             overflowing = {n for n, pred in ctx.predictions[mode].nodes.items() if pred.overflow}
             for name in overflowing:
+                if self._is_written_constant(graph[name]):
+                    continue  # a fill or mask constant too large for float16 is PCL102's finding
                 if not any(i in overflowing for i in graph[name].inputs):  # else inherited from its origin
                     origins.setdefault(name, {})[mode] = self._downstream(graph, name, overflowing)
         for name in sorted(origins, key=order.get):
@@ -108,6 +110,14 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
                    "or keep the values in range: normalize the residual stream, scale before the product.")
             yield self.finding(node, message, fix=fix, predicted={m: ErrorFigure(None, None) for m in modes},
                                precisions=modes)
+
+    @staticmethod
+    def _is_written_constant(node) -> bool:
+        """Whether the value beyond the range is a constant the code writes (masked_fill(-1e9), full)."""
+        out = node.out
+        if out is None or not node.scalars:
+            return False
+        return any(abs(value) >= 65504 and abs(value) >= out.absmax * (1 - 1e-6) for value in node.scalars.values())
 
     @staticmethod
     def _downstream(graph, origin, overflowing):
