@@ -125,15 +125,10 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
 
     def check_source(self, source) -> Iterator[Finding]:
         index = source.index
-        calls = {id(site.node.func): site for site in index.calls}
-        for ref in index.refs:
-            qualified = index.qualify(ref.dotted)
-            if qualified not in DEPRECATED:
-                continue
+        for ref, qualified, call in index.references(DEPRECATED):
             kind, device = DEPRECATED[qualified]
             new = _new_usage(kind, device)
             message = f"`{qualified}` is deprecated; use `{new}`."
-            call = calls.get(id(ref.node)) if ref.is_call_func else None
             replacement, why_not = self._replacement(kind, device, ref, call, index)
             if replacement is None:
                 yield source.report(self, ref.node, message, f"Replace it with `{new}` by hand ({why_not}).")

@@ -78,12 +78,7 @@ torch.testing.assert_allclose(out, ref, 1e-3, 1e-5, False)
 
     def check_source(self, source) -> Iterator[Finding]:
         index = source.index
-        calls = {id(site.node.func): site for site in index.calls}
-        for ref in index.refs:
-            qualified = index.qualify(ref.dotted)
-            if qualified not in DEPRECATED:
-                continue
-            call = calls.get(id(ref.node)) if ref.is_call_func else None
+        for ref, _qualified, call in index.references(DEPRECATED):
             message = "`torch.testing.assert_allclose` is deprecated; use `torch.testing.assert_close`."
             if call is None:
                 yield source.report(self, ref.node, message, "Replace it with `torch.testing.assert_close` by hand.")

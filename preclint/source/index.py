@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -67,6 +67,15 @@ class Index:
         else:
             return None
         return f"{base}.{rest}" if rest else base
+
+    def references(self, qualified_names) -> Iterator[Tuple["RefSite", str, Optional["CallSite"]]]:
+        """Each reference to one of ``qualified_names``: the site, its qualified name, and the call it
+        is the function of (None for a bare reference such as an import or an alias)."""
+        calls = {id(site.node.func): site for site in self.calls}
+        for ref in self.refs:
+            qualified = self.qualify(ref.dotted)
+            if qualified in qualified_names:
+                yield ref, qualified, (calls.get(id(ref.node)) if ref.is_call_func else None)
 
     def torch_alias(self) -> Optional[str]:
         """A module-level name bound to the torch module itself (``import torch [as th]``)."""
