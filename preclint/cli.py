@@ -46,6 +46,17 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capture", choices=("fx", "function-mode"), help="force a capture path instead of FX first")
 
 
+def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--select", type=_codes, help="rule codes or prefixes to enable (or ALL)")
+    p.add_argument("--ignore", type=_codes, help="rule codes or prefixes to disable")
+    p.add_argument("--extend-select", type=_codes, help="rule codes or prefixes to enable in addition")
+    p.add_argument("--fail-on", choices=("info", "warning", "error"),
+                   help="lowest severity that makes the exit code 1 (default warning)")
+    p.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
+    p.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
+    p.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+
+
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-format", choices=FORMATS, help="full (default), concise, json, sarif, github, rdjson")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
@@ -62,14 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(check)
     check.add_argument("--no-run", action="store_true",
                        help="skip the reference pass (for models too large for the CPU)")
-    check.add_argument("--select", type=_codes, help="rule codes or prefixes to enable (or ALL)")
-    check.add_argument("--ignore", type=_codes, help="rule codes or prefixes to disable")
-    check.add_argument("--extend-select", type=_codes, help="rule codes or prefixes to enable in addition")
-    check.add_argument("--fail-on", choices=("info", "warning", "error"),
-                       help="lowest severity that makes the exit code 1 (default warning)")
-    check.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
-    check.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
-    check.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    _add_selection_arguments(check)
     check.add_argument("--source-only", action="store_true",
                        help="only the source rules (PCL5xx) over files and directories; never imports torch or the code")
     check.add_argument("--fix", action="store_true", help="apply the safe fixes (with --source-only)")
@@ -90,14 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cuda runs the precisions on the GPU, cpu emulates them; auto (default) picks the GPU if any")
     probe.add_argument("--ablate", action="store_true",
                        help="check the measured contributions against one-layer-at-a-time runs (small models)")
-    probe.add_argument("--select", type=_codes, help="rule codes or prefixes to enable (or ALL)")
-    probe.add_argument("--ignore", type=_codes, help="rule codes or prefixes to disable")
-    probe.add_argument("--extend-select", type=_codes, help="rule codes or prefixes to enable in addition")
-    probe.add_argument("--fail-on", choices=("info", "warning", "error"),
-                       help="lowest severity that makes the exit code 1 (default warning)")
-    probe.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
-    probe.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
-    probe.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    _add_selection_arguments(probe)
     _add_output_arguments(probe)
     # `probe` is `check --probe` with the ledger of every node in its report
     probe.set_defaults(no_run=False, source_only=False, fix=False, diff=False, baseline=None, write_baseline=None,
