@@ -235,8 +235,10 @@ class _FxRunner(fx.Interpreter):
     overwrite the value (and the autograd history) of the node that produced it.
     """
 
-    def __init__(self, gm: fx.GraphModule, ir_nodes: Dict[str, Node], observer: Observer) -> None:
-        super().__init__(gm)
+    def __init__(self, gm: torch.nn.Module, ir_nodes: Dict[str, Node], observer: Observer,
+                 graph: Optional[fx.Graph] = None) -> None:
+        # ``graph``: run it on ``gm``, any module of the traced hierarchy (no GraphModule to build)
+        super().__init__(gm, graph=graph)
         self.ir_nodes = ir_nodes
         self.observer = observer
 

@@ -28,25 +28,31 @@ class ProbeOptions:
     ablate: bool = False  # check contributions against one-node-at-a-time runs
     emulate: Optional[bool] = None  # None: emulate exactly when the device is the CPU
     ledger: bool = False  # put every node's figures in the report (`preclint probe`)
+    # wait for the device at each stage's end, so that the timings are each stage's own (benchmarks):
+    # otherwise the device works on while Python issues the next stage, and the probe is faster
+    sync_stages: bool = False
 
 
 class _Clock:
     """Wall time per stage, with the device synchronised at each boundary so that the time is real."""
 
-    def __init__(self, device, timings: Dict[str, float]) -> None:
+    def __init__(self, device, timings: Dict[str, float], sync: bool = True) -> None:
         self.device = device
         self.timings = timings
+        self.sync = sync
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         from preclint.probe.device import synchronize
 
-        synchronize(self.device)
+        if self.sync:
+            synchronize(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
-            synchronize(self.device)
+            if self.sync:
+                synchronize(self.device)
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
 
 
@@ -65,7 +71,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     emulated = device.type == "cpu" if options.emulate is None else options.emulate
     env = environment(device, emulated)
     timings: Dict[str, float] = {}
-    clock = _Clock(device, timings)
+    clock = _Clock(device, timings, sync=options.sync_stages)
     notes: List[str] = []
     try:
         with clock("setup"):
@@ -74,7 +80,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
                 model32 = copy_to(module, device)
                 model64 = copy_to(model32, device, torch.float64)
             inputs32 = _move(inputs, device, None)
-            inputs64 = _move(inputs, device, torch.float64)
+            inputs64 = _move(inputs32, device, torch.float64)  # from the device's copy: one transfer
     except Exception as exc:
         if is_out_of_memory(exc):
             raise UserError(f"out of memory on {device} while copying {name} there for the probe; "
@@ -115,26 +121,31 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     result = ProbeResult(env, {}, list(ref.order), timings, notes)
     result.reference_nonfinite = reference_nonfinite
+    # every mode is issued first and read back after: the device never waits for Python in between
+    pending = []
     for mode in modes:
-        result.modes[mode] = _measure_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                           model64, inputs64, tolerance, options, clock)
+        result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
+                                                model64, tolerance, options, clock)
+        pending.append((mode, state))
     if sens is not None:
         sens.close()
+    for mode, state in pending:
+        if state is not None:
+            _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
     env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
     env["contributions"] = ("one backward pass per mode through the float32 model"
                             + (" (TF32 on: the gradients only weight errors)" if device.type == "cuda" else ""))
     return result
 
 
-def _measure_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, inputs64,
-                  tolerance, options, clock):
+def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, tolerance, options,
+                clock):
+    """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
+    Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
 
-    from preclint.probe.ablate import ablate
-    from preclint.probe.device import is_out_of_memory
-    from preclint.probe.execute import RunFailed, one_line
     from preclint.probe.ledger import ModeMeasure
-    from preclint.probe.measure import finish, integer_outputs, output_error, plain_run, sweep
+    from preclint.probe.measure import integer_outputs, output_error, plain_run, queue_figures, sweep
     from preclint.probe.modes import _describe, build_mode_run
 
     measure = ModeMeasure(mode, _describe(mode, device, emulated))
@@ -146,53 +157,61 @@ def _measure_mode(mode, program, graph, ref, sens, device, emulated, model32, in
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)
         present = [e for e in errors if e is not None]
-        contributions = {}
+        contributions = ([], None)
         if sens is not None and present:
             # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
             norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
             with clock(f"{mode}: contributions"), _tf32_for_gradients(device):
                 contributions = sens.contributions(swept.observer.errors, errors, norm)
-        with clock(f"{mode}: figures"):
-            finish(measure, swept, ref, graph, contributions, errors, ref_outputs, tolerance,
-                   integer_outputs(swept.output, ref))
+        plain = None
         if not run.emulated:
             with clock(f"{mode}: plain run"):
-                measure.observer_delta = _difference(plain_run(run), swept.output)
-        if options.ablate and sens is not None:
-            with clock(f"{mode}: ablation"):
-                ablate(program, graph, ref, model64, inputs64, swept.observer.errors, errors, measure)
+                plain = plain_run(run)
+        with clock(f"{mode}: figures"):
+            state = queue_figures(swept, contributions, errors, ref_outputs, tolerance,
+                                  integer_outputs(swept.output, ref), plain)
+        state.errors = errors
+        state.ablate = options.ablate and sens is not None
+        if not state.ablate:
+            swept.observer.errors = {}
+        return measure, state
     except Exception as exc:
-        cause = exc.cause if isinstance(exc, RunFailed) else exc
-        if is_out_of_memory(cause):
-            measure.error = f"out of memory on {device}"
-        elif isinstance(exc, RunFailed):
-            measure.error = f"the model failed under {mode} on {device}: {one_line(cause)}"
-        else:
-            measure.error = f"{one_line(cause)}"
-        _release(device)
-    finally:
+        _failed(measure, mode, device, exc)
         if swept is not None:
             swept.observer.errors = {}
-    return measure
+        return measure, None
 
 
-def _difference(plain: Any, observed: Any) -> Optional[float]:
-    """Largest |plain - observed| over the outputs (inf when they differ in shape or labels)."""
-    a, b = _tensors(plain), _tensors(observed)
-    if len(a) != len(b):
-        return math.inf
-    worst = 0.0
-    for x, y in zip(a, b):
-        if x.shape != y.shape:
-            return math.inf
-        if x.is_floating_point():
-            both_nan = x.isnan() & y.isnan()
-            d = (x.double() - y.double()).abs().masked_fill(both_nan, 0.0)
-            d = d.masked_fill(x == y, 0.0)  # equal infinities
-            worst = max(worst, float(d.max()) if d.numel() else 0.0)
-        elif not bool((x == y).all()):
-            return math.inf
-    return worst
+def _finish_mode(measure, state, program, graph, ref, device, model64, inputs64, options, clock) -> None:
+    """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
+    from preclint.probe.ablate import ablate
+    from preclint.probe.measure import finish
+
+    swept = state.swept
+    try:
+        with clock(f"{measure.mode}: read back"):
+            finish(measure, state, ref, graph)
+        if state.ablate:
+            with clock(f"{measure.mode}: ablation"):
+                ablate(program, graph, ref, model64, inputs64, swept.observer.errors, state.errors, measure)
+    except Exception as exc:
+        _failed(measure, measure.mode, device, exc)
+    finally:
+        swept.observer.errors = {}
+
+
+def _failed(measure, mode, device, exc) -> None:
+    from preclint.probe.device import is_out_of_memory
+    from preclint.probe.execute import RunFailed, one_line
+
+    cause = exc.cause if isinstance(exc, RunFailed) else exc
+    if is_out_of_memory(cause):
+        measure.error = f"out of memory on {device}"
+    elif isinstance(exc, RunFailed):
+        measure.error = f"the model failed under {mode} on {device}: {one_line(cause)}"
+    else:
+        measure.error = f"{one_line(cause)}"
+    _release(device)
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -55,26 +56,19 @@ class Program:
                 self.fx_graph = traced
             else:  # cannot happen for a deterministic trace; run eagerly rather than mislabel values
                 self.note = "the model traced differently a second time; the probe recorded its ops eagerly instead"
-        self._modules: Dict[int, Tuple[torch.nn.Module, fx.GraphModule]] = {}
         self._fx_nodes = {n.name: n for n in self.fx_graph.nodes} if self.fx_graph is not None else {}
 
     @property
     def is_fx(self) -> bool:
         return self.fx_graph is not None
 
-    def _graph_module(self, root: torch.nn.Module) -> fx.GraphModule:
-        cached = self._modules.get(id(root))
-        if cached is None or cached[0] is not root:
-            cached = (root, fx.GraphModule(root, self.fx_graph, type(root).__name__))
-            self._modules[id(root)] = cached
-        return cached[1]
-
     def run(self, root: torch.nn.Module, inputs: tuple, observer, initial_env: Optional[Dict[str, Any]] = None):
         """The model's output; ``initial_env`` (FX only) maps node names to values not to recompute."""
         try:
             if self.fx_graph is None:
                 return capture_function_mode(root, inputs, observer)[1]
-            runner = _FxRunner(self._graph_module(root), self.ir_nodes, observer)
+            # the graph runs on the copy itself: its call_module and get_attr targets are the copy's
+            runner = _FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph)
             env = {self._fx_nodes[name]: value for name, value in (initial_env or {}).items()}
             return runner.run(*inputs, initial_env=env or None)
         except ModelRunError as exc:
@@ -178,4 +172,35 @@ def copy_to(module: torch.nn.Module, device: torch.device, dtype: Optional[torch
         if isinstance(t, torch.nn.Parameter):
             moved = torch.nn.Parameter(moved, requires_grad=t.requires_grad)
         memo[id(t)] = moved
-    return copy.deepcopy(module, memo)
+    return _clone(module, memo)
+
+
+def _plain_module(cls) -> bool:
+    """A module class that copies as nn.Module does (no copy methods of its own)."""
+    base = torch.nn.Module
+    return (getattr(cls, "__deepcopy__", None) is None and cls.__reduce_ex__ is object.__reduce_ex__
+            and cls.__reduce__ is object.__reduce__ and cls.__getstate__ is base.__getstate__
+            and cls.__setstate__ is base.__setstate__ and not any("__slots__" in vars(k) for k in cls.__mro__))
+
+
+def _clone(module: torch.nn.Module, memo: Dict[int, Any]) -> torch.nn.Module:
+    """``copy.deepcopy(module, memo)``, in half the time for modules that copy as nn.Module does: the
+    tree of modules is walked directly and the empty hook tables are made new, not copied (the
+    other attributes are deep-copied as deepcopy does; any other module is handed to deepcopy)."""
+    if id(module) in memo:
+        return memo[id(module)]
+    cls = type(module)
+    if not _plain_module(cls):
+        return copy.deepcopy(module, memo)
+    new = cls.__new__(cls)
+    memo[id(module)] = new
+    state: Dict[str, Any] = {}
+    for key, value in module.__dict__.items():
+        if key == "_modules":
+            state[key] = type(value)((n, None if c is None else _clone(c, memo)) for n, c in value.items())
+        elif type(value) in (dict, OrderedDict, set) and not value:
+            state[key] = type(value)()
+        else:
+            state[key] = copy.deepcopy(value, memo)
+    new.__setstate__(state)
+    return new

@@ -41,56 +41,88 @@ _NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE
 class Scalars:
     """Zero-dimensional results gathered during a pass and read back in one transfer.
 
-    Norms are queued rather than computed at once: at the end of the pass ``torch._foreach_norm``
-    computes all of them in a few launches (per node, two reductions and their Python calls would
-    cost more than the node itself on a GPU).
+    Norms are queued rather than computed at once: ``compute()`` computes all of them with
+    ``torch._foreach_norm``, a few launches per dtype (per node, two reductions and their Python
+    calls would cost more than the node itself on a GPU), and gathers every figure into one float64
+    vector per device without waiting for the device; ``resolve()`` reads the vectors back. Between
+    the two the device works on while Python issues the next pass.
     """
 
     def __init__(self) -> None:
-        self._values: List[Optional[torch.Tensor]] = []
+        self._values: List[Tuple[List[int], torch.Tensor]] = []  # (slots, one-dimensional tensor)
         self._queued: List[Tuple[torch.Tensor, int]] = []
+        self._size = 0
+        self._gathered: List[Tuple[List[int], torch.Tensor]] = []
         self.resolved: Optional[List[float]] = None
 
     def add(self, value: torch.Tensor) -> int:
-        self._values.append(value.detach())
-        return len(self._values) - 1
+        return self.add_vector(value.detach().reshape(1))
+
+    def add_vector(self, values: torch.Tensor) -> int:
+        """Slots of the elements of a one-dimensional tensor (the first one is returned)."""
+        slot = self._size
+        self._size += values.numel()
+        self._values.append((list(range(slot, self._size)), values.detach()))
+        return slot
 
     def norms(self, t: torch.Tensor) -> Tuple[int, int]:
         """Slots of ||t||_2 and ||t||_inf."""
-        slot = len(self._values)
-        self._values += [None, None]
+        slot = self._size
+        self._size += 2
         self._queued.append((t.detach(), slot))
         return slot, slot + 1
+
+    def compute(self) -> None:
+        """Issue the work of every figure, without waiting for the device; queued tensors are released."""
+        if self._queued:
+            for members, l2, linf in grouped_norms([t for t, _ in self._queued]):
+                slots = [self._queued[i][1] for i in members]
+                self._values.append((slots, l2))
+                self._values.append(([s + 1 for s in slots], linf))
+            self._queued = []  # the slots of empty tensors keep their 0
+        by_device: Dict[Any, List[Tuple[List[int], torch.Tensor]]] = {}
+        for slots, v in self._values:
+            by_device.setdefault(v.device, []).append((slots, v))
+        self._values = []
+        for items in by_device.values():
+            index = [i for slots, _ in items for i in slots]
+            values = torch.cat([v.reshape(-1).to(torch.float64) for _, v in items])
+            self._gathered.append((index, values))
 
     def resolve(self) -> None:
         if self.resolved is not None:
             return
-        if self._queued:
-            l2, linf = batch_norms([t for t, _ in self._queued])
-            for (_, slot), a, b in zip(self._queued, l2, linf):
-                self._values[slot], self._values[slot + 1] = a, b
-            self._queued = []
-        values = [v if v.dtype == torch.float64 else v.to(torch.float64) for v in self._values]
-        if values and len({v.device for v in values}) > 1:
-            values = [v.cpu() for v in values]
-        self.resolved = torch.stack(values).cpu().tolist() if values else []
-        self._values = []
+        self.compute()
+        out = [0.0] * self._size
+        for index, values in self._gathered:
+            for i, v in zip(index, values.cpu().tolist()):
+                out[i] = v
+        self._gathered = []
+        self.resolved = out
 
     def __getitem__(self, index: int) -> float:
         return self.resolved[index]
 
 
-def batch_norms(tensors: List[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-    """(||t||_2, ||t||_inf) of each tensor; empty tensors count 0."""
-    zero = [t.numel() == 0 for t in tensors]
-    work = [t if t.numel() else t.new_zeros(1) for t in tensors]
-    try:
-        l2 = list(torch._foreach_norm(work, 2))
-        linf = list(torch._foreach_norm(work, float("inf")))
-    except (RuntimeError, TypeError, AttributeError):  # torch versions without the fused norms
-        l2 = [torch.linalg.vector_norm(t) for t in work]
-        linf = [torch.linalg.vector_norm(t, ord=float("inf")) for t in work]
-    return ([a * 0 if z else a for a, z in zip(l2, zero)], [b * 0 if z else b for b, z in zip(linf, zero)])
+def grouped_norms(tensors: List[torch.Tensor]) -> List[Tuple[List[int], torch.Tensor, torch.Tensor]]:
+    """(positions, ||t||_2, ||t||_inf) per group of non-empty tensors of one dtype and device:
+    ``torch._foreach_norm`` takes its fast path (a few launches for all tensors) only over such a
+    group."""
+    groups: Dict[Tuple[Any, Any], List[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.numel():
+            groups.setdefault((t.dtype, t.device), []).append(i)
+    out = []
+    for members in groups.values():
+        work = [tensors[i] for i in members]
+        try:
+            l2 = torch.stack(torch._foreach_norm(work, 2))
+            linf = torch.stack(torch._foreach_norm(work, float("inf")))
+        except (RuntimeError, TypeError, AttributeError):  # torch versions without the fused norms
+            l2 = torch.stack([torch.linalg.vector_norm(t) for t in work])
+            linf = torch.stack([torch.linalg.vector_norm(t, ord=float("inf")) for t in work])
+        out.append((members, l2, linf))
+    return out
 
 
 def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.float64, same_inf: bool = False) -> torch.Tensor:
@@ -229,10 +261,10 @@ class Sensitivity:
         return None
 
     def contributions(self, errors: Dict[str, List[Optional[torch.Tensor]]], output_error: List[Optional[torch.Tensor]],
-                      norm: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """<J_i e_i, E> / ||E||^2 per node, as zero-dimensional tensors (``norm`` is ||E||, on the
-        device: reading it back here would stall the GPU; a zero or non-finite norm is caught when
-        the figures are read)."""
+                      norm: torch.Tensor) -> Tuple[List[str], Optional[torch.Tensor]]:
+        """(nodes, <J_i e_i, E> / ||E||^2 of each as one vector on the device): ``norm`` is ||E||,
+        on the device: reading it back here would stall the GPU; a zero or non-finite norm is
+        caught when the figures are read."""
         cotangents = []
         roots = []
         for root, position in zip(self.roots, self.root_index):
@@ -242,13 +274,16 @@ class Sensitivity:
             roots.append(root)
             cotangents.append((e / norm).to(root.dtype))
         if not roots:
-            return {}
+            return [], None
         self._errors, self._acc = errors, {}
         try:
             torch.autograd.grad(roots, self.leaves, cotangents, retain_graph=True, allow_unused=True)
         finally:
             self._errors = {}
-        return {name: value / norm for name, value in self._acc.items()}
+        if not self._acc:
+            return [], None
+        names = list(self._acc)
+        return names, torch.stack([self._acc[name] for name in names]) / norm
 
     def close(self) -> None:
         for h in self.handles:
@@ -401,10 +436,9 @@ class _SweepObserver:
             if o.shape != r.shape:
                 slots.note = f"output {j} has shape {tuple(o.shape)} here and {tuple(r.shape)} in the reference"
                 continue
-            if (name, j) in self.ref.nonfinite:
-                d = difference(o, r, torch.float64, same_inf=True)
-            else:
-                d = torch.sub(o.detach(), r)  # float64 by type promotion, in one call
+            # computed in float64 (exact), stored in float32 (24 bits of the error): half the memory
+            # traffic of a float64 difference, in the write and in both norms
+            d = difference(o, r, torch.float32, (name, j) in self.ref.nonfinite)
             n2, ninf = self.scalars.norms(d)
             slots.received.append((j, n2, ninf))
 
@@ -591,14 +625,34 @@ def integer_outputs(output: Any, ref: ReferenceStore) -> List[Tuple[torch.Tensor
 # --------------------------------------------------------------------------------------- finish
 
 
-def finish(measure: ModeMeasure, swept: Sweep, ref: ReferenceStore, graph, contributions: Dict[str, torch.Tensor],
-           errors: List[Optional[torch.Tensor]], ref_outputs: List[torch.Tensor], tolerance: Optional[Tuple[float, float]],
-           int_pairs) -> None:
-    """Read the sweep's figures back and fill ``measure``."""
+class Pending:
+    """A mode's figures issued on the device and not yet read back (``queue_figures``)."""
+
+    def __init__(self, swept: Sweep, contribution_slots: Dict[str, int], norm_slot: Optional[int], out_slots,
+                 tol_slots, flip_slots, tolerance, delta) -> None:
+        self.swept = swept
+        self.contribution_slots = contribution_slots
+        self.norm_slot = norm_slot
+        self.out_slots = out_slots
+        self.tol_slots = tol_slots
+        self.flip_slots = flip_slots
+        self.tolerance = tolerance
+        self.delta = delta  # the plain run against the observed one: inf, or [(slot, is_label)]
+
+
+def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]],
+                  errors: List[Optional[torch.Tensor]], ref_outputs: List[torch.Tensor],
+                  tolerance: Optional[Tuple[float, float]], int_pairs, plain: Any = None) -> Pending:
+    """Issue the work of the sweep's figures on the device, without waiting for it (``finish`` reads
+    them); ``plain``: the output of the plain run, compared with the observed one."""
     obs = swept.observer
     scalars = obs.scalars
-    contribution_slots = {name: scalars.add(value) for name, value in contributions.items()}
-    if contributions:
+    names, values = contributions
+    contribution_slots: Dict[str, int] = {}
+    norm_slot = None
+    if names:
+        first = scalars.add_vector(values)
+        contribution_slots = {name: first + i for i, name in enumerate(names)}
         norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in errors if e is not None)))
     out_slots = []
     for e, r in zip(errors, ref_outputs):
@@ -612,7 +666,57 @@ def finish(measure: ModeMeasure, swept: Sweep, ref: ReferenceStore, graph, contr
     for o, r in int_pairs:
         changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
         flip_slots.append((scalars.add(changed.sum()), changed.numel()))
+    delta = None if plain is None else _difference_slots(plain, swept.output, scalars)
+    scalars.compute()
+    return Pending(swept, contribution_slots, norm_slot, out_slots, tol_slots, flip_slots, tolerance, delta)
+
+
+def _difference_slots(plain: Any, observed: Any, scalars: Scalars):
+    """Largest |plain - observed| per output, as slots (inf at once when they differ in shape)."""
+    a, b = tensors(plain), tensors(observed)
+    if len(a) != len(b):
+        return math.inf
+    slots = []
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return math.inf
+        if x.is_floating_point():
+            if not x.numel():
+                continue
+            both_nan = x.isnan() & y.isnan()
+            d = (x.double() - y.double()).abs().masked_fill(both_nan, 0.0)
+            d = d.masked_fill(x == y, 0.0)  # equal infinities
+            slots.append((scalars.add(d.max()), False))
+        else:
+            slots.append((scalars.add((x != y).any()), True))
+    return slots
+
+
+def observer_delta(pending: Pending) -> Optional[float]:
+    """Largest |plain - observed| over the outputs (inf when they differ in shape or labels)."""
+    if pending.delta is None or isinstance(pending.delta, float):
+        return pending.delta
+    scalars = pending.swept.observer.scalars
+    worst = 0.0
+    for slot, label in pending.delta:
+        if label:
+            if scalars[slot]:
+                return math.inf
+        else:
+            worst = max(worst, scalars[slot])
+    return worst
+
+
+def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -> None:
+    """Read the sweep's figures back and fill ``measure``."""
+    swept = pending.swept
+    obs = swept.observer
+    scalars = obs.scalars
+    contribution_slots, norm_slot = pending.contribution_slots, pending.norm_slot
+    out_slots, tol_slots, flip_slots, tolerance = pending.out_slots, pending.tol_slots, pending.flip_slots, pending.tolerance
+    contributions = bool(contribution_slots)
     scalars.resolve()
+    measure.observer_delta = observer_delta(pending)
 
     # the output
     if out_slots:
@@ -635,7 +739,7 @@ def finish(measure: ModeMeasure, swept: Sweep, ref: ReferenceStore, graph, contr
                                            scalars[min_rtol] if _finite(scalars[min_rtol]) else None)
 
     # every node
-    contributions_valid = bool(contributions) and _finite(scalars[norm_slot]) and scalars[norm_slot] > 0
+    contributions_valid = contributions and _finite(scalars[norm_slot]) and scalars[norm_slot] > 0
     if contributions and not contributions_valid:
         measure.notes.append("contributions not measured: the output error is zero or not finite")
     explained = 0.0
