@@ -236,11 +236,13 @@ class _FxRunner(fx.Interpreter):
     """
 
     def __init__(self, gm: torch.nn.Module, ir_nodes: Dict[str, Node], observer: Observer,
-                 graph: Optional[fx.Graph] = None) -> None:
-        # ``graph``: run it on ``gm``, any module of the traced hierarchy (no GraphModule to build)
+                 graph: Optional[fx.Graph] = None, record: bool = True) -> None:
+        # ``graph``: run it on ``gm``, any module of the traced hierarchy (no GraphModule to build);
+        # ``record``: set the IR nodes' reduction lengths (re-runs of a recorded graph need not)
         super().__init__(gm, graph=graph)
         self.ir_nodes = ir_nodes
         self.observer = observer
+        self.record = record
 
     def run_node(self, n: fx.Node) -> Any:
         with self._set_current_node(n):
@@ -275,7 +277,8 @@ class _FxRunner(fx.Interpreter):
                 result = getattr(args[0], name)(*args[1:], **kwargs)
             else:
                 result = getattr(self, n.op)(n.target, args, kwargs)
-            _set_reduction_length(node, args, kwargs, callee)
+            if self.record:
+                _set_reduction_length(node, args, kwargs, callee)
             return self.observer(node, args, kwargs, callee, result)
 
 

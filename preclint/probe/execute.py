@@ -67,8 +67,9 @@ class Program:
         try:
             if self.fx_graph is None:
                 return capture_function_mode(root, inputs, observer)[1]
-            # the graph runs on the copy itself: its call_module and get_attr targets are the copy's
-            runner = _FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph)
+            # the graph runs on the copy itself: its call_module and get_attr targets are the copy's;
+            # the check recorded the reduction lengths from the same shapes already
+            runner = _FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)
             env = {self._fx_nodes[name]: value for name, value in (initial_env or {}).items()}
             return runner.run(*inputs, initial_env=env or None)
         except ModelRunError as exc:
