@@ -10,8 +10,9 @@
   reference (received) and replays the node on reference inputs (local), keeping the local error
   vector for the contribution.
 
-Figures are computed on the device as zero-dimensional tensors and read back once per pass: a read
-per node would stall the GPU at every node.
+Figures are computed on the device and read back once per pass, after every mode has been issued
+(``Scalars``, ``queue_figures``, ``finish``): a read per node would stall the GPU at every node, and
+a read per mode would leave it idle while Python issues the next one.
 """
 from __future__ import annotations
 
