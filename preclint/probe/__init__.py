@@ -121,47 +121,31 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     result = ProbeResult(env, {}, list(ref.order), timings, notes)
     result.reference_nonfinite = reference_nonfinite
-    # every mode is issued first and read back after: the device never waits for Python in between.
-    # The sweeps of all modes come first, so that one backward pass gives every mode's contributions.
-    swept_modes = []
-    for mode in modes:
-        result.modes[mode], state = _sweep_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                model64, clock)
-        swept_modes.append((mode, state))
-    if sens is not None:
-        failed = _contributions(sens, [(mode, state) for mode, state in swept_modes if state is not None], device,
-                                clock, result.modes)
-        sens.close()
-        swept_modes = [(mode, None if mode in failed else state) for mode, state in swept_modes]
+    # every mode is issued first and read back after: the device never waits for Python in between
     pending = []
-    for mode, state in swept_modes:
-        if state is not None:
-            state = _queue_mode(result.modes[mode], state, ref, device, tolerance, options.ablate and sens is not None,
-                                clock)
+    for mode in modes:
+        result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
+                                                model64, tolerance, options, clock)
         pending.append((mode, state))
+    if sens is not None:
+        sens.close()
     for mode, state in pending:
         if state is not None:
             _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
     env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
-    env["contributions"] = ("one backward pass through the float32 model for all modes (their cotangents batched)"
+    env["contributions"] = ("one backward pass per mode through the float32 model"
                             + (" (TF32 on: the gradients only weight errors)" if device.type == "cuda" else ""))
     return result
 
 
-class _Swept:
-    """A mode after its sweep: what the backward pass and the figures need."""
-
-    def __init__(self, run, swept, errors, ref_outputs, norm) -> None:
-        self.run, self.swept, self.errors, self.ref_outputs, self.norm = run, swept, errors, ref_outputs, norm
-        self.contributions = ([], None)
-
-
-def _sweep_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, clock):
-    """Run the mode's sweep; nothing is read back. Returns (measure, _Swept, or None after a failure)."""
+def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, tolerance, options,
+                clock):
+    """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
+    Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
 
     from preclint.probe.ledger import ModeMeasure
-    from preclint.probe.measure import output_error, sweep
+    from preclint.probe.measure import integer_outputs, output_error, plain_run, queue_figures, sweep
     from preclint.probe.modes import _describe, build_mode_run
 
     measure = ModeMeasure(mode, _describe(mode, device, emulated))
@@ -173,66 +157,29 @@ def _sweep_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)
         present = [e for e in errors if e is not None]
-        # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
-        norm = torch.sqrt(sum(torch.sum(e * e) for e in present)) if present else None
-        return measure, _Swept(run, swept, errors, ref_outputs, norm)
-    except Exception as exc:
-        _failed(measure, mode, device, exc)
-        if swept is not None:
-            swept.observer.errors = {}
-        return measure, None
-
-
-def _contributions(sens, swept_modes, device, clock, measures) -> List[str]:
-    """Every mode's contributions from one backward pass (cotangents batched); if that fails (memory),
-    one backward pass per mode. Returns the modes that failed."""
-    with_error = [(mode, state) for mode, state in swept_modes if state.norm is not None]
-    if not with_error:
-        return []
-    try:
-        with clock("contributions"), _tf32_for_gradients(device):
-            found = sens.contributions_of_modes([(state.swept.observer.errors, state.errors, state.norm)
-                                                 for _, state in with_error])
-        for (_, state), contributions in zip(with_error, found):
-            state.contributions = contributions
-        return []
-    except Exception:
-        _release(device)
-    failed = []
-    for mode, state in with_error:
-        try:
+        contributions = ([], None)
+        if sens is not None and present:
+            # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
+            norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
             with clock(f"{mode}: contributions"), _tf32_for_gradients(device):
-                state.contributions = sens.contributions(state.swept.observer.errors, state.errors, state.norm)
-        except Exception as exc:
-            _failed(measures[mode], mode, device, exc)
-            state.swept.observer.errors = {}
-            failed.append(mode)
-    return failed
-
-
-def _queue_mode(measure, state, ref, device, tolerance, ablate, clock):
-    """The mode's plain run, and its figures issued; nothing is read back. Returns what
-    ``_finish_mode`` needs, or None after a failure."""
-    from preclint.probe.measure import integer_outputs, plain_run, queue_figures
-
-    mode, run, swept = measure.mode, state.run, state.swept
-    try:
+                contributions = sens.contributions(swept.observer.errors, errors, norm)
         plain = None
         if not run.emulated:
             with clock(f"{mode}: plain run"):
                 plain = plain_run(run)
         with clock(f"{mode}: figures"):
-            pending = queue_figures(swept, state.contributions, state.errors, state.ref_outputs, tolerance,
-                                    integer_outputs(swept.output, ref), plain)
-        pending.errors = state.errors
-        pending.ablate = ablate
-        if not pending.ablate:
+            state = queue_figures(swept, contributions, errors, ref_outputs, tolerance,
+                                  integer_outputs(swept.output, ref), plain)
+        state.errors = errors
+        state.ablate = options.ablate and sens is not None
+        if not state.ablate:
             swept.observer.errors = {}
-        return pending
+        return measure, state
     except Exception as exc:
         _failed(measure, mode, device, exc)
-        swept.observer.errors = {}
-        return None
+        if swept is not None:
+            swept.observer.errors = {}
+        return measure, None
 
 
 def _finish_mode(measure, state, program, graph, ref, device, model64, inputs64, options, clock) -> None:

@@ -17,6 +17,7 @@ a read per mode would leave it idle while Python issues the next one.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -230,9 +231,9 @@ class Sensitivity:
         self.roots: List[torch.Tensor] = []
         self.root_index: List[int] = []  # position of each root among the output's float tensors
         self.leaves: List[torch.Tensor] = []
-        # (node, output index, gradient edge of the value as the node produced it: a later in-place
-        # change of the tensor does not move it)
-        self.values: List[Tuple[str, int, Any]] = []
+        self.handles: List[Any] = []
+        self._errors: Dict[str, List[Optional[torch.Tensor]]] = {}
+        self._acc: Dict[str, torch.Tensor] = {}
 
     # observer protocol
     def before(self, node, args, kwargs, callee):
@@ -246,79 +247,51 @@ class Sensitivity:
             return output
         for j, t in enumerate(tensors(output)):
             if t.is_floating_point() and t.requires_grad:
-                self.values.append((node.name, j, torch.autograd.graph.get_gradient_edge(t)))
+                self.handles.append(t.register_hook(partial(self._on_grad, node.name, j)))
         return output
+
+    def _on_grad(self, name: str, index: int, grad: torch.Tensor):
+        errors = self._errors.get(name)
+        if errors is None or index >= len(errors) or errors[index] is None or grad is None:
+            return None
+        e = errors[index]
+        if e.shape != grad.shape:
+            return None
+        term = torch.sum(grad.to(e.dtype) * e, dtype=torch.float64)
+        self._acc[name] = self._acc[name] + term if name in self._acc else term
+        return None
 
     def contributions(self, errors: Dict[str, List[Optional[torch.Tensor]]], output_error: List[Optional[torch.Tensor]],
                       norm: torch.Tensor) -> Tuple[List[str], Optional[torch.Tensor]]:
         """(nodes, <J_i e_i, E> / ||E||^2 of each as one vector on the device): ``norm`` is ||E||,
         on the device: reading it back here would stall the GPU; a zero or non-finite norm is
         caught when the figures are read."""
-        return self.contributions_of_modes([(errors, output_error, norm)])[0]
-
-    def contributions_of_modes(self, modes: List[Tuple[Dict[str, List[Optional[torch.Tensor]]],
-                                                       List[Optional[torch.Tensor]], torch.Tensor]]
-                               ) -> List[Tuple[List[str], Optional[torch.Tensor]]]:
-        """``contributions`` of several modes from one backward pass: each mode's cotangent
-        E/||E|| is its own, so they go through the graph as one batch (``is_grads_batched``)."""
-        empty: Tuple[List[str], Optional[torch.Tensor]] = ([], None)
-        if not modes:
-            return []
-        roots, positions = [], []
+        cotangents = []
+        roots = []
         for root, position in zip(self.roots, self.root_index):
-            shapes_match = True
-            for _, output_error, _ in modes:
-                e = output_error[position] if position < len(output_error) else None
-                if e is None or e.shape != root.shape:
-                    shapes_match = False
-            if shapes_match:
-                roots.append(root)
-                positions.append(position)
-        if not roots:
-            return [empty for _ in modes]
-        wanted = [(name, j, edge) for name, j, edge in self.values
-                  if any(_error_of(errors, name, j) is not None for errors, _, _ in modes)]
-        if not wanted:
-            return [empty for _ in modes]
-        batched = len(modes) > 1
-        if batched:
-            cotangents = [torch.stack([(out[p] / norm).to(root.dtype) for _, out, norm in modes])
-                          for root, p in zip(roots, positions)]
-        else:
-            _, out, norm = modes[0]
-            cotangents = [(out[p] / norm).to(root.dtype) for root, p in zip(roots, positions)]
-        grads = torch.autograd.grad(roots, [edge for _, _, edge in wanted], cotangents, retain_graph=True,
-                                    allow_unused=True, is_grads_batched=batched)
-        results = []
-        for k, (errors, _, norm) in enumerate(modes):
-            acc: Dict[str, torch.Tensor] = {}
-            for (name, j, _), grad in zip(wanted, grads):
-                e = _error_of(errors, name, j)
-                if e is None or grad is None:
-                    continue
-                g = grad[k] if batched else grad
-                if e.shape != g.shape:
-                    continue
-                term = torch.sum(g.to(e.dtype) * e, dtype=torch.float64)
-                acc[name] = acc[name] + term if name in acc else term
-            if not acc:
-                results.append(empty)
+            e = output_error[position] if position < len(output_error) else None
+            if e is None or e.shape != root.shape:
                 continue
-            names = list(acc)
-            results.append((names, torch.stack([acc[name] for name in names]) / norm))
-        return results
+            roots.append(root)
+            cotangents.append((e / norm).to(root.dtype))
+        if not roots:
+            return [], None
+        self._errors, self._acc = errors, {}
+        try:
+            torch.autograd.grad(roots, self.leaves, cotangents, retain_graph=True, allow_unused=True)
+        finally:
+            self._errors = {}
+        if not self._acc:
+            return [], None
+        names = list(self._acc)
+        return names, torch.stack([self._acc[name] for name in names]) / norm
 
     def close(self) -> None:
-        self.values = []
+        for h in self.handles:
+            h.remove()
+        self.handles = []
         self.roots = []
         self.leaves = []
-
-
-def _error_of(errors: Dict[str, List[Optional[torch.Tensor]]], name: str, index: int) -> Optional[torch.Tensor]:
-    found = errors.get(name)
-    if found is None or index >= len(found):
-        return None
-    return found[index]
 
 
 def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32: tuple) -> Sensitivity:
