@@ -2,7 +2,7 @@
 came from. Shared by the rules that judge a value by what is done with it."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Set, Tuple
 
 from preclint.ir import Graph, Kind, Node
 
@@ -33,6 +33,21 @@ def readers(users: Dict[str, List[Tuple[Node, int]]], name: str, through=MOVES) 
                 frontier.append(user.name)
             else:
                 yield user, position
+
+
+def downstream(users: Dict[str, List[Tuple[Node, int]]], name: str,
+               follow: Callable[[Node], bool]) -> Iterator[Tuple[Node, int]]:
+    """Each reader of ``name`` once, and the readers of every reader that ``follow`` accepts: how a
+    value's use is traced through a chain of ops (an eps through add/clamp to the sqrt it guards)."""
+    frontier, seen = [name], set()
+    while frontier:
+        for user, position in readers(users, frontier.pop()):
+            if user.name in seen:
+                continue
+            seen.add(user.name)
+            yield user, position
+            if follow(user):
+                frontier.append(user.name)
 
 
 def ancestors(graph: Graph, name: str) -> Set[str]:

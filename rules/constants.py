@@ -6,7 +6,7 @@ from preclint.ir import Kind
 from preclint.numerics import FORMATS, representable, round_to
 from preclint.predict import dtype_derived
 from preclint.rulebase import Example, Rule
-from preclint.rules._dataflow import readers, users_by_input
+from preclint.rules._dataflow import downstream, users_by_input
 
 # Which scalar arguments of an op are constants that meet the op's values (not dims or exponents).
 CONSTANT_ARGS = {
@@ -194,15 +194,8 @@ statistic in float32 (`h.float()`, `pow` instead of `h * h` under autocast).
             return f"division inside {node.fn}"
         if node.fn not in ("add", "sub", "rsub", "clamp", "clamp_min", "clip", "where", "full", "full_like", "new_full"):
             return None
-        frontier, seen = [node.name], set()
-        while frontier:
-            current = frontier.pop()
-            for user, position in readers(users, current):
-                if user.name in seen:
-                    continue
-                seen.add(user.name)
-                if _is_guarded_operand(user, position):
-                    return user.fn
-                if user.fn in GUARD_CHAIN and user.kind != Kind.DECISION:
-                    frontier.append(user.name)
+        in_chain = lambda user: user.fn in GUARD_CHAIN and user.kind != Kind.DECISION  # noqa: E731
+        for user, position in downstream(users, node.name, in_chain):
+            if _is_guarded_operand(user, position):
+                return user.fn
         return None

@@ -7,7 +7,7 @@ from preclint.findings import ErrorFigure, sci
 from preclint.ir import Kind
 from preclint.numerics import FORMATS
 from preclint.rulebase import Example, Rule
-from preclint.rules._dataflow import ancestors, readers, users_by_input
+from preclint.rules._dataflow import ancestors, downstream, users_by_input
 from preclint.rules._norun import undecided
 
 # reductions that give a normalization its mean, variance or mean square
@@ -132,19 +132,11 @@ the statistics and cast back: `hf = h.float(); ...; y.to(h.dtype)`.
             return False
         source = stat.inputs[0]
         related = ancestors(graph, source) | {source}
-        frontier, seen = [stat.name], set()
-        while frontier:
-            current = frontier.pop()
-            for user, position in readers(users, current):
-                if user.name in seen:
-                    continue
-                seen.add(user.name)
-                if user.fn in APPLY:
-                    others = [n for i, n in enumerate(user.inputs) if i != position]
-                    if any(o in related or source in ancestors(graph, o) for o in others):
-                        return True
-                if user.fn in STATISTIC_CHAIN:
-                    frontier.append(user.name)
+        for user, position in downstream(users, stat.name, lambda user: user.fn in STATISTIC_CHAIN):
+            if user.fn in APPLY:
+                others = [n for i, n in enumerate(user.inputs) if i != position]
+                if any(o in related or source in ancestors(graph, o) for o in others):
+                    return True
         return False
 
     @staticmethod
