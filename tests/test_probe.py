@@ -90,6 +90,43 @@ def test_data_movement_adds_no_error_and_tf32_leaves_other_ops_alone(cnn_probe):
             assert m.local.rel_error < 1e-6, (node.name, m.local.rel_error)
 
 
+def test_exact_ops_add_no_error_in_any_mode(cnn_probe):
+    # max(x, 0) is exact in every format: a replay of the ReLU on its reference input rounded to
+    # the run's dtype would show only that rounding (float32's, 2.5e-8, against the float64 values
+    # the ablation keeps), which belongs to the batch norm that produced the input
+    _report, graph, _ctx, result = cnn_probe
+    relus = [n.name for n in graph.nodes if n.fn == "relu"]
+    assert len(relus) == 2
+    for mode, measure in result.modes.items():
+        for name in relus:
+            assert measure.nodes[name].local.rel_error == 0.0, (mode, name)
+            assert measure.nodes[name].received.rel_error > 0.0, (mode, name)
+        assert measure.nodes["_1"].local.rel_error > 0.0 or mode == "tf32", mode
+
+
+def test_reference_values_are_kept_in_float32_unless_the_ablation_needs_float64():
+    from preclint.probe.execute import Program, copy_to
+    from preclint.probe.measure import reference_pass, resolve_reference
+
+    model, inputs = small_cnn()
+    _report, graph, _ctx = check(model, inputs, precisions=("fp16",))
+    model64 = copy_to(model, torch.device("cpu"), torch.float64)
+    inputs64 = tuple(x.double() for x in inputs)
+    kept = {}
+    for keep_float64 in (False, True):
+        ref = reference_pass(Program(graph, model), model64, inputs64, keep_float64)
+        resolve_reference(ref)
+        kept[keep_float64] = ref
+        dtypes = {t.dtype for values in ref.values.values() for t in values if t.is_floating_point()}
+        assert dtypes == ({torch.float64} if keep_float64 else {torch.float32})
+        assert bool(ref.raw) == keep_float64  # the ablation re-runs from the float64 values
+    for name in kept[True].order:
+        # norms are those of the float64 values to float32's precision (the rounding is 2^-24)
+        assert kept[False].norm(name, 0) == pytest.approx(kept[True].norm(name, 0), rel=1e-6)
+        assert torch.equal(kept[False].values[name][0], kept[True].values[name][0].float())
+    assert kept[False].output.dtype == torch.float64  # output errors are taken against float64
+
+
 def test_contributions_match_one_node_at_a_time_runs(cnn_probe):
     _report, _graph, _ctx, result = cnn_probe
     for mode, measure in result.modes.items():
@@ -293,7 +330,8 @@ def test_cuda_without_a_gpu_is_a_user_error():
         probe(model, inputs, modes=("tf32",), options=ProbeOptions(device="cuda"))
 
 
-def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops():
+@pytest.mark.parametrize("ablate", [False, True], ids=["float32-store", "float64-store"])
+def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops(ablate):
     # data-dependent control flow (the recorder, not FX) and an in-place ReLU that would overwrite
     # the reference value of the batch norm before it if the probe did not keep a copy
     class Branchy(nn.Module):
@@ -311,7 +349,8 @@ def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops():
             return self.fc(y.mean(dim=(2, 3)))
 
     torch.manual_seed(0)
-    _r, graph, _c, result = probe(Branchy().eval(), (torch.rand(2, 3, 10, 10),), modes=("fp16", "bf16"))
+    _r, graph, _c, result = probe(Branchy().eval(), (torch.rand(2, 3, 10, 10),), modes=("fp16", "bf16"),
+                                  options=ProbeOptions(device="cpu", ablate=ablate))
     assert graph.capture == "function-mode"
     for mode, measure in result.modes.items():
         assert measure.error is None and measure.diverged_at is None, (mode, measure.error)

@@ -63,7 +63,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
     from preclint.probe.execute import Program, RunFailed, copy_to, one_line
-    from preclint.probe.measure import reference_pass, sensitivity_pass
+    from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
 
     if not graph.ran_reference:
         raise UserError("--probe needs the reference pass that --no-run skips; drop --no-run")
@@ -91,9 +91,26 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     try:
         with clock("reference"):
-            ref = reference_pass(program, model64, inputs64)
+            ref = reference_pass(program, model64, inputs64, keep_float64=options.ablate)
     except RunFailed as exc:
         raise UserError(_failure(name, "in float64", device, exc.cause)) from exc.cause
+    except Exception as exc:
+        raise UserError(_failure(name, "in float64", device, exc)) from exc
+
+    # issued while the device still computes the reference: its figures are read after
+    sens = None
+    try:
+        with clock("sensitivity"), _tf32_for_gradients(device):
+            sens = sensitivity_pass(program, graph, model32, inputs32, _sensitivity_autocast(device))
+    except Exception as exc:  # contributions are lost, the rest of the probe is not
+        cause = exc.cause if isinstance(exc, RunFailed) else exc
+        reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
+        notes.append(f"contributions not measured: the run with gradients failed ({reason})")
+        _release(device)
+
+    try:
+        with clock("reference: read back"):
+            resolve_reference(ref)
     except Exception as exc:
         raise UserError(_failure(name, "in float64", device, exc)) from exc
     reference_nonfinite = sorted({n for n, _ in ref.nonfinite}, key=ref.order.index)
@@ -107,25 +124,16 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         notes.append(f"the model computes some values below float64 even in the reference run ({shown}): "
                      "the reference there is as precise as the model makes it")
 
-    sens = None
-    try:
-        with clock("sensitivity"), _tf32_for_gradients(device):
-            sens = sensitivity_pass(program, graph, model32, inputs32)
-    except Exception as exc:  # contributions are lost, the rest of the probe is not
-        cause = exc.cause if isinstance(exc, RunFailed) else exc
-        reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
-        notes.append(f"contributions not measured: the float32 run with gradients failed ({reason})")
-        _release(device)
-
     from preclint.probe.ledger import ProbeResult
 
     result = ProbeResult(env, {}, list(ref.order), timings, notes)
     result.reference_nonfinite = reference_nonfinite
     # every mode is issued first and read back after: the device never waits for Python in between
     pending = []
+    maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
     for mode in modes:
         result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                model64, tolerance, options, clock)
+                                                model64, tolerance, options, clock, maps)
         pending.append((mode, state))
     if sens is not None:
         sens.close()
@@ -133,13 +141,22 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         if state is not None:
             _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
     env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
+    autocast = _sensitivity_autocast(device)
     env["contributions"] = ("one backward pass per mode through the float32 model"
-                            + (" (TF32 on: the gradients only weight errors)" if device.type == "cuda" else ""))
+                            + (f" under {str(autocast).replace('torch.', '')} autocast (the gradients only weight errors)"
+                               if autocast is not None else ""))
     return result
 
 
+def _sensitivity_autocast(device):
+    """On a GPU the backward passes run in bfloat16: half the memory traffic of float32."""
+    import torch
+
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
 def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, tolerance, options,
-                clock):
+                clock, maps):
     """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
     Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
@@ -152,7 +169,7 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
     swept = None
     try:
         with clock(f"{mode}: sweep"):
-            run = build_mode_run(mode, device, emulated, model32, inputs32, model64, graph)
+            run = build_mode_run(mode, device, emulated, model32, inputs32, model64, graph, maps)
             measure.how = run.how
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)
@@ -236,9 +253,11 @@ def _move(inputs: tuple, device, dtype):
     import torch
     from torch.utils._pytree import tree_map
 
+    from preclint.probe.execute import to_device
+
     def move(v):
         if isinstance(v, torch.Tensor):
-            v = v.detach().to(device)
+            v = to_device(v, device) if v.device != device else v.detach()
             if dtype is not None and v.is_floating_point():
                 v = v.to(dtype)
             return v

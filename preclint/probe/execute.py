@@ -160,6 +160,22 @@ class Producers:
         return entry[1], entry[2]
 
 
+def to_device(t: torch.Tensor, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A copy of ``t`` on ``device`` (in ``dtype``). From the CPU to a GPU the copy goes through
+    page-locked memory and does not wait: a copy from ordinary memory blocks until it is done, and
+    one per parameter made the copying of a model to the GPU twice as long. (The caching host
+    allocator keeps each staging block until its copy has run.)"""
+    t = t.detach()
+    if device.type == "cuda" and t.device.type == "cpu" and t.numel():
+        try:
+            staged = t if t.is_pinned() else t.pin_memory()
+        except RuntimeError:  # no page-locked memory to be had: the plain copy
+            staged = None
+        if staged is not None:
+            return staged.to(device, non_blocking=True).to(dtype or t.dtype)
+    return t.to(device, dtype or t.dtype, copy=True)
+
+
 def copy_to(module: torch.nn.Module, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
     """A deep copy of ``module`` whose parameters and buffers are made directly on ``device`` (and,
     if floating point, in ``dtype``): deepcopy's memo takes the moved tensors, so no intermediate
@@ -169,7 +185,7 @@ def copy_to(module: torch.nn.Module, device: torch.device, dtype: Optional[torch
         if id(t) in memo:
             continue
         target = dtype if dtype is not None and t.is_floating_point() else t.dtype
-        moved = t.detach().to(device, target, copy=True)
+        moved = to_device(t, device, target)
         if isinstance(t, torch.nn.Parameter):
             moved = torch.nn.Parameter(moved, requires_grad=t.requires_grad)
         memo[id(t)] = moved

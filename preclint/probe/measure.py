@@ -1,10 +1,11 @@
 """The measuring passes: the float64 reference, the sensitivity pass, and one sweep per mode.
 
-* Reference: the model in float64 on the probe's device; every node's value is kept.
-* Sensitivity: the model in float32 with autograd; after each mode's sweep, one backward pass with
-  the mode's measured output error as the cotangent gives J_i^T E at every node i at once, and so
-  each node's contribution <J_i e_i, E> (ledger.py). Gradients only weight errors, three digits
-  are plenty, so on a GPU this pass may use TF32.
+* Reference: the model in float64 on the probe's device; every node's value is kept (rounded to
+  float32 unless the ablation needs the float64 values: ReferenceStore).
+* Sensitivity: the model with autograd; after each mode's sweep, one backward pass with the mode's
+  measured output error as the cotangent gives J_i^T E at every node i at once, and so each node's
+  contribution <J_i e_i, E> (ledger.py). Gradients only weight errors, a few digits are plenty, so
+  on a GPU this pass runs under bfloat16 autocast.
 * Sweep: the full run of the mode, observed and never altered (on a GPU the observed run is checked
   against the plain model afterwards). At each node the observer compares the value with the
   reference (received) and replays the node on reference inputs (local), keeping the local error
@@ -16,6 +17,7 @@ a read per mode would leave it idle while Python issues the next one.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,6 +39,12 @@ from preclint.probe.rounding import REDUCED_FLOATS
 TF32_THRESHOLD = 2.0 ** -17.5
 
 _NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE, Kind.DECISION, Kind.COMPARE})
+
+# max(x, 0), min(max(x, 0), 6) and the largest value of a window are exact in every float format:
+# with its result in its input's dtype such an op adds no error, so it is not replayed (a replay
+# would show only the rounding of its input, which the node that produced the input owns).
+_EXACT_FNS = frozenset({"relu", "relu_", "relu6", "max_pool", "max_pool1d", "max_pool2d", "max_pool3d",
+                        "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"})
 
 
 class Scalars:
@@ -114,23 +122,34 @@ def grouped_norms(tensors: List[torch.Tensor]) -> List[Tuple[List[int], torch.Te
         if t.numel():
             groups.setdefault((t.dtype, t.device), []).append(i)
     out = []
-    for members in groups.values():
+    for (dtype, _), members in groups.items():
         work = [tensors[i] for i in members]
+        # bfloat16 errors are summed in float32 and their norms kept so (not rounded back)
+        wide = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
         try:
-            l2 = torch.stack(torch._foreach_norm(work, 2))
-            linf = torch.stack(torch._foreach_norm(work, float("inf")))
+            l2 = torch.stack(torch._foreach_norm(work, 2, dtype=wide))
+            linf = torch.stack(torch._foreach_norm(work, float("inf"), dtype=wide))
         except (RuntimeError, TypeError, AttributeError):  # torch versions without the fused norms
-            l2 = torch.stack([torch.linalg.vector_norm(t) for t in work])
-            linf = torch.stack([torch.linalg.vector_norm(t, ord=float("inf")) for t in work])
+            l2 = torch.stack([torch.linalg.vector_norm(t, dtype=wide) for t in work])
+            linf = torch.stack([torch.linalg.vector_norm(t, ord=float("inf"), dtype=wide) for t in work])
         out.append((members, l2, linf))
     return out
+
+
+def error_dtype(device: torch.device) -> torch.dtype:
+    """The dtype error vectors are kept in. Their figures (norms, largest element, the products
+    with gradients) need two or three digits, which bfloat16 gives with float32's range; on a GPU
+    that halves the memory traffic of every comparison, which bounds the probe's time there. On
+    the CPU bfloat16 arithmetic is slower than float32, so errors stay float32."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.float64, same_inf: bool = False) -> torch.Tensor:
     """a - b computed in the wider of their dtypes (type promotion, in one pass) and stored as ``dtype``.
 
-    The values compared are float64 references or float32/float16/bfloat16 results; their difference
-    in float64 is exact, and storing it in float32 keeps 24 bits of an error: plenty for figures.
+    The values compared are references (float32, or float64 for the ablation) and float32, float16
+    or bfloat16 results; their difference is computed in the wider dtype and stored as ``dtype``
+    (error_dtype): plenty for figures.
     ``same_inf``: elements that are the same inf (or both NaN) differ by 0, not NaN."""
     out = torch.empty(a.shape, dtype=dtype, device=a.device)
     d = torch.sub(a.detach(), b.detach(), out=out)
@@ -143,11 +162,19 @@ def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.floa
 
 
 class ReferenceStore:
-    """Every node's value in the float64 run, and each float value's squared norm."""
+    """Every node's value in the float64 run, and each float value's squared norm.
 
-    def __init__(self) -> None:
+    ``keep_float64``: keep the values as computed (the ablation re-runs the reference from them).
+    Otherwise each float64 value is kept rounded to float32, the precision of the model itself:
+    the rounding (2^-24 relative) is far below the error of every mode the probe measures (2^-11
+    and up), and it halves the memory of the store and the traffic of every comparison with it.
+    The reference run itself computes in float64 throughout; the norms are those of the kept values.
+    """
+
+    def __init__(self, keep_float64: bool = True) -> None:
+        self.keep_float64 = keep_float64
         self.values: Dict[str, List[torch.Tensor]] = {}
-        self.raw: Dict[str, Any] = {}
+        self.raw: Dict[str, Any] = {}  # the node's output as it came, with keep_float64 only
         self.order: List[str] = []
         self.fns: Dict[str, str] = {}
         self.norms: Dict[Tuple[str, int], int] = {}  # (node, output index) -> index of ||value||_2
@@ -199,26 +226,39 @@ class _ReferenceObserver:
             return output
         outs = [t.detach() for t in tensors(output)]
         store = self.store
-        store.values[node.name] = outs
-        store.raw[node.name] = output
         store.order.append(node.name)
         store.fns[node.name] = node.fn
-        for j, t in enumerate(outs):
-            if t.is_floating_point():
-                store.norms[(node.name, j)] = store.scalars.norms(t)[0]
-                if t.dtype != torch.float64 and node.name not in store.downcasts:
-                    store.downcasts.append(node.name)
-        self.producers.add(node.name, tensors(output))
+        if any(t.is_floating_point() and t.dtype != torch.float64 for t in outs):
+            store.downcasts.append(node.name)
+        if store.keep_float64:
+            store.values[node.name] = outs
+            store.raw[node.name] = output
+        else:
+            store.values[node.name] = [t.to(torch.float32) if t.dtype == torch.float64 else t for t in outs]
+        if self.protect_inplace:
+            self.producers.add(node.name, tensors(output))
         return output
 
 
-def reference_pass(program: Program, model64: torch.nn.Module, inputs64: tuple) -> ReferenceStore:
-    store = ReferenceStore()
+def reference_pass(program: Program, model64: torch.nn.Module, inputs64: tuple, keep_float64: bool) -> ReferenceStore:
+    """Issue the float64 run; ``resolve_reference`` reads its figures back (the device works on
+    in between, while Python issues the next pass)."""
+    store = ReferenceStore(keep_float64)
     with torch.no_grad():
         store.output = program.run(model64, inputs64, _ReferenceObserver(store, protect_inplace=not program.is_fx))
+    # the norms of the kept values, queued after the run: an eager in-place op may have replaced a
+    # kept value by its copy in the meantime (_ReferenceObserver.before)
+    for name, values in store.values.items():
+        for j, t in enumerate(values):
+            if t.is_floating_point():
+                store.norms[(name, j)] = store.scalars.norms(t)[0]
+    store.scalars.compute()
+    return store
+
+
+def resolve_reference(store: ReferenceStore) -> None:
     store.scalars.resolve()
     store.find_nonfinite()
-    return store
 
 
 # ----------------------------------------------------------------------------------- sensitivity
@@ -257,7 +297,8 @@ class Sensitivity:
         e = errors[index]
         if e.shape != grad.shape:
             return None
-        term = torch.sum(grad.to(e.dtype) * e, dtype=torch.float64)
+        # one product and one float32 sum per value (errors and gradients need only a few digits)
+        term = torch.sum(grad * e, dtype=torch.float32)
         self._acc[name] = self._acc[name] + term if name in self._acc else term
         return None
 
@@ -294,9 +335,14 @@ class Sensitivity:
         self.leaves = []
 
 
-def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32: tuple) -> Sensitivity:
+def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32: tuple,
+                     autocast: Optional[torch.dtype] = None) -> Sensitivity:
     """Run the float32 model with autograd, hooks on every value. Parameters get no gradient unless
-    nothing else reaches the output (token-id models), so each backward costs about one forward."""
+    nothing else reaches the output (token-id models), so each backward costs about one forward.
+
+    ``autocast``: run it under autocast to that dtype. Gradients only weight errors: a few digits
+    do, and on a GPU a bfloat16 backward pass costs half a float32 one (its time is in moving
+    activations). benchmarks/README.md measures the contributions against exact one-node runs."""
     sens = Sensitivity()
     inputs = tuple(_with_grad(v) for v in inputs32)
     leaves = [v for v in tree_flatten(list(inputs))[0] if isinstance(v, torch.Tensor) and v.requires_grad]
@@ -310,7 +356,7 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
         for p in constants:
             p.requires_grad_(True)
         leaves += [p for p in constants]
-        with torch.enable_grad():
+        with torch.enable_grad(), _autocast(inputs, autocast):
             output = program.run(model32, inputs, sens)
             floats = [t for t in tensors(output) if t.is_floating_point()]
             if not any(t.requires_grad for t in floats):
@@ -320,7 +366,8 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
                 for p in model32.parameters():
                     p.requires_grad_(p.is_floating_point())
                 leaves = [p for p in model32.parameters() if p.requires_grad]
-                output = program.run(model32, inputs, sens)
+                with _autocast(inputs, autocast):
+                    output = program.run(model32, inputs, sens)
                 floats = [t for t in tensors(output) if t.is_floating_point()]
         sens.roots = [t for t in floats if t.requires_grad]
         sens.root_index = [i for i, t in enumerate(floats) if t.requires_grad]
@@ -329,6 +376,13 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
         for p in model32.parameters():
             p.requires_grad_(saved.get(id(p), p.requires_grad))
     return sens
+
+
+def _autocast(inputs: tuple, dtype: Optional[torch.dtype]):
+    if dtype is None:
+        return contextlib.nullcontext()
+    device = next((t.device for t in tree_flatten(list(inputs))[0] if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def _with_grad(value):
@@ -369,6 +423,7 @@ class _SweepObserver:
         self.graph = graph
         self.inplace_semantics = inplace_semantics
         self.keep_errors = keep_errors
+        self.error_dtype = error_dtype(run.device)
         self.producers = Producers()
         self.pending: Optional[list] = None
         self.position = 0
@@ -437,9 +492,7 @@ class _SweepObserver:
             if o.shape != r.shape:
                 slots.note = f"output {j} has shape {tuple(o.shape)} here and {tuple(r.shape)} in the reference"
                 continue
-            # computed in float64 (exact), stored in float32 (24 bits of the error): half the memory
-            # traffic of a float64 difference, in the write and in both norms
-            d = difference(o, r, torch.float32, (name, j) in self.ref.nonfinite)
+            d = difference(o, r, self.error_dtype, (name, j) in self.ref.nonfinite)
             n2, ninf = self.scalars.norms(d)
             slots.received.append((j, n2, ninf))
 
@@ -512,13 +565,16 @@ class _SweepObserver:
             if self.keep_errors:
                 refs = self.ref.values[name]
                 self.errors[name] = [
-                    difference(o, refs[j], torch.float32, (name, j) in self.ref.nonfinite)
+                    difference(o, refs[j], self.error_dtype, (name, j) in self.ref.nonfinite)
                     if o.is_floating_point() and o.shape == refs[j].shape else None
                     for j, o in enumerate(outs)
                 ]
             return
         if node.kind in _NO_REPLAY_KINDS:
             slots.local_zero = node.kind == Kind.SHAPE
+            return
+        if node.fn in _EXACT_FNS and _keeps_dtype(args, kwargs, outs):
+            slots.local_zero = True
             return
         inplace = is_inplace_call(callee, kwargs)
         try:
@@ -543,12 +599,18 @@ class _SweepObserver:
             if not (y.is_floating_point() and z.is_floating_point()) or y.shape != z.shape:
                 kept.append(None)
                 continue
-            e = difference(y, z, torch.float32, (name, j) in self.ref.nonfinite)
+            e = difference(y, z, self.error_dtype, (name, j) in self.ref.nonfinite)
             n2, ninf = self.scalars.norms(e)
             slots.local.append((j, n2, ninf))
             kept.append(e if self.keep_errors else None)
         if self.keep_errors:
             self.errors[name] = kept
+
+
+def _keeps_dtype(args, kwargs, outs: List[torch.Tensor]) -> bool:
+    """Whether every float result has the dtype of the (first) float operand."""
+    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+    return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
 
 
 def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -320,11 +320,12 @@ def _describe(name: str, device: torch.device, emulated: bool) -> str:
 
 
 def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
-                   model64: torch.nn.Module, graph=None) -> ModeRun:
+                   model64: torch.nn.Module, graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None) -> ModeRun:
     """The copy of the model and the inputs ``name`` runs on ``device`` (model32 and model64 live there).
 
     A copy shares every parameter it does not change with ``model32``: only the rounded or cast
-    ones are new tensors, so a mode costs the memory of what it changes.
+    ones are new tensors, so a mode costs the memory of what it changes. ``maps``: where the maps
+    between copies are kept for the next mode (the native modes all run ``model32`` itself).
     """
     mode = MODES[name]
     low = LOW_DTYPES.get(mode.low.name) if mode.low is not None else None
@@ -356,9 +357,17 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
     run = ModeRun(name, mode, device, emulated, variant, inputs, _describe(name, device, emulated), low_params=low_params)
-    run.originals = _module_map(variant, model32)
-    run.original_tensors = _tensor_map(variant, model32)
-    run.reference_tensors = _tensor_map(variant, model64)
+    maps = {} if maps is None else maps
+
+    def kept(key, build):
+        if key not in maps:
+            maps[key] = build()
+        return maps[key]
+
+    # keyed by the copies themselves (held in the key, so an id is never reused while kept)
+    run.originals = kept(("modules", variant, model32), lambda: _module_map(variant, model32))
+    run.original_tensors = kept(("tensors", variant, model32), lambda: _tensor_map(variant, model32))
+    run.reference_tensors = kept(("tensors", variant, model64), lambda: _tensor_map(variant, model64))
     return run
 
 
