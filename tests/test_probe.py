@@ -322,6 +322,31 @@ def test_out_of_memory_in_one_mode_is_a_per_mode_could_not_measure():
     assert result.modes["bf16-full"].error.startswith("out of memory")
 
 
+def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(monkeypatch):
+    # on a GPU the sensitivity pass runs under bfloat16 autocast; a model that cannot must still
+    # get its contributions, from a float32 pass, and the environment must say which one ran
+    import preclint.probe as probe_module
+    import preclint.probe.measure as measure_module
+
+    real = measure_module.sensitivity_pass
+    calls = []
+
+    def sensitivity_pass(program, graph, model32, inputs32, autocast=None):
+        calls.append(autocast)
+        if autocast is not None:
+            raise RuntimeError("no bfloat16 kernel for this op")
+        return real(program, graph, model32, inputs32, autocast)
+
+    monkeypatch.setattr(measure_module, "sensitivity_pass", sensitivity_pass)
+    monkeypatch.setattr(probe_module, "_sensitivity_autocast", lambda device, program: torch.bfloat16)
+    model, inputs = small_cnn()
+    _r, _g, _c, result = probe(model, inputs, modes=("fp16",))
+    assert calls == [torch.bfloat16, None]
+    assert result.modes["fp16"].explained is not None
+    assert not any("contributions not measured" in note for note in result.notes)
+    assert "autocast" not in result.environment["contributions"]
+
+
 def test_cuda_without_a_gpu_is_a_user_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -99,14 +99,21 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     # issued while the device still computes the reference: its figures are read after
     sens = None
-    try:
-        with clock("sensitivity"), _tf32_for_gradients(device):
-            sens = sensitivity_pass(program, graph, model32, inputs32, _sensitivity_autocast(device))
-    except Exception as exc:  # contributions are lost, the rest of the probe is not
-        cause = exc.cause if isinstance(exc, RunFailed) else exc
-        reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
-        notes.append(f"contributions not measured: the run with gradients failed ({reason})")
-        _release(device)
+    autocast = _sensitivity_autocast(device, program)
+    for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
+        try:
+            with clock("sensitivity"), _tf32_for_gradients(device):
+                sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
+            autocast = attempt
+            break
+        except Exception as exc:  # contributions are lost, the rest of the probe is not
+            _release(device)
+            if attempt is not None:
+                continue
+            cause = exc.cause if isinstance(exc, RunFailed) else exc
+            reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
+            notes.append(f"contributions not measured: the run with gradients failed ({reason})")
+            autocast = None
 
     try:
         with clock("reference: read back"):
@@ -141,18 +148,22 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         if state is not None:
             _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
     env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
-    autocast = _sensitivity_autocast(device)
-    env["contributions"] = ("one backward pass per mode through the float32 model"
-                            + (f" under {str(autocast).replace('torch.', '')} autocast (the gradients only weight errors)"
-                               if autocast is not None else ""))
+    how = ""
+    if autocast is not None:
+        how = f" under {str(autocast).replace('torch.', '')} autocast (the gradients only weight errors)"
+    elif device.type == "cuda":
+        how = " (TF32 on: the gradients only weight errors)"
+    env["contributions"] = "one backward pass per mode through the float32 model" + how
     return result
 
 
-def _sensitivity_autocast(device):
-    """On a GPU the backward passes run in bfloat16: half the memory traffic of float32."""
+def _sensitivity_autocast(device, program):
+    """On a GPU the backward passes run in bfloat16: half the memory traffic of float32. Only for
+    a traced graph: a model recorded eagerly names its values in the order it runs them, and a
+    bfloat16 run could take another branch than the reference's and mislabel them."""
     import torch
 
-    return torch.bfloat16 if device.type == "cuda" else None
+    return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
 
 
 def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, tolerance, options,
