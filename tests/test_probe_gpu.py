@@ -39,8 +39,9 @@ def test_reference_record_names_the_gpu_and_its_software(probed):
     env = native.environment
     assert env["emulated"] is False and env["device"].startswith("cuda")
     assert env["gpu"] and env["cuda"] and env["cudnn"]
-    assert env["reference"]["dtype"] == "float64"
+    assert env["reference"]["dtype"] == "float64" and env["reference"]["tf32"] is False
     assert env["modes"]["fp16"].startswith("torch.autocast('cuda'")
+    assert "bfloat16 autocast" in env["contributions"]  # a traced graph: bfloat16 gradients
 
 
 def test_the_observed_run_is_the_plain_model(probed):

@@ -90,7 +90,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         notes.append(program.note)
 
     try:
-        with clock("reference"):
+        # TF32 off: values a model computes below float64 even here are then float32's best
+        with clock("reference"), _tf32_on_gpu(device, False):
             ref = reference_pass(program, model64, inputs64, keep_float64=options.ablate)
     except RunFailed as exc:
         raise UserError(_failure(name, "in float64", device, exc.cause)) from exc.cause
@@ -102,7 +103,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     autocast = _sensitivity_autocast(device, program)
     for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
         try:
-            with clock("sensitivity"), _tf32_for_gradients(device):
+            with clock("sensitivity"), _tf32_on_gpu(device, True):
                 sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
             autocast = attempt
             break
@@ -189,7 +190,7 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
         if sens is not None and present:
             # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
             norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
-            with clock(f"{mode}: contributions"), _tf32_for_gradients(device):
+            with clock(f"{mode}: contributions"), _tf32_on_gpu(device, True):
                 contributions = sens.contributions(swept.observer.errors, errors, norm)
         plain = None
         if not run.emulated:
@@ -243,13 +244,14 @@ def _failed(measure, mode, device, exc) -> None:
 
 
 @contextmanager
-def _tf32_for_gradients(device) -> Iterator[None]:
+def _tf32_on_gpu(device, enabled: bool) -> Iterator[None]:
+    """TF32 on or off for the stage, on a GPU (the CPU has no TF32)."""
     from preclint.probe.device import tf32
 
     if device.type != "cuda":
         yield
         return
-    with tf32(True):
+    with tf32(enabled):
         yield
 
 

@@ -141,6 +141,8 @@ def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
         env["cpu"] = platform.processor() or platform.machine()
         env["threads"] = torch.get_num_threads()
     env["reference"] = {"dtype": "float64", "device": str(device)}
+    if device.type == "cuda":
+        env["reference"]["tf32"] = False  # for any part the model computes below float64
     env["flags"] = precision_flags()
     return env
 
