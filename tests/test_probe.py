@@ -127,6 +127,38 @@ def test_reference_values_are_kept_in_float32_unless_the_ablation_needs_float64(
     assert kept[False].output.dtype == torch.float64  # output errors are taken against float64
 
 
+def test_model_copies_are_deep_copies_with_the_tensors_moved():
+    # the probe copies the user's model (float32 and float64) without touching it: the copy must
+    # behave as copy.deepcopy's, with tied weights still tied and mutable attributes not shared
+    from preclint.probe.execute import copy_to
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 8)
+            self.head = nn.Linear(8, 10, bias=False)
+            self.head.weight = self.embed.weight
+            self.norm = nn.LayerNorm(8)
+            self.scales = [1.0, 2.0]
+
+        def forward(self, ids):
+            return self.head(self.norm(self.embed(ids)) * self.scales[1])
+
+    torch.manual_seed(0)
+    model = Tied().eval()
+    ids = torch.randint(0, 10, (2, 5))
+    copy64 = copy_to(model, torch.device("cpu"), torch.float64)
+    assert copy64.head.weight is copy64.embed.weight and copy64.head.weight.dtype == torch.float64
+    assert copy64.norm.normalized_shape == (8,) and copy64.norm.eps == model.norm.eps
+    copy64.scales.append(3.0)
+    copy64.norm.eps = 0.5
+    assert model.scales == [1.0, 2.0] and model.norm.eps == 1e-5
+    assert model.embed.weight.dtype == torch.float32
+    copy32 = copy_to(model, torch.device("cpu"))
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(model.parameters(), copy32.parameters()))
+    assert torch.equal(copy32(ids), model(ids))
+
+
 def test_contributions_match_one_node_at_a_time_runs(cnn_probe):
     _report, _graph, _ctx, result = cnn_probe
     for mode, measure in result.modes.items():

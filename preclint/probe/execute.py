@@ -200,10 +200,22 @@ def _plain_module(cls) -> bool:
             and cls.__setstate__ is base.__setstate__ and not any("__slots__" in vars(k) for k in cls.__mro__))
 
 
+_ATOMIC = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def _is_atomic(value) -> bool:
+    """A value deepcopy would return as it is (a tuple of such values too)."""
+    if type(value) is tuple:
+        return all(_is_atomic(v) for v in value)
+    return type(value) in _ATOMIC
+
+
 def _clone(module: torch.nn.Module, memo: Dict[int, Any]) -> torch.nn.Module:
-    """``copy.deepcopy(module, memo)``, in half the time for modules that copy as nn.Module does: the
-    tree of modules is walked directly and the empty hook tables are made new, not copied (the
-    other attributes are deep-copied as deepcopy does; any other module is handed to deepcopy)."""
+    """``copy.deepcopy(module, memo)``, in a fraction of the time for modules that copy as nn.Module
+    does: the tree of modules is walked directly, the empty hook tables are made new, parameter and
+    buffer tables are filled from the memo (which holds every moved tensor) and values deepcopy
+    would not copy are shared; anything else is deep-copied as deepcopy does, and any other module
+    is handed to deepcopy."""
     if id(module) in memo:
         return memo[id(module)]
     cls = type(module)
@@ -217,6 +229,11 @@ def _clone(module: torch.nn.Module, memo: Dict[int, Any]) -> torch.nn.Module:
             state[key] = type(value)((n, None if c is None else _clone(c, memo)) for n, c in value.items())
         elif type(value) in (dict, OrderedDict, set) and not value:
             state[key] = type(value)()
+        elif key in ("_parameters", "_buffers") and type(value) in (dict, OrderedDict) and all(
+                t is None or id(t) in memo for t in value.values()):
+            state[key] = type(value)((n, None if t is None else memo[id(t)]) for n, t in value.items())
+        elif _is_atomic(value):
+            state[key] = value
         else:
             state[key] = copy.deepcopy(value, memo)
     new.__setstate__(state)
