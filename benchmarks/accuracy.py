@@ -409,6 +409,7 @@ def describe_machine(device: str) -> Dict[str, Any]:
     else:
         info["cpu"] = platform.processor() or platform.machine()
         info["threads"] = torch.get_num_threads()
+        info["cores"] = os.cpu_count()
     return info
 
 

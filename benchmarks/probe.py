@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -37,25 +36,10 @@ from preclint.config import Config  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load import LoadedModel  # noqa: E402
 from preclint.probe import ProbeOptions, measure_model  # noqa: E402
+from benchmarks.accuracy import describe_machine as machine  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
 FP32_FLOOR = 2.0 ** -17.5  # below this a local error is float32's, not the mode's (measure.py)
-
-
-def machine(device: str) -> Dict[str, Any]:
-    info = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
-    try:
-        import torchvision
-
-        info["torchvision"] = torchvision.__version__
-    except ImportError:
-        pass
-    if device == "cuda":
-        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
-    else:
-        info.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
-                    cores=os.cpu_count())
-    return info
 
 
 def _sync(device: str) -> None:

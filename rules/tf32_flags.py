@@ -123,15 +123,8 @@ torch.set_float32_matmul_precision("high")
         index = source.index
         legacy: List[Tuple[cst.CSTNode, str, object]] = []  # (node, qualified name, site)
         new: List[Tuple[cst.CSTNode, str, object]] = []
-        for site in index.refs:
-            if site.is_call_func:
-                continue
-            qualified = index.qualify(site.dotted)
-            if qualified in LEGACY_FLAGS:
-                legacy.append((site.node, qualified, site))
-            elif qualified and _is_new(qualified):
-                new.append((site.node, qualified, site))
-        for site in index.assigns:
+        # a flag read (not a call's callee) or assigned
+        for site in [s for s in index.refs if not s.is_call_func] + list(index.assigns):
             qualified = index.qualify(site.dotted)
             if qualified in LEGACY_FLAGS:
                 legacy.append((site.node, qualified, site))

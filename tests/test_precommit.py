@@ -65,17 +65,16 @@ def project(tmp_path):
 SOURCE_SIDE = ["libcst", "pyyaml", "rich", "markdown-it-py", "mdurl", "pygments"]
 
 
-def test_source_hook_runs_without_torch_and_reports(project):
-    repo, env = project
+def use_hook(repo, hook: str, option: str) -> None:
+    """A .pre-commit-config.yaml in ``repo`` with this checkout's ``hook`` and one option line."""
     rev = git(ROOT, "rev-parse", "HEAD")
     (repo / ".pre-commit-config.yaml").write_text(
-        f"repos:\n"
-        f"- repo: {ROOT}\n"
-        f"  rev: {rev}\n"
-        f"  hooks:\n"
-        f"  - id: preclint-source\n"
-        f"    additional_dependencies: [{', '.join(SOURCE_SIDE)}]\n"
-    )
+        f"repos:\n- repo: {ROOT}\n  rev: {rev}\n  hooks:\n  - id: {hook}\n    {option}\n")
+
+
+def test_source_hook_runs_without_torch_and_reports(project):
+    repo, env = project
+    use_hook(repo, "preclint-source", f"additional_dependencies: [{', '.join(SOURCE_SIDE)}]")
     done = subprocess.run(
         PRE_COMMIT + ["run", "preclint-source", "--all-files"],
         cwd=repo, env=dict(env, PIP_NO_DEPS="1"), capture_output=True, text=True, timeout=600,
@@ -92,15 +91,7 @@ def test_source_hook_runs_without_torch_and_reports(project):
 
 def test_graph_hook_runs_in_the_users_environment(project):
     repo, env = project
-    rev = git(ROOT, "rev-parse", "HEAD")
-    (repo / ".pre-commit-config.yaml").write_text(
-        f"repos:\n"
-        f"- repo: {ROOT}\n"
-        f"  rev: {rev}\n"
-        f"  hooks:\n"
-        f"  - id: preclint\n"
-        f"    args: [net.py, --model, Net, --input-shape, '2,8']\n"
-    )
+    use_hook(repo, "preclint", "args: [net.py, --model, Net, --input-shape, '2,8']")
     done = subprocess.run(
         PRE_COMMIT + ["run", "--hook-stage", "manual", "preclint", "--all-files"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600,

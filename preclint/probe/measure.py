@@ -144,7 +144,7 @@ def error_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.float64, same_inf: bool = False) -> torch.Tensor:
+def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, same_inf: bool = False) -> torch.Tensor:
     """a - b computed in the wider of their dtypes (type promotion, in one pass) and stored as ``dtype``.
 
     The values compared are references (float32, or float64 for the ablation) and float32, float16
