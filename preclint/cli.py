@@ -124,10 +124,12 @@ def _config(args):
 
 
 def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
+    """1 when a finding at or above ``fail_on`` stands; one the probe measured and refuted does not."""
     if exit_zero:
         return EXIT_OK
     threshold = severity_rank(fail_on)
-    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in findings) else EXIT_OK
+    failing = (f for f in findings if f.status != "refuted")
+    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in failing) else EXIT_OK
 
 
 def _use_color(args) -> bool:

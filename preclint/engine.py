@@ -116,18 +116,44 @@ def _describe_inputs(inputs) -> str:
 
 
 def model_location(loaded) -> Optional[Location]:
-    """Where the model is defined, for findings that have no line of their own."""
+    """Where the model is defined, for findings that have no line of their own: its class when the
+    model's file defines it, else the line there that defines the name it was loaded as (``model =
+    resnet18()``, ``def build():``), else the file's first line."""
     path = loaded.source_path
     if not path:
         return None
-    line = 1
+    line = None
     try:
         cls_file = inspect.getsourcefile(type(loaded.module))
         if cls_file and os.path.abspath(cls_file) == os.path.abspath(path):
             line = inspect.getsourcelines(type(loaded.module))[1]
     except (OSError, TypeError):
         pass
+    if line is None:
+        line = _top_level_definition(path, loaded.name.rsplit(":", 1)[-1]) or 1
     return Location(path, line, 1)
+
+
+def _top_level_definition(path: str, name: str) -> Optional[int]:
+    """The line of the module-level class, function or assignment that defines ``name`` in ``path``."""
+    import ast
+
+    from preclint.source.lines import file_text
+
+    text = file_text(path)
+    if not text or not name.isidentifier():
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+            return stmt.lineno
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return stmt.lineno
+    return None
 
 
 def run_rules(ctx: Context, config: Config) -> List[Finding]:
@@ -144,19 +170,23 @@ def run_rules(ctx: Context, config: Config) -> List[Finding]:
     return findings
 
 
-def relative_path(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return path
-    return rel
+def display_location(location: Location) -> Location:
+    """A location as reports print it: relative to the working directory, or, in a library's file,
+    to the directory the library is imported from (source.paths.display_place)."""
+    if location.library:
+        return location
+    from preclint.source.paths import display_place
+
+    path, library = display_place(location.path)
+    return Location(path, location.line, location.column, library)
 
 
 def relativize(findings: Sequence[Finding]) -> None:
     for f in findings:
         if f.location is not None:
-            f.location = Location(relative_path(f.location.path), f.location.line, f.location.column)
-        f.related = tuple((Location(relative_path(loc.path), loc.line, loc.column), text) for loc, text in f.related)
+            f.location = display_location(f.location)
+        f.related = tuple((display_location(loc), text) for loc, text in f.related)
+
 
 
 def summarize(ctx: Context) -> Dict[str, Dict]:
@@ -244,22 +274,39 @@ def module_definition_locations(root, paths) -> Dict[str, Location]:
     return found
 
 
-def attach_source_locations(findings: List[Finding], loaded) -> None:
-    """Point each finding at the line that builds its module as well as the line that calls it.
+def attach_source_locations(findings: List[Finding], loaded, graph: Optional[Graph] = None) -> None:
+    """Point each finding at the line that made its op, and at the user's lines that lead there.
 
-    A finding inside library code (no user frame in its stack) moves to the line that builds its
-    module, or stays at the model's definition.
+    The op's line may be a library's (``torchvision/models/resnet.py``): the user's line that calls
+    into the library and the line that builds the module (or, failing both, the model's definition)
+    then follow as related locations, for the formats meant for code review to annotate. A finding
+    with no line of its own goes to the line that builds its module, else stays at the model's
+    definition.
     """
+    from preclint.source.paths import library_path
+
     modules = {f.module for f in findings if f.module}
-    if not modules:  # nothing to place: don't pay for parsing (or importing libcst)
-        return
-    definitions = module_definition_locations(loaded.module, modules)
+    # nothing to place: don't pay for parsing (or importing libcst)
+    definitions = module_definition_locations(loaded.module, modules) if modules else {}
     fallback = model_location(loaded)
     for f in findings:
-        where = definitions.get(f.module)
-        if where is None:
-            continue
+        built = definitions.get(f.module)
         if f.location is None or f.location == fallback:
-            f.location = where
-        elif (where.path, where.line) != (os.path.relpath(f.location.path), f.location.line):
-            f.related = f.related + ((where, f"{f.module} is built here"),)
+            f.location = built or f.location
+            continue
+        related = []
+        if library_path(f.location.path) is not None:
+            node = graph.get(f.node) if graph is not None and f.node else None
+            call = next((loc for loc in (node.stack if node is not None else ()) if library_path(loc.path) is None), None)
+            if call is not None:
+                library = library_path(f.location.path).split("/", 1)[0].removesuffix(".py")
+                related.append((call, f"the call into {library} that reaches {f.module or f.op or 'this op'}"))
+            if built is None and call is None and fallback is not None and library_path(fallback.path) is None:
+                related.append((fallback, "the model is built here"))
+        if built is not None and not any(_same_line(built, loc) for loc in [f.location] + [loc for loc, _ in related]):
+            related.append((built, f"{f.module} is built here"))
+        f.related = f.related + tuple(related)
+
+
+def _same_line(a: Location, b: Location) -> bool:
+    return (os.path.abspath(a.path), a.line) == (os.path.abspath(b.path), b.line)

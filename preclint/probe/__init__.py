@@ -313,10 +313,10 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
             if finding.location is None:
                 finding.location = ctx.model_location
         if loaded is not None:
-            attach_source_locations(hot, loaded)
+            attach_source_locations(hot, loaded, graph)
         relativize(hot)
         report.findings = sorted(list(report.findings) + hot, key=Finding.sort_key)
-    for mode, entry in summary_entries(result).items():
+    for mode, entry in summary_entries(result, degenerate).items():
         report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}})
         report.summary[mode]["measured_output"] = entry
     report.notes = list(report.notes) + probe_notes(result, ctx.display)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from preclint.findings import Finding
+from preclint.findings import Finding, Location
 
 FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
 
@@ -31,6 +31,35 @@ class Report:
 
     def sorted_findings(self) -> List[Finding]:
         return sorted(self.findings, key=Finding.sort_key)
+
+
+def is_refuted(finding: Finding) -> bool:
+    """Whether the probe measured the finding and found it wrong: shown as such, never failing a build."""
+    return finding.status == "refuted"
+
+
+def review_place(finding: Finding) -> Tuple[Optional[Location], List[Tuple[Location, str]]]:
+    """Where the formats meant for code review (SARIF, GitHub, reviewdog) put a finding, and its
+    other places: its own location when that is a file of the user's project; else the first related
+    location that is (the user's line that calls into a library or builds the model), with the
+    finding's own place (a library's line) moved among the related ones. None when no place is in
+    the project: a review can only annotate the project's files."""
+    related = [(loc, text) for loc, text in finding.related if loc is not None]
+    own = finding.location
+    if own is None or own.in_project:
+        return own, related
+    primary = next((loc for loc, _ in related if loc.in_project), None)
+    moved = [(own, f"{finding.op or 'the op'} is made here" + (" (library code)" if own.library else ""))]
+    return primary, moved + [(loc, text) for loc, text in related if loc != primary]
+
+
+def moved_note(finding: Finding, primary: Optional[Location]) -> str:
+    """For a finding a review format placed away from its own location: where it really is, to append
+    to its message ("" when it stays)."""
+    own = finding.location
+    if own is None or own == primary:
+        return ""
+    return f" [at {own.path}:{own.line}" + (", library code]" if own.library else "]")
 
 
 def render(report: Report, fmt: str, color: bool = False) -> str:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from preclint.findings import percent, sci
-from preclint.report import Report
+from preclint.report import Report, is_refuted
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -115,8 +115,9 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         console.print(Text(path or "(model)", style="bold underline"))
         for f in group:
             where = f"{f.location.line}:{f.location.column}" if f.location else "-"
-            head = Text.assemble(f"  {where} ", (f.code, _SEVERITY_STYLE.get(f.severity, "")), f" [{f.severity}] ",
-                                 (f"{f.status} " if f.status else ""), f.message)
+            status = "refuted by the probe " if is_refuted(f) else (f"{f.status} " if f.status else "")
+            style = "dim" if is_refuted(f) else _SEVERITY_STYLE.get(f.severity, "")
+            head = Text.assemble(f"  {where} ", (f.code, style), f" [{f.severity}] ", status, f.message)
             console.print(head)
             figures = _figure_line(f)
             if figures:
@@ -149,12 +150,15 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         _ledger_tables(console, report)
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    standing = [f for f in findings if not is_refuted(f)]
+    counts = {s: sum(1 for f in standing if f.severity == s) for s in ("error", "warning", "info")}
     total = len(findings)
+    refuted = total - len(standing)
     console.print()
     if total:
         console.print(f"Found {total} finding{'s' if total != 1 else ''} "
-                      f"({counts['error']} error, {counts['warning']} warning, {counts['info']} info).")
+                      f"({counts['error']} error, {counts['warning']} warning, {counts['info']} info"
+                      + (f"; {refuted} refuted by the probe, which do not fail the check)." if refuted else ")."))
     else:
         console.print("No findings.")
     return buffer.getvalue()

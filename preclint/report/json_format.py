@@ -27,17 +27,13 @@ def finding_dict(f) -> dict:
         "precisions": list(f.precisions),
         "module": f.module,
         "op": f.op,
-        "location": (
-            {"path": f.location.path, "line": f.location.line, "column": f.location.column} if f.location else None
-        ),
+        "location": f.location.as_dict() if f.location else None,
         "message": f.message,
         "fix": f.fix,
         "predicted": _figures(f.predicted),
     }
     if f.related:
-        out["related"] = [
-            {"path": loc.path, "line": loc.line, "column": loc.column, "message": text} for loc, text in f.related
-        ]
+        out["related"] = [{**loc.as_dict(), "message": text} for loc, text in f.related]
     if f.measured or f.status:
         out["measured"] = _figures(f.measured)
         out["status"] = f.status
