@@ -28,6 +28,16 @@ def _codes(text: str) -> List[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
 def _precisions(text: str) -> List[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -94,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cuda runs the precisions on the GPU, cpu emulates them; auto (default) picks the GPU if any")
     probe.add_argument("--ablate", action="store_true",
                        help="check the measured contributions against one-layer-at-a-time runs (small models)")
+    probe.add_argument("--top", type=_positive, metavar="N",
+                       help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
     _add_output_arguments(probe)
     # `probe` is `check --probe` with the ledger of every node in its report
@@ -171,6 +183,7 @@ def cmd_check(args) -> int:
 
             probe_report(loaded, report, graph, ctx, config, probe)
         report.findings = suppress_graph_findings(report.findings, config, [path])
+        report.ledger_top = getattr(args, "top", None)
         reports.append(report)
     if args.baseline or args.write_baseline:
         apply_baseline_to_reports(reports, args.baseline, args.write_baseline)

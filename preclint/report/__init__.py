@@ -28,9 +28,28 @@ class Report:
     tolerance: Optional[Dict[str, float]] = None  # {"rtol", "atol"} when given
     environment: Optional[Dict[str, Any]] = None  # probe only
     ledger: Optional[List[Dict[str, Any]]] = None  # probe only: per-node measured errors
+    ledger_top: Optional[int] = None  # show only the N nodes with the largest share per mode (--top)
 
     def sorted_findings(self) -> List[Finding]:
         return sorted(self.findings, key=Finding.sort_key)
+
+
+def ranked_ledger(rows: List[Dict[str, Any]], mode: str) -> List[Dict[str, Any]]:
+    """The ledger's rows measured under ``mode``, largest share first (rows without one last, in
+    execution order): what ``--top N`` cuts."""
+    measured = [(i, row) for i, row in enumerate(rows) if "error" not in row["modes"].get(mode, {"error": 1})]
+
+    def key(item):
+        share = item[1]["modes"][mode].get("contribution")
+        return (share is None, -(share or 0.0), item[0])
+
+    return [row for _, row in sorted(measured, key=key)]
+
+
+def top_ledger(rows: List[Dict[str, Any]], modes, top: int) -> List[Dict[str, Any]]:
+    """The rows among the ``top`` largest shares of any mode, in execution order."""
+    keep = {id(row) for mode in modes for row in ranked_ledger(rows, mode)[:top]}
+    return [row for row in rows if id(row) in keep]
 
 
 def is_refuted(finding: Finding) -> bool:

@@ -5,7 +5,7 @@ import json
 import math
 
 from preclint import __version__
-from preclint.report import Report
+from preclint.report import Report, top_ledger
 
 
 def _number(value):
@@ -67,7 +67,11 @@ def to_dict(report: Report) -> dict:
     if report.environment is not None:
         doc["environment"] = report.environment
     if report.ledger is not None:
-        doc["nodes"] = report.ledger
+        if report.ledger_top is not None:
+            doc["nodes"] = top_ledger(report.ledger, report.precisions, report.ledger_top)
+            doc["nodes_top"] = report.ledger_top  # per precision: the rest are left out
+        else:
+            doc["nodes"] = report.ledger
     return doc
 
 
