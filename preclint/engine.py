@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
 from preclint.errors import UserError
-from preclint.findings import ErrorFigure, Finding, Location
+from preclint.findings import ErrorFigure, Finding, Location, sci
 from preclint.ir import Graph, Node
 from preclint.numerics import MODES
 from preclint.predict import ModePrediction
@@ -188,14 +188,74 @@ def relativize(findings: Sequence[Finding]) -> None:
         f.related = tuple((display_location(loc), text) for loc, text in f.related)
 
 
+# An output whose RMS is below a millionth of the values that produce it (the RMS of sqrt(sum (a b)^2)
+# over the terms of the dot product that makes it, else its operands) is rounding residue, not a
+# value: float32 itself resolves such a sum only to about u * sqrt(K) of its terms (u = 6e-8,
+# sqrt(K) ~ 16 for K ~ 256), so its digits carry nothing, and its relative error compares noise with
+# noise (an unrelated output of the same size differs by sqrt(2): the 141% such outputs used to show).
+DEGENERATE_RATIO = 1e-6
 
-def summarize(ctx: Context) -> Dict[str, Dict]:
+
+@dataclass
+class DegenerateOutput:
+    node: str  # the node that produces the output
+    rms: float
+    feeding_rms: float  # RMS of the values it is computed from (0 when unknown)
+
+    def describe(self, display) -> str:
+        if self.rms == 0:
+            return f"{display(self.node)} is all zero"
+        return (f"{display(self.node)} has RMS {sci(self.rms)}, under a millionth of the values it is computed "
+                f"from (RMS {sci(self.feeding_rms)})")
+
+
+def degenerate_outputs(graph: Graph) -> List[DegenerateOutput]:
+    """The model's float outputs that are all zero or rounding residue (DEGENERATE_RATIO), from the
+    reference pass: a zero-initialised head (torchvision's vit_b_16, timm's MLP-Mixer) gives them."""
+    from preclint.ir import DOT_PRODUCT_KINDS, Kind
+
+    found = []
+    for output in graph.output_nodes:
+        for name in output.inputs:
+            node = graph.get(name)
+            while node is not None and node.kind == Kind.SHAPE and node.inputs:  # a reshape or getitem of it
+                node = graph.get(node.inputs[0])
+            stats = node.out if node is not None else None
+            if stats is None or not stats.is_float or not stats.finite or stats.numel == 0:
+                continue
+            if node.kind in DOT_PRODUCT_KINDS and node.dot_rms is not None:
+                feeding = node.dot_rms  # sqrt(sum (a b)^2): what float32 resolves the sum to a fraction of
+            else:
+                feeding = max([s.rms for s in node.input_stats if s is not None and s.is_float and s.finite] + [0.0])
+            if stats.rms == 0 or stats.rms < DEGENERATE_RATIO * feeding:
+                found.append(DegenerateOutput(node.name, stats.rms, feeding))
+    return found
+
+
+def all_outputs_degenerate(graph: Graph, found: Optional[Sequence[DegenerateOutput]] = None) -> bool:
+    """Whether every float output is degenerate: then no relative error of the output is reported."""
+    found = degenerate_outputs(graph) if found is None else found
+    floats = sum(1 for output in graph.output_nodes for name in output.inputs
+                 if graph.get(name) is not None and graph[name].out is not None and graph[name].out.is_float)
+    return bool(found) and len(found) >= floats
+
+
+def degenerate_note(found: Sequence[DegenerateOutput], display) -> str:
+    what = "; ".join(d.describe(display) for d in found)
+    return (f"the output is degenerate with these weights ({what}), so the check is vacuous: that output is "
+            "zeros or rounding residue at every precision (a zero-initialised head does this). Pass trained "
+            "weights with --weights FILE (a state dict); relative errors of such an output are not reported.")
+
+
+def summarize(ctx: Context, degenerate: bool = False) -> Dict[str, Dict]:
+    """Per mode, the predicted output error and the layers that hold most of it; ``degenerate``: every
+    float output is all zero or rounding residue, and its relative error is not reported (None)."""
     summary: Dict[str, Dict] = {}
     for mode in ctx.modes:
         p = ctx.predictions[mode]
         summary[mode] = {
             "predicted_output": {
-                "rel_error": p.rel_error,
+                "rel_error": None if degenerate else p.rel_error,
                 "max_abs_error": p.max_abs_error,
                 "finite": p.finite if ctx.graph.ran_reference else None,
             },
@@ -217,17 +277,20 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     predictions = predict(graph, options.modes)
     ctx = Context(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
-    attach_source_locations(findings, loaded)
+    attach_source_locations(findings, loaded, graph)
     relativize(findings)
     notes = list(graph.notes)
     if not graph.ran_reference:
         notes.append("--no-run: no reference pass; rules used the graph and the weights only, and output errors are not predicted")
+    degenerate = degenerate_outputs(graph) if graph.ran_reference else []
+    if degenerate:
+        notes.append(degenerate_note(degenerate, ctx.display))
     report = Report(
         findings=sorted(findings, key=Finding.sort_key),
         model=loaded.name,
         capture=graph.capture,
         precisions=tuple(options.modes),
-        summary=summarize(ctx),
+        summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate)),
         notes=notes,
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
     )
