@@ -283,8 +283,6 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     if not graph.ran_reference:
         notes.append("--no-run: no reference pass; rules used the graph and the weights only, and output errors are not predicted")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
-    if degenerate:
-        notes.append(degenerate_note(degenerate, ctx.display))
     report = Report(
         findings=sorted(findings, key=Finding.sort_key),
         model=loaded.name,
@@ -292,6 +290,7 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         precisions=tuple(options.modes),
         summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate)),
         notes=notes,
+        caveats=[degenerate_note(degenerate, ctx.display)] if degenerate else [],
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
     )
     return report, graph, ctx

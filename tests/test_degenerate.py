@@ -2,6 +2,9 @@
 relative errors (0/0, noise over noise) are not reported."""
 import json
 import textwrap
+from pathlib import Path
+
+import jsonschema
 
 import pytest
 import torch
@@ -48,7 +51,7 @@ def test_zero_initialised_head_gets_a_note_and_no_relative_error(capsys, tmp_pat
     code = main(argv + [str(path), "--model", "model", "--output-format", "json", "--precision", "fp16,bf16"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
-    (note,) = [n for n in doc["notes"] if "degenerate" in n]
+    (note,) = doc["caveats"]
     assert "heads.head is all zero" in note and "--weights FILE" in note and "vacuous" in note
     for entry in doc["summary"].values():
         assert entry["predicted_output"]["rel_error"] is None
@@ -65,7 +68,7 @@ def test_rounding_residue_is_degenerate_and_a_healthy_output_is_not():
     healthy = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
     report, graph, _ = check(healthy, (torch.randn(4, 16),), precisions=("fp16",))
     assert degenerate_outputs(graph) == [] and report.summary["fp16"]["predicted_output"]["rel_error"] > 0
-    assert not any("degenerate" in note for note in report.notes)
+    assert not report.caveats
 
 
 def test_a_small_output_of_a_dot_product_is_not_residue():
@@ -78,3 +81,19 @@ def test_a_small_output_of_a_dot_product_is_not_residue():
         head.bias.zero_()
     _, graph, _ = check(nn.Sequential(nn.Linear(16, 16), head), (torch.randn(4, 16),), precisions=("fp16",))
     assert degenerate_outputs(graph) == []
+
+
+def test_every_format_shows_the_caveat(capsys, tmp_path):
+    path = tmp_path / "vit.py"
+    path.write_text(textwrap.dedent(ZERO_HEAD))
+    outputs = {}
+    for fmt in ("full", "concise", "github", "sarif"):
+        main(["check", str(path), "--model", "model", "--precision", "fp16", "--output-format", fmt, "--color", "never"])
+        outputs[fmt] = capsys.readouterr().out
+    assert "warning: the output is degenerate" in outputs["full"]
+    assert "warning: the output is degenerate" in outputs["concise"]
+    assert "::warning title=preclint::the output is degenerate" in outputs["github"]
+    sarif = json.loads(outputs["sarif"])
+    jsonschema.validate(sarif, json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text()))
+    (notification,) = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert "--weights FILE" in notification["message"]["text"]

@@ -24,6 +24,8 @@ class Report:
     precisions: Tuple[str, ...] = ()
     summary: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)  # e.g. "--no-run: no statistics"
+    # what makes the result vacuous (a degenerate output): every format shows these, the terse ones too
+    caveats: List[str] = field(default_factory=list)
     files: List[str] = field(default_factory=list)  # files checked (source rules)
     tolerance: Optional[Dict[str, float]] = None  # {"rtol", "atol"} when given
     environment: Optional[Dict[str, Any]] = None  # probe only

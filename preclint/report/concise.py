@@ -25,6 +25,7 @@ def finding_line(finding, model: str = "", placed: bool = False) -> str:
 def render(report: Report) -> str:
     findings = report.sorted_findings()
     lines = [finding_line(f, report.model or "") for f in findings]
+    lines += [f"warning: {' '.join(caveat.split())}" for caveat in report.caveats]
     if findings:
         fixable = sum(1 for f in findings if f.fixable)
         refuted = sum(1 for f in findings if is_refuted(f))

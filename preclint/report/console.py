@@ -171,6 +171,8 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         console.print(table)
     if report.ledger:
         _ledger_tables(console, report)
+    for caveat in report.caveats:
+        console.print(Text(f"warning: {caveat}", style="yellow"))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
     standing = [f for f in findings if not is_refuted(f)]

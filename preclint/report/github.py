@@ -65,6 +65,7 @@ def render(report: Report) -> str:
         last = max(i for i, f in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
         rest.insert(0, annotated.pop(last))
     lines: List[str] = [annotation(f, model) for f in annotated]
+    lines += [f"::warning title={escape_property('preclint')}::{escape_data(caveat)}" for caveat in report.caveats]
     lines += [finding_line(f, model) for f in refuted]
     if rest:
         lines += [finding_line(f, model, placed=True) for f in rest]

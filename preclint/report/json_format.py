@@ -60,6 +60,8 @@ def to_dict(report: Report) -> dict:
     }
     if report.tolerance:
         doc["tolerance"] = report.tolerance
+    if report.caveats:
+        doc["caveats"] = list(report.caveats)
     if report.notes:
         doc["notes"] = list(report.notes)
     if report.files:

@@ -148,6 +148,9 @@ def to_dict(report: Report) -> dict:
         "columnKind": "unicodeCodePoints",
         "results": [_result(f, rule_index) for f in report.sorted_findings()],
     }
+    if report.caveats:  # a vacuous check (a degenerate output) is a fact about the run, not a result
+        run["invocations"] = [{"executionSuccessful": True, "toolExecutionNotifications": [
+            {"level": "warning", "message": {"text": caveat}} for caveat in report.caveats]}]
     if any(loc.library for f in report.findings for loc in [f.location] + [loc for loc, _ in f.related] if loc):
         run["originalUriBaseIds"] = {LIBRARY_BASE: {"description": {
             "text": "The directory on the Python path (sys.path) that an installed library is imported from."}}}
