@@ -1,25 +1,10 @@
 """`preclint probe --top N`: the layers with the largest shares, the totals, and what a share means."""
 import json
 import re
-import textwrap
 
 import pytest
 
-from preclint.cli import main
-from tests.test_probe_cli import TINY
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny.py"
-    path.write_text(textwrap.dedent(TINY))
-    return str(path)
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.test_probe_cli import run, tiny  # noqa: F401  (tiny: the model file, a fixture)
 
 
 def test_top_shows_the_largest_shares_first_and_the_totals(capsys, tiny):
