@@ -22,11 +22,11 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.probe import _check as check  # noqa: E402
 from benchmarks.zoo import ZOO  # noqa: E402
 from preclint.config import Config  # noqa: E402
 from preclint.probe import ProbeOptions, apply, measure_model  # noqa: E402
-from rules.unflagged_hotspot import FLOAT32_NOISE, MIN_SHARE, ordinary_local  # noqa: E402
-from tests.helpers import check  # noqa: E402
+from preclint.rules.unflagged_hotspot import FLOAT32_NOISE, MIN_SHARE, ordinary_local  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
 
@@ -34,7 +34,7 @@ MODES = ("tf32", "fp16", "bf16")
 def measure(name: str, device: str) -> dict:
     (entry,) = [z for z in ZOO if z.name == name]
     model, inputs = entry.build()
-    report, graph, ctx = check(model, inputs, precisions=MODES)
+    report, graph, ctx = check(model, inputs, name)
     result = measure_model(model, inputs, graph, MODES, ProbeOptions(device=device))
     apply(report, None, graph, ctx, Config(precisions=MODES), result)
     out = {"model": name, "environment": result.environment, "modes": {},
