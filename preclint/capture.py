@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import sysconfig
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -31,49 +32,64 @@ from preclint.ir import Graph, Kind, Node
 # observer.before(node, args, kwargs, callee) -> (args, kwargs) has had its say on the operands.
 Observer = Any
 
-_INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in [torch, sys.modules[__name__.rsplit(".", 1)[0]]]
-) + tuple(
-    os.path.dirname(os.path.abspath(sys.modules[name].__file__)) + os.sep
-    for name in ("torchvision",) if name in sys.modules
-)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rsplit(".", 1)[0]].__file__)) + os.sep
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
 _FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
 
 
-def is_internal_file(path: str) -> bool:
-    """Whether a source file belongs to torch, torchvision or preclint rather than to the user."""
-    return _is_internal(path)
+def _in_library(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
 
 
-def _is_internal(path: str) -> bool:
+def _is_model_code(path: str) -> bool:
+    """Whether a frame's file is code of the model (the user's or a library's such as torchvision or
+    transformers), not torch's own machinery, Python's standard library or generated code."""
+    if path.startswith("<"):  # <frozen runpy>, <string>, <eval_with_key.3>: no file to point at
+        return False
     path = os.path.abspath(path)
-    dirs = _INTERNAL_DIRS
-    if "torchvision" in sys.modules and not any("torchvision" in d for d in dirs):
-        dirs = dirs + (os.path.dirname(os.path.abspath(sys.modules["torchvision"].__file__)) + os.sep,)
-    # installed libraries (timm, transformers, pytest) are not the user's code either
-    in_library = f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
-    return path.startswith(dirs) or path.startswith("<") or in_library
+    if path.startswith(_TORCH_DIR) or path.startswith(_PRECLINT_DIR):
+        return False
+    return _in_library(path) or not path.startswith(_STDLIB_DIRS)
 
 
-def user_location_from_trace(stack_trace: Optional[str]) -> Optional[Location]:
-    """The innermost frame of an FX stack trace that is the user's code (not torch, torchvision, preclint)."""
+def is_internal_file(path: str) -> bool:
+    """Whether a source file belongs to torch, preclint or an installed library rather than to the user."""
+    path = os.path.abspath(path)
+    torchvision = sys.modules.get("torchvision")
+    if torchvision is not None and path.startswith(os.path.dirname(os.path.abspath(torchvision.__file__)) + os.sep):
+        return True
+    return not _is_model_code(path) or _in_library(path)
+
+
+def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
+    """The frames of the model's code in an FX stack trace, innermost first: the frames inside the
+    innermost preclint frame (outside it is whoever ran preclint: its console script, runpy, a test),
+    less torch's own and generated code. The first is the line that made the op."""
     if not stack_trace:
-        return None
-    for path, line, _ in reversed(_FRAME_RE.findall(stack_trace)):
-        if not _is_internal(path):
-            return Location(path, int(line), 1)
-    return None
+        return ()
+    frames = _FRAME_RE.findall(stack_trace)  # outermost first
+    entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
+    inner = frames[entered[-1] + 1:] if entered else frames
+    return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
 
 
-def _user_location_from_frames() -> Optional[Location]:
-    frame = sys._getframe(2)
+def _model_frames() -> Tuple[Location, ...]:
+    """The frames of the model's code that led to the running op, innermost first (as above), read
+    from the live stack: past preclint's own frames (the hook that calls this), up to the next one
+    (capture, which called the model)."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PRECLINT_DIR):
+        frame = frame.f_back
+    found = []
     while frame is not None:
         path = frame.f_code.co_filename
-        if not _is_internal(path):
-            return Location(path, frame.f_lineno, 1)
+        if os.path.abspath(path).startswith(_PRECLINT_DIR):
+            break
+        if _is_model_code(path):
+            found.append(Location(path, frame.f_lineno, 1))
         frame = frame.f_back
-    return None
+    return tuple(found)
 
 
 def _display_target(target: Any, call: str) -> str:
@@ -182,7 +198,7 @@ class _Tracer(fx.Tracer):
 
     def _filter_traceback_frames(self, user_stack_summary):
         # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
-        # user_location_from_trace picks the user's frame itself, so keep the frames as they are.
+        # model_frames_from_trace picks the model's frames itself, so keep the frames as they are.
         return user_stack_summary
 
 
@@ -194,7 +210,8 @@ def trace_fx(module: torch.nn.Module) -> fx.GraphModule:
 
 def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     inputs = tuple(a.name for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node))
-    location = user_location_from_trace(node.stack_trace)
+    frames = model_frames_from_trace(node.stack_trace)
+    location = frames[0] if frames else None
     stack = node.meta.get("nn_module_stack") or {}
     owner_path, owner_type = "", ""
     if stack:
@@ -202,19 +219,19 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
         owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
         owner_type = owner_type.rsplit(".", 1)[-1].strip("'>")
     if node.op == "placeholder":
-        return Node(node.name, Kind.INPUT, f"input:{node.target}", fn="input", location=location)
+        return Node(node.name, Kind.INPUT, f"input:{node.target}", fn="input", location=location, stack=frames)
     if node.op == "output":
         return Node(node.name, Kind.OUTPUT, "output", fn="output", inputs=inputs)
     if node.op == "get_attr":
         return Node(node.name, Kind.CONSTANT, f"parameter:{node.target}", fn="parameter", module_path=owner_path,
-                    module_type=owner_type, location=location, params=(str(node.target),))
+                    module_type=owner_type, location=location, stack=frames, params=(str(node.target),))
     if node.op == "call_module":
         sub = gm.get_submodule(node.target)
         kind, fn = ops.classify_module(sub)
         attrs = ops.module_attrs(sub)
         return Node(node.name, kind, f"nn.{type(sub).__name__}", fn=fn, module_path=str(node.target),
                     reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
-                    module_type=type(sub).__name__, location=location, inputs=inputs, attrs=attrs,
+                    module_type=type(sub).__name__, location=location, stack=frames, inputs=inputs, attrs=attrs,
                     params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
                     scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
     fn, inplace = ops.function_name(node.target)
@@ -224,7 +241,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     if inplace:
         attrs["inplace"] = True
     return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
-                module_type=owner_type, location=location, inputs=inputs, attrs=attrs,
+                module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
                 scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
 
 
@@ -393,8 +410,10 @@ class _Recorder(TorchFunctionMode):
             path = self.paths.get(id(module), "")
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
+            frames = _model_frames()
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
-                        module_path=path, module_type=type(module).__name__, location=_user_location_from_frames(),
+                        module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
+                        stack=frames,
                         inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
             self.observer.rename(probe, node.name)
@@ -428,8 +447,9 @@ class _Recorder(TorchFunctionMode):
         if inplace:
             attrs["inplace"] = True
         target = f"Tensor.{getattr(func, '__name__', fn)}" if is_method else _display_target(func, "call_function")
+        frames = _model_frames()
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
-                    location=_user_location_from_frames(), inputs=self._inputs((args, kwargs)), attrs=attrs,
+                    location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None

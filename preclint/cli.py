@@ -28,6 +28,16 @@ def _codes(text: str) -> List[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
 def _precisions(text: str) -> List[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -94,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cuda runs the precisions on the GPU, cpu emulates them; auto (default) picks the GPU if any")
     probe.add_argument("--ablate", action="store_true",
                        help="check the measured contributions against one-layer-at-a-time runs (small models)")
+    probe.add_argument("--top", type=_positive, metavar="N",
+                       help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
     _add_output_arguments(probe)
     # `probe` is `check --probe` with the ledger of every node in its report
@@ -124,10 +136,12 @@ def _config(args):
 
 
 def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
+    """1 when a finding at or above ``fail_on`` stands; one the probe measured and refuted does not."""
     if exit_zero:
         return EXIT_OK
     threshold = severity_rank(fail_on)
-    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in findings) else EXIT_OK
+    failing = (f for f in findings if f.status != "refuted")
+    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in failing) else EXIT_OK
 
 
 def _use_color(args) -> bool:
@@ -169,6 +183,7 @@ def cmd_check(args) -> int:
 
             probe_report(loaded, report, graph, ctx, config, probe)
         report.findings = suppress_graph_findings(report.findings, config, [path])
+        report.ledger_top = getattr(args, "top", None)
         reports.append(report)
     if args.baseline or args.write_baseline:
         apply_baseline_to_reports(reports, args.baseline, args.write_baseline)

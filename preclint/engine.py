@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
 from preclint.errors import UserError
-from preclint.findings import ErrorFigure, Finding, Location
+from preclint.findings import ErrorFigure, Finding, Location, sci
 from preclint.ir import Graph, Node
 from preclint.numerics import MODES
 from preclint.predict import ModePrediction
@@ -116,18 +116,44 @@ def _describe_inputs(inputs) -> str:
 
 
 def model_location(loaded) -> Optional[Location]:
-    """Where the model is defined, for findings that have no line of their own."""
+    """Where the model is defined, for findings that have no line of their own: its class when the
+    model's file defines it, else the line there that defines the name it was loaded as (``model =
+    resnet18()``, ``def build():``), else the file's first line."""
     path = loaded.source_path
     if not path:
         return None
-    line = 1
+    line = None
     try:
         cls_file = inspect.getsourcefile(type(loaded.module))
         if cls_file and os.path.abspath(cls_file) == os.path.abspath(path):
             line = inspect.getsourcelines(type(loaded.module))[1]
     except (OSError, TypeError):
         pass
+    if line is None:
+        line = _top_level_definition(path, loaded.name.rsplit(":", 1)[-1]) or 1
     return Location(path, line, 1)
+
+
+def _top_level_definition(path: str, name: str) -> Optional[int]:
+    """The line of the module-level class, function or assignment that defines ``name`` in ``path``."""
+    import ast
+
+    from preclint.source.lines import file_text
+
+    text = file_text(path)
+    if not text or not name.isidentifier():
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+            return stmt.lineno
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return stmt.lineno
+    return None
 
 
 def run_rules(ctx: Context, config: Config) -> List[Finding]:
@@ -144,28 +170,92 @@ def run_rules(ctx: Context, config: Config) -> List[Finding]:
     return findings
 
 
-def relative_path(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return path
-    return rel
+def display_location(location: Location) -> Location:
+    """A location as reports print it: relative to the working directory, or, in a library's file,
+    to the directory the library is imported from (source.paths.display_place)."""
+    if location.library:
+        return location
+    from preclint.source.paths import display_place
+
+    path, library = display_place(location.path)
+    return Location(path, location.line, location.column, library)
 
 
 def relativize(findings: Sequence[Finding]) -> None:
     for f in findings:
         if f.location is not None:
-            f.location = Location(relative_path(f.location.path), f.location.line, f.location.column)
-        f.related = tuple((Location(relative_path(loc.path), loc.line, loc.column), text) for loc, text in f.related)
+            f.location = display_location(f.location)
+        f.related = tuple((display_location(loc), text) for loc, text in f.related)
 
 
-def summarize(ctx: Context) -> Dict[str, Dict]:
+# An output whose RMS is below a millionth of the values that produce it (the RMS of sqrt(sum (a b)^2)
+# over the terms of the dot product that makes it, else its operands) is rounding residue, not a
+# value: float32 itself resolves such a sum only to about u * sqrt(K) of its terms (u = 6e-8,
+# sqrt(K) ~ 16 for K ~ 256), so its digits carry nothing, and its relative error compares noise with
+# noise (an unrelated output of the same size differs by sqrt(2): the 141% such outputs used to show).
+DEGENERATE_RATIO = 1e-6
+
+
+@dataclass
+class DegenerateOutput:
+    node: str  # the node that produces the output
+    rms: float
+    feeding_rms: float  # RMS of the values it is computed from (0 when unknown)
+
+    def describe(self, display) -> str:
+        if self.rms == 0:
+            return f"{display(self.node)} is all zero"
+        return (f"{display(self.node)} has RMS {sci(self.rms)}, under a millionth of the values it is computed "
+                f"from (RMS {sci(self.feeding_rms)})")
+
+
+def degenerate_outputs(graph: Graph) -> List[DegenerateOutput]:
+    """The model's float outputs that are all zero or rounding residue (DEGENERATE_RATIO), from the
+    reference pass: a zero-initialised head (torchvision's vit_b_16, timm's MLP-Mixer) gives them."""
+    from preclint.ir import DOT_PRODUCT_KINDS, Kind
+
+    found = []
+    for output in graph.output_nodes:
+        for name in output.inputs:
+            node = graph.get(name)
+            while node is not None and node.kind == Kind.SHAPE and node.inputs:  # a reshape or getitem of it
+                node = graph.get(node.inputs[0])
+            stats = node.out if node is not None else None
+            if stats is None or not stats.is_float or not stats.finite or stats.numel == 0:
+                continue
+            if node.kind in DOT_PRODUCT_KINDS and node.dot_rms is not None:
+                feeding = node.dot_rms  # sqrt(sum (a b)^2): what float32 resolves the sum to a fraction of
+            else:
+                feeding = max([s.rms for s in node.input_stats if s is not None and s.is_float and s.finite] + [0.0])
+            if stats.rms == 0 or stats.rms < DEGENERATE_RATIO * feeding:
+                found.append(DegenerateOutput(node.name, stats.rms, feeding))
+    return found
+
+
+def all_outputs_degenerate(graph: Graph, found: Optional[Sequence[DegenerateOutput]] = None) -> bool:
+    """Whether every float output is degenerate: then no relative error of the output is reported."""
+    found = degenerate_outputs(graph) if found is None else found
+    floats = sum(1 for output in graph.output_nodes for name in output.inputs
+                 if graph.get(name) is not None and graph[name].out is not None and graph[name].out.is_float)
+    return bool(found) and len(found) >= floats
+
+
+def degenerate_note(found: Sequence[DegenerateOutput], display) -> str:
+    what = "; ".join(d.describe(display) for d in found)
+    return (f"the output is degenerate with these weights ({what}), so the check is vacuous: that output is "
+            "zeros or rounding residue at every precision (a zero-initialised head does this). Pass trained "
+            "weights with --weights FILE (a state dict); relative errors of such an output are not reported.")
+
+
+def summarize(ctx: Context, degenerate: bool = False) -> Dict[str, Dict]:
+    """Per mode, the predicted output error and the layers that hold most of it; ``degenerate``: every
+    float output is all zero or rounding residue, and its relative error is not reported (None)."""
     summary: Dict[str, Dict] = {}
     for mode in ctx.modes:
         p = ctx.predictions[mode]
         summary[mode] = {
             "predicted_output": {
-                "rel_error": p.rel_error,
+                "rel_error": None if degenerate else p.rel_error,
                 "max_abs_error": p.max_abs_error,
                 "finite": p.finite if ctx.graph.ran_reference else None,
             },
@@ -187,18 +277,20 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     predictions = predict(graph, options.modes)
     ctx = Context(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
-    attach_source_locations(findings, loaded)
+    attach_source_locations(findings, loaded, graph)
     relativize(findings)
     notes = list(graph.notes)
     if not graph.ran_reference:
         notes.append("--no-run: no reference pass; rules used the graph and the weights only, and output errors are not predicted")
+    degenerate = degenerate_outputs(graph) if graph.ran_reference else []
     report = Report(
         findings=sorted(findings, key=Finding.sort_key),
         model=loaded.name,
         capture=graph.capture,
         precisions=tuple(options.modes),
-        summary=summarize(ctx),
+        summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate)),
         notes=notes,
+        caveats=[degenerate_note(degenerate, ctx.display)] if degenerate else [],
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
     )
     return report, graph, ctx
@@ -244,22 +336,39 @@ def module_definition_locations(root, paths) -> Dict[str, Location]:
     return found
 
 
-def attach_source_locations(findings: List[Finding], loaded) -> None:
-    """Point each finding at the line that builds its module as well as the line that calls it.
+def attach_source_locations(findings: List[Finding], loaded, graph: Optional[Graph] = None) -> None:
+    """Point each finding at the line that made its op, and at the user's lines that lead there.
 
-    A finding inside library code (no user frame in its stack) moves to the line that builds its
-    module, or stays at the model's definition.
+    The op's line may be a library's (``torchvision/models/resnet.py``): the user's line that calls
+    into the library and the line that builds the module (or, failing both, the model's definition)
+    then follow as related locations, for the formats meant for code review to annotate. A finding
+    with no line of its own goes to the line that builds its module, else stays at the model's
+    definition.
     """
+    from preclint.source.paths import library_path
+
     modules = {f.module for f in findings if f.module}
-    if not modules:  # nothing to place: don't pay for parsing (or importing libcst)
-        return
-    definitions = module_definition_locations(loaded.module, modules)
+    # nothing to place: don't pay for parsing (or importing libcst)
+    definitions = module_definition_locations(loaded.module, modules) if modules else {}
     fallback = model_location(loaded)
     for f in findings:
-        where = definitions.get(f.module)
-        if where is None:
-            continue
+        built = definitions.get(f.module)
         if f.location is None or f.location == fallback:
-            f.location = where
-        elif (where.path, where.line) != (os.path.relpath(f.location.path), f.location.line):
-            f.related = f.related + ((where, f"{f.module} is built here"),)
+            f.location = built or f.location
+            continue
+        related = []
+        if library_path(f.location.path) is not None:
+            node = graph.get(f.node) if graph is not None and f.node else None
+            call = next((loc for loc in (node.stack if node is not None else ()) if library_path(loc.path) is None), None)
+            if call is not None:
+                library = library_path(f.location.path).split("/", 1)[0].removesuffix(".py")
+                related.append((call, f"the call into {library} that reaches {f.module or f.op or 'this op'}"))
+            if built is None and call is None and fallback is not None and library_path(fallback.path) is None:
+                related.append((fallback, "the model is built here"))
+        if built is not None and not any(_same_line(built, loc) for loc in [f.location] + [loc for loc, _ in related]):
+            related.append((built, f"{f.module} is built here"))
+        f.related = f.related + tuple(related)
+
+
+def _same_line(a: Location, b: Location) -> bool:
+    return (os.path.abspath(a.path), a.line) == (os.path.abspath(b.path), b.line)

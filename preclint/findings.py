@@ -13,11 +13,29 @@ def severity_rank(severity: str) -> int:
 
 @dataclass(frozen=True, order=True)
 class Location:
-    """A place in a file. ``line`` and ``column`` are 1-based; columns count code points."""
+    """A place in a file. ``line`` and ``column`` are 1-based; columns count code points.
+
+    ``library``: the file belongs to an installed library (torchvision, transformers), and ``path``
+    is relative to the directory it is imported from (``torchvision/models/resnet.py``), not to the
+    working directory: it names the same file on every machine, but not one of the user's project.
+    """
 
     path: str
     line: int = 1
     column: int = 1
+    library: bool = False
+
+    @property
+    def in_project(self) -> bool:
+        """Whether the place is a file of the project preclint runs in (under the working directory):
+        what code review can annotate."""
+        return not self.library and not self.path.startswith(("../", "/")) and self.path != ".." and ":" not in self.path[:3]
+
+    def as_dict(self) -> dict:
+        out = {"path": self.path, "line": self.line, "column": self.column}
+        if self.library:
+            out["library"] = True
+        return out
 
 
 @dataclass

@@ -66,7 +66,10 @@ class Node:
     fn: str = ""  # canonical op name shared by every capture path: "conv2d", "batch_norm", "mean", "add"
     module_path: str = ""  # the module that owns the op ("layer1.0.conv2"); "" for the root
     module_type: str = ""  # class name of that module ("Conv2d", "FrozenBatchNorm2d")
-    location: Optional[Location] = None  # the user's line that produced the op
+    location: Optional[Location] = None  # the line that made the op: the user's, or a library's (torchvision)
+    # the model's frames that led to the op, innermost first (location is the first): the user's line
+    # that calls into a library is further out; torch's and preclint's own frames are left out
+    stack: Tuple[Location, ...] = ()
     inputs: Tuple[str, ...] = ()  # names of the nodes whose tensors this node reads
     scalars: Dict[str, float] = field(default_factory=dict)  # scalar arguments (eps, value, exponent)
     attrs: Dict[str, Any] = field(default_factory=dict)  # groups, kernel_size, stride, dim, ...

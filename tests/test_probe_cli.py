@@ -152,7 +152,8 @@ CASES = [
 def test_probe_rule_examples(rule, kind, example):
     report, graph, ctx = check_example(example)
     module, inputs = example.build()
-    result = measure_model(module, inputs, graph, ctx.modes, ProbeOptions(device="cpu"))
+    tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0) if ctx.rtol is not None or ctx.atol is not None else None
+    result = measure_model(module, inputs, graph, ctx.modes, ProbeOptions(device="cpu"), tolerance)
     apply(report, None, graph, ctx, Config(precisions=ctx.modes), result)
     found = [f for f in report.findings if f.code == rule.code]
     if kind == "bad":

@@ -297,13 +297,14 @@ def _failure(name: str, what: str, device, exc: BaseException) -> str:
 
 def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> None:
     """Put the measurements into ``report``: measured figures and statuses, PCL900, notes, environment."""
-    from preclint.engine import attach_source_locations, relativize
+    from preclint.engine import all_outputs_degenerate, attach_source_locations, relativize
     from preclint.findings import Finding
     from preclint.probe.ledger import node_row
     from preclint.probe.verdict import judge, probe_notes, summary_entries
 
-    judge(report.findings, graph, result, set(result.reference_nonfinite))
-    if config is None or config.is_selected("PCL900"):
+    degenerate = all_outputs_degenerate(graph)
+    judge(report.findings, graph, result, set(result.reference_nonfinite), degenerate)
+    if not degenerate and (config is None or config.is_selected("PCL900")):  # shares of rounding residue: none
         from preclint.rules.unflagged_hotspot import UnflaggedHotspot
 
         flagged = {f.node for f in report.findings if f.node}
@@ -313,10 +314,10 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
             if finding.location is None:
                 finding.location = ctx.model_location
         if loaded is not None:
-            attach_source_locations(hot, loaded)
+            attach_source_locations(hot, loaded, graph)
         relativize(hot)
         report.findings = sorted(list(report.findings) + hot, key=Finding.sort_key)
-    for mode, entry in summary_entries(result).items():
+    for mode, entry in summary_entries(result, degenerate).items():
         report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}})
         report.summary[mode]["measured_output"] = entry
     report.notes = list(report.notes) + probe_notes(result, ctx.display)

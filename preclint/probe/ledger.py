@@ -123,9 +123,9 @@ def node_row(graph, ctx, result: ProbeResult, name: str) -> Dict[str, Any]:
     node = graph[name]
     location = None
     if node.location is not None:
-        from preclint.engine import relative_path
+        from preclint.engine import display_location
 
-        location = {"path": relative_path(node.location.path), "line": node.location.line, "column": node.location.column}
+        location = display_location(node.location).as_dict()
     row: Dict[str, Any] = {
         "node": name,
         "module": node.module_path,

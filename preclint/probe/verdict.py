@@ -37,8 +37,11 @@ MEASURED_AS = {
 DEFAULT_MEASURE = "received"
 
 
-def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str]) -> None:
-    """Fill ``measured`` and ``status`` of each finding the probe can measure."""
+def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str],
+          degenerate: bool = False) -> None:
+    """Fill ``measured`` and ``status`` of each finding the probe can measure. ``degenerate``: the
+    output is all zero or rounding residue (engine.degenerate_outputs), and its relative error is
+    noise over noise: not reported."""
     for f in findings:
         kind = MEASURED_AS.get(f.code, DEFAULT_MEASURE)
         if kind != "output" and not f.node:
@@ -52,6 +55,8 @@ def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfini
             figure = _measure(kind, f, graph, measure, reference_nonfinite)
             if figure is None:
                 continue
+            if kind == "output" and degenerate:
+                figure.rel_error = None
             f.measured[mode] = figure
             if figure.status is not None:
                 statuses.append(figure.status)
@@ -136,8 +141,9 @@ def _tolerance_fix(f: Finding, result: ProbeResult) -> None:
         f.fix = f.fix.rstrip() + " Measured: " + "; ".join(parts) + "."
 
 
-def summary_entries(result: ProbeResult) -> Dict[str, Dict]:
-    """``measured_output`` for each mode of the report's summary."""
+def summary_entries(result: ProbeResult, degenerate: bool = False) -> Dict[str, Dict]:
+    """``measured_output`` for each mode of the report's summary; without its relative error when the
+    output is ``degenerate`` (see judge)."""
     entries = {}
     for mode, measure in result.modes.items():
         if measure.error is not None:
@@ -145,7 +151,7 @@ def summary_entries(result: ProbeResult) -> Dict[str, Dict]:
             continue
         entry: Dict = {}
         if measure.output is not None:
-            entry["rel_error"] = measure.output.rel_error
+            entry["rel_error"] = None if degenerate else measure.output.rel_error
             entry["max_abs_error"] = measure.output.max_abs_error
         entry["finite"] = measure.output_finite
         if measure.output_units:

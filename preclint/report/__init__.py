@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from preclint.findings import Finding
+from preclint.findings import Finding, Location
 
 FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
 
@@ -24,13 +24,63 @@ class Report:
     precisions: Tuple[str, ...] = ()
     summary: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)  # e.g. "--no-run: no statistics"
+    # what makes the result vacuous (a degenerate output): every format shows these, the terse ones too
+    caveats: List[str] = field(default_factory=list)
     files: List[str] = field(default_factory=list)  # files checked (source rules)
     tolerance: Optional[Dict[str, float]] = None  # {"rtol", "atol"} when given
     environment: Optional[Dict[str, Any]] = None  # probe only
     ledger: Optional[List[Dict[str, Any]]] = None  # probe only: per-node measured errors
+    ledger_top: Optional[int] = None  # show only the N nodes with the largest share per mode (--top)
 
     def sorted_findings(self) -> List[Finding]:
         return sorted(self.findings, key=Finding.sort_key)
+
+
+def ranked_ledger(rows: List[Dict[str, Any]], mode: str) -> List[Dict[str, Any]]:
+    """The ledger's rows measured under ``mode``, largest share first (rows without one last, in
+    execution order): what ``--top N`` cuts."""
+    measured = [(i, row) for i, row in enumerate(rows) if "error" not in row["modes"].get(mode, {"error": 1})]
+
+    def key(item):
+        share = item[1]["modes"][mode].get("contribution")
+        return (share is None, -(share or 0.0), item[0])
+
+    return [row for _, row in sorted(measured, key=key)]
+
+
+def top_ledger(rows: List[Dict[str, Any]], modes, top: int) -> List[Dict[str, Any]]:
+    """The rows among the ``top`` largest shares of any mode, in execution order."""
+    keep = {id(row) for mode in modes for row in ranked_ledger(rows, mode)[:top]}
+    return [row for row in rows if id(row) in keep]
+
+
+def is_refuted(finding: Finding) -> bool:
+    """Whether the probe measured the finding and found it wrong: shown as such, never failing a build."""
+    return finding.status == "refuted"
+
+
+def review_place(finding: Finding) -> Tuple[Optional[Location], List[Tuple[Location, str]]]:
+    """Where the formats meant for code review (SARIF, GitHub, reviewdog) put a finding, and its
+    other places: its own location when that is a file of the user's project; else the first related
+    location that is (the user's line that calls into a library or builds the model), with the
+    finding's own place (a library's line) moved among the related ones. None when no place is in
+    the project: a review can only annotate the project's files."""
+    related = [(loc, text) for loc, text in finding.related if loc is not None]
+    own = finding.location
+    if own is None or own.in_project:
+        return own, related
+    primary = next((loc for loc, _ in related if loc.in_project), None)
+    moved = [(own, f"{finding.op or 'the op'} is made here" + (" (library code)" if own.library else ""))]
+    return primary, moved + [(loc, text) for loc, text in related if loc != primary]
+
+
+def moved_note(finding: Finding, primary: Optional[Location]) -> str:
+    """For a finding a review format placed away from its own location: where it really is, to append
+    to its message ("" when it stays)."""
+    own = finding.location
+    if own is None or own == primary:
+        return ""
+    return f" [at {own.path}:{own.line}" + (", library code]" if own.library else "]")
 
 
 def render(report: Report, fmt: str, color: bool = False) -> str:

@@ -2,27 +2,35 @@
 
 The shape editors' problem matchers and TorchFix/Ruff users know; ``[*]`` marks a finding ``--fix``
 can fix. A finding without a source location (model-level) is printed against the model, then the
-counts. Deterministic: findings sorted by path, line, column, code.
+counts. Deterministic: findings sorted by path, line, column, code. A finding the probe refuted
+ends in ``(refuted by the probe)`` and is counted apart: it does not fail the build.
 """
 from __future__ import annotations
 
-from preclint.report import Report
+from preclint.report import Report, is_refuted, moved_note, review_place
 
 
-def finding_line(finding, model: str = "") -> str:
-    loc = finding.location
+def finding_line(finding, model: str = "", placed: bool = False) -> str:
+    """``path:line:col: CODE message``; ``placed``: at the place a review format annotates
+    (report.review_place), naming the finding's own line when that is elsewhere (a library's)."""
+    loc = review_place(finding)[0] if placed else finding.location
     where = f"{loc.path}:{loc.line}:{loc.column}" if loc is not None else (model or "-")
     mark = " [*]" if finding.fixable else ""
     module = f" [{finding.module}]" if finding.module and loc is None else ""
-    return f"{where}: {finding.code}{mark} {' '.join(finding.message.split())}{module}"
+    moved = moved_note(finding, loc) if placed else ""
+    refuted = " (refuted by the probe)" if is_refuted(finding) else ""
+    return f"{where}: {finding.code}{mark} {' '.join(finding.message.split())}{moved}{module}{refuted}"
 
 
 def render(report: Report) -> str:
     findings = report.sorted_findings()
     lines = [finding_line(f, report.model or "") for f in findings]
+    lines += [f"warning: {' '.join(caveat.split())}" for caveat in report.caveats]
     if findings:
         fixable = sum(1 for f in findings if f.fixable)
-        lines.append(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}.")
+        refuted = sum(1 for f in findings if is_refuted(f))
+        found = f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}"
+        lines.append(found + (f" ({refuted} refuted by the probe)." if refuted else "."))
         if fixable:
             lines.append(f"[*] {fixable} fixable with the `--fix` option.")
     else:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from preclint.findings import percent, sci
-from preclint.report import Report
+from preclint.report import Report, is_refuted, ranked_ledger
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -59,47 +59,70 @@ def _share(share) -> str:
     return ("-" if share < 0 else "") + percent(abs(share))
 
 
+def _ledger_row(row, m) -> list:
+    name = row["module"] if row["op"].startswith("nn.") and row["module"] else (
+        f"{row['op']} in {row['module']}" if row["module"] else row["op"])
+    location = row.get("location")
+    where = f"{location['path'].rsplit('/', 1)[-1]}:{location['line']}" if location else ""
+    notes = []
+    if m.get("tf32_applied") is not None:
+        notes.append("TF32" if m["tf32_applied"] else "fp32 kernel")
+    if m.get("nonfinite"):
+        notes.append("inf/NaN")
+    if m.get("flips") is not None:
+        notes.append(f"flips {m['flips']}/{m['units']}")
+    return [name, where, m.get("dtype") or "", sci((m.get("local") or {}).get("rel_error")),
+            sci((m.get("received") or {}).get("rel_error")) if not m.get("nonfinite") else "inf/NaN",
+            sci(m.get("amplification")), _share(m.get("contribution")), ", ".join(notes)]
+
+
 def _ledger_tables(console: Console, report: Report) -> None:
-    """`preclint probe`: per mode, every node that adds error, with what reaches it and its share."""
-    modes = list(report.precisions)
-    for mode in modes:
-        rows = []
-        hidden = 0
-        for row in report.ledger:
-            m = row["modes"].get(mode)
-            if m is None or "error" in m:
-                continue
-            local = (m.get("local") or {}).get("rel_error")
-            share = m.get("contribution")
-            if not (local or share or m.get("flips") or m.get("nonfinite")):
-                hidden += 1
-                continue
-            name = row["module"] if row["op"].startswith("nn.") and row["module"] else (
-                f"{row['op']} in {row['module']}" if row["module"] else row["op"])
-            where = str(row["location"]["line"]) if row.get("location") else ""
-            notes = []
-            if m.get("tf32_applied") is not None:
-                notes.append("TF32" if m["tf32_applied"] else "fp32 kernel")
-            if m.get("nonfinite"):
-                notes.append("inf/NaN")
-            if m.get("flips") is not None:
-                notes.append(f"flips {m['flips']}/{m['units']}")
-            rows.append([name, where, m.get("dtype") or "", sci(local),
-                         sci((m.get("received") or {}).get("rel_error")) if not m.get("nonfinite") else "inf/NaN",
-                         sci(m.get("amplification")), _share(share), ", ".join(notes)])
-        if not rows:
+    """`preclint probe`: per mode, every node that adds error (with --top N, the N with the largest
+    share), with what reaches it and its share; then what the shares add up to."""
+    top = report.ledger_top
+    legend = False
+    for mode in report.precisions:
+        measured = ranked_ledger(report.ledger, mode)
+        if top is None:  # execution order
+            order = {id(row): i for i, row in enumerate(report.ledger)}
+            measured.sort(key=lambda row: order[id(row)])
+        shares = [row["modes"][mode].get("contribution") for row in measured]
+        adding = [row for row in measured if _adds_error(row["modes"][mode])]
+        shown = adding[:top] if top is not None else adding
+        if not shown:
             continue
         console.print()
-        table = Table(title=f"Measured per layer under {mode}", title_justify="left", show_edge=False)
-        for column, justify in (("layer", "left"), ("line", "right"), ("dtype", "left"), ("local", "right"),
+        title = f"Measured per layer under {mode}" + (f": the {len(shown)} largest shares" if top is not None else "")
+        table = Table(title=title, title_justify="left", show_edge=False)
+        for column, justify in (("layer", "left"), ("where", "left"), ("dtype", "left"), ("local", "right"),
                                 ("received", "right"), ("amplification", "right"), ("share", "right"), ("", "left")):
             table.add_column(column, justify=justify)
-        for r in rows:
-            table.add_row(*r)
+        for row in shown:
+            table.add_row(*_ledger_row(row, row["modes"][mode]))
         console.print(table)
+        total = sum(s for s in shares if s is not None)
+        if any(s is not None for s in shares):
+            legend = True
+            held = sum(row["modes"][mode].get("contribution") or 0.0 for row in shown)
+            text = f"{mode}: the shares of all {len(measured)} nodes add up to {_share(total)} of the measured output error"
+            if len(shown) < len(adding) or len(adding) < len(measured):
+                text += f"; the {len(shown)} shown hold {_share(held)}"
+            console.print(Text(text + ".", style="dim"))
+        hidden = len(measured) - len(shown)
         if hidden:
-            console.print(Text(f"{hidden} nodes that add no error and hold no share are not shown; "
-                               "--output-format json lists every node.", style="dim"))
+            why = f"--top {top}" if top is not None else "they add no error and hold no share"
+            console.print(Text(f"{hidden} more nodes are not shown ({why}; without --top, --output-format json "
+                               "lists every node).", style="dim"))
+    if legend:
+        console.print(Text("share: a node's part of the measured output error E, <J e, E>/|E|^2, with e the error it "
+                           "adds itself and J how the layers after it carry e to the output; the shares add up to the "
+                           "part of E this first-order account explains. A negative share is an error that partly "
+                           "cancels the others' at the output (the same sign as --ablate's exact one-node runs give).",
+                           style="dim"))
+
+
+def _adds_error(m) -> bool:
+    return bool((m.get("local") or {}).get("rel_error") or m.get("contribution") or m.get("flips") or m.get("nonfinite"))
 
 
 def render(report: Report, color: bool = False, width: int = 110) -> str:
@@ -115,8 +138,9 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         console.print(Text(path or "(model)", style="bold underline"))
         for f in group:
             where = f"{f.location.line}:{f.location.column}" if f.location else "-"
-            head = Text.assemble(f"  {where} ", (f.code, _SEVERITY_STYLE.get(f.severity, "")), f" [{f.severity}] ",
-                                 (f"{f.status} " if f.status else ""), f.message)
+            status = "refuted by the probe " if is_refuted(f) else (f"{f.status} " if f.status else "")
+            style = "dim" if is_refuted(f) else _SEVERITY_STYLE.get(f.severity, "")
+            head = Text.assemble(f"  {where} ", (f.code, style), f" [{f.severity}] ", status, f.message)
             console.print(head)
             figures = _figure_line(f)
             if figures:
@@ -147,14 +171,19 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         console.print(table)
     if report.ledger:
         _ledger_tables(console, report)
+    for caveat in report.caveats:
+        console.print(Text(f"warning: {caveat}", style="yellow"))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    standing = [f for f in findings if not is_refuted(f)]
+    counts = {s: sum(1 for f in standing if f.severity == s) for s in ("error", "warning", "info")}
     total = len(findings)
+    refuted = total - len(standing)
     console.print()
     if total:
         console.print(f"Found {total} finding{'s' if total != 1 else ''} "
-                      f"({counts['error']} error, {counts['warning']} warning, {counts['info']} info).")
+                      f"({counts['error']} error, {counts['warning']} warning, {counts['info']} info"
+                      + (f"; {refuted} refuted by the probe, which do not fail the check)." if refuted else ")."))
     else:
         console.print("No findings.")
     return buffer.getvalue()

@@ -6,13 +6,18 @@ step (error, warning, notice), so findings are ranked by severity and position, 
 level become annotations, the rest are printed as plain log lines, and one notice says how many were
 not annotated. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
 also ``:`` and ``,`` inside properties.
+
+Annotations go on the repository's files only: a finding whose line is a library's (a torchvision or
+transformers op) is placed on the user's line that calls into the library or builds the model, with
+the library's line in the message (report.review_place). Findings the probe refuted do not fail the
+build and are not annotated: they are listed in the log, marked as refuted.
 """
 from __future__ import annotations
 
 from typing import List
 
 from preclint.findings import severity_rank
-from preclint.report import Report
+from preclint.report import Report, is_refuted, review_place
 from preclint.report.concise import finding_line
 
 LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
@@ -30,11 +35,11 @@ def escape_property(text: str) -> str:
 def annotation(finding, model: str = "") -> str:
     level = LEVELS.get(finding.severity, "warning")
     properties = []
-    loc = finding.location
+    loc, _ = review_place(finding)
     if loc is not None:
         properties += [f"file={escape_property(loc.path)}", f"line={loc.line}", f"col={loc.column}"]
     properties.append(f"title={escape_property(f'preclint ({finding.code})')}")
-    body = finding_line(finding, model)
+    body = finding_line(finding, model, placed=True)
     if finding.fix:
         body += "\n  help: " + " ".join(finding.fix.split())
     return f"::{level} {','.join(properties)}::{escape_data(body)}"
@@ -44,6 +49,8 @@ def render(report: Report) -> str:
     model = report.model or ""
     # most severe first, so that the annotations GitHub keeps are the ones that matter most
     findings = sorted(report.sorted_findings(), key=lambda f: -severity_rank(f.severity))
+    refuted = [f for f in findings if is_refuted(f)]
+    findings = [f for f in findings if not is_refuted(f)]
     counts = {level: 0 for level in LEVELS.values()}
     annotated, rest = [], []
     for finding in findings:
@@ -58,8 +65,10 @@ def render(report: Report) -> str:
         last = max(i for i, f in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
         rest.insert(0, annotated.pop(last))
     lines: List[str] = [annotation(f, model) for f in annotated]
+    lines += [f"::warning title={escape_property('preclint')}::{escape_data(caveat)}" for caveat in report.caveats]
+    lines += [finding_line(f, model) for f in refuted]
     if rest:
-        lines += [finding_line(f, model) for f in rest]
+        lines += [finding_line(f, model, placed=True) for f in rest]
         lines.append(
             f"::notice title={escape_property('preclint')}::"
             + escape_data(

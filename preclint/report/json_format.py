@@ -5,7 +5,7 @@ import json
 import math
 
 from preclint import __version__
-from preclint.report import Report
+from preclint.report import Report, top_ledger
 
 
 def _number(value):
@@ -27,17 +27,13 @@ def finding_dict(f) -> dict:
         "precisions": list(f.precisions),
         "module": f.module,
         "op": f.op,
-        "location": (
-            {"path": f.location.path, "line": f.location.line, "column": f.location.column} if f.location else None
-        ),
+        "location": f.location.as_dict() if f.location else None,
         "message": f.message,
         "fix": f.fix,
         "predicted": _figures(f.predicted),
     }
     if f.related:
-        out["related"] = [
-            {"path": loc.path, "line": loc.line, "column": loc.column, "message": text} for loc, text in f.related
-        ]
+        out["related"] = [{**loc.as_dict(), "message": text} for loc, text in f.related]
     if f.measured or f.status:
         out["measured"] = _figures(f.measured)
         out["status"] = f.status
@@ -64,6 +60,8 @@ def to_dict(report: Report) -> dict:
     }
     if report.tolerance:
         doc["tolerance"] = report.tolerance
+    if report.caveats:
+        doc["caveats"] = list(report.caveats)
     if report.notes:
         doc["notes"] = list(report.notes)
     if report.files:
@@ -71,7 +69,11 @@ def to_dict(report: Report) -> dict:
     if report.environment is not None:
         doc["environment"] = report.environment
     if report.ledger is not None:
-        doc["nodes"] = report.ledger
+        if report.ledger_top is not None:
+            doc["nodes"] = top_ledger(report.ledger, report.precisions, report.ledger_top)
+            doc["nodes_top"] = report.ledger_top  # per precision: the rest are left out
+        else:
+            doc["nodes"] = report.ledger
     return doc
 
 

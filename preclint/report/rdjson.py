@@ -4,31 +4,44 @@
 reviewdog counts columns in UTF-8 bytes from 1; preclint's columns are code points, so they are
 converted from the line's text here. Only the start of a finding is known, so ranges carry a start
 alone. Model-level findings without a location are kept, without a location.
+
+A finding whose line is a library's is placed on the user's line that calls into the library or
+builds the model (report.review_place), naming the library's line in its message; the other places
+in the project are ``related_locations``. A finding the probe refuted is kept as INFO, marked as
+refuted, so that a reviewdog ``-fail-level`` of warning or above passes it.
 """
 from __future__ import annotations
 
 import json
 
-from preclint.report import Report
+from preclint.report import Report, is_refuted, moved_note, review_place
 from preclint.report.concise import finding_line
 from preclint.source.lines import utf8_column
 
 SEVERITIES = {"error": "ERROR", "warning": "WARNING", "info": "INFO"}
 
 
+def _location(loc) -> dict:
+    column = utf8_column(loc.path, loc.line, loc.column)
+    return {"path": loc.path, "range": {"start": {"line": loc.line, "column": column}}}
+
+
 def _diagnostic(finding, model: str) -> dict:
-    message = " ".join(finding.message.split())
+    loc, related = review_place(finding)
+    message = ("Refuted by the probe: " if is_refuted(finding) else "") + " ".join(finding.message.split())
+    message += moved_note(finding, loc)
     if finding.fix:
         message += f"\nhelp: {' '.join(finding.fix.split())}"
     diagnostic = {"message": message}
-    loc = finding.location
     if loc is not None:
-        column = utf8_column(loc.path, loc.line, loc.column)
-        diagnostic["location"] = {"path": loc.path, "range": {"start": {"line": loc.line, "column": column}}}
-    diagnostic["severity"] = SEVERITIES.get(finding.severity, "WARNING")
+        diagnostic["location"] = _location(loc)
+    diagnostic["severity"] = "INFO" if is_refuted(finding) else SEVERITIES.get(finding.severity, "WARNING")
     diagnostic["source"] = {"name": "preclint"}
     diagnostic["code"] = {"value": finding.code}
-    diagnostic["original_output"] = finding_line(finding, model)
+    in_project = [{"message": text, "location": _location(place)} for place, text in related if place.in_project]
+    if in_project:
+        diagnostic["related_locations"] = in_project
+    diagnostic["original_output"] = finding_line(finding, model, placed=True)
     return diagnostic
 
 

@@ -7,6 +7,13 @@ CI), regions are given in Unicode code points (``columnKind``), and each result 
 ``primaryLocationLineHash`` so alerts keep their identity when lines move. Findings without a source
 location (model-level) are results without ``locations``, which SARIF allows. Deterministic: no
 timestamps, no absolute paths.
+
+A finding whose own line is a library's (a torchvision or transformers op) is placed on the user's
+line that calls into the library or builds the model (report.review_place), since code scanning
+annotates the repository's files only; the library's line follows among ``relatedLocations``, its
+URI relative to the ``PYTHONPATH`` base: the directory on the Python path the library is imported
+from. A finding the probe refuted is a result of ``kind`` "pass" (the check ran and the problem was
+not there), whose level SARIF then requires to be "none", and it carries ``status`` "refuted".
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ import json
 import math
 
 from preclint import __version__
-from preclint.report import Report
+from preclint.report import Report, is_refuted, moved_note, review_place
 from preclint.source.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -22,6 +29,7 @@ LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 PROBLEM_SEVERITY = {"error": "error", "warning": "warning", "info": "recommendation"}
 FAMILIES = {"0": "model", "1": "range", "2": "accuracy", "3": "decisions", "5": "source"}
 MAX_DESCRIPTION = 1024  # GitHub's limit on short and full descriptions
+LIBRARY_BASE = "PYTHONPATH"  # uriBaseId of a library's files: relative to the sys.path entry that holds them
 
 
 def _clip(text: str, limit: int = MAX_DESCRIPTION) -> str:
@@ -62,11 +70,12 @@ def _rule_descriptor(rule) -> dict:
 
 def _physical(location) -> dict:
     region = {"startLine": location.line, "startColumn": location.column}
-    text = line_text(location.path, location.line)
+    text = None if location.library else line_text(location.path, location.line)
     if text is not None and len(text) + 1 > location.column:
         # to the end of the line: one line, so GitHub can show and match it
         region.update({"endLine": location.line, "endColumn": len(text) + 1})
-    return {"artifactLocation": {"uri": location.path, "uriBaseId": "%SRCROOT%"}, "region": region}
+    base = LIBRARY_BASE if location.library else "%SRCROOT%"
+    return {"artifactLocation": {"uri": location.path, "uriBaseId": base}, "region": region}
 
 
 def _number(value):
@@ -77,17 +86,22 @@ def _result(finding, rule_index: dict) -> dict:
     result = {"ruleId": finding.code}
     if finding.code in rule_index:
         result["ruleIndex"] = rule_index[finding.code]
-    result["level"] = LEVELS.get(finding.severity, "warning")
-    text = " ".join(finding.message.split())
+    if is_refuted(finding):
+        result["kind"] = "pass"
+        result["level"] = "none"
+    else:
+        result["level"] = LEVELS.get(finding.severity, "warning")
+    primary, related = review_place(finding)
+    text = ("Refuted by the probe: " if is_refuted(finding) else "") + " ".join(finding.message.split())
+    text += moved_note(finding, primary)
     if finding.fix:
         text += f"\nhelp: {' '.join(finding.fix.split())}"
     result["message"] = {"text": text}
-    if finding.location is not None:
-        result["locations"] = [{"physicalLocation": _physical(finding.location)}]
-        line_hash = primary_location_line_hash(finding.location.path, finding.location.line)
+    if primary is not None:
+        result["locations"] = [{"physicalLocation": _physical(primary)}]
+        line_hash = primary_location_line_hash(primary.path, primary.line)
         if line_hash is not None:
             result["partialFingerprints"] = {"primaryLocationLineHash": line_hash}
-    related = [(loc, text) for loc, text in finding.related if loc is not None]
     if related:
         result["relatedLocations"] = [
             {"id": i, "physicalLocation": _physical(loc), "message": {"text": text}}
@@ -134,6 +148,12 @@ def to_dict(report: Report) -> dict:
         "columnKind": "unicodeCodePoints",
         "results": [_result(f, rule_index) for f in report.sorted_findings()],
     }
+    if report.caveats:  # a vacuous check (a degenerate output) is a fact about the run, not a result
+        run["invocations"] = [{"executionSuccessful": True, "toolExecutionNotifications": [
+            {"level": "warning", "message": {"text": caveat}} for caveat in report.caveats]}]
+    if any(loc.library for f in report.findings for loc in [f.location] + [loc for loc, _ in f.related] if loc):
+        run["originalUriBaseIds"] = {LIBRARY_BASE: {"description": {
+            "text": "The directory on the Python path (sys.path) that an installed library is imported from."}}}
     return {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
 
 

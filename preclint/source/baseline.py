@@ -3,7 +3,9 @@
 ``--write-baseline FILE`` records the findings of a run; ``--baseline FILE`` drops the findings that
 match a record. A record is keyed on the path, the code, and a fingerprint of what the finding is
 about — the text of its line with whitespace normalised, plus the module and op of a graph finding —
-never on the line number, so code that moves up or down keeps matching. Records carry a count: two
+never on the line number, so code that moves up or down keeps matching. A graph finding on a line of
+an installed library (``torchvision/models/resnet.py``, a path the same on every machine) is keyed
+without that line's text, which changes with the library's version. Records carry a count: two
 identical lines with the same finding need two records, and a third copy is new.
 """
 from __future__ import annotations
@@ -23,7 +25,9 @@ VERSION = 1
 
 
 def _normalised_line(finding: Finding) -> str:
-    if finding.location is None:
+    # a library's line (torchvision's) is keyed by its path, module and op: its text changes with the
+    # library's version, not with the user's code
+    if finding.location is None or finding.location.library:
         return ""
     text = line_text(finding.location.path, finding.location.line)
     return " ".join((text or "").split())

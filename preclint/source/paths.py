@@ -8,7 +8,8 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Optional
+import sys
+from typing import Optional, Tuple
 
 
 def display_path(path: str, cwd: Optional[str] = None) -> str:
@@ -20,6 +21,36 @@ def display_path(path: str, cwd: Optional[str] = None) -> str:
     except ValueError:
         return absolute.replace(os.sep, "/")
     return rel.replace(os.sep, "/")
+
+
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+# packages whose files are library code even when installed from a source checkout (no site-packages)
+_LIBRARY_PACKAGES = ("torch", "torchvision")
+
+
+def library_path(path: str) -> Optional[str]:
+    """``path`` relative to the directory its library is imported from (``torchvision/models/resnet.py``),
+    or None when the file is not an installed library's: the user's own code."""
+    parts = os.path.abspath(path).replace(os.sep, "/").split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in _LIBRARY_DIRS:
+            return "/".join(parts[i + 1:])
+    absolute = os.path.abspath(path)
+    for name in _LIBRARY_PACKAGES:
+        package = sys.modules.get(name)
+        root = os.path.dirname(os.path.abspath(getattr(package, "__file__", None) or "")) if package else ""
+        if root and absolute.startswith(root + os.sep):
+            return display_path(absolute, os.path.dirname(root))
+    return None
+
+
+def display_place(path: str) -> Tuple[str, bool]:
+    """(the path as preclint prints it, whether it is a library's): a library's file relative to the
+    directory it is imported from, the same on every machine; any other relative to the working directory."""
+    if path.startswith("<"):
+        return path, False
+    library = library_path(path)
+    return (library, True) if library is not None else (display_path(path), False)
 
 
 @functools.lru_cache(maxsize=512)

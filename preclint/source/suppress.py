@@ -144,7 +144,7 @@ def apply_suppressions(
         places = [finding.location] + [loc for loc, _ in finding.related if isinstance(loc, Location)]
         silenced = False
         for place in places:
-            if place is None or not place.path:
+            if place is None or not place.path or place.library:  # no comment of the user's can be there
                 continue
             for directive in directives_of(place.path).get(place.line, ()):
                 if directive.covers(finding.code):
