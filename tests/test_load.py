@@ -137,8 +137,8 @@ def test_torchvision_factory_with_input_shape():
 
 
 def test_input_shapes_override_example_inputs_and_follow_dtype():
-    floats = load_model(fixture("blocks_and_net.py"), input_shapes=[(4, 8), (2,)], input_dtype="float16")
-    assert [(tuple(x.shape), x.dtype) for x in floats.args] == [((4, 8), torch.float16), ((2,), torch.float16)]
+    floats = load_model(fixture("lightning_style.py"), input_shapes=[(4, 6), (6,)], input_dtype="float16")
+    assert [(tuple(x.shape), x.dtype) for x in floats.args] == [((4, 6), torch.float16), ((6,), torch.float16)]
     assert all(0 <= x.min() and x.max() < 1 for x in floats.args)  # rand in [0, 1)
     ints = load_model(fixture("blocks_and_net.py"), input_shapes=[(100,)], input_dtype="int64")
     (tokens,) = ints.args
@@ -480,7 +480,7 @@ ENCODER_DECODER = """
 
 
 def load_with(in_tmp, example_inputs: str, body: str = ENCODER_DECODER) -> LoadedModel:
-    write(in_tmp, "model.py", body + "\n" + textwrap.dedent(example_inputs))
+    write(in_tmp, "model.py", textwrap.dedent(body) + "\n" + textwrap.dedent(example_inputs))
     return load_model("model.py")
 
 
@@ -569,7 +569,8 @@ def test_example_inputs_mistakes_are_one_line(in_tmp, example_inputs, message):
 
             def forward(self, input_ids, attention_mask=None):
                 return self.embed(input_ids)
-    """ + "\n" + example_inputs)
+    """)
+    (in_tmp / "model.py").write_text((in_tmp / "model.py").read_text() + example_inputs + "\n")
     assert user_error("model.py") == message
 
 
