@@ -598,10 +598,10 @@ def _drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, note
     """Random inputs of the given shapes, dtypes and values.
 
     Floats are drawn from [0, 1), as torchvision's own model tests do. Integer inputs given no
-    values are token ids or masks: each is drawn below the rows of the embedding that first reads
-    it, found in one run of the model on zeros (token_type_ids then stay below 2 where input_ids
-    reach the vocabulary), and from {0, 1} when no embedding reads it: a valid mask (1 attends) and
-    a valid index into anything.
+    values are token ids or masks: each is drawn below the rows of the table (an embedding, mostly)
+    that first looks it up, found in one run of the model on zeros (token_type_ids then stay below 2
+    where input_ids reach the vocabulary), and from {0, 1} when it indexes no table: a valid mask
+    (1 attends) and a valid index into anything.
     """
     open_ints = [i for i, spec in enumerate(specs) if _is_index(spec) and spec.fill is None and spec.low is None]
     rows: Dict[int, Tuple[int, str]] = {}
@@ -613,7 +613,7 @@ def _drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, note
                 count, weight = rows[i]
                 described.append(f"{_spec_label(specs, i)} below {count}, the rows of {weight} that it indexes")
             else:
-                described.append(f"{_spec_label(specs, i)} from {{0, 1}} (no embedding reads it)")
+                described.append(f"{_spec_label(specs, i)} from {{0, 1}} (it indexes no table)")
         notes.append("integer inputs drawn at random: " + "; ".join(described)
                      + "; --input NAME=SHAPE:DTYPE:VALUES sets them")
     return _draw(specs, seed, {i: count for i, (count, _) in rows.items()})
@@ -659,26 +659,24 @@ def _draw(specs: Sequence[InputSpec], seed: int, index_bounds: Optional[Dict[int
 
 def _embedding_rows(module: nn.Module, call: Inputs, specs: Sequence[InputSpec],
                     open_ints: Sequence[int]) -> Dict[int, Tuple[int, str]]:
-    """spec index -> (rows, weight name) of the first embedding lookup that reads the input (or a
-    view of it: models reshape ids before the lookup). One run, whose failure only means nothing
-    is found: the check's own run reports it."""
+    """spec index -> (rows, table name) of the first lookup that reads the input (or a view of it:
+    models reshape ids first): an embedding, ``table[ids]`` or ``index_select``. One run, whose
+    failure only means nothing is found: the check's own run reports it."""
     positional = iter(call.args)
     tensors = [call.kwargs[spec.name] if spec.name is not None else next(positional) for spec in specs]
     storages = {tensors[i].untyped_storage().data_ptr(): i for i in open_ints}
-    weights = {id(p): name for name, p in module.named_parameters()}
+    names = {id(t): name for name, t in list(module.named_parameters()) + list(module.named_buffers())}
     found: Dict[int, Tuple[int, str]] = {}
-    lookups = (torch.nn.functional.embedding, torch.nn.functional.embedding_bag)
 
     class _Lookups(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func in lookups:
-                ids = args[0] if args else kwargs.get("input")
-                weight = args[1] if len(args) > 1 else kwargs.get("weight")
-                if isinstance(ids, torch.Tensor) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
-                    index = storages.get(ids.untyped_storage().data_ptr())
-                    if index is not None and index not in found:
-                        found[index] = (int(weight.shape[0]), weights.get(id(weight), "the embedding"))
+            lookup = _lookup(func, args, kwargs)
+            if lookup is not None:
+                ids, table, dim = lookup
+                index = storages.get(ids.untyped_storage().data_ptr())
+                if index is not None and index not in found:
+                    found[index] = (int(table.shape[dim]), names.get(id(table), "the tensor"))
             return func(*args, **kwargs)
 
     try:
@@ -687,6 +685,27 @@ def _embedding_rows(module: nn.Module, call: Inputs, specs: Sequence[InputSpec],
     except Exception:
         pass
     return found
+
+
+_EMBEDDINGS = (torch.nn.functional.embedding, torch.nn.functional.embedding_bag)
+_INDEX_SELECTS = (torch.index_select, torch.Tensor.index_select)
+
+
+def _lookup(func: Callable, args: tuple, kwargs: dict) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
+    """(ids, table, dim) when ``func`` looks integer ids up along ``dim`` of ``table``."""
+    if func in _EMBEDDINGS:
+        ids, table, dim = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight"), 0
+    elif func is torch.Tensor.__getitem__ and len(args) == 2:
+        table, index, dim = args[0], args[1], 0
+        ids = index[0] if isinstance(index, tuple) and index else index
+    elif func in _INDEX_SELECTS and len(args) == 3:
+        table, dim, ids = args
+    else:
+        return None
+    if not (isinstance(ids, torch.Tensor) and isinstance(table, torch.Tensor) and isinstance(dim, int)
+            and table.dim() > dim and not ids.dtype.is_floating_point and ids.dtype != torch.bool):
+        return None
+    return ids, table, dim
 
 
 def _parse_dtype(name: str) -> torch.dtype:

@@ -673,16 +673,35 @@ def test_token_ids_stay_below_the_rows_of_the_embedding_that_reads_them(in_tmp):
     words, types, mask = (loaded.kwargs[k] for k in ("input_ids", "token_type_ids", "attention_mask"))
     assert 0 <= words.min() and words.max() < 300 and words.max() >= 100  # the whole vocabulary, not a corner
     assert set(types.unique().tolist()) == {0, 1}
-    assert set(mask.unique().tolist()) == {0, 1}  # no embedding reads it
+    assert set(mask.unique().tolist()) == {0, 1}  # it indexes no table
     assert loaded.notes == [
         "integer inputs drawn at random: input_ids below 300, the rows of words.weight that it indexes; "
         "token_type_ids below 2, the rows of types.weight that it indexes; attention_mask from {0, 1} "
-        "(no embedding reads it); --input NAME=SHAPE:DTYPE:VALUES sets them"]
+        "(it indexes no table); --input NAME=SHAPE:DTYPE:VALUES sets them"]
     loaded.inputs.call(loaded.module)
     # positional inputs from --input-shape get the same treatment
     positional = load_model("model.py:Encoder", input_shapes=[(1, 16), (1, 16), (1, 16)], input_dtype="int64")
     assert positional.args[0].max() >= 2 and positional.args[1].max() <= 1
     assert "input 0 below 300" in positional.notes[0]
+
+
+def test_token_ids_stay_below_the_rows_of_a_table_indexed_without_an_embedding(in_tmp):
+    write(in_tmp, "model.py", """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.codes = nn.Parameter(torch.randn(40, 4))
+                self.register_buffer("bias", torch.zeros(7))
+
+            def forward(self, ids, slots):
+                return self.codes[ids] + torch.index_select(self.bias, 0, slots).unsqueeze(-1)
+    """)
+    loaded = load_model("model.py", inputs=["ids=1x64:int64", "slots=64:int64"])
+    assert 2 <= loaded.kwargs["ids"].max() < 40 and 2 <= loaded.kwargs["slots"].max() < 7
+    assert "ids below 40, the rows of codes that it indexes; slots below 7, the rows of bias" in loaded.notes[0]
 
 
 def test_a_model_that_fails_on_zeros_still_loads(in_tmp):
