@@ -12,10 +12,14 @@ The observer (reference.py) sees ``(node, args, kwargs, callee, output)`` for ea
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import operator
 import os
 import re
 import sys
 import sysconfig
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -27,6 +31,7 @@ from preclint import ops
 from preclint.errors import UserError
 from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
+from preclint.modelio import Inputs, output_tensors
 
 # An observer is called as observer(node, args, kwargs, callee, output) -> output to use, after
 # observer.before(node, args, kwargs, callee) -> (args, kwargs) has had its say on the operands.
@@ -202,10 +207,71 @@ class _Tracer(fx.Tracer):
         return user_stack_summary
 
 
-def trace_fx(module: torch.nn.Module) -> fx.GraphModule:
+def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
+    """Trace ``module`` for a call with ``inputs``: parameters it gives no tensor (None, a flag,
+    a default left out) are traced as the constants they are, so that ``if mask is not None``
+    takes the branch the call takes; the graph's placeholders are the tensor inputs alone."""
     tracer = _Tracer()
-    graph = tracer.trace(module)
+    constants = _constant_arguments(module, Inputs.of(inputs)) if inputs is not None else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FX warns about constants it cannot add an assertion for
+        graph = tracer.trace(module, concrete_args=constants or None)
+    if constants:
+        _drop_constant_placeholders(graph, module)
     return fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def _constant_arguments(module: torch.nn.Module, inputs: Inputs) -> Dict[str, Any]:
+    """FX's concrete_args: forward()'s parameters whose value in this call is a leaf without a tensor."""
+    forward = inspect.unwrap(type(module).forward)
+    bound = inputs.bind(forward, module)  # TypeError: the call does not fit, FX falls back
+    constants = {}
+    for name, param in list(inspect.signature(forward).parameters.items())[1:]:
+        value = bound.arguments.get(name)
+        if param.kind == param.VAR_KEYWORD:
+            if value:  # FX has one placeholder for **kwargs and no way to fill it by name
+                raise TypeError(f"keyword inputs passed through **{name}")
+        elif param.kind != param.VAR_POSITIONAL and (value is None or isinstance(value, (bool, int, float, str))):
+            constants[name] = value
+    return constants
+
+
+def _drop_constant_placeholders(graph: fx.Graph, module: torch.nn.Module) -> None:
+    """Erase what FX makes of concrete_args (a placeholder per constant, named ``mask_1``, and the
+    assertion that it keeps its value): they are not the model's ops, and the graph then runs on the
+    tensors alone. A tensor input's placeholder has its parameter's name, which nothing else uses."""
+    if type(graph._codegen) is not fx.graph.CodeGen:
+        raise TypeError("this torch traces constant inputs through pytree code generation")
+    parameters = set(inspect.signature(inspect.unwrap(type(module).forward)).parameters)
+    doomed: Dict[fx.Node, None] = {}
+    frontier = [n for n in graph.nodes if n.op == "placeholder" and n.target not in parameters
+                and not str(n.target).startswith("*")]
+    while frontier:
+        node = frontier.pop()
+        if node not in doomed:
+            doomed[node] = None
+            frontier.extend(node.users)
+    if any(n.op != "placeholder" and n.target not in _SPECIALISATION_CHECKS for n in doomed):
+        raise TypeError("a constant input is used as a value")
+    for node in reversed(list(graph.nodes)):
+        if node in doomed:
+            graph.erase_node(node)
+
+
+_SPECIALISATION_CHECKS = (operator.eq, torch._assert, getattr(fx._symbolic_trace, "_assert_is_none", None))
+
+
+def fx_arguments(graph: fx.Graph, module: torch.nn.Module, inputs: Any) -> list:
+    """The values of the traced graph's placeholders for ``inputs``, in order: the named ones, then
+    what ``*args`` takes (the interpreter hands a ``*args`` placeholder all that is left)."""
+    inputs = Inputs.of(inputs)
+    names = [n.target for n in graph.nodes if n.op == "placeholder" and not str(n.target).startswith("*")]
+    if not inputs.kwargs and len(names) == len(inputs.args):  # the common case: no binding needed
+        return list(inputs.args)
+    forward = inspect.unwrap(type(module).forward)
+    arguments = inputs.bind(forward, module).arguments
+    rest = [name for name, p in inspect.signature(forward).parameters.items() if p.kind == p.VAR_POSITIONAL]
+    return [arguments[name] for name in names] + list(arguments.get(rest[0], ()) if rest else ())
 
 
 def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
@@ -236,6 +302,8 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
                     scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
     fn, inplace = ops.function_name(node.target)
     kind = ops.classify_function(fn)
+    if _builds_container(node.target):  # FX records a dataclass or named tuple output as its constructor call
+        kind = Kind.SHAPE
     args, kwargs = node.args, dict(node.kwargs)
     attrs = _call_attrs(fn, kind, args, kwargs)
     if inplace:
@@ -243,6 +311,10 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
                 module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
                 scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+
+
+def _builds_container(target: Any) -> bool:
+    return isinstance(target, type) and (dataclasses.is_dataclass(target) or issubclass(target, tuple))
 
 
 class _FxRunner(fx.Interpreter):
@@ -299,17 +371,18 @@ class _FxRunner(fx.Interpreter):
             return self.observer(node, args, kwargs, callee, result)
 
 
-def capture_fx(module: torch.nn.Module, inputs: tuple, observer: Optional[Observer],
+def capture_fx(module: torch.nn.Module, inputs: Any, observer: Optional[Observer],
                traced: Optional[list] = None) -> Tuple[List[Node], Any]:
-    gm = trace_fx(module)  # raises for untraceable code: the caller falls back
+    gm = trace_fx(module, inputs)  # raises for untraceable code: the caller falls back
     if traced is not None:  # the probe re-runs the traced graph on copies of the model
         traced.append(gm.graph)
     nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
     output = None
     if observer is not None:
         runner = _FxRunner(gm, {n.name: n for n in nodes}, observer)
+        arguments = fx_arguments(gm.graph, module, inputs)
         try:
-            output = runner.run(*inputs)
+            output = runner.run(*arguments)
         except Exception as exc:
             raise ModelRunError(exc) from exc
     return nodes, output
@@ -459,19 +532,18 @@ class _Recorder(TorchFunctionMode):
         return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
 
 
-def capture_function_mode(module: torch.nn.Module, inputs: tuple, observer: Observer) -> Tuple[List[Node], Any]:
+def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer) -> Tuple[List[Node], Any]:
+    inputs = Inputs.of(inputs)
     recorder = _Recorder(module, observer)
     try:
-        recorded_inputs = []
-        for i, value in enumerate(inputs):
-            recorder.add_input(f"input_{i}" if len(inputs) > 1 else "x", value)
-            recorded_inputs.append(value)
+        for name, value in inputs.named():
+            recorder.add_input(recorder._unique(name), value)
         try:
             with recorder:
-                output = module(*inputs)
+                output = inputs.call(module)
         except Exception as exc:
             raise ModelRunError(exc) from exc
-        out_node = Node("output", Kind.OUTPUT, "output", fn="output", inputs=recorder._inputs(output))
+        out_node = Node("output", Kind.OUTPUT, "output", fn="output", inputs=recorder._inputs(output_tensors(output)))
         recorder.nodes.append(out_node)
         return recorder.nodes, output
     finally:
@@ -483,13 +555,14 @@ def capture_function_mode(module: torch.nn.Module, inputs: tuple, observer: Obse
 
 def capture(
     module: torch.nn.Module,
-    inputs: tuple,
+    inputs: Any,
     name: str,
     observer: Optional[Observer] = None,
     source_path: Optional[str] = None,
     force: Optional[str] = None,
 ) -> Tuple[Graph, Any]:
-    """Capture ``module`` as a Graph; with an observer also run it on ``inputs``.
+    """Capture ``module`` as a Graph; with an observer also run it on ``inputs`` (a tuple of
+    positional inputs, or :class:`~preclint.modelio.Inputs` with keywords).
 
     Returns the graph and the model's output (None when not run). ``force`` picks a path ("fx" or
     "function-mode") instead of trying FX first.

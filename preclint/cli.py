@@ -44,9 +44,15 @@ def _precisions(text: str) -> List[str]:
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME", help="the model in the file: a class, a factory or an instance")
+    p.add_argument("--input", metavar="[NAME=]SHAPE[:DTYPE[:VALUES]]", action="append", dest="inputs",
+                   help="one input, drawn at random; named inputs are keywords, e.g. 1x3x224x224, "
+                        "input_ids=1x128:int64, attention_mask=1x128:int64:1 (VALUES: a number every element "
+                        "takes, or LOW..HIGH); integer inputs stay below the rows of the embedding that reads "
+                        "them; repeat for each input")
     p.add_argument("--input-shape", metavar="SHAPE", action="append", dest="input_shapes",
                    help="shape of one positional input, e.g. 1,3,224,224 (repeat for each input)")
-    p.add_argument("--input-dtype", metavar="DTYPE", default="float32", help="dtype of --input-shape inputs")
+    p.add_argument("--input-dtype", metavar="DTYPE", default="float32",
+                   help="dtype of --input-shape inputs, and of --input inputs that name none")
     p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
     p.add_argument("--seed", type=int, default=0, help="seed for random init and random inputs (default 0)")
     p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
@@ -123,7 +129,7 @@ def _load(path: str, args):
     from preclint.load import load_model
 
     return load_model(path, model=args.model, input_shapes=args.input_shapes, input_dtype=args.input_dtype,
-                      weights=args.weights, seed=args.seed)
+                      weights=args.weights, seed=args.seed, inputs=args.inputs)
 
 
 def _config(args):

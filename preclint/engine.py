@@ -63,19 +63,19 @@ class CheckOptions:
     capture: Optional[str] = None  # force "fx" or "function-mode"
 
 
-def prepare_inputs(inputs: tuple, track: bool) -> tuple:
-    """Copies of the example inputs; float ones require grad so the backward pass reaches every value."""
-    import torch
-    from torch.utils._pytree import tree_map
+def prepare_inputs(inputs, track: bool):
+    """Copies of the example inputs (a tuple, or Inputs with keywords); float ones require grad so
+    the backward pass reaches every value."""
 
     def prep(v):
-        if isinstance(v, torch.Tensor):
-            v = v.detach().clone()
-            if track and v.is_floating_point():
-                v.requires_grad_(True)
+        v = v.detach().clone()
+        if track and v.is_floating_point():
+            v.requires_grad_(True)
         return v
 
-    return tuple(tree_map(prep, list(inputs)))
+    from preclint.modelio import Inputs
+
+    return Inputs.of(inputs).map(prep)
 
 
 def build_graph(loaded, options: CheckOptions) -> Graph:
@@ -83,6 +83,7 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
     import torch
 
     from preclint.capture import ModelRunError, capture
+    from preclint.modelio import output_notes
     from preclint.reference import ReferenceObserver
     from preclint.weights import annotate_weights
 
@@ -98,21 +99,15 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
     graph.ran_reference = options.run
     if observer is not None:
         graph.first_nonfinite = observer.first_nonfinite
+        graph.notes.extend(output_notes(output))
     annotate_weights(graph, loaded.module)
     return graph
 
 
 def _describe_inputs(inputs) -> str:
-    import torch
+    from preclint.modelio import Inputs
 
-    def one(v):
-        if isinstance(v, torch.Tensor):
-            return "x".join(str(d) for d in v.shape) + f" {str(v.dtype).replace('torch.', '')}"
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(one(x) for x in v) + "]"
-        return type(v).__name__
-
-    return ", ".join(one(v) for v in inputs) or "no inputs"
+    return Inputs.of(inputs).describe()
 
 
 def model_location(loaded) -> Optional[Location]:
@@ -279,7 +274,7 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     findings = run_rules(ctx, config)
     attach_source_locations(findings, loaded, graph)
     relativize(findings)
-    notes = list(graph.notes)
+    notes = list(loaded.notes) + list(graph.notes)
     if not graph.ran_reference:
         notes.append("--no-run: no reference pass; rules used the graph and the weights only, and output errors are not predicted")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []

@@ -10,6 +10,7 @@ inputs for it, optionally load a state dict with ``weights_only=True``, and hand
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib
 import importlib.machinery
@@ -19,17 +20,20 @@ import itertools
 import os
 import re
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.hub
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from preclint.errors import UserError
+from preclint.modelio import Inputs
 
-__all__ = ["LoadedModel", "load_model", "parse_shape"]
+__all__ = ["LoadedModel", "load_model", "parse_shape", "parse_input"]
 
 # Module-level names with a meaning, in the order they are looked for.
 MODEL_ATTR = "model"
@@ -46,9 +50,16 @@ _module_counter = itertools.count()
 @dataclass
 class LoadedModel:
     module: nn.Module  # in eval() mode
-    inputs: tuple  # positional example inputs (each a Tensor, or a list/tuple of Tensors)
+    args: tuple  # positional example inputs: tensors, None, numbers, and lists/tuples/dicts of them
     name: str  # display name: "path/model.py:Net" or "torchvision.models:resnet50"
     source_path: Optional[str]  # absolute path of the file the model was defined/loaded from
+    kwargs: dict = field(default_factory=dict)  # keyword example inputs, in the same forms
+    notes: list = field(default_factory=list)  # for the report: how generated inputs were drawn
+
+    @property
+    def inputs(self) -> Inputs:
+        """The example call: ``module(*args, **kwargs)``."""
+        return Inputs(tuple(self.args), dict(self.kwargs))
 
 
 @dataclass
@@ -67,11 +78,23 @@ def load_model(
     input_dtype: str = "float32",
     weights: Optional[str] = None,
     seed: int = 0,
+    inputs: Optional[Sequence[str]] = None,
 ) -> LoadedModel:
-    """Load the model named by ``target`` (and ``model``), with example inputs and optional weights."""
+    """Load the model named by ``target`` (and ``model``), with example inputs and optional weights.
+
+    ``inputs``: ``--input`` specifications (see :func:`parse_input`); ``input_shapes``: positional
+    inputs of ``input_dtype``. Either replaces the example inputs the code provides.
+    """
     # Validate the cheap arguments first, so a typo in a flag fails before any user code runs.
     dtype = _parse_dtype(input_dtype)
-    shapes = [_validate_shape(shape) for shape in input_shapes] if input_shapes is not None else None
+    if inputs and input_shapes:
+        raise UserError("give the inputs with --input or with --input-shape, not both")
+    specs: Optional[List[InputSpec]] = None
+    if inputs:
+        specs = [parse_input(text, dtype) for text in inputs]
+        _check_unique_names(specs)
+    elif input_shapes is not None:
+        specs = [InputSpec(None, _validate_shape(shape), dtype) for shape in input_shapes]
     if weights is not None:
         _check_is_file(weights, what="weights file")
 
@@ -90,36 +113,30 @@ def load_model(
         else:
             display_attr, module = _find_model(origin, seed)
 
-        if shapes is not None:
-            torch.manual_seed(seed)
-            inputs = tuple(_random_tensor(shape, dtype) for shape in shapes)
+        module.eval()
+        notes: List[str] = []
+        if specs is not None:
+            call = _drawn_inputs(module, specs, seed, notes)
         else:
-            inputs = _example_inputs(origin, module, seed)
+            call = _example_inputs(origin, module, seed)
+        notes.extend(_check_call_fits(module, call, origin.label))
 
     if weights is not None:
         _load_weights(module, weights)
 
-    module.eval()
     return LoadedModel(
         module=module,
-        inputs=inputs,
+        args=call.args,
+        kwargs=call.kwargs,
         name=f"{origin.label}:{display_attr}",
         source_path=origin.file_path or _defining_file(module),
+        notes=notes,
     )
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """Parse ``"1,3,224,224"`` into ``(1, 3, 224, 224)``; brackets and spaces are tolerated."""
-    stripped = text.strip().strip("()[]").strip()
-    parts = [part.strip() for part in stripped.split(",")] if stripped else []
-    # A trailing comma, as in "(3,)", is fine; an empty part in the middle is not.
-    if parts and parts[-1] == "" and len(parts) > 1:
-        parts.pop()
-    if not parts or not all(re.fullmatch(r"\d+", part) for part in parts):
-        raise UserError(
-            f"bad input shape {text!r}: expected comma-separated positive integers such as 1,3,224,224"
-        )
-    return _validate_shape([int(part) for part in parts], text=text)
+    """Parse ``"1,3,224,224"`` or ``"1x3x224x224"`` into ``(1, 3, 224, 224)``."""
+    return _parse_dims(text, f"bad input shape {text!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,10 +394,10 @@ def _missing_arguments(factory: Callable[..., Any]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# Example inputs
+# Example inputs from the code
 
 
-def _example_inputs(origin: _Origin, module: nn.Module, seed: int) -> tuple:
+def _example_inputs(origin: _Origin, module: nn.Module, seed: int) -> Inputs:
     """Inputs the code provides: module-level ``example_inputs``, else ``model.example_input_array``."""
     if hasattr(origin.namespace, EXAMPLE_INPUTS_ATTR):
         provided = getattr(origin.namespace, EXAMPLE_INPUTS_ATTR)
@@ -393,40 +410,302 @@ def _example_inputs(origin: _Origin, module: nn.Module, seed: int) -> tuple:
                 where = _located(origin.label, origin.file_path, exc.__traceback__)
                 raise UserError(f"{where}: {EXAMPLE_INPUTS_ATTR}() failed: {_quote(exc)}") from None
             source += "()"
-        return _as_positional_inputs(provided, source)
+        return _as_call(provided, source, pair_is_call=True)
 
     provided = getattr(module, EXAMPLE_INPUT_ARRAY_ATTR, None)
     if provided is not None:
-        return _as_positional_inputs(provided, f"{origin.label}: {EXAMPLE_INPUT_ARRAY_ATTR}")
+        # Lightning's own reading: a tuple or list is the positional inputs, a dict the keywords
+        return _as_call(provided, f"{origin.label}: {EXAMPLE_INPUT_ARRAY_ATTR}", pair_is_call=False)
 
     raise UserError(
-        f"{origin.label}: no example inputs; pass --input-shape (e.g. --input-shape 1,3,224,224), "
+        f"{origin.label}: no example inputs; pass --input (e.g. --input 1x3x224x224, "
+        "--input input_ids=1x128:int64), "
         f"define `{EXAMPLE_INPUTS_ATTR} = (...)` in the file, "
         f"or set `{EXAMPLE_INPUT_ARRAY_ATTR}` on the model"
     )
 
 
-def _as_positional_inputs(provided: Any, source: str) -> tuple:
-    """A tuple/list is the positional inputs, a lone Tensor is one input; structure is kept."""
+def _as_call(provided: Any, source: str, pair_is_call: bool) -> Inputs:
+    """The example inputs as one call ``model(*args, **kwargs)``.
+
+    A Tensor is the one input, a dict the keyword inputs, a tuple or list the positional inputs.
+    With ``pair_is_call``, a 2-tuple of a tuple/list and a dict is ``(args, kwargs)``, as
+    torch.export takes them; a sequence and a dict that are two positional inputs are then
+    written ``((sequence, mapping), {})``.
+    """
     if isinstance(provided, torch.Tensor):
-        return (provided,)
-    if not isinstance(provided, (tuple, list)):
+        return Inputs((provided,))
+    if isinstance(provided, Mapping):
+        return Inputs((), _keywords(provided, source))
+    if (pair_is_call and isinstance(provided, tuple) and len(provided) == 2
+            and isinstance(provided[0], (tuple, list)) and isinstance(provided[1], Mapping)):
+        args, kwargs = provided
+        return Inputs(_positional(args, f"{source}[0]"), _keywords(kwargs, f"{source}[1]"))
+    if isinstance(provided, (tuple, list)):
+        return Inputs(_positional(provided, source))
+    raise UserError(
+        f"{source} is {_a(type(provided).__name__)}; expected a Tensor, a tuple of positional inputs, "
+        "a dict of keyword inputs" + (" or (args, kwargs)" if pair_is_call else "")
+    )
+
+
+def _positional(values: Sequence[Any], source: str) -> tuple:
+    for position, value in enumerate(values):
+        _check_input_value(value, f"{source}[{position}]")
+    return tuple(values)
+
+
+def _keywords(values: Mapping, source: str) -> dict:
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise UserError(f"{source} has the key {key!r}; keyword inputs are named by strings")
+        _check_input_value(value, f"{source}[{key!r}]")
+    return dict(values)
+
+
+_SCALAR_INPUTS = (bool, int, float, str)
+
+
+def _check_input_value(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (torch.Tensor,) + _SCALAR_INPUTS):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_input_value(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            _check_input_value(item, f"{where}[{position}]")
+        return
+    raise UserError(
+        f"{where} is {_a(type(value).__name__)}; an input is a Tensor, None, a number or a string, "
+        "or a list, tuple or dict of them"
+    )
+
+
+def _check_call_fits(module: nn.Module, call: Inputs, label: str) -> List[str]:
+    """Fail early, in the user's words, when the inputs cannot bind to the model's forward(); a
+    note for keywords that only ``**kwargs`` takes and that look like a misspelt parameter."""
+    forward = f"{type(module).__name__}.forward()"
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except ValueError:  # no signature to check against: the run will tell
+        return []
+    named = [p.name for p in parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    gathered = [p.name for p in parameters.values() if p.kind == p.VAR_KEYWORD]
+    unknown = [name for name in call.kwargs if name not in named]
+    if unknown and not gathered:
+        listed = ", ".join(named[:_MAX_LISTED_PARAMETERS]) + (", ..." if len(named) > _MAX_LISTED_PARAMETERS else "")
         raise UserError(
-            f"{source} is a {type(provided).__name__}; expected a Tensor or a tuple of Tensors"
+            f"{label}: {forward} has no parameter {unknown[0]!r}{_did_you_mean(unknown[0], named)} "
+            f"(its parameters: {listed or 'none'})"
         )
-    for position, item in enumerate(provided):
-        if not _is_tensor_or_tensor_sequence(item):
-            raise UserError(
-                f"{source}[{position}] is a {type(item).__name__}; each input must be a Tensor "
-                "or a list/tuple of Tensors"
-            )
-    return tuple(provided)
+    try:
+        call.bind(module.forward)
+    except TypeError as exc:
+        raise UserError(f"{label}: {forward} does not take the example inputs ({call.describe()}): {exc}") from None
+    return [
+        f"{name} is not a parameter of {forward}{hint}; it went to **{gathered[0]}"
+        for name in unknown
+        if (hint := _did_you_mean(name, named, cutoff=0.8))
+    ]
 
 
-def _is_tensor_or_tensor_sequence(item: Any) -> bool:
-    if isinstance(item, torch.Tensor):
-        return True
-    return isinstance(item, (list, tuple)) and all(isinstance(x, torch.Tensor) for x in item)
+_MAX_LISTED_PARAMETERS = 8
+
+
+def _did_you_mean(name: str, names: Sequence[str], cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --------------------------------------------------------------------------------------------
+# Example inputs drawn at random: --input and --input-shape
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input to draw: ``--input [NAME=]SHAPE[:DTYPE[:VALUES]]``."""
+
+    name: Optional[str]  # None: the next positional input
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    fill: Optional[float] = None  # every element is this value
+    low: Optional[float] = None  # else drawn uniformly from [low, high) when given
+    high: Optional[float] = None
+
+
+_INPUT_SYNTAX = "[NAME=]SHAPE[:DTYPE[:VALUES]], e.g. 1x3x224x224, input_ids=1x128:int64 or attention_mask=1x128:int64:1"
+_NUMBER = r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
+
+
+def parse_input(text: str, default_dtype: torch.dtype = torch.float32) -> InputSpec:
+    """Parse one ``--input``: ``[NAME=]SHAPE[:DTYPE[:VALUES]]``.
+
+    SHAPE is ``1x3x224x224`` (or ``1,3,224,224``); DTYPE a torch dtype name (``default_dtype``
+    when left out); VALUES either a number that every element takes (``:1`` for an all-ones
+    mask) or ``LOW..HIGH``, drawn uniformly from [LOW, HIGH).
+    """
+    name, eq, rest = text.partition("=")
+    if not eq:
+        name, rest = "", text
+    name = name.strip()
+    if eq and not name.isidentifier():
+        raise UserError(f"bad --input {text!r}: {name!r} is not an input name; expected {_INPUT_SYNTAX}")
+    parts = rest.split(":")
+    if len(parts) > 3 or not parts[0].strip():
+        raise UserError(f"bad --input {text!r}: expected {_INPUT_SYNTAX}")
+    shape = _parse_dims(parts[0], f"bad --input {text!r}")
+    dtype = _parse_dtype(parts[1]) if len(parts) > 1 and parts[1].strip() else default_dtype
+    spec = InputSpec(name or None, shape, dtype)
+    if len(parts) == 3:
+        spec = _with_values(spec, parts[2].strip(), text)
+    return spec
+
+
+def _with_values(spec: InputSpec, values: str, text: str) -> InputSpec:
+    integral = not (spec.dtype.is_floating_point or spec.dtype.is_complex)
+    number = r"-?\d+" if integral else _NUMBER
+    kind = "an integer" if integral else "a number"
+    fill = re.fullmatch(number, values)
+    span = re.fullmatch(rf"({number})\.\.({number})", values)
+    if not fill and not span:
+        raise UserError(
+            f"bad --input {text!r}: VALUES {values!r} must be {kind} that every element takes, "
+            f"or LOW..HIGH to draw from [LOW, HIGH)"
+        )
+    if fill:
+        value = int(values) if integral else float(values)
+        if spec.dtype == torch.bool and value not in (0, 1):
+            raise UserError(f"bad --input {text!r}: a bool input takes the values 0 or 1")
+        return dataclasses.replace(spec, fill=value)
+    low, high = (int(v) if integral else float(v) for v in span.groups())
+    if not low < high:
+        raise UserError(f"bad --input {text!r}: LOW..HIGH needs LOW < HIGH (HIGH is never drawn)")
+    if spec.dtype == torch.bool and (low < 0 or high > 2):
+        raise UserError(f"bad --input {text!r}: a bool input takes the values 0 or 1 (0..2 draws both)")
+    return dataclasses.replace(spec, low=low, high=high)
+
+
+def _check_unique_names(specs: Sequence[InputSpec]) -> None:
+    names = [spec.name for spec in specs if spec.name is not None]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UserError(f"--input names {_quoted_list(repeated)} more than once; give each input once")
+
+
+def _drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, notes: List[str]) -> Inputs:
+    """Random inputs of the given shapes, dtypes and values.
+
+    Floats are drawn from [0, 1), as torchvision's own model tests do. Integer inputs given no
+    values are token ids or masks: each is drawn below the rows of the table (an embedding, mostly)
+    that first looks it up, found in one run of the model on zeros (token_type_ids then stay below 2
+    where input_ids reach the vocabulary), and from {0, 1} when it indexes no table: a valid mask
+    (1 attends) and a valid index into anything.
+    """
+    open_ints = [i for i, spec in enumerate(specs) if _is_index(spec) and spec.fill is None and spec.low is None]
+    rows: Dict[int, Tuple[int, str]] = {}
+    if open_ints:
+        rows = _embedding_rows(module, _draw(specs, seed, None), specs, open_ints)
+        described = []
+        for i in open_ints:
+            if i in rows:
+                count, weight = rows[i]
+                described.append(f"{_spec_label(specs, i)} below {count}, the rows of {weight} that it indexes")
+            else:
+                described.append(f"{_spec_label(specs, i)} from {{0, 1}} (it indexes no table)")
+        notes.append("integer inputs drawn at random: " + "; ".join(described)
+                     + "; --input NAME=SHAPE:DTYPE:VALUES sets them")
+    return _draw(specs, seed, {i: count for i, (count, _) in rows.items()})
+
+
+def _is_index(spec: InputSpec) -> bool:
+    return not (spec.dtype.is_floating_point or spec.dtype.is_complex or spec.dtype == torch.bool)
+
+
+def _spec_label(specs: Sequence[InputSpec], index: int) -> str:
+    if specs[index].name is not None:
+        return specs[index].name
+    positional = [i for i, spec in enumerate(specs) if spec.name is None]
+    return "the input" if len(positional) == 1 else f"input {positional.index(index)}"
+
+
+def _draw(specs: Sequence[InputSpec], seed: int, index_bounds: Optional[Dict[int, int]]) -> Inputs:
+    """The inputs, seeded; open integer inputs are zeros when ``index_bounds`` is None, else drawn
+    below their bound (2 where none is known)."""
+    torch.manual_seed(seed)
+    args, kwargs = [], {}
+    for i, spec in enumerate(specs):
+        if spec.fill is not None:
+            tensor = torch.full(spec.shape, spec.fill, dtype=spec.dtype)
+        elif spec.low is not None:
+            if spec.dtype.is_floating_point or spec.dtype.is_complex:
+                tensor = torch.rand(spec.shape, dtype=spec.dtype) * (spec.high - spec.low) + spec.low
+            else:
+                tensor = torch.randint(int(spec.low), int(spec.high), spec.shape, dtype=spec.dtype)
+        elif spec.dtype.is_floating_point or spec.dtype.is_complex:
+            tensor = torch.rand(spec.shape, dtype=spec.dtype)
+        elif index_bounds is None and _is_index(spec):
+            tensor = torch.zeros(spec.shape, dtype=spec.dtype)
+        else:
+            bound = 2 if index_bounds is None else index_bounds.get(i, 2)
+            tensor = torch.randint(0, bound, spec.shape, dtype=spec.dtype)
+        if spec.name is None:
+            args.append(tensor)
+        else:
+            kwargs[spec.name] = tensor
+    return Inputs(tuple(args), kwargs)
+
+
+def _embedding_rows(module: nn.Module, call: Inputs, specs: Sequence[InputSpec],
+                    open_ints: Sequence[int]) -> Dict[int, Tuple[int, str]]:
+    """spec index -> (rows, table name) of the first lookup that reads the input (or a view of it:
+    models reshape ids first): an embedding, ``table[ids]`` or ``index_select``. One run, whose
+    failure only means nothing is found: the check's own run reports it."""
+    positional = iter(call.args)
+    tensors = [call.kwargs[spec.name] if spec.name is not None else next(positional) for spec in specs]
+    storages = {tensors[i].untyped_storage().data_ptr(): i for i in open_ints}
+    names = {id(t): name for name, t in list(module.named_parameters()) + list(module.named_buffers())}
+    found: Dict[int, Tuple[int, str]] = {}
+
+    class _Lookups(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            lookup = _lookup(func, args, kwargs)
+            if lookup is not None:
+                ids, table, dim = lookup
+                index = storages.get(ids.untyped_storage().data_ptr())
+                if index is not None and index not in found:
+                    found[index] = (int(table.shape[dim]), names.get(id(table), "the tensor"))
+            return func(*args, **kwargs)
+
+    try:
+        with torch.no_grad(), _Lookups():
+            call.call(module)
+    except Exception:
+        pass
+    return found
+
+
+_EMBEDDINGS = (torch.nn.functional.embedding, torch.nn.functional.embedding_bag)
+_INDEX_SELECTS = (torch.index_select, torch.Tensor.index_select)
+
+
+def _lookup(func: Callable, args: tuple, kwargs: dict) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
+    """(ids, table, dim) when ``func`` looks integer ids up along ``dim`` of ``table``."""
+    if func in _EMBEDDINGS:
+        ids, table, dim = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight"), 0
+    elif func is torch.Tensor.__getitem__ and len(args) == 2:
+        table, index, dim = args[0], args[1], 0
+        ids = index[0] if isinstance(index, tuple) and index else index
+    elif func in _INDEX_SELECTS and len(args) == 3:
+        table, dim, ids = args
+    else:
+        return None
+    if not (isinstance(ids, torch.Tensor) and isinstance(table, torch.Tensor) and isinstance(dim, int)
+            and table.dim() > dim and not ids.dtype.is_floating_point and ids.dtype != torch.bool):
+        return None
+    return ids, table, dim
 
 
 def _parse_dtype(name: str) -> torch.dtype:
@@ -440,6 +719,18 @@ def _parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _parse_dims(text: str, what: str) -> tuple[int, ...]:
+    """``1x3x224x224`` or ``1,3,224,224`` (brackets and spaces tolerated) -> (1, 3, 224, 224)."""
+    stripped = text.strip().strip("()[]").strip()
+    parts = [part.strip() for part in re.split(r"[,x]", stripped)] if stripped else []
+    # A trailing comma, as in "(3,)", is fine; an empty part in the middle is not.
+    if parts and parts[-1] == "" and len(parts) > 1:
+        parts.pop()
+    if not parts or not all(re.fullmatch(r"\d+", part) and int(part) > 0 for part in parts):
+        raise UserError(f"{what}: the shape {text.strip()!r} must be positive integers joined by x, such as 1x3x224x224")
+    return tuple(int(part) for part in parts)
+
+
 def _validate_shape(shape: Sequence[int] | str, text: Optional[str] = None) -> tuple[int, ...]:
     if isinstance(shape, str):  # "1,3,224,224" straight from a flag or a config file
         return parse_shape(shape)
@@ -451,15 +742,6 @@ def _validate_shape(shape: Sequence[int] | str, text: Optional[str] = None) -> t
     if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
         raise UserError(f"bad input shape {shown}: every dimension must be a positive integer")
     return dims
-
-
-def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    # rand in [0, 1) for floats, as torchvision's own model tests do; small ints suit index inputs.
-    if dtype.is_floating_point or dtype.is_complex:
-        return torch.rand(shape, dtype=dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, dtype=torch.bool)
-    return torch.randint(0, 10, shape, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -641,6 +923,10 @@ def _quote(exc: BaseException) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _quoted_list(names: list[str]) -> str:

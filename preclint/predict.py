@@ -394,7 +394,10 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
         return prediction
     _mark_poles(graph, prediction, roundings)
 
-    outputs = [s for node in graph.output_nodes for n in node.inputs for s in graph[n].outputs[:1] if s.is_float]
+    # the output's own values where the run recorded them (every tensor of a nested output), else
+    # the first value of each node it returns
+    outputs = [s for node in graph.output_nodes
+               for s in (node.outputs or [t for n in node.inputs for t in graph[n].outputs[:1]]) if s.is_float]
     numel = sum(s.numel for s in outputs)
     prediction.output_numel = numel
     if not numel:  # integer outputs only (labels, indices): their error is the decisions' flips

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
+from preclint.modelio import output_tensors
 
 # Decisions whose input is checked for flips by a backward pass of its own; more would make the
 # reference pass slow on detectors, and the riskiest ones (smallest relative margin) come first.
@@ -327,7 +328,7 @@ class ReferenceObserver:
             if isinstance(v, torch.Tensor):
                 known = self.by_id.get(id(self.origin(v)))
                 node.input_stats.append(known[0] if known is not None else tensor_stats(v))
-        outputs = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        outputs = output_tensors(output)
         node.outputs = [tensor_stats(t) for t in outputs]
         for t, s in zip(outputs, node.outputs):
             self.by_id[id(t)] = (s, t)
@@ -482,8 +483,7 @@ class ReferenceObserver:
         or rounding to integers."""
         if not self.with_sensitivity:
             return
-        roots = [v for v in tree_flatten(output)[0]
-                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad and v.numel()]
+        roots = [v for v in output_tensors(output) if v.is_floating_point() and v.requires_grad and v.numel()]
         try:
             if roots:
                 n_out = sum(r.numel() for r in roots)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from preclint.errors import UserError
-from preclint.load import LoadedModel, load_model, parse_shape
+from preclint.load import LoadedModel, load_model, parse_input, parse_shape
 
 MODELS = Path(__file__).parent / "models"
 
@@ -47,8 +47,8 @@ def test_root_class_is_found_among_its_blocks():
     assert loaded.source_path == str(MODELS / "blocks_and_net.py")
     assert not loaded.module.training and not loaded.module.dropout.training
     # example_inputs from the file
-    assert len(loaded.inputs) == 1 and loaded.inputs[0].shape == (2, 8)
-    assert loaded.module(*loaded.inputs).shape == (2, 2)
+    assert len(loaded.args) == 1 and loaded.args[0].shape == (2, 8)
+    assert loaded.module(*loaded.args).shape == (2, 2)
 
 
 def test_sibling_import_works_and_sys_path_is_restored():
@@ -73,7 +73,7 @@ def test_module_level_model_instance_and_callable_example_inputs():
     loaded = load_model(fixture("instance_and_factory.py"))
     assert loaded.name.endswith("instance_and_factory.py:model")
     assert loaded.module.fc.out_features == 5
-    assert loaded.inputs[0].shape == (1, 4)
+    assert loaded.args[0].shape == (1, 4)
 
 
 def test_model_flag_accepts_a_factory_and_an_instance():
@@ -86,17 +86,17 @@ def test_model_flag_accepts_a_factory_and_an_instance():
 
 def test_example_input_array_on_the_model():
     loaded = load_model(fixture("lightning_style.py"))
-    assert [tuple(x.shape) for x in loaded.inputs] == [(2, 6), (2, 6)]
-    loaded.module(*loaded.inputs)
+    assert [tuple(x.shape) for x in loaded.args] == [(2, 6), (2, 6)]
+    loaded.module(*loaded.args)
 
 
 def test_list_of_images_input_keeps_its_structure():
     loaded = load_model(fixture("detector_like.py"))
-    assert len(loaded.inputs) == 1
-    (images,) = loaded.inputs
+    assert len(loaded.args) == 1
+    (images,) = loaded.args
     assert isinstance(images, list)
     assert [tuple(image.shape) for image in images] == [(3, 32, 32), (3, 24, 40)]
-    assert len(loaded.module(*loaded.inputs)) == 2
+    assert len(loaded.module(*loaded.args)) == 2
 
 
 def test_package_module_target_with_and_without_attr(tmp_path, monkeypatch):
@@ -127,9 +127,9 @@ def test_torchvision_factory_with_input_shape():
     assert loaded.name == "torchvision.models:resnet18"
     assert loaded.source_path.endswith(os.path.join("torchvision", "models", "resnet.py"))
     assert not loaded.module.training
-    assert loaded.inputs[0].shape == (1, 3, 64, 64) and loaded.inputs[0].dtype == torch.float32
+    assert loaded.args[0].shape == (1, 3, 64, 64) and loaded.args[0].dtype == torch.float32
     with torch.no_grad():
-        assert loaded.module(*loaded.inputs).shape == (1, 1000)
+        assert loaded.module(*loaded.args).shape == (1, 1000)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,25 +137,26 @@ def test_torchvision_factory_with_input_shape():
 
 
 def test_input_shapes_override_example_inputs_and_follow_dtype():
-    floats = load_model(fixture("blocks_and_net.py"), input_shapes=[(4, 8), (2,)], input_dtype="float16")
-    assert [(tuple(x.shape), x.dtype) for x in floats.inputs] == [((4, 8), torch.float16), ((2,), torch.float16)]
-    assert all(0 <= x.min() and x.max() < 1 for x in floats.inputs)  # rand in [0, 1)
+    floats = load_model(fixture("lightning_style.py"), input_shapes=[(4, 6), (6,)], input_dtype="float16")
+    assert [(tuple(x.shape), x.dtype) for x in floats.args] == [((4, 6), torch.float16), ((6,), torch.float16)]
+    assert all(0 <= x.min() and x.max() < 1 for x in floats.args)  # rand in [0, 1)
     ints = load_model(fixture("blocks_and_net.py"), input_shapes=[(100,)], input_dtype="int64")
-    (tokens,) = ints.inputs
-    assert tokens.dtype == torch.int64 and 0 <= tokens.min() and tokens.max() < 10
-    assert load_model(fixture("blocks_and_net.py"), input_shapes=["3,8"]).inputs[0].shape == (3, 8)
+    (tokens,) = ints.args
+    # no embedding reads them: {0, 1}, a valid mask and a valid index into anything
+    assert tokens.dtype == torch.int64 and set(tokens.tolist()) == {0, 1}
+    assert load_model(fixture("blocks_and_net.py"), input_shapes=["3,8"]).args[0].shape == (3, 8)
 
 
 def test_seed_makes_weights_and_inputs_deterministic():
     first = load_model(fixture("blocks_and_net.py"), input_shapes=[(2, 8)], seed=3)
     again = load_model(fixture("blocks_and_net.py"), input_shapes=[(2, 8)], seed=3)
     other = load_model(fixture("blocks_and_net.py"), input_shapes=[(2, 8)], seed=4)
-    assert torch.equal(first.inputs[0], again.inputs[0])
+    assert torch.equal(first.args[0], again.args[0])
     assert torch.equal(first.module.head.weight, again.module.head.weight)
     assert not torch.equal(first.module.head.weight, other.module.head.weight)
     # Module-level example_inputs are made under the seed too.
-    assert torch.equal(load_model(fixture("blocks_and_net.py")).inputs[0],
-                       load_model(fixture("blocks_and_net.py")).inputs[0])
+    assert torch.equal(load_model(fixture("blocks_and_net.py")).args[0],
+                       load_model(fixture("blocks_and_net.py")).args[0])
 
 
 def test_found_root_has_the_same_weights_as_the_named_one():
@@ -170,19 +171,20 @@ def test_found_root_has_the_same_weights_as_the_named_one():
     ("(3,)", (3,)),
     ("[2,5]", (2, 5)),
     ("7", (7,)),
+    ("1x3x224x224", (1, 3, 224, 224)),
 ])
 def test_parse_shape(text, shape):
     assert parse_shape(text) == shape
 
 
-@pytest.mark.parametrize("text", ["", "1,,3", "1,a", "1x3", "-1,3", "1.5", ","])
+@pytest.mark.parametrize("text", ["", "1,,3", "1,a", "1xx3", "-1,3", "1.5", ",", "x"])
 def test_parse_shape_rejects_bad_text(text):
     with pytest.raises(UserError, match="bad input shape"):
         parse_shape(text)
 
 
 def test_parse_shape_rejects_zero():
-    with pytest.raises(UserError, match="every dimension must be a positive integer"):
+    with pytest.raises(UserError, match="must be positive integers"):
         parse_shape("0,3")
 
 
@@ -393,7 +395,7 @@ def test_no_module_found():
 def test_no_example_inputs():
     message = user_error(fixture("two_roots.py"), model="Encoder")
     assert "no example inputs" in message
-    for way in ("--input-shape", "example_inputs", "example_input_array"):
+    for way in ("--input ", "input_ids=1x128:int64", "example_inputs", "example_input_array"):
         assert way in message
 
 
@@ -405,10 +407,11 @@ def test_example_inputs_of_the_wrong_kind(in_tmp):
         class Net(nn.Module):
             pass
 
-        example_inputs = (torch.rand(2), {"mask": torch.rand(2)})
+        example_inputs = (torch.rand(2), {"mask": {1, 2}})
     """)
     assert user_error("model.py") == (
-        "model.py: example_inputs[1] is a dict; each input must be a Tensor or a list/tuple of Tensors")
+        "model.py: example_inputs[1]['mask'] is a set; an input is a Tensor, None, a number or a string, "
+        "or a list, tuple or dict of them")
 
 
 def test_unknown_dtype():
@@ -454,3 +457,267 @@ def test_module_whose_own_import_fails(in_tmp):
     assert user_error("preclint_test_pkg_broken:Net") == (
         "importing module 'preclint_test_pkg_broken' failed: "
         "ModuleNotFoundError: No module named 'preclint_no_such_package_xyz'")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs as users write them: positional with None, keywords, (args, kwargs), nested structures
+
+ENCODER_DECODER = """
+    import torch
+    from torch import nn
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 8)
+
+        def forward(self, input_ids, attention_mask=None, decoder_input_ids=None, **kwargs):
+            h = self.embed(input_ids)
+            if attention_mask is not None:
+                h = h * attention_mask.unsqueeze(-1)
+            return h.mean(1) + self.embed(decoder_input_ids).mean(1)
+"""
+
+
+def load_with(in_tmp, example_inputs: str, body: str = ENCODER_DECODER) -> LoadedModel:
+    write(in_tmp, "model.py", textwrap.dedent(body) + "\n" + textwrap.dedent(example_inputs))
+    return load_model("model.py")
+
+
+def ids(*shape):
+    return f"torch.randint(0, 50, {shape})"
+
+
+def test_positional_inputs_may_be_none(in_tmp):
+    # T5's call as users write it: model(input_ids, None, decoder_input_ids)
+    loaded = load_with(in_tmp, f"def example_inputs():\n    return ({ids(1, 6)}, None, {ids(1, 4)})")
+    assert loaded.args[1] is None and loaded.kwargs == {}
+    assert [tuple(a.shape) for a in loaded.args if a is not None] == [(1, 6), (1, 4)]
+    loaded.inputs.call(loaded.module)
+
+
+def test_a_dict_is_the_keyword_inputs(in_tmp):
+    loaded = load_with(in_tmp, f"example_inputs = dict(input_ids={ids(1, 6)}, decoder_input_ids={ids(1, 4)}, "
+                               "attention_mask=torch.ones(1, 6), use_cache=False)")
+    assert loaded.args == ()
+    assert list(loaded.kwargs) == ["input_ids", "decoder_input_ids", "attention_mask", "use_cache"]
+    assert loaded.inputs.describe() == ("input_ids=1x6 int64, decoder_input_ids=1x4 int64, "
+                                        "attention_mask=1x6 float32, use_cache=False")
+    loaded.inputs.call(loaded.module)
+
+
+def test_a_pair_of_a_sequence_and_a_dict_is_args_and_kwargs(in_tmp):
+    loaded = load_with(in_tmp, f"example_inputs = (({ids(1, 6)},), {{'decoder_input_ids': {ids(1, 4)}}})")
+    assert len(loaded.args) == 1 and list(loaded.kwargs) == ["decoder_input_ids"]
+    loaded.inputs.call(loaded.module)
+
+
+def test_a_sequence_and_a_dict_as_two_positional_inputs_are_wrapped_once_more(in_tmp):
+    body = """
+        import torch
+        from torch import nn
+
+        class Detector(nn.Module):  # a training-style call: a list of images and a dict of targets
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 2, 3)
+
+            def forward(self, images, targets):
+                return [self.conv(i.unsqueeze(0)).mean() * targets["scale"] for i in images]
+    """
+    loaded = load_with(in_tmp, "example_inputs = (([torch.rand(3, 8, 8)], {'scale': torch.ones(())}), {})", body)
+    images, targets = loaded.args
+    assert isinstance(images, list) and isinstance(targets, dict) and loaded.kwargs == {}
+    assert loaded.inputs.describe() == "[3x8x8 float32], {scale: scalar float32}"
+    loaded.inputs.call(loaded.module)
+
+
+def test_example_input_array_follows_lightning(in_tmp):
+    body = ENCODER_DECODER.replace("self.embed = nn.Embedding(50, 8)",
+                                   f"self.embed = nn.Embedding(50, 8)\n            "
+                                   f"self.example_input_array = {{'input_ids': {ids(1, 6)}, "
+                                   f"'decoder_input_ids': {ids(1, 3)}}}")
+    loaded = load_with(in_tmp, "", body)
+    assert loaded.args == () and list(loaded.kwargs) == ["input_ids", "decoder_input_ids"]
+
+
+@pytest.mark.parametrize("example_inputs, message", [
+    ("example_inputs = {1: torch.zeros(1)}",
+     "model.py: example_inputs has the key 1; keyword inputs are named by strings"),
+    ("example_inputs = ((torch.zeros(1, 2, dtype=torch.long),), {'mask': object()})",
+     "model.py: example_inputs[1]['mask'] is an object; an input is a Tensor, None, a number or a string, "
+     "or a list, tuple or dict of them"),
+    ("example_inputs = 3",
+     "model.py: example_inputs is an int; expected a Tensor, a tuple of positional inputs, a dict of keyword "
+     "inputs or (args, kwargs)"),
+    ("example_inputs = {'input_ids': torch.zeros(1, 2, dtype=torch.long), 'attention_maks': None}",
+     "model.py: Net.forward() has no parameter 'attention_maks' (did you mean 'attention_mask'?) "
+     "(its parameters: input_ids, attention_mask)"),
+    ("example_inputs = (torch.zeros(1, 2, dtype=torch.long),) * 3",
+     "model.py: Net.forward() does not take the example inputs (1x2 int64, 1x2 int64, 1x2 int64): "
+     "too many positional arguments"),
+])
+def test_example_inputs_mistakes_are_one_line(in_tmp, example_inputs, message):
+    write(in_tmp, "model.py", """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(10, 4)
+
+            def forward(self, input_ids, attention_mask=None):
+                return self.embed(input_ids)
+    """)
+    (in_tmp / "model.py").write_text((in_tmp / "model.py").read_text() + example_inputs + "\n")
+    assert user_error("model.py") == message
+
+
+def test_a_misspelt_keyword_that_kwargs_swallows_is_noted(in_tmp):
+    loaded = load_with(in_tmp, f"example_inputs = dict(input_ids={ids(1, 6)}, decoder_input_ids={ids(1, 4)}, "
+                               "attention_mak=torch.ones(1, 6))")
+    assert loaded.notes == ["attention_mak is not a parameter of Seq2Seq.forward() (did you mean "
+                            "'attention_mask'?); it went to **kwargs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# --input
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1x3x8x8", dict(name=None, shape=(1, 3, 8, 8), dtype=torch.float32)),
+    ("input_ids=1x128:int64", dict(name="input_ids", shape=(1, 128), dtype=torch.int64)),
+    ("attention_mask=1x128:int64:1", dict(name="attention_mask", dtype=torch.int64, fill=1)),
+    ("labels=4:int64:0..10", dict(dtype=torch.int64, low=0, high=10)),
+    ("x=2,3:float16:-1..1", dict(shape=(2, 3), dtype=torch.float16, low=-1.0, high=1.0)),
+    ("x=2x3::0.5", dict(dtype=torch.float32, fill=0.5)),
+    ("keep=2:bool:1", dict(dtype=torch.bool, fill=1)),
+])
+def test_parse_input(text, expected):
+    spec = parse_input(text)
+    for key, value in expected.items():
+        assert getattr(spec, key) == value, (text, key)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("input-ids=1x8", "'input-ids' is not an input name"),
+    ("x=1x8:int64:1:2", "expected [NAME=]SHAPE[:DTYPE[:VALUES]]"),
+    ("x=", "expected [NAME=]SHAPE[:DTYPE[:VALUES]]"),
+    ("x=1x0", "the shape '1x0' must be positive integers joined by x"),
+    ("x=1x8:int46", "unknown input dtype 'int46'"),
+    ("x=1x8:int64:0.5", "VALUES '0.5' must be an integer that every element takes, or LOW..HIGH"),
+    ("x=1x8:int64:4..4", "LOW..HIGH needs LOW < HIGH"),
+    ("x=1x8:float32:a..b", "VALUES 'a..b' must be a number"),
+    ("m=1x8:bool:2", "a bool input takes the values 0 or 1"),
+])
+def test_parse_input_mistakes(text, message):
+    with pytest.raises(UserError) as info:
+        parse_input(text)
+    assert str(info.value).startswith(f"bad --input {text!r}: ") or message.startswith("unknown")
+    assert message in str(info.value)
+
+
+def test_input_flags_are_checked_before_user_code_runs(in_tmp):
+    write(in_tmp, "model.py", "raise SystemExit('user code ran')\n")
+    assert "not both" in user_error("model.py", inputs=["x=1x8"], input_shapes=[(1, 8)])
+    assert "names 'x' more than once" in user_error("model.py", inputs=["x=1x8", "x=1x9"])
+    assert "bad --input" in user_error("model.py", inputs=["x=1xy"])
+
+
+def test_drawn_inputs_follow_their_values_and_default_dtype(in_tmp):
+    write(in_tmp, "model.py", """
+        from torch import nn
+
+        class Net(nn.Module):
+            def forward(self, x, scale=None, labels=None, mask=None):
+                return x
+    """)
+    loaded = load_model("model.py", inputs=["2x64", "scale=2x64:float32:-3..-1", "labels=2x64:int64:5..8",
+                                            "mask=2x64:bool:1"], input_dtype="float64")
+    (x,) = loaded.args
+    assert x.dtype == torch.float64 and 0 <= x.min() and x.max() < 1
+    scale, labels, mask = loaded.kwargs["scale"], loaded.kwargs["labels"], loaded.kwargs["mask"]
+    assert scale.dtype == torch.float32 and -3 <= scale.min() and scale.max() < -1
+    assert set(labels.unique().tolist()) == {5, 6, 7}
+    assert mask.dtype == torch.bool and bool(mask.all())
+    assert loaded.notes == []  # nothing drawn that the user did not describe
+    again = load_model("model.py", inputs=["2x64", "scale=2x64:float32:-3..-1", "labels=2x64:int64:5..8",
+                                           "mask=2x64:bool:1"], input_dtype="float64")
+    assert torch.equal(again.args[0], x) and torch.equal(again.kwargs["labels"], labels)
+
+
+BERT_LIKE = """
+    import torch
+    from torch import nn
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(300, 8)
+            self.types = nn.Embedding(2, 8)
+            self.positions = nn.Embedding(64, 8)
+
+        def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+            flat = input_ids.view(-1, input_ids.shape[-1])  # a view: still the same ids
+            positions = torch.arange(flat.shape[-1]).unsqueeze(0)
+            h = self.words(flat) + self.types(token_type_ids) + self.positions(positions)
+            return h * attention_mask.unsqueeze(-1)
+"""
+
+
+def test_token_ids_stay_below_the_rows_of_the_embedding_that_reads_them(in_tmp):
+    write(in_tmp, "model.py", BERT_LIKE)
+    loaded = load_model("model.py", inputs=["input_ids=2x64:int64", "token_type_ids=2x64:int64",
+                                            "attention_mask=2x64:int64"])
+    words, types, mask = (loaded.kwargs[k] for k in ("input_ids", "token_type_ids", "attention_mask"))
+    assert 0 <= words.min() and words.max() < 300 and words.max() >= 100  # the whole vocabulary, not a corner
+    assert set(types.unique().tolist()) == {0, 1}
+    assert set(mask.unique().tolist()) == {0, 1}  # it indexes no table
+    assert loaded.notes == [
+        "integer inputs drawn at random: input_ids below 300, the rows of words.weight that it indexes; "
+        "token_type_ids below 2, the rows of types.weight that it indexes; attention_mask from {0, 1} "
+        "(it indexes no table); --input NAME=SHAPE:DTYPE:VALUES sets them"]
+    loaded.inputs.call(loaded.module)
+    # positional inputs from --input-shape get the same treatment
+    positional = load_model("model.py:Encoder", input_shapes=[(1, 16), (1, 16), (1, 16)], input_dtype="int64")
+    assert positional.args[0].max() >= 2 and positional.args[1].max() <= 1
+    assert "input 0 below 300" in positional.notes[0]
+
+
+def test_token_ids_stay_below_the_rows_of_a_table_indexed_without_an_embedding(in_tmp):
+    write(in_tmp, "model.py", """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.codes = nn.Parameter(torch.randn(40, 4))
+                self.register_buffer("bias", torch.zeros(7))
+
+            def forward(self, ids, slots):
+                return self.codes[ids] + torch.index_select(self.bias, 0, slots).unsqueeze(-1)
+    """)
+    loaded = load_model("model.py", inputs=["ids=1x64:int64", "slots=64:int64"])
+    assert 2 <= loaded.kwargs["ids"].max() < 40 and 2 <= loaded.kwargs["slots"].max() < 7
+    assert "ids below 40, the rows of codes that it indexes; slots below 7, the rows of bias" in loaded.notes[0]
+
+
+def test_a_model_that_fails_on_zeros_still_loads(in_tmp):
+    write(in_tmp, "model.py", """
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(300, 4)
+
+            def forward(self, ids):
+                if int(ids.sum()) == 0:
+                    raise ValueError("all padding")
+                return self.embed(ids)
+    """)
+    loaded = load_model("model.py", inputs=["ids=1x32:int64"])
+    assert set(loaded.kwargs["ids"].unique().tolist()) == {0, 1}
+    assert "ids from {0, 1}" in loaded.notes[0]

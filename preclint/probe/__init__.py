@@ -58,7 +58,8 @@ class _Clock:
 
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
                   tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
-    """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs``."""
+    """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
+    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords)."""
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
@@ -262,21 +263,16 @@ def _release(device) -> None:
         torch.cuda.empty_cache()
 
 
-def _move(inputs: tuple, device, dtype):
-    import torch
-    from torch.utils._pytree import tree_map
-
+def _move(inputs, device, dtype):
+    """The inputs on ``device``; with ``dtype``, floating ones in it (token ids and masks stay)."""
+    from preclint.modelio import Inputs
     from preclint.probe.execute import to_device
 
     def move(v):
-        if isinstance(v, torch.Tensor):
-            v = to_device(v, device) if v.device != device else v.detach()
-            if dtype is not None and v.is_floating_point():
-                v = v.to(dtype)
-            return v
-        return v
+        v = to_device(v, device) if v.device != device else v.detach()
+        return v.to(dtype) if dtype is not None and v.is_floating_point() else v
 
-    return tuple(tree_map(move, list(inputs)))
+    return Inputs.of(inputs).map(move)
 
 
 def _tensors(value) -> list:

@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint.ir import Kind
+from preclint.modelio import Inputs
 from preclint.probe.execute import Program, tensors
 from preclint.probe.ledger import ModeMeasure
 from preclint.probe.measure import ReferenceStore
@@ -115,11 +116,9 @@ def ablate(program: Program, graph, ref: ReferenceStore, model64: torch.nn.Modul
     measure.agreement = agreement(measure)
 
 
-def _replace_input(inputs: tuple, original: torch.Tensor, value: torch.Tensor) -> tuple:
-    flat, spec = tree_flatten(list(inputs))
-    out = [value if isinstance(v, torch.Tensor) and v.data_ptr() == original.data_ptr() and v.shape == original.shape
-           else v for v in flat]
-    return tuple(tree_unflatten(out, spec))
+def _replace_input(inputs, original: torch.Tensor, value: torch.Tensor) -> Inputs:
+    return Inputs.of(inputs).map(
+        lambda v: value if v.data_ptr() == original.data_ptr() and v.shape == original.shape else v)
 
 
 def agreement(measure: ModeMeasure) -> Optional[Dict[str, Any]]:

@@ -22,8 +22,9 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint import ops
-from preclint.capture import ModelRunError, _FxRunner, capture_function_mode
+from preclint.capture import ModelRunError, _FxRunner, capture_function_mode, fx_arguments
 from preclint.ir import Graph
+from preclint.modelio import output_tensors
 
 
 class _Tracer(fx.Tracer):
@@ -62,8 +63,9 @@ class Program:
     def is_fx(self) -> bool:
         return self.fx_graph is not None
 
-    def run(self, root: torch.nn.Module, inputs: tuple, observer, initial_env: Optional[Dict[str, Any]] = None):
-        """The model's output; ``initial_env`` (FX only) maps node names to values not to recompute."""
+    def run(self, root: torch.nn.Module, inputs, observer, initial_env: Optional[Dict[str, Any]] = None):
+        """The model's output on ``inputs`` (a tuple, or Inputs with keywords); ``initial_env`` (FX
+        only) maps node names to values not to recompute."""
         try:
             if self.fx_graph is None:
                 return capture_function_mode(root, inputs, observer)[1]
@@ -71,7 +73,7 @@ class Program:
             # the check recorded the reduction lengths from the same shapes already
             runner = _FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)
             env = {self._fx_nodes[name]: value for name, value in (initial_env or {}).items()}
-            return runner.run(*inputs, initial_env=env or None)
+            return runner.run(*fx_arguments(self.fx_graph, root, inputs), initial_env=env or None)
         except ModelRunError as exc:
             raise RunFailed(exc.cause) from exc.cause
         except RunFailed:
@@ -87,10 +89,9 @@ def one_line(exc: BaseException) -> str:
 
 
 def tensors(value) -> List[torch.Tensor]:
-    """The tensors in a (nested) value, in pytree order: a node's outputs, numbered as the probe numbers them."""
-    if isinstance(value, torch.Tensor):  # the common case, without pytree's cost (it runs per node)
-        return [value]
-    return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
+    """The tensors in a (nested) value: a node's outputs, numbered as the reference pass numbers them
+    (dataclasses and ModelOutputs included)."""
+    return output_tensors(value)
 
 
 def flatten(args, kwargs):

@@ -23,9 +23,9 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.modelio import Inputs
 from preclint.numerics import C_INPUT
 from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, one_line, tensors
 from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
@@ -335,7 +335,7 @@ class Sensitivity:
         self.leaves = []
 
 
-def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32: tuple,
+def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32,
                      autocast: Optional[torch.dtype] = None) -> Sensitivity:
     """Run the float32 model with autograd, hooks on every value. Parameters get no gradient unless
     nothing else reaches the output (token-id models), so each backward costs about one forward.
@@ -344,8 +344,8 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
     do, and on a GPU a bfloat16 backward pass costs half a float32 one (its time is in moving
     activations). benchmarks/README.md measures the contributions against exact one-node runs."""
     sens = Sensitivity()
-    inputs = tuple(_with_grad(v) for v in inputs32)
-    leaves = [v for v in tree_flatten(list(inputs))[0] if isinstance(v, torch.Tensor) and v.requires_grad]
+    inputs = Inputs.of(inputs32).map(_with_grad)
+    leaves = [v for v in inputs.tensors() if v.requires_grad]
     # parameters the graph reads as values of their own (FX get_attr): their rounding is a node's error
     by_name = dict(model32.named_parameters())
     constants = [by_name[p] for n in graph.nodes if n.kind == Kind.CONSTANT for p in n.params if p in by_name]
@@ -378,19 +378,15 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
     return sens
 
 
-def _autocast(inputs: tuple, dtype: Optional[torch.dtype]):
+def _autocast(inputs: Inputs, dtype: Optional[torch.dtype]):
     if dtype is None:
         return contextlib.nullcontext()
-    device = next((t.device for t in tree_flatten(list(inputs))[0] if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    device = next((t.device for t in inputs.tensors()), torch.device("cpu"))
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _with_grad(value):
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.detach().clone().requires_grad_(True)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_with_grad(v) for v in value)
-    return value
+def _with_grad(value: torch.Tensor) -> torch.Tensor:
+    return value.detach().clone().requires_grad_(True) if value.is_floating_point() else value
 
 
 # ----------------------------------------------------------------------------------------- sweep
@@ -668,7 +664,7 @@ def sweep(program: Program, run: ModeRun, ref: ReferenceStore, graph, keep_error
 def plain_run(run: ModeRun):
     """The model as a user runs it under this mode, with nobody watching."""
     with torch.no_grad(), run.context():
-        return run.variant(*run.inputs)
+        return Inputs.of(run.inputs).call(run.variant)
 
 
 def output_error(output: Any, ref: ReferenceStore) -> Tuple[List[Optional[torch.Tensor]], List[torch.Tensor]]:

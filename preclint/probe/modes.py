@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from preclint import ops
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.modelio import Inputs
 from preclint.numerics import MODES, Mode, autocast_policy
 from preclint.probe.device import tf32
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
@@ -400,9 +401,8 @@ def _tf32_modules(model: torch.nn.Module, graph) -> set:
     return {id(m) for _, m in _dot_modules(model) if uses.get(id(m), True)}
 
 
-def _cast_inputs(inputs: tuple, dtype: torch.dtype) -> tuple:
-    return tuple(tree_map(lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v,
-                          list(inputs)))
+def _cast_inputs(inputs, dtype: torch.dtype) -> Inputs:
+    return Inputs.of(inputs).map(lambda v: v.to(dtype) if v.is_floating_point() else v)
 
 
 def _dot_modules(model: torch.nn.Module):
