@@ -2,17 +2,17 @@
 
 ``::warning file=<path>,line=<l>,col=<c>,title=preclint (<CODE>)::<path>:<l>:<c>: <CODE> <message>``,
 with the fix on a second line of the message. GitHub shows at most 10 annotations of each level per
-step (error, warning, notice), so findings are ranked by severity and position, the first ten of each
-level become annotations, the rest are printed as plain log lines, and one notice says how many were
-not annotated. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
+step (error, warning, notice), so findings (of every model checked) are ranked by severity and
+position, the first ten of each level become annotations, the rest are printed as plain log lines, and
+one notice says how many were not annotated. A model that could not be checked is an error annotation. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
 also ``:`` and ``,`` inside properties.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 from preclint.findings import severity_rank
-from preclint.report import Report
+from preclint.report import Report, failure_line
 from preclint.report.concise import finding_line
 
 LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
@@ -40,26 +40,31 @@ def annotation(finding, model: str = "") -> str:
     return f"::{level} {','.join(properties)}::{escape_data(body)}"
 
 
-def render(report: Report) -> str:
-    model = report.model or ""
+def render_many(reports: Sequence[Report]) -> str:
+    """The findings of every checked model under one cap; a model that could not be checked is an
+    error annotation of its own, shown first."""
+    failures = [f"::error title={escape_property('preclint')}::{escape_data(failure_line(r))}"
+                for r in reports if r.error is not None]
+    pairs = [(f, r.model or "") for r in reports if r.error is None for f in r.sorted_findings()]
     # most severe first, so that the annotations GitHub keeps are the ones that matter most
-    findings = sorted(report.sorted_findings(), key=lambda f: -severity_rank(f.severity))
+    pairs.sort(key=lambda pair: -severity_rank(pair[0].severity))
     counts = {level: 0 for level in LEVELS.values()}
+    counts["error"] = len(failures)
     annotated, rest = [], []
-    for finding in findings:
-        level = LEVELS.get(finding.severity, "warning")
+    for pair in pairs:
+        level = LEVELS.get(pair[0].severity, "warning")
         if counts[level] < PER_LEVEL:
             counts[level] += 1
-            annotated.append(finding)
+            annotated.append(pair)
         else:
-            rest.append(finding)
+            rest.append(pair)
     if rest and counts["notice"] == PER_LEVEL:
         # the summary is a notice itself: free a notice slot for it
-        last = max(i for i, f in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
+        last = max(i for i, (f, _) in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
         rest.insert(0, annotated.pop(last))
-    lines: List[str] = [annotation(f, model) for f in annotated]
+    lines: List[str] = failures + [annotation(f, model) for f, model in annotated]
     if rest:
-        lines += [finding_line(f, model) for f in rest]
+        lines += [finding_line(f, model) for f, model in rest]
         lines.append(
             f"::notice title={escape_property('preclint')}::"
             + escape_data(

@@ -5,16 +5,18 @@ help in text and Markdown from the rule's docs, default level, tags), URIs are r
 working directory with ``uriBaseId`` %SRCROOT% (the repository root when preclint runs there, as in
 CI), regions are given in Unicode code points (``columnKind``), and each result carries GitHub's own
 ``primaryLocationLineHash`` so alerts keep their identity when lines move. Findings without a source
-location (model-level) are results without ``locations``, which SARIF allows. Deterministic: no
-timestamps, no absolute paths.
+location (model-level) are results without ``locations``, which SARIF allows. Several models make one
+run; a model that could not be checked makes the invocation unsuccessful and is one of its tool
+execution notifications. Deterministic: no timestamps, no absolute paths.
 """
 from __future__ import annotations
 
 import json
 import math
+from typing import Sequence
 
 from preclint import __version__
-from preclint.report import Report
+from preclint.report import Report, failure_line
 from preclint.source.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -117,7 +119,21 @@ def _result(finding, rule_index: dict) -> dict:
     return result
 
 
-def to_dict(report: Report) -> dict:
+def _invocation(reports: Sequence[Report]) -> dict:
+    """One invocation of preclint: successful unless a model could not be checked; each such model is
+    a tool execution notification (GitHub shows them as the run's errors)."""
+    failures = [r for r in reports if r.error is not None]
+    invocation: dict = {"executionSuccessful": not failures}
+    if failures:
+        invocation["toolExecutionNotifications"] = [
+            {"level": "error", "message": {"text": failure_line(r)}, "descriptor": {"id": "model-not-checked"}}
+            for r in failures
+        ]
+    return invocation
+
+
+def to_dict(reports: Sequence[Report]) -> dict:
+    """One run for every model of the invocation (GitHub takes one run per tool and category)."""
     from preclint.rules import all_rules
 
     rules = [rule for _, rule in sorted(all_rules().items())]
@@ -131,11 +147,12 @@ def to_dict(report: Report) -> dict:
                 "rules": [_rule_descriptor(rule) for rule in rules],
             }
         },
+        "invocations": [_invocation(reports)],
         "columnKind": "unicodeCodePoints",
-        "results": [_result(f, rule_index) for f in report.sorted_findings()],
+        "results": [_result(f, rule_index) for r in reports if r.error is None for f in r.sorted_findings()],
     }
     return {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
-def render(report: Report) -> str:
-    return json.dumps(to_dict(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+def render_many(reports: Sequence[Report]) -> str:
+    return json.dumps(to_dict(reports), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
