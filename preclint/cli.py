@@ -5,6 +5,7 @@ Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or in
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -32,18 +33,41 @@ def _precisions(text: str) -> List[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _seed(text: str) -> int:
+    """A seed torch.manual_seed takes: a whole number from -2**63 to 2**64 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if not -(2 ** 63) <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (from -2**63 to 2**64 - 1)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0 (0: no limit), not {text!r}")
+    return value
+
+
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME", help="the model in the file: a class, a factory or an instance")
     p.add_argument("--input-shape", metavar="SHAPE", action="append", dest="input_shapes",
                    help="shape of one positional input, e.g. 1,3,224,224 (repeat for each input)")
     p.add_argument("--input-dtype", metavar="DTYPE", default="float32", help="dtype of --input-shape inputs")
     p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random init and random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for random init and random inputs (default 0)")
     p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
                    help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full (default tf32,fp16,bf16)")
     p.add_argument("--rtol", type=float, help="relative tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--atol", type=float, help="absolute tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--capture", choices=("fx", "function-mode"), help="force a capture path instead of FX first")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="give up on a model that takes longer to load, capture and run (default 600; 0: no limit)")
 
 
 def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,7 +144,7 @@ def _config(args):
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     return config.with_flags(select=args.select, ignore=args.ignore, extend_select=args.extend_select,
                              precisions=args.precisions, rtol=args.rtol, atol=args.atol, fail_on=args.fail_on,
-                             output_format=args.output_format)
+                             output_format=args.output_format, timeout=args.timeout)
 
 
 def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
@@ -139,8 +163,8 @@ def _use_color(args) -> bool:
 
 
 def cmd_check(args) -> int:
-    from preclint.report import render
-    from preclint.source.command import apply_baseline_to_reports, suppress_graph_findings
+    from preclint.report import render_reports
+    from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments
 
     config = _config(args)
     if args.source_only:
@@ -155,28 +179,52 @@ def cmd_check(args) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UserError("the graph check needs torch in this environment (pip install torch torchvision); "
                         "--source-only works without it")
-    from preclint.engine import CheckOptions, check_model
+    from preclint.engine import CheckOptions
+    from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
 
     probe = _probe_options(args)
+    check_baseline_arguments(args.baseline, args.write_baseline)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
-    reports = []
-    for path in args.paths:
-        loaded = _load(path, args)
-        report, graph, ctx = check_model(loaded, config, options)
-        if probe is not None:
-            from preclint.probe import probe_report
-
-            probe_report(loaded, report, graph, ctx, config, probe)
-        report.findings = suppress_graph_findings(report.findings, config, [path])
-        reports.append(report)
+    reports = [_check_one(path, args, config, options, probe) for path in args.paths]
+    failed = [r for r in reports if r.error is not None]
     if args.baseline or args.write_baseline:
-        apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
-    outputs = [render(r, config.output_format, color=_use_color(args)) for r in reports]
-    if config.output_format == "json" and len(outputs) > 1:
-        outputs = ["[\n" + ",\n".join(o.rstrip("\n") for o in outputs) + "\n]\n"]
-    sys.stdout.write("".join(outputs))
+        written = apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
+        if args.write_baseline and not written:
+            sys.stderr.write(f"preclint: error: {args.write_baseline} was left as it was: a baseline written now "
+                             "would miss the findings of the models that could not be checked\n")
+    sys.stdout.write(render_reports(reports, config.output_format, color=_use_color(args)))
+    if failed:
+        return EXIT_ERROR
     return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
+
+
+def _check_one(path: str, args, config, options, probe):
+    """One model's report; a model that cannot be checked gets a report with its error (printed on
+    stderr at once), so the other models are still reported."""
+    from preclint.engine import check_model
+    from preclint.report import Report
+    from preclint.source.command import suppress_graph_findings
+    from preclint.usercode import guard
+
+    guarded = None
+    try:
+        with guard(path, config.timeout) as guarded:
+            loaded = _load(path, args)
+            report, graph, ctx = check_model(loaded, config, options)
+            if probe is not None:
+                from preclint.probe import probe_report
+
+                probe_report(loaded, report, graph, ctx, config, probe)
+    except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
+        return Report(model=path, precisions=tuple(config.precisions), error=_report_error(exc, args.debug))
+    finally:
+        if guarded is not None and args.debug:
+            for warning in guarded.warnings:
+                sys.stderr.write(f"preclint: debug: warning: {warning}\n")
+    report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
+    report.findings = suppress_graph_findings(report.findings, config, [path])
+    return report
 
 
 def _probe_options(args):
@@ -213,7 +261,34 @@ def cmd_rule(args) -> int:
     return EXIT_OK
 
 
+def _report_error(exc: Exception, debug: bool) -> str:
+    """Print the one line for an error (after its traceback, with --debug); return the error as a
+    report states it."""
+    if debug:
+        traceback.print_exc()
+    if isinstance(exc, UserError):
+        message = str(exc)
+        sys.stderr.write(f"preclint: error: {message}\n")
+    else:  # a bug in preclint: still one line unless --debug
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        message = f"internal error: {type(exc).__name__}: {first}"
+        sys.stderr.write(f"preclint: {message} (run with --debug for the traceback)\n")
+    return message
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``preclint`` command; ``argv`` None means the process's own arguments (the program itself)."""
+    code = _main(argv)
+    if argv is None:
+        from preclint.usercode import end_if_threads_linger
+
+        end_if_threads_linger(code)  # a thread the model's code started must not keep the process alive
+    return code
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    from preclint.usercode import Interrupted, exit_status, interrupt_signals
+
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -223,26 +298,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
-    try:
-        if args.command in ("check", "probe"):
-            return cmd_check(args)
-        if args.command == "rule":
-            return cmd_rule(args)
-        raise UserError(f"unknown command {args.command}")
-    except UserError as exc:
-        if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"preclint: error: {exc}\n")
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        sys.stderr.write("preclint: interrupted\n")
-        return EXIT_ERROR
-    except Exception as exc:  # a bug in preclint: still one line unless --debug
-        if debug:
-            traceback.print_exc()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        sys.stderr.write(f"preclint: internal error: {type(exc).__name__}: {first} (run with --debug for the traceback)\n")
-        return EXIT_ERROR
+    with interrupt_signals():
+        try:
+            if args.command in ("check", "probe"):
+                return cmd_check(args)
+            if args.command == "rule":
+                return cmd_rule(args)
+            raise UserError(f"unknown command {args.command}")
+        except Interrupted as exc:  # SIGINT, SIGTERM: the shell's convention, 128 + the signal number
+            sys.stderr.write(f"preclint: interrupted ({exc.name})\n")
+            return exit_status(exc)
+        except KeyboardInterrupt:  # a SIGINT where preclint could not install its handler
+            sys.stderr.write("preclint: interrupted (SIGINT)\n")
+            return 128 + 2
+        except Exception as exc:
+            _report_error(exc, debug)
+            return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -37,16 +37,32 @@ def apply_baseline(
     return findings, notes
 
 
-def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> None:
+def check_baseline_arguments(baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> None:
+    """Mistakes in --baseline / --write-baseline, found before any work is done: an unreadable or
+    invalid baseline, a baseline target that is a directory or the report's own stdout."""
+    from preclint.source.baseline import check_output_target, read_baseline
+
+    if baseline:
+        read_baseline(baseline)
+    if write_baseline:
+        check_output_target(write_baseline)
+
+
+def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> bool:
     """``apply_baseline`` over the findings of several reports (one per model) at once, in place;
-    the notes go to the last report."""
-    everything = [f for report in reports for f in report.findings]
+    the notes go to the last report of a model that was checked. Returns whether the baseline was
+    written: not when a model could not be checked, as its findings would be missing from it."""
+    checked = [report for report in reports if report.error is None]
+    if len(checked) < len(reports):
+        write_baseline = None
+    everything = [f for report in checked for f in report.findings]
     kept, notes = apply_baseline(everything, baseline, write_baseline)
     kept_ids = {id(f) for f in kept}
-    for report in reports:
+    for report in checked:
         report.findings = [f for f in report.findings if id(f) in kept_ids]
-    if reports:
-        reports[-1].notes.extend(notes)
+    if checked:
+        checked[-1].notes.extend(notes)
+    return bool(write_baseline)
 
 
 def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_files: Sequence[str] = ()) -> List[Finding]:
@@ -97,6 +113,7 @@ def run_source_only(
 
     out = out or sys.stdout
     err = err or sys.stderr
+    check_baseline_arguments(baseline, write_baseline)
     run = check_paths(paths, config)
     if fix or diff:
         rules = [rule() for rule in selected_rules(config)]
