@@ -16,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import itertools
+import math
 import os
 import re
 import sys
@@ -72,6 +73,8 @@ def load_model(
     # Validate the cheap arguments first, so a typo in a flag fails before any user code runs.
     dtype = _parse_dtype(input_dtype)
     shapes = [_validate_shape(shape) for shape in input_shapes] if input_shapes is not None else None
+    if shapes is not None:
+        _check_inputs_fit_in_memory(shapes, dtype)
     if weights is not None:
         _check_is_file(weights, what="weights file")
 
@@ -92,9 +95,10 @@ def load_model(
 
         if shapes is not None:
             torch.manual_seed(seed)
-            inputs = tuple(_random_tensor(shape, dtype) for shape in shapes)
+            inputs = _random_inputs(shapes, dtype)
         else:
             inputs = _example_inputs(origin, module, seed)
+        _check_input_count(module, inputs, f"{origin.label}:{display_attr}", from_shapes=shapes is not None)
 
     if weights is not None:
         _load_weights(module, weights)
@@ -437,6 +441,14 @@ def _parse_dtype(name: str) -> torch.dtype:
             f"unknown input dtype {name!r}: expected a torch dtype name such as "
             "float32, float16, bfloat16 or int64"
         )
+    try:  # float8, quantized and sub-byte types have no random numbers (nor most kernels) on the CPU
+        _random_tensor((1,), dtype)
+    except (RuntimeError, NotImplementedError, TypeError):
+        raise UserError(
+            f"input dtype {bare} cannot be used for --input-shape inputs: preclint cannot make random "
+            "values of it; use float32, float16, bfloat16, float64, an integer type or bool "
+            "(or give example_inputs in the model file)"
+        ) from None
     return dtype
 
 
@@ -450,7 +462,68 @@ def _validate_shape(shape: Sequence[int] | str, text: Optional[str] = None) -> t
         raise UserError(f"bad input shape {shown}: expected a sequence of positive integers") from None
     if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
         raise UserError(f"bad input shape {shown}: every dimension must be a positive integer")
+    if any(d > _MAX_DIMENSION for d in dims):
+        raise UserError(f"bad input shape {shown}: a dimension is larger than a tensor can be (2**63 - 1)")
     return dims
+
+
+_MAX_DIMENSION = 2 ** 63 - 1
+
+
+def _check_inputs_fit_in_memory(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> None:
+    """Random inputs larger than this machine's memory are refused before torch tries to allocate them."""
+    needed = sum(math.prod(shape) for shape in shapes) * dtype.itemsize
+    available = _physical_memory()
+    if available is not None and needed > available:
+        shown = " and ".join("x".join(map(str, shape)) for shape in shapes)
+        raise UserError(
+            f"input shape {shown} ({str(dtype).removeprefix('torch.')}) needs {_bytes(needed)}, more than this "
+            f"machine's memory ({_bytes(available)}); use a smaller --input-shape"
+        )
+
+
+def _physical_memory() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not on this platform
+        return None
+
+
+def _bytes(count: int) -> str:
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+    value, unit = float(count), 0
+    while value >= 1024 and unit < len(units) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{count} bytes" if unit == 0 else f"{value:.1f} {units[unit]}"
+
+
+def _check_input_count(module: nn.Module, inputs: tuple, label: str, from_shapes: bool) -> None:
+    """More positional inputs than forward takes: the traced graph would drop the extra ones silently."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (scripted or C++ modules): the run will tell
+        return
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return
+    positional = [p.name for p in parameters
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if len(inputs) > len(positional):
+        given = f"{len(inputs)} --input-shape" if from_shapes else f"{len(inputs)} example inputs"
+        raise UserError(
+            f"{label}: {given} given, but {type(module).__name__}.forward({', '.join(positional)}) takes "
+            f"{len(positional)} input{'s' if len(positional) != 1 else ''}"
+        )
+
+
+def _random_inputs(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> tuple:
+    try:
+        return tuple(_random_tensor(shape, dtype) for shape in shapes)
+    except (RuntimeError, MemoryError) as exc:  # more than the memory free now, though less than installed
+        if isinstance(exc, RuntimeError) and "allocate" not in str(exc):
+            raise
+        shown = " and ".join("x".join(map(str, shape)) for shape in shapes)
+        raise UserError(f"cannot allocate inputs of shape {shown}: not enough free memory; "
+                        "use a smaller --input-shape") from None
 
 
 def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -541,11 +614,21 @@ def _first_few(items: list[str], limit: int = 3) -> str:
 
 
 def _weights_load_reason(exc: Exception) -> str:
-    # torch's weights_only message is a paragraph; the sentence after this marker is the reason.
-    match = re.search(r"WeightsUnpickler error: (.*?\.)(\s|$)", str(exc))
-    if match:
-        return match.group(1)
-    return _quote(exc)
+    """The reason in torch's weights_only message, whole: its first sentence after the boilerplate
+    (the change of default in 2.6, "Please file an issue", "Check the documentation")."""
+    kept = []
+    for paragraph in re.split(r"\n\s*\n", str(exc)):
+        paragraph = " ".join(paragraph.split())
+        if "WeightsUnpickler error:" in paragraph:
+            paragraph = paragraph.split("WeightsUnpickler error:", 1)[1].strip()
+        elif paragraph.startswith(("Weights only load failed", "Check the documentation")):
+            continue
+        if paragraph:
+            kept.append(paragraph)
+    if not kept:
+        return _quote(exc)
+    sentence = re.match(r"(.+?\.)(?:\s|$)", kept[0])
+    return sentence.group(1) if sentence else kept[0]
 
 
 # --------------------------------------------------------------------------------------------
