@@ -100,6 +100,10 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
             output.close()  # its body never ran (and a coroutine would warn that it was never awaited)
         raise UserError(f"{loaded.name}: forward returned a {type(output).__name__}, not tensors, so none of its "
                         "code ran; preclint checks a forward that returns its tensors")
+    if options.run and (output is None or isinstance(output, (bool, int, float, complex, str, bytes))):
+        shown = "None" if output is None else f"a {type(output).__name__}"
+        raise UserError(f"{loaded.name}: forward returned {shown}, not tensors: there is no output "
+                        "whose precision could be checked; return the tensors the model computes")
     graph.ran_reference = options.run
     if observer is not None:
         graph.first_nonfinite = observer.first_nonfinite

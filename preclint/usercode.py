@@ -136,9 +136,13 @@ def guard(name: str, timeout: Optional[float]) -> Iterator[Guarded]:
             code = "" if exc.code is None else repr(exc.code)
             raise UserError(f"{name}: the model's code called sys.exit({code}){_at(exc.__traceback__)}; "
                             "preclint cannot check a model whose code ends the process") from None
-        except KeyboardInterrupt:  # raised by the code itself: a real Ctrl-C arrives as Interrupted
-            raise UserError(f"{name}: the model's code raised KeyboardInterrupt"
-                            f"{_at(sys.exc_info()[2])}") from None
+        except (Exception, Interrupted, GeneratorExit):
+            raise
+        except BaseException as exc:  # KeyboardInterrupt raised by the code itself (a real Ctrl-C arrives as
+            # Interrupted), or a BaseException of its own
+            text = " ".join(str(exc).split())
+            raise UserError(f"{name}: the model's code raised {type(exc).__name__}{': ' + text if text else ''}"
+                            f"{_at(exc.__traceback__)}") from None
 
 
 def _time_message(name: str, timeout: Optional[float], where: Optional[str]) -> str:

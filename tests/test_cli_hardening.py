@@ -83,6 +83,18 @@ EXITS_IN_FORWARD = """
     example_inputs = (torch.randn(2, 8),)
 """
 INTERRUPTS_IN_FORWARD = TINY.replace("return self.fc(x)", "raise KeyboardInterrupt")
+OWN_BASE_EXCEPTION = """
+    from torch import nn
+
+    class Stop(BaseException):
+        pass
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            raise Stop("not today")
+"""
+RETURNS_NONE = TINY.replace("return self.fc(x)", "x.mul_(2)")
 SLEEPS_AT_IMPORT = """
     import time
     time.sleep(600)
@@ -111,7 +123,8 @@ def models(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name, source in (("tiny.py", TINY), ("fails.py", FAILS), ("nan_out.py", NAN_OUTPUT), ("gen.py", GENERATOR),
                          ("exits.py", EXITS_IN_FORWARD), ("interrupts.py", INTERRUPTS_IN_FORWARD),
-                         ("sleeps.py", SLEEPS_AT_IMPORT), ("warns.py", WARNS)):
+                         ("sleeps.py", SLEEPS_AT_IMPORT), ("warns.py", WARNS), ("stop.py", OWN_BASE_EXCEPTION),
+                         ("returns_none.py", RETURNS_NONE)):
         (tmp_path / name).write_text(textwrap.dedent(source))
     (tmp_path / "adir").mkdir()
 
@@ -141,7 +154,10 @@ MISTAKES = [
     (["tiny.py:Tiny", "--input-shape", "2,8", "--input-shape", "2,8"],
      "2 --input-shape given, but Tiny.forward(x) takes 1 input"),
     (["tiny.py", "--weights", "evil.pt"], "(Trying to load unsupported GLOBAL posix.system whose module posix is blocked.)"),
+    (["tiny.py:Tiny", "--input-shape", "2,8", "--input-dtype", "uint64"], "uint64 cannot be used"),
     (["gen.py"], "forward returned a generator"),
+    (["returns_none.py"], "forward returned None, not tensors"),
+    (["stop.py"], "stop.py: the model's code raised Stop: not today at stop.py:10"),
     (["exits.py"], "exits.py: the model's code called sys.exit(5) at exits.py:8"),
     (["interrupts.py"], "raised KeyboardInterrupt at interrupts.py:11"),
     (["sleeps.py", "--timeout", "0.5"], "sleeps.py: gave up after 0.5 s, at sleeps.py:3"),
