@@ -183,7 +183,7 @@ def cmd_check(args) -> int:
     from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
 
     probe = _probe_options(args)
-    check_baseline_arguments(args.baseline, args.write_baseline)
+    check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     reports = [_check_one(path, args, config, options, probe) for path in args.paths]

@@ -167,6 +167,7 @@ MISTAKES = [
     (["tiny.py", "--seed", str(2 ** 70)], "argument --seed"),
     (["tiny.py", "--timeout", "-1"], "argument --timeout"),
     (["tiny.py", "--write-baseline", "adir"], "adir: is a directory"),
+    (["tiny.py", "--write-baseline", "tiny.py"], "tiny.py: is code preclint checks, not a baseline"),
     (["tiny.py", "--baseline", "huge.json"], "baseline record 1 has count inf"),
     (["tiny.py", "--config", "glob.toml"], "invalid glob '[z-a]'"),
     (["adir"], "is a directory"),
@@ -221,6 +222,19 @@ def test_no_baseline_is_written_when_a_model_could_not_be_checked(models, capsys
     code, out, err = run(capsys, "check", "tiny.py", "fails.py", "--write-baseline", "baseline.json")
     assert code == 2 and baseline.read_text() == "the user's file"
     assert "baseline.json was left as it was" in err
+
+
+def test_the_baseline_never_lands_on_the_report_or_the_code(models, capfd):
+    """stdout is the report's: `--write-baseline /dev/stdout` (or the file stdout is redirected to) would
+    mix two documents; a checked file would lose the user's code."""
+    (models / "notes.txt").write_text("mine")
+    for target in ("/dev/stdout", "-", "tiny.py"):
+        assert main(["check", "--source-only", "tiny.py", "--write-baseline", target]) == 2
+        out, err = capfd.readouterr()
+        assert out == "" and err.count("\n") == 1 and "baseline" in err, (target, err)
+    assert (models / "tiny.py").read_text() == textwrap.dedent(TINY)
+    assert main(["check", "--source-only", "notes.txt", "--write-baseline", "notes.txt"]) == 2
+    assert (models / "notes.txt").read_text() == "mine"
 
 
 def test_warnings_are_kept_off_stderr_and_the_models_own_become_notes(models, capsys):
@@ -298,3 +312,19 @@ def test_a_baseline_record_preclint_cannot_use_is_a_user_error(tmp_path, records
     with pytest.raises(UserError, match="baseline") as caught:
         read_baseline(str(path))
     assert message in str(caught.value)
+
+
+def test_a_baseline_aimed_at_the_redirected_stdout_is_refused(models):
+    """`preclint check ... --write-baseline report.txt > report.txt`, and /dev/stdout into a file: the
+    report file keeps the report alone (nothing, as the run stops at once), never a baseline in it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    for target in ("report.txt", "/dev/stdout"):
+        with open(models / "report.txt", "w") as report:
+            proc = subprocess.run([sys.executable, "-m", "preclint", "check", "--source-only", "tiny.py",
+                                   "--write-baseline", target], cwd=models, env=env, stdout=report,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)
+        assert proc.returncode == 2 and "is where the report goes (stdout)" in proc.stderr, proc.stderr
+        assert (models / "report.txt").read_text() == ""

@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 from collections import Counter
-from typing import Iterable, List, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 from preclint.errors import UserError
 from preclint.findings import Finding
@@ -60,16 +60,20 @@ def write_baseline(findings: Iterable[Finding], filename: str) -> int:
     return len(findings)
 
 
-def check_output_target(filename: str, what: str = "baseline") -> None:
+def check_output_target(filename: str, what: str = "baseline", checked: Sequence[str] = ()) -> None:
     """Fail early (before any model runs) on a target the file cannot be written to: a directory, a
-    missing directory, or the report's own stdout (``/dev/stdout``, ``-``, the file stdout is
-    redirected to), where the two would be mixed into one invalid document."""
+    missing directory, a Python file or one of the ``checked`` files (the user's code, which a
+    misplaced argument would replace), or the report's own stdout (``/dev/stdout``, ``-``, the file
+    stdout is redirected to), where the two would be mixed into one invalid document."""
     if filename in ("", "-"):
         raise UserError(f"--write-{what} {filename!r}: the report is printed on stdout; name a file for the {what}")
     if os.path.isdir(filename):
         raise UserError(f"{filename}: is a directory; name a file for the {what}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(filename))):
         raise UserError(f"{filename}: the directory does not exist")
+    if os.path.isfile(filename) and (filename.endswith((".py", ".pyi")) or any(
+            os.path.isfile(path) and os.path.samefile(path, filename) for path in checked)):
+        raise UserError(f"{filename}: is code preclint checks, not a {what}; name another file for the {what}")
     try:
         target, stdout = os.stat(filename), os.fstat(sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # no such file yet, or no real stdout (tests)

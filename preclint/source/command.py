@@ -37,15 +37,16 @@ def apply_baseline(
     return findings, notes
 
 
-def check_baseline_arguments(baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> None:
+def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[str], paths: Sequence[str]) -> None:
     """Mistakes in --baseline / --write-baseline, found before any work is done: an unreadable or
-    invalid baseline, a baseline target that is a directory or the report's own stdout."""
+    invalid baseline; a baseline target that is a directory, one of the checked ``paths`` or the
+    report's own stdout."""
     from preclint.source.baseline import check_output_target, read_baseline
 
     if baseline:
         read_baseline(baseline)
     if write_baseline:
-        check_output_target(write_baseline)
+        check_output_target(write_baseline, checked=paths)
 
 
 def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> bool:
@@ -113,7 +114,7 @@ def run_source_only(
 
     out = out or sys.stdout
     err = err or sys.stderr
-    check_baseline_arguments(baseline, write_baseline)
+    check_baseline_arguments(baseline, write_baseline, paths)
     run = check_paths(paths, config)
     if fix or diff:
         rules = [rule() for rule in selected_rules(config)]
