@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import traceback
 from typing import List, Optional, Sequence
@@ -159,12 +160,12 @@ def _use_color(args) -> bool:
         return True
     if args.color == "never" or os.environ.get("NO_COLOR"):
         return False
-    return sys.stdout.isatty()
+    return sys.stdout is not None and sys.stdout.isatty()
 
 
 def cmd_check(args) -> int:
     from preclint.report import render_reports
-    from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments
+    from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments, write_report
 
     config = _config(args)
     if args.source_only:
@@ -193,7 +194,7 @@ def cmd_check(args) -> int:
         if args.write_baseline and not written:
             sys.stderr.write(f"preclint: error: {args.write_baseline} was left as it was: a baseline written now "
                              "would miss the findings of the models that could not be checked\n")
-    sys.stdout.write(render_reports(reports, config.output_format, color=_use_color(args)))
+    write_report(render_reports(reports, config.output_format, color=_use_color(args)))
     if failed:
         return EXIT_ERROR
     return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
@@ -243,10 +244,11 @@ def _probe_options(args):
 
 def cmd_rule(args) -> int:
     from preclint.rules import all_rules
+    from preclint.source.command import write_report
 
     rules = all_rules()
     if args.all:
-        sys.stdout.write("\n".join(rules[code].documentation() for code in sorted(rules)))
+        write_report("\n".join(rules[code].documentation() for code in sorted(rules)))
         return EXIT_OK
     if not args.code:
         raise UserError("give a rule code (e.g. preclint rule PCL101) or --all")
@@ -257,8 +259,18 @@ def cmd_rule(args) -> int:
             code = by_name[args.code].code
         else:
             raise UserError(f"unknown rule {args.code!r} (known: {', '.join(sorted(rules))})")
-    sys.stdout.write(rules[code].documentation())
+    write_report(rules[code].documentation())
     return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _report_error(exc: Exception, debug: bool) -> str:
@@ -298,6 +310,11 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        sys.stderr.write("preclint: error: the working directory no longer exists; cd to one that does\n")
+        return EXIT_ERROR
     with interrupt_signals():
         try:
             if args.command in ("check", "probe"):
@@ -310,7 +327,10 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             return exit_status(exc)
         except KeyboardInterrupt:  # a SIGINT where preclint could not install its handler
             sys.stderr.write("preclint: interrupted (SIGINT)\n")
-            return 128 + 2
+            return 128 + signal.SIGINT
+        except BrokenPipeError:  # the reader left (`| head`): quietly, as a process ended by SIGPIPE
+            _silence_stdout()
+            return 128 + signal.SIGPIPE
         except Exception as exc:
             _report_error(exc, debug)
             return EXIT_ERROR

@@ -328,3 +328,25 @@ def test_a_baseline_aimed_at_the_redirected_stdout_is_refused(models):
                                   stderr=subprocess.PIPE, text=True, timeout=120)
         assert proc.returncode == 2 and "is where the report goes (stdout)" in proc.stderr, proc.stderr
         assert (models / "report.txt").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    "shell, code, message",
+    [
+        ("python -m preclint rule PCL101 > /dev/full", 2, "preclint: error: cannot print the report on stdout: No space left on device\n"),
+        ("python -m preclint rule PCL101 >&-", 2, "preclint: error: stdout is closed: there is nowhere to print the report\n"),
+        ("python -m preclint rule --all | true", 141, ""),  # the reader left: quietly, as SIGPIPE would
+        ("mkdir gone && cd gone && rmdir ../gone && python -m preclint rule PCL101", 2,
+         "preclint: error: the working directory no longer exists; cd to one that does\n"),
+    ],
+)
+def test_a_stdout_or_working_directory_that_cannot_serve_is_one_line(tmp_path, shell, code, message):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    shell = shell.replace("python", sys.executable)
+    if "| true" in shell:  # the exit status of preclint, not of `true`; `true` may exit before preclint writes
+        shell = f"set -o pipefail; {shell.replace('| true', '| (exec 0<&-)')}"
+    proc = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (code, message)

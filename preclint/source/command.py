@@ -9,6 +9,7 @@ import sys
 from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
+from preclint.errors import UserError
 from preclint.findings import Finding, severity_rank
 from preclint.source.paths import display_path
 
@@ -35,6 +36,22 @@ def apply_baseline(
                 "refresh it with --write-baseline"
             )
     return findings, notes
+
+
+def write_report(text: str, out: Optional[TextIO] = None) -> None:
+    """Print the report on ``out`` (stdout) and flush it, so that a stdout that cannot take it (closed,
+    a full disk) is one error line rather than a traceback at exit. A reader that went away (``| head``)
+    raises BrokenPipeError, which the CLI ends quietly."""
+    out = out or sys.stdout
+    if out is None:
+        raise UserError("stdout is closed: there is nowhere to print the report")
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise UserError(f"cannot print the report on stdout: {exc.strerror or exc}") from None
 
 
 def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[str], paths: Sequence[str]) -> None:
@@ -121,7 +138,7 @@ def run_source_only(
         keep = _baseline_keep(run.findings, baseline)
         result = fix_run(run, rules, config, keep)
         if diff:
-            out.write(unified_diff(run, result))
+            write_report(unified_diff(run, result), out)
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
@@ -131,7 +148,7 @@ def run_source_only(
             run = check_paths(paths, config)  # report what is left, at its new positions
     findings, notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes)
-    out.write(render(report, config.output_format, color=color))
+    write_report(render(report, config.output_format, color=color), out)
     if write_baseline:
         return EXIT_OK
     return exit_code(findings, config.fail_on, exit_zero)
