@@ -29,6 +29,7 @@ from preclint.errors import UserError
 
 DEFAULT_TIMEOUT = 600.0  # seconds for one model: import, build, capture, reference pass and probe
 HARD_STOP_GRACE = 10.0  # seconds the alarm's exception gets to unwind before the process is ended
+NO_LIMIT_BEYOND = 1e8  # seconds (three years): a longer limit is no limit (timers overflow near 1e12)
 REPEAT_INTERVAL = 1.0  # seconds between repeats of the alarm while the model's code has not stopped
 EXIT_ERROR = 2
 
@@ -153,7 +154,7 @@ def _time_message(name: str, timeout: Optional[float], where: Optional[str]) -> 
 
 @contextlib.contextmanager
 def _time_limit(name: str, timeout: Optional[float]) -> Iterator[None]:
-    usable = (timeout and hasattr(signal, "setitimer")
+    usable = (timeout and timeout < NO_LIMIT_BEYOND and hasattr(signal, "setitimer")
               and threading.current_thread() is threading.main_thread())
     if not usable:
         yield

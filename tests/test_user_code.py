@@ -52,6 +52,8 @@ def test_a_swallowed_time_limit_is_raised_again():
 def test_no_limit_and_the_alarm_is_gone_afterwards():
     with guard("model.py", 0):
         time.sleep(0.05)
+    with guard("model.py", 1e300):  # longer than timers can count: no limit, not an OverflowError
+        pass
     with guard("model.py", 0.5):
         pass
     time.sleep(0.7)  # an alarm left armed would interrupt this
