@@ -1,6 +1,8 @@
 """Argument parsing and exit codes. Everything else lives in the modules this one calls.
 
-Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error.
+Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error (or a
+model that could not be checked); 130 / 143 interrupted by SIGINT / SIGTERM; 141 the reader of stdout
+went away.
 """
 from __future__ import annotations
 

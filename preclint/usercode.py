@@ -125,25 +125,25 @@ def guard(name: str, timeout: Optional[float]) -> Iterator[Guarded]:
     or 0: no limit), with process exits refused and warnings recorded; user-caused endings become a
     UserError that names ``name``."""
     result = Guarded()
-    with _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), _time_limit(name, timeout):
-        try:
+    try:  # around the `with`: the time limit is disarmed before its exception is turned into an error line
+        with _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), _time_limit(name, timeout):
             yield result
-        except TimeLimitExceeded as exc:
-            raise UserError(_time_message(name, timeout, exc.args[0] if exc.args else None)) from None
-        except ProcessExitRefused as exc:
-            raise UserError(f"{name}: the model's code called {exc.call}{_at(exc.__traceback__)}; "
-                            "preclint cannot check a model whose code ends the process") from None
-        except SystemExit as exc:
-            code = "" if exc.code is None else repr(exc.code)
-            raise UserError(f"{name}: the model's code called sys.exit({code}){_at(exc.__traceback__)}; "
-                            "preclint cannot check a model whose code ends the process") from None
-        except (Exception, Interrupted, GeneratorExit):
-            raise
-        except BaseException as exc:  # KeyboardInterrupt raised by the code itself (a real Ctrl-C arrives as
-            # Interrupted), or a BaseException of its own
-            text = " ".join(str(exc).split())
-            raise UserError(f"{name}: the model's code raised {type(exc).__name__}{': ' + text if text else ''}"
-                            f"{_at(exc.__traceback__)}") from None
+    except TimeLimitExceeded as exc:
+        raise UserError(_time_message(name, timeout, exc.args[0] if exc.args else None)) from None
+    except ProcessExitRefused as exc:
+        raise UserError(f"{name}: the model's code called {exc.call}{_at(exc.__traceback__)}; "
+                        "preclint cannot check a model whose code ends the process") from None
+    except SystemExit as exc:
+        code = "" if exc.code is None else repr(exc.code)
+        raise UserError(f"{name}: the model's code called sys.exit({code}){_at(exc.__traceback__)}; "
+                        "preclint cannot check a model whose code ends the process") from None
+    except (Exception, Interrupted, GeneratorExit):
+        raise
+    except BaseException as exc:  # KeyboardInterrupt raised by the code itself (a real Ctrl-C arrives as
+        # Interrupted), or a BaseException of its own
+        text = " ".join(str(exc).split())
+        raise UserError(f"{name}: the model's code raised {type(exc).__name__}{': ' + text if text else ''}"
+                        f"{_at(exc.__traceback__)}") from None
 
 
 def _time_message(name: str, timeout: Optional[float], where: Optional[str]) -> str:
@@ -183,9 +183,14 @@ def _time_limit(name: str, timeout: Optional[float]) -> Iterator[None]:
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        watchdog.cancel()
+        while True:  # an alarm that fires during the clean-up must not leave the timer armed
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                watchdog.cancel()
+                break
+            except TimeLimitExceeded:
+                continue
 
 
 @contextlib.contextmanager
@@ -237,7 +242,13 @@ def _stdout_to_stderr() -> Iterator[None]:
 @contextlib.contextmanager
 def _warnings_recorded(result: Guarded) -> Iterator[None]:
     with warnings.catch_warnings(record=True) as caught:
-        yield
+        try:
+            yield
+        finally:
+            _keep_warnings(caught, result)
+
+
+def _keep_warnings(caught: List[warnings.WarningMessage], result: Guarded) -> None:
     seen = set()
     for w in caught:
         text = f"{_display(w.filename)}:{w.lineno}: {w.category.__name__}: {' '.join(str(w.message).split())}"

@@ -33,55 +33,10 @@ TINY = """
 
     example_inputs = (torch.randn(2, 8),)
 """
-FAILS = """
-    import torch
-    from torch import nn
-
-    class Fails(nn.Module):
-        def forward(self, x):
-            raise RuntimeError("this model always fails")
-
-    example_inputs = (torch.randn(2, 8),)
-"""
-NAN_OUTPUT = """
-    import torch
-    from torch import nn
-
-    class NanOut(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.log(self.fc(x) - 100.0)
-
-    example_inputs = (torch.randn(2, 8),)
-"""
-GENERATOR = """
-    import torch
-    from torch import nn
-
-    class Gen(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 8)
-
-        def forward(self, x):
-            yield self.fc(x)
-
-    example_inputs = (torch.randn(2, 8),)
-"""
-EXITS_IN_FORWARD = """
-    import sys
-    import torch
-    from torch import nn
-
-    class Exits(nn.Module):
-        def forward(self, x):
-            sys.exit(5)
-
-    example_inputs = (torch.randn(2, 8),)
-"""
+FAILS = TINY.replace("return self.fc(x)", 'raise RuntimeError("this model always fails")')
+NAN_OUTPUT = TINY.replace("return self.fc(x)", "return torch.log(self.fc(x) - 100.0)")
+GENERATOR = TINY.replace("return self.fc(x)", "yield self.fc(x)")
+EXITS_IN_FORWARD = TINY.replace("return self.fc(x)", "__import__('sys').exit(5)")
 INTERRUPTS_IN_FORWARD = TINY.replace("return self.fc(x)", "raise KeyboardInterrupt")
 OWN_BASE_EXCEPTION = """
     from torch import nn
@@ -158,7 +113,7 @@ MISTAKES = [
     (["gen.py"], "forward returned a generator"),
     (["returns_none.py"], "forward returned None, not tensors"),
     (["stop.py"], "stop.py: the model's code raised Stop: not today at stop.py:10"),
-    (["exits.py"], "exits.py: the model's code called sys.exit(5) at exits.py:8"),
+    (["exits.py"], "exits.py: the model's code called sys.exit(5) at exits.py:11"),
     (["interrupts.py"], "raised KeyboardInterrupt at interrupts.py:11"),
     (["sleeps.py", "--timeout", "0.5"], "sleeps.py: gave up after 0.5 s, at sleeps.py:3"),
     (["tiny.py", "--rtol", "nan"], "rtol must be a finite number"),
