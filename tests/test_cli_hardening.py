@@ -168,7 +168,7 @@ def test_a_failing_model_is_in_every_document_and_the_others_are_kept(models, ca
     assert code == 2 and out.startswith("::error title=preclint::preclint could not check fails.py")
 
     code, out, _ = run(capsys, "check", "tiny.py", "fails.py", "--output-format", "concise")
-    assert out == "No findings; 1 model could not be checked.\n"
+    assert out == "1 model could not be checked: fails.py.\n"
 
 
 def test_no_baseline_is_written_when_a_model_could_not_be_checked(models, capsys):

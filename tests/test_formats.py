@@ -162,19 +162,21 @@ def test_several_models_make_one_document_in_every_format(files):
     sarif = json.loads(render_reports(reports, "sarif"))
     jsonschema.validate(sarif, json.loads(SCHEMA.read_text()))
     (run,) = sarif["runs"]
-    assert [r["ruleId"] for r in run["results"]] == ["PCL101", "PCL502"]
+    assert [r["ruleId"] for r in run["results"]] == ["PCL502", "PCL101"]  # sorted over the models: m.py:2, m.py:3
     assert run["invocations"] == [{"executionSuccessful": False, "toolExecutionNotifications": [
         {"level": "error", "message": {"text": "preclint could not check c.py: c.py: no nn.Module found"},
          "descriptor": {"id": "model-not-checked"}}]}]
     assert json.loads(render(reports[0], "sarif"))["runs"][0]["invocations"] == [{"executionSuccessful": True}]
     rdjson = json.loads(render_reports(reports, "rdjson"))
-    assert [d["severity"] for d in rdjson["diagnostics"]] == ["ERROR", "WARNING", "ERROR"]
+    assert [d["severity"] for d in rdjson["diagnostics"]] == ["WARNING", "ERROR", "ERROR"]
+    assert rdjson["diagnostics"][-1]["message"] == "preclint could not check c.py: c.py: no nn.Module found"
     github = render_reports(reports, "github").splitlines()
     assert github[0] == "::error title=preclint::preclint could not check c.py: c.py: no nn.Module found"
     assert len(github) == 3
-    assert render_reports(reports, "concise").splitlines()[-1] == "Found 2 findings; 1 model could not be checked."
+    assert render_reports(reports, "concise").splitlines()[-2:] == ["Found 2 findings.", "1 model could not be checked: c.py."]
+    assert render_reports(reports[2:] + reports[2:] + [Report(model="d.py")], "concise") == \
+        "2 models could not be checked: c.py, c.py.\n"  # not "All checks passed!"
     full = render_reports(reports, "full")
-    assert full.count("preclint a.py:Net") == 1 and full.endswith(
-        "1 model could not be checked: c.py (see the error messages).\n")
+    assert full.count("preclint a.py:Net") == 1 and full.endswith("1 model could not be checked: c.py.\n")
     for fmt in ("full", "concise"):  # nothing was checked: the error on stderr is the whole story
         assert render_reports(reports[2:], fmt) == ""

@@ -6,7 +6,7 @@ document formats carry it, the text formats leave it to the error line on stderr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preclint.findings import Finding
@@ -71,3 +71,13 @@ def render_reports(reports: Sequence[Report], fmt: str, color: bool = False) -> 
 def failure_line(report: Report) -> str:
     """What the document formats say about a model that could not be checked."""
     return f"preclint could not check {report.model or 'the model'}: {report.error}"
+
+
+def merged(reports: Sequence[Report]) -> Report:
+    """The reports of the models that were checked as one, for the formats that list results flat
+    (concise, SARIF, GitHub, rdjson): their lists (findings, notes, files...) joined in order."""
+    checked = [r for r in reports if r.error is None]
+    if len(checked) == 1:
+        return checked[0]
+    lists = [f.name for f in fields(Report) if f.default_factory is list]  # type: ignore[comparison-overlap]
+    return Report(**{name: [item for r in checked for item in getattr(r, name)] for name in lists})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from preclint.report import Report
+from preclint.report import Report, merged
 
 
 def finding_line(finding, model: str = "") -> str:
@@ -19,24 +19,27 @@ def finding_line(finding, model: str = "") -> str:
     return f"{where}: {finding.code}{mark} {' '.join(finding.message.split())}{module}"
 
 
-def render_many(reports: Sequence[Report]) -> str:
-    """Each checked model's findings, then one count for the run (nothing when no model was checked:
-    the errors on stderr say why)."""
-    checked = [r for r in reports if r.error is None]
-    if not checked:
-        return ""
-    lines, fixable, total = [], 0, 0
-    for report in checked:
-        findings = report.sorted_findings()
-        lines += [finding_line(f, report.model or "") for f in findings]
-        fixable += sum(1 for f in findings if f.fixable)
-        total += len(findings)
-    failed = len(reports) - len(checked)
-    unchecked = f"; {failed} model{'s' if failed != 1 else ''} could not be checked" if failed else ""
-    if total:
-        lines.append(f"Found {total} finding{'s' if total != 1 else ''}{unchecked}.")
+def render(report: Report) -> str:
+    findings = report.sorted_findings()
+    lines = [finding_line(f, report.model or "") for f in findings]
+    if findings:
+        fixable = sum(1 for f in findings if f.fixable)
+        lines.append(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}.")
         if fixable:
             lines.append(f"[*] {fixable} fixable with the `--fix` option.")
     else:
-        lines.append(f"No findings{unchecked}." if failed else "All checks passed!")
+        lines.append("All checks passed!")
     return "\n".join(lines) + "\n"
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """Every checked model's findings and one count; then the models that could not be checked (their
+    errors are on stderr), in place of "All checks passed!". Nothing when no model was checked."""
+    failed = [r.model or "a model" for r in reports if r.error is not None]
+    if len(failed) == len(reports):
+        return ""
+    text = render(merged(reports))
+    if failed:
+        text = text.removesuffix("All checks passed!\n") + (
+            f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: {', '.join(failed)}.\n")
+    return text

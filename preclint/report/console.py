@@ -170,6 +170,5 @@ def render_many(reports: Sequence[Report], color: bool = False) -> str:
     text = "".join(render(r, color=color) for r in checked)
     failed = [r.model or "a model" for r in reports if r.error is not None]
     if failed:
-        text += (f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: "
-                 f"{', '.join(failed)} (see the error messages).\n")
+        text += f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: {', '.join(failed)}.\n"
     return text

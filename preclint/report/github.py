@@ -2,9 +2,9 @@
 
 ``::warning file=<path>,line=<l>,col=<c>,title=preclint (<CODE>)::<path>:<l>:<c>: <CODE> <message>``,
 with the fix on a second line of the message. GitHub shows at most 10 annotations of each level per
-step (error, warning, notice), so findings (of every model checked) are ranked by severity and
-position, the first ten of each level become annotations, the rest are printed as plain log lines, and
-one notice says how many were not annotated. A model that could not be checked is an error annotation. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
+step (error, warning, notice), so findings are ranked by severity and position, the first ten of each
+level become annotations, the rest are printed as plain log lines, and one notice says how many were
+not annotated (over all the models of a run). A model that could not be checked is an error annotation. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
 also ``:`` and ``,`` inside properties.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import List, Sequence
 
 from preclint.findings import severity_rank
-from preclint.report import Report, failure_line
+from preclint.report import Report, failure_line, merged
 from preclint.report.concise import finding_line
 
 LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
@@ -40,31 +40,26 @@ def annotation(finding, model: str = "") -> str:
     return f"::{level} {','.join(properties)}::{escape_data(body)}"
 
 
-def render_many(reports: Sequence[Report]) -> str:
-    """The findings of every checked model under one cap; a model that could not be checked is an
-    error annotation of its own, shown first."""
-    failures = [f"::error title={escape_property('preclint')}::{escape_data(failure_line(r))}"
-                for r in reports if r.error is not None]
-    pairs = [(f, r.model or "") for r in reports if r.error is None for f in r.sorted_findings()]
+def render(report: Report) -> str:
+    model = report.model or ""
     # most severe first, so that the annotations GitHub keeps are the ones that matter most
-    pairs.sort(key=lambda pair: -severity_rank(pair[0].severity))
+    findings = sorted(report.sorted_findings(), key=lambda f: -severity_rank(f.severity))
     counts = {level: 0 for level in LEVELS.values()}
-    counts["error"] = len(failures)
     annotated, rest = [], []
-    for pair in pairs:
-        level = LEVELS.get(pair[0].severity, "warning")
+    for finding in findings:
+        level = LEVELS.get(finding.severity, "warning")
         if counts[level] < PER_LEVEL:
             counts[level] += 1
-            annotated.append(pair)
+            annotated.append(finding)
         else:
-            rest.append(pair)
+            rest.append(finding)
     if rest and counts["notice"] == PER_LEVEL:
         # the summary is a notice itself: free a notice slot for it
-        last = max(i for i, (f, _) in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
+        last = max(i for i, f in enumerate(annotated) if LEVELS.get(f.severity) == "notice")
         rest.insert(0, annotated.pop(last))
-    lines: List[str] = failures + [annotation(f, model) for f, model in annotated]
+    lines: List[str] = [annotation(f, model) for f in annotated]
     if rest:
-        lines += [finding_line(f, model) for f, model in rest]
+        lines += [finding_line(f, model) for f in rest]
         lines.append(
             f"::notice title={escape_property('preclint')}::"
             + escape_data(
@@ -73,3 +68,12 @@ def render_many(reports: Sequence[Report]) -> str:
             )
         )
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """The findings of every checked model under one cap, after an error annotation for each model
+    that could not be checked."""
+    failures = "".join(f"::error title={escape_property('preclint')}::{escape_data(failure_line(r))}\n"
+                       for r in reports if r.error is not None)
+    checked = [r for r in reports if r.error is None]
+    return failures + (render(merged(checked)) if checked else "")

@@ -1,8 +1,4 @@
-"""--output-format json: the fixed schema, one document, deterministic.
-
-One model: one object. Several: a list of them, in the order the models were named. A model that
-could not be checked is an object with an ``error`` (and no findings).
-"""
+"""--output-format json: the fixed schema, one document, deterministic."""
 from __future__ import annotations
 
 import json
@@ -77,11 +73,20 @@ def to_dict(report: Report) -> dict:
         doc["environment"] = report.environment
     if report.ledger is not None:
         doc["nodes"] = report.ledger
-    if report.error is not None:
-        doc["error"] = report.error
     return doc
 
 
+def render(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
 def render_many(reports: Sequence[Report]) -> str:
-    docs = [to_dict(r) for r in reports]
+    """One model: its object; several: a list of them, in the order they were named. A model that
+    could not be checked is an object with an ``error``."""
+    docs = []
+    for report in reports:
+        doc = to_dict(report)
+        if report.error is not None:
+            doc["error"] = report.error
+        docs.append(doc)
     return json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, sort_keys=False, allow_nan=False) + "\n"

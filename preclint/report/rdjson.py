@@ -4,7 +4,7 @@
 reviewdog counts columns in UTF-8 bytes from 1; preclint's columns are code points, so they are
 converted from the line's text here. Only the start of a finding is known, so ranges carry a start
 alone. Model-level findings without a location are kept, without a location. Several models make one
-DiagnosticResult; a model that could not be checked is an ERROR diagnostic.
+DiagnosticResult.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 import os
 from typing import Sequence
 
-from preclint.report import Report, failure_line
+from preclint.report import Report, failure_line, merged
 from preclint.report.concise import finding_line
 from preclint.source.lines import utf8_column
 
@@ -35,23 +35,25 @@ def _diagnostic(finding, model: str) -> dict:
     return diagnostic
 
 
-def _failure(report: Report) -> dict:
-    diagnostic = {"message": failure_line(report)}
-    if report.model and os.path.isfile(report.model):
-        diagnostic["location"] = {"path": report.model}
-    diagnostic.update({"severity": "ERROR", "source": {"name": "preclint"}, "original_output": failure_line(report)})
-    return diagnostic
+def to_dict(report: Report) -> dict:
+    return {
+        "source": {"name": "preclint"},
+        "diagnostics": [_diagnostic(f, report.model or "") for f in report.sorted_findings()],
+    }
 
 
-def to_dict(reports: Sequence[Report]) -> dict:
-    diagnostics = []
-    for report in reports:
-        if report.error is not None:
-            diagnostics.append(_failure(report))
-        else:
-            diagnostics += [_diagnostic(f, report.model or "") for f in report.sorted_findings()]
-    return {"source": {"name": "preclint"}, "diagnostics": diagnostics}
+def render(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, ensure_ascii=False) + "\n"
 
 
 def render_many(reports: Sequence[Report]) -> str:
-    return json.dumps(to_dict(reports), indent=2, ensure_ascii=False) + "\n"
+    """One DiagnosticResult for every model; a model that could not be checked is an ERROR diagnostic
+    (on its file, when it is one)."""
+    document = to_dict(merged(reports))
+    for report in reports:
+        if report.error is not None:
+            diagnostic = {"message": failure_line(report), "severity": "ERROR", "source": {"name": "preclint"}}
+            if report.model and os.path.isfile(report.model):
+                diagnostic["location"] = {"path": report.model}
+            document["diagnostics"].append(diagnostic)
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"

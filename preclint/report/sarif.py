@@ -6,8 +6,8 @@ working directory with ``uriBaseId`` %SRCROOT% (the repository root when preclin
 CI), regions are given in Unicode code points (``columnKind``), and each result carries GitHub's own
 ``primaryLocationLineHash`` so alerts keep their identity when lines move. Findings without a source
 location (model-level) are results without ``locations``, which SARIF allows. Several models make one
-run; a model that could not be checked makes the invocation unsuccessful and is one of its tool
-execution notifications. Deterministic: no timestamps, no absolute paths.
+run whose invocation is not successful when a model could not be checked. Deterministic: no
+timestamps, no absolute paths.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import math
 from typing import Sequence
 
 from preclint import __version__
-from preclint.report import Report, failure_line
+from preclint.report import Report, failure_line, merged
 from preclint.source.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -119,21 +119,7 @@ def _result(finding, rule_index: dict) -> dict:
     return result
 
 
-def _invocation(reports: Sequence[Report]) -> dict:
-    """One invocation of preclint: successful unless a model could not be checked; each such model is
-    a tool execution notification (GitHub shows them as the run's errors)."""
-    failures = [r for r in reports if r.error is not None]
-    invocation: dict = {"executionSuccessful": not failures}
-    if failures:
-        invocation["toolExecutionNotifications"] = [
-            {"level": "error", "message": {"text": failure_line(r)}, "descriptor": {"id": "model-not-checked"}}
-            for r in failures
-        ]
-    return invocation
-
-
-def to_dict(reports: Sequence[Report]) -> dict:
-    """One run for every model of the invocation (GitHub takes one run per tool and category)."""
+def to_dict(report: Report) -> dict:
     from preclint.rules import all_rules
 
     rules = [rule for _, rule in sorted(all_rules().items())]
@@ -147,12 +133,26 @@ def to_dict(reports: Sequence[Report]) -> dict:
                 "rules": [_rule_descriptor(rule) for rule in rules],
             }
         },
-        "invocations": [_invocation(reports)],
         "columnKind": "unicodeCodePoints",
-        "results": [_result(f, rule_index) for r in reports if r.error is None for f in r.sorted_findings()],
+        "results": [_result(f, rule_index) for f in report.sorted_findings()],
     }
     return {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
+def render(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 def render_many(reports: Sequence[Report]) -> str:
-    return json.dumps(to_dict(reports), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    """One run for every model (GitHub takes one run per tool and category) and one invocation: not
+    successful when a model could not be checked, each such model a tool execution notification."""
+    document = to_dict(merged(reports))
+    (run,) = document["runs"]
+    invocation = run.setdefault("invocations", [{"executionSuccessful": True}])[0]
+    failures = [r for r in reports if r.error is not None]
+    if failures:
+        invocation["executionSuccessful"] = False
+        invocation.setdefault("toolExecutionNotifications", []).extend(
+            {"level": "error", "message": {"text": failure_line(r)}, "descriptor": {"id": "model-not-checked"}}
+            for r in failures)
+    return json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
