@@ -1,11 +1,15 @@
 """Argument parsing and exit codes. Everything else lives in the modules this one calls.
 
-Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error.
+Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error (or a
+model that could not be checked); 130 / 143 interrupted by SIGINT / SIGTERM; 141 the reader of stdout
+went away.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
 import traceback
 from typing import List, Optional, Sequence
@@ -42,6 +46,27 @@ def _precisions(text: str) -> List[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _seed(text: str) -> int:
+    """A seed torch.manual_seed takes: a whole number from -2**63 to 2**64 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if not -(2 ** 63) <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (from -2**63 to 2**64 - 1)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0 (0: no limit), not {text!r}")
+    return value
+
+
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME", help="the model in the file: a class, a factory or an instance")
     p.add_argument("--input", metavar="[NAME=]SHAPE[:DTYPE[:VALUES]]", action="append", dest="inputs",
@@ -54,12 +79,14 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-dtype", metavar="DTYPE", default="float32",
                    help="dtype of --input-shape inputs, and of --input inputs that name none")
     p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random init and random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for random init and random inputs (default 0)")
     p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
                    help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full (default tf32,fp16,bf16)")
     p.add_argument("--rtol", type=float, help="relative tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--atol", type=float, help="absolute tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--capture", choices=("fx", "function-mode"), help="force a capture path instead of FX first")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="give up on a model that takes longer to load, capture and run (default 600; 0: no limit)")
 
 
 def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
@@ -138,7 +165,7 @@ def _config(args):
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     return config.with_flags(select=args.select, ignore=args.ignore, extend_select=args.extend_select,
                              precisions=args.precisions, rtol=args.rtol, atol=args.atol, fail_on=args.fail_on,
-                             output_format=args.output_format)
+                             output_format=args.output_format, timeout=args.timeout)
 
 
 def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
@@ -155,12 +182,12 @@ def _use_color(args) -> bool:
         return True
     if args.color == "never" or os.environ.get("NO_COLOR"):
         return False
-    return sys.stdout.isatty()
+    return sys.stdout is not None and sys.stdout.isatty()
 
 
 def cmd_check(args) -> int:
-    from preclint.report import render
-    from preclint.source.command import apply_baseline_to_reports, suppress_graph_findings
+    from preclint.report import render_reports
+    from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments, write_report
 
     config = _config(args)
     if args.source_only:
@@ -175,29 +202,53 @@ def cmd_check(args) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UserError("the graph check needs torch in this environment (pip install torch torchvision); "
                         "--source-only works without it")
-    from preclint.engine import CheckOptions, check_model
+    from preclint.engine import CheckOptions
+    from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
 
     probe = _probe_options(args)
+    check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
-    reports = []
-    for path in args.paths:
-        loaded = _load(path, args)
-        report, graph, ctx = check_model(loaded, config, options)
-        if probe is not None:
-            from preclint.probe import probe_report
-
-            probe_report(loaded, report, graph, ctx, config, probe)
-        report.findings = suppress_graph_findings(report.findings, config, [path])
-        report.ledger_top = getattr(args, "top", None)
-        reports.append(report)
+    reports = [_check_one(path, args, config, options, probe) for path in args.paths]
+    failed = [r for r in reports if r.error is not None]
     if args.baseline or args.write_baseline:
-        apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
-    outputs = [render(r, config.output_format, color=_use_color(args)) for r in reports]
-    if config.output_format == "json" and len(outputs) > 1:
-        outputs = ["[\n" + ",\n".join(o.rstrip("\n") for o in outputs) + "\n]\n"]
-    sys.stdout.write("".join(outputs))
+        written = apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
+        if args.write_baseline and not written:
+            sys.stderr.write(f"preclint: error: {args.write_baseline} was left as it was: a baseline written now "
+                             "would miss the findings of the models that could not be checked\n")
+    write_report(render_reports(reports, config.output_format, color=_use_color(args)))
+    if failed:
+        return EXIT_ERROR
     return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
+
+
+def _check_one(path: str, args, config, options, probe):
+    """One model's report; a model that cannot be checked gets a report with its error (printed on
+    stderr at once), so the other models are still reported."""
+    from preclint.engine import check_model
+    from preclint.report import Report
+    from preclint.source.command import suppress_graph_findings
+    from preclint.usercode import guard
+
+    guarded = None
+    try:
+        with guard(path, config.timeout) as guarded:
+            loaded = _load(path, args)
+            report, graph, ctx = check_model(loaded, config, options)
+            if probe is not None:
+                from preclint.probe import probe_report
+
+                probe_report(loaded, report, graph, ctx, config, probe)
+    except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
+        return Report(model=path, precisions=tuple(config.precisions), error=_report_error(exc, args.debug))
+    finally:
+        if guarded is not None and args.debug:
+            for warning in guarded.warnings:
+                sys.stderr.write(f"preclint: debug: warning: {warning}\n")
+    report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
+    report.findings = suppress_graph_findings(report.findings, config, [path])
+    report.ledger_top = getattr(args, "top", None)
+    return report
 
 
 def _probe_options(args):
@@ -216,10 +267,11 @@ def _probe_options(args):
 
 def cmd_rule(args) -> int:
     from preclint.rules import all_rules
+    from preclint.source.command import write_report
 
     rules = all_rules()
     if args.all:
-        sys.stdout.write("\n".join(rules[code].documentation() for code in sorted(rules)))
+        write_report("\n".join(rules[code].documentation() for code in sorted(rules)))
         return EXIT_OK
     if not args.code:
         raise UserError("give a rule code (e.g. preclint rule PCL101) or --all")
@@ -230,11 +282,48 @@ def cmd_rule(args) -> int:
             code = by_name[args.code].code
         else:
             raise UserError(f"unknown rule {args.code!r} (known: {', '.join(sorted(rules))})")
-    sys.stdout.write(rules[code].documentation())
+    write_report(rules[code].documentation())
     return EXIT_OK
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _report_error(exc: Exception, debug: bool) -> str:
+    """Print the one line for an error (after its traceback, with --debug); return the error as a
+    report states it."""
+    if debug:
+        traceback.print_exc()
+    if isinstance(exc, UserError):
+        message = str(exc)
+        sys.stderr.write(f"preclint: error: {message}\n")
+    else:  # a bug in preclint: still one line unless --debug
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        message = f"internal error: {type(exc).__name__}: {first}"
+        sys.stderr.write(f"preclint: {message} (run with --debug for the traceback)\n")
+    return message
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``preclint`` command; ``argv`` None means the process's own arguments (the program itself)."""
+    code = _main(argv)
+    if argv is None:
+        from preclint.usercode import end_if_threads_linger
+
+        end_if_threads_linger(code)  # a thread the model's code started must not keep the process alive
+    return code
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    from preclint.usercode import Interrupted, exit_status, interrupt_signals
+
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -245,25 +334,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
     try:
-        if args.command in ("check", "probe"):
-            return cmd_check(args)
-        if args.command == "rule":
-            return cmd_rule(args)
-        raise UserError(f"unknown command {args.command}")
-    except UserError as exc:
-        if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"preclint: error: {exc}\n")
+        os.getcwd()
+    except FileNotFoundError:
+        sys.stderr.write("preclint: error: the working directory no longer exists; cd to one that does\n")
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        sys.stderr.write("preclint: interrupted\n")
-        return EXIT_ERROR
-    except Exception as exc:  # a bug in preclint: still one line unless --debug
-        if debug:
-            traceback.print_exc()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        sys.stderr.write(f"preclint: internal error: {type(exc).__name__}: {first} (run with --debug for the traceback)\n")
-        return EXIT_ERROR
+    with interrupt_signals():
+        try:
+            if args.command in ("check", "probe"):
+                return cmd_check(args)
+            if args.command == "rule":
+                return cmd_rule(args)
+            raise UserError(f"unknown command {args.command}")
+        except Interrupted as exc:  # SIGINT, SIGTERM: the shell's convention, 128 + the signal number
+            sys.stderr.write(f"preclint: interrupted ({exc.name})\n")
+            return exit_status(exc)
+        except KeyboardInterrupt:  # a SIGINT where preclint could not install its handler
+            sys.stderr.write("preclint: interrupted (SIGINT)\n")
+            return 128 + signal.SIGINT
+        except BrokenPipeError:  # the reader left (`| head`): quietly, as a process ended by SIGPIPE
+            _silence_stdout()
+            return 128 + signal.SIGPIPE
+        except Exception as exc:
+            _report_error(exc, debug)
+            return EXIT_ERROR
 
 
 if __name__ == "__main__":

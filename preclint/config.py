@@ -14,6 +14,7 @@ are kebab-case, as in Ruff:
     fail-on = "warning"              # info | warning | error
     exclude = ["third_party/", "tests/data/**"]
     output-format = "concise"
+    timeout = 600                    # seconds for one model (0: no limit)
 
     [tool.preclint.per-file-ignores]
     "tests/**" = ["PCL501"]
@@ -24,6 +25,7 @@ holds them. Unknown keys and unknown codes are errors (exit 2), never silently i
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -35,6 +37,10 @@ from preclint.findings import SEVERITIES
 from preclint.numerics import DEFAULT_MODES, MODES
 
 OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
+# Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
+# it: minutes for the largest models preclint runs on a CPU, and a bound on a model file that never
+# returns, so a pre-commit hook or a CI job ends with a message instead of hanging.
+DEFAULT_TIMEOUT = 600.0
 
 
 @dataclass
@@ -49,6 +55,7 @@ class Config:
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     exclude: List[str] = field(default_factory=list)
     output_format: str = "full"
+    timeout: float = DEFAULT_TIMEOUT  # seconds per model; 0: no limit
     path: Optional[str] = None  # the configuration file read, if any
     root: Optional[str] = None  # where relative patterns start: the config file's directory (else cwd)
 
@@ -118,19 +125,47 @@ class Config:
             check_selectors(selectors, f"{where}: {key}")
         for pattern, codes in self.per_file_ignores.items():
             check_selectors(codes, f"{where}: per-file-ignores[{pattern!r}]")
+        if self.select is not None or self.ignore:
+            self._check_something_selected(where)
+        for key, patterns in (("exclude", self.exclude), ("per-file-ignores", list(self.per_file_ignores))):
+            for pattern in patterns:
+                check_glob(pattern, f"{where}: {key}")
+        if not self.precisions:
+            raise UserError(f"{where}: precisions names no precision (choose from {', '.join(MODES)})")
         for mode in self.precisions:
             if mode not in MODES:
                 raise UserError(f"{where}: unknown precision {mode!r} (known: {', '.join(MODES)})")
-        for key in ("rtol", "atol"):
+        for key in ("rtol", "atol", "timeout"):
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
-                raise UserError(f"{where}: {key} must be a number >= 0, not {value!r}")
+            if value is not None and not _is_finite_non_negative(value):
+                raise UserError(f"{where}: {key} must be a finite number >= 0, not {value!r}")
         if self.fail_on not in SEVERITIES:
             raise UserError(f"{where}: fail-on must be one of {', '.join(SEVERITIES)}, not {self.fail_on!r}")
         if self.output_format not in OUTPUT_FORMATS:
             raise UserError(
                 f"{where}: output-format must be one of {', '.join(OUTPUT_FORMATS)}, not {self.output_format!r}"
             )
+
+
+    def _check_something_selected(self, where: str) -> None:
+        if not any(self.is_selected(code) for code in known_codes()):
+            what = "select names no rule" if self.select == [] and not self.extend_select else \
+                "the selection (select, ignore, extend-select) leaves no rule to run"
+            raise UserError(f"{where}: {what}; give rule codes or prefixes, or ALL (see `preclint rule --all`)")
+
+
+def _is_finite_non_negative(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def check_glob(pattern: str, where: str) -> None:
+    """A pattern of ``exclude`` or ``per-file-ignores`` that preclint can match; else a UserError."""
+    from preclint.source.paths import glob_regex
+
+    try:
+        glob_regex(pattern.strip().replace(os.sep, "/").strip("/"))
+    except re.error as exc:
+        raise UserError(f"{where}: invalid glob {pattern!r}: {exc.msg}") from None
 
 
 def _matches(selector: str, code: str) -> bool:
@@ -173,7 +208,10 @@ def _strings(value: Any, key: str, where: str) -> List[str]:
 def _number(value: Any, key: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"{where}: {key} must be a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a TOML integer of hundreds of digits
+        raise UserError(f"{where}: {key} must be a finite number >= 0, not an integer that large") from None
 
 
 def _string(value: Any, key: str, where: str) -> str:
@@ -200,6 +238,7 @@ KEYS = {
     "per-file-ignores": ("per_file_ignores", _table_of_lists),
     "exclude": ("exclude", _strings),
     "output-format": ("output_format", _string),
+    "timeout": ("timeout", _number),
 }
 
 
@@ -281,6 +320,8 @@ def load_config(start: Optional[str] = None, config_file: Optional[str] = None, 
     if isolated:
         return Config()
     if config_file is not None:
+        if os.path.isdir(config_file):
+            raise UserError(f"{config_file}: is a directory; expected a TOML file (pyproject.toml)")
         if not os.path.isfile(config_file):
             raise UserError(f"{config_file}: no such configuration file")
         return config_from_file(config_file)

@@ -96,6 +96,11 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
                 observer.finish(graph, output)
     except ModelRunError as exc:
         raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
+    if inspect.isgenerator(output) or inspect.iscoroutine(output) or inspect.isasyncgen(output):
+        if hasattr(output, "close"):
+            output.close()  # its body never ran (and a coroutine would warn that it was never awaited)
+        raise UserError(f"{loaded.name}: forward returned a {type(output).__name__}, not tensors, so none of its "
+                        "code ran; preclint checks a forward that returns its tensors")
     graph.ran_reference = options.run
     if observer is not None:
         graph.first_nonfinite = observer.first_nonfinite

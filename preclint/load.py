@@ -17,6 +17,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import itertools
+import math
 import os
 import re
 import sys
@@ -95,6 +96,7 @@ def load_model(
         _check_unique_names(specs)
     elif input_shapes is not None:
         specs = [InputSpec(None, _validate_shape(shape), dtype) for shape in input_shapes]
+        _check_inputs_fit_in_memory(specs)
     if weights is not None:
         _check_is_file(weights, what="weights file")
 
@@ -633,6 +635,16 @@ def _spec_label(specs: Sequence[InputSpec], index: int) -> str:
 def _draw(specs: Sequence[InputSpec], seed: int, index_bounds: Optional[Dict[int, int]]) -> Inputs:
     """The inputs, seeded; open integer inputs are zeros when ``index_bounds`` is None, else drawn
     below their bound (2 where none is known)."""
+    try:
+        return _draw_tensors(specs, seed, index_bounds)
+    except (RuntimeError, MemoryError) as exc:  # more than the memory free now, though less than installed
+        if isinstance(exc, RuntimeError) and "allocate" not in str(exc):
+            raise
+        shown = " and ".join("x".join(map(str, spec.shape)) for spec in specs)
+        raise UserError(f"cannot allocate inputs of shape {shown}: not enough free memory; use smaller inputs") from None
+
+
+def _draw_tensors(specs: Sequence[InputSpec], seed: int, index_bounds: Optional[Dict[int, int]]) -> Inputs:
     torch.manual_seed(seed)
     args, kwargs = [], {}
     for i, spec in enumerate(specs):
@@ -716,6 +728,12 @@ def _parse_dtype(name: str) -> torch.dtype:
             f"unknown input dtype {name!r}: expected a torch dtype name such as "
             "float32, float16, bfloat16 or int64"
         )
+    if dtype not in _INPUT_DTYPES:
+        raise UserError(
+            f"input dtype {bare} cannot be used for --input or --input-shape inputs (torch has few CPU kernels for it); "
+            f"use one of {', '.join(str(d).removeprefix('torch.') for d in _INPUT_DTYPES)}, "
+            "or give example_inputs in the model file"
+        )
     return dtype
 
 
@@ -728,7 +746,16 @@ def _parse_dims(text: str, what: str) -> tuple[int, ...]:
         parts.pop()
     if not parts or not all(re.fullmatch(r"\d+", part) and int(part) > 0 for part in parts):
         raise UserError(f"{what}: the shape {text.strip()!r} must be positive integers joined by x, such as 1x3x224x224")
-    return tuple(int(part) for part in parts)
+    dims = tuple(int(part) for part in parts)
+    if any(d > _MAX_DIMENSION for d in dims):
+        raise UserError(f"{what}: a dimension of {text.strip()!r} is larger than a tensor can be (2**63 - 1)")
+    return dims
+
+
+# The dtypes of generated inputs: those with random numbers and the common kernels on the CPU. Not float8,
+# quantized, sub-byte or the wide unsigned types, which only a few operations accept.
+_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64, torch.complex128,
+                 torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
 def _validate_shape(shape: Sequence[int] | str, text: Optional[str] = None) -> tuple[int, ...]:
@@ -741,7 +768,39 @@ def _validate_shape(shape: Sequence[int] | str, text: Optional[str] = None) -> t
         raise UserError(f"bad input shape {shown}: expected a sequence of positive integers") from None
     if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
         raise UserError(f"bad input shape {shown}: every dimension must be a positive integer")
+    if any(d > _MAX_DIMENSION for d in dims):
+        raise UserError(f"bad input shape {shown}: a dimension is larger than a tensor can be (2**63 - 1)")
     return dims
+
+
+_MAX_DIMENSION = 2 ** 63 - 1
+
+
+def _check_inputs_fit_in_memory(specs: Sequence["InputSpec"]) -> None:
+    """Random inputs larger than this machine's memory are refused before torch tries to allocate them."""
+    needed = sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in specs)
+    available = _physical_memory()
+    if available is not None and needed > available:
+        shown = " and ".join("x".join(map(str, spec.shape)) for spec in specs)
+        raise UserError(
+            f"input shape {shown} needs {_bytes(needed)}, more than this machine's memory "
+            f"({_bytes(available)}); use smaller inputs"
+        )
+
+
+def _physical_memory() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not on this platform
+        return None
+
+
+def _bytes(count: int) -> str:
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+    value, unit = float(count), 0
+    while value >= 1024 and unit < len(units) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{count} bytes" if unit == 0 else f"{value:.1f} {units[unit]}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -823,11 +882,21 @@ def _first_few(items: list[str], limit: int = 3) -> str:
 
 
 def _weights_load_reason(exc: Exception) -> str:
-    # torch's weights_only message is a paragraph; the sentence after this marker is the reason.
-    match = re.search(r"WeightsUnpickler error: (.*?\.)(\s|$)", str(exc))
-    if match:
-        return match.group(1)
-    return _quote(exc)
+    """The reason in torch's weights_only message, whole: its first sentence after the boilerplate
+    (the change of default in 2.6, "Please file an issue", "Check the documentation")."""
+    kept = []
+    for paragraph in re.split(r"\n\s*\n", str(exc)):
+        paragraph = " ".join(paragraph.split())
+        if "WeightsUnpickler error:" in paragraph:
+            paragraph = paragraph.split("WeightsUnpickler error:", 1)[1].strip()
+        elif paragraph.startswith(("Weights only load failed", "Check the documentation")):
+            continue
+        if paragraph:
+            kept.append(paragraph)
+    if not kept:
+        return _quote(exc)
+    sentence = re.match(r"(.+?\.)(?:\s|$)", kept[0])
+    return sentence.group(1) if sentence else kept[0]
 
 
 # --------------------------------------------------------------------------------------------

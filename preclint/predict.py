@@ -400,6 +400,9 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
                for s in (node.outputs or [t for n in node.inputs for t in graph[n].outputs[:1]]) if s.is_float]
     numel = sum(s.numel for s in outputs)
     prediction.output_numel = numel
+    if not all(s.finite for s in outputs):  # inf/NaN already in fp32 (PCL002): no error to predict from it
+        prediction.finite = False
+        return prediction
     if not numel:  # integer outputs only (labels, indices): their error is the decisions' flips
         prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
         _predict_decisions(graph, prediction, roundings)

@@ -66,8 +66,18 @@ output-format = "concise"
         (f"select = ['{UNUSED}']", f"unknown rule code or prefix '{UNUSED}'"),
         ("select = 'PCL501'\nignore = ['F401']", "unknown rule code or prefix 'F401'"),
         ("precisions = ['fp8']", "unknown precision 'fp8'"),
-        ("rtol = -1", "rtol must be a number >= 0"),
+        ("rtol = -1", "rtol must be a finite number >= 0"),
+        ("rtol = nan", "rtol must be a finite number >= 0, not nan"),
+        ("atol = inf", "atol must be a finite number >= 0, not inf"),
+        ("atol = 1" + "0" * 400, "atol must be a finite number >= 0"),
         ("rtol = 'small'", "rtol must be a number"),
+        ("timeout = -5", "timeout must be a finite number >= 0"),
+        ("timeout = '10s'", "timeout must be a number"),
+        ("precisions = []", "precisions names no precision"),
+        ("select = []", "select names no rule"),
+        ("ignore = ['ALL']", "leaves no rule to run"),
+        ("exclude = ['[z-a]']", "exclude: invalid glob '[z-a]'"),
+        ("[tool.preclint.per-file-ignores]\n'tests/[9-0]*' = ['PCL501']", "per-file-ignores: invalid glob"),
         ("fail-on = 'never'", "fail-on must be one of info, warning, error"),
         ("output-format = 'xml'", "output-format must be one of"),
         (f"[tool.preclint.per-file-ignores]\n'x.py' = ['{UNUSED}']", "per-file-ignores['x.py']"),
@@ -101,6 +111,33 @@ def test_explicit_config_file(tmp_path, monkeypatch):
     assert load_config(config_file="custom.toml").select == ["PCL502"]
     with pytest.raises(UserError, match="missing.toml: no such configuration file"):
         load_config(config_file="missing.toml")
+    (tmp_path / "conf.d").mkdir()
+    with pytest.raises(UserError, match="conf.d: is a directory"):
+        load_config(config_file="conf.d")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"rtol": float("nan")}, "rtol must be a finite number >= 0, not nan"),
+        ({"atol": float("inf")}, "atol must be a finite number >= 0, not inf"),
+        ({"precisions": []}, "precisions names no precision"),  # --precision '' and --precision ,,,
+        ({"select": []}, "select names no rule"),  # --select ''
+        ({"select": ["PCL1"], "ignore": ["PCL1"]}, "leaves no rule to run"),
+    ],
+)
+def test_flags_that_would_check_nothing_or_compare_with_nan_are_errors(flags, message):
+    with pytest.raises(UserError, match="command line") as caught:
+        Config().with_flags(**flags)
+    assert message in str(caught.value)
+
+
+def test_timeout_from_the_file_and_the_flag(tmp_path):
+    write(tmp_path / "pyproject.toml", "[tool.preclint]\ntimeout = 30\n")
+    config = load_config(str(tmp_path))
+    assert config.timeout == 30.0
+    assert config.with_flags(timeout=0.0).timeout == 0.0  # 0: no limit
+    assert Config().timeout > 0  # a limit unless the user lifts it
 
 
 def test_cli_uses_the_config(tmp_path, monkeypatch, capsys):

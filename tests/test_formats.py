@@ -148,3 +148,35 @@ def test_every_format_is_deterministic(files):
     for fmt in ("concise", "sarif", "github", "rdjson"):
         first = render(Report(findings=list(findings)), fmt)
         assert render(Report(findings=list(reversed(findings))), fmt) == first
+
+
+def test_several_models_make_one_document_in_every_format(files):
+    """Two models checked and one that could not be: each format prints one output holding all three."""
+    from preclint.report import render_reports
+
+    reports = [Report(findings=[graph_finding()], model="a.py:Net"), Report(findings=[finding()], model="b.py:Net"),
+               Report(model="c.py", error="c.py: no nn.Module found")]
+    docs = json.loads(render_reports(reports, "json"))
+    assert [d["model"] for d in docs] == ["a.py:Net", "b.py:Net", "c.py"]
+    assert docs[2]["error"] == "c.py: no nn.Module found" and "error" not in docs[0]
+    sarif = json.loads(render_reports(reports, "sarif"))
+    jsonschema.validate(sarif, json.loads(SCHEMA.read_text()))
+    (run,) = sarif["runs"]
+    assert [r["ruleId"] for r in run["results"]] == ["PCL502", "PCL101"]  # sorted over the models: m.py:2, m.py:3
+    assert run["invocations"] == [{"executionSuccessful": False, "toolExecutionNotifications": [
+        {"level": "error", "message": {"text": "preclint could not check c.py: c.py: no nn.Module found"},
+         "descriptor": {"id": "model-not-checked"}}]}]
+    assert json.loads(render(reports[0], "sarif"))["runs"][0]["invocations"] == [{"executionSuccessful": True}]
+    rdjson = json.loads(render_reports(reports, "rdjson"))
+    assert [d["severity"] for d in rdjson["diagnostics"]] == ["WARNING", "ERROR", "ERROR"]
+    assert rdjson["diagnostics"][-1]["message"] == "preclint could not check c.py: c.py: no nn.Module found"
+    github = render_reports(reports, "github").splitlines()
+    assert github[0] == "::error title=preclint::preclint could not check c.py: c.py: no nn.Module found"
+    assert len(github) == 3
+    assert render_reports(reports, "concise").splitlines()[-2:] == ["Found 2 findings.", "1 model could not be checked: c.py."]
+    assert render_reports(reports[2:] + reports[2:] + [Report(model="d.py")], "concise") == \
+        "2 models could not be checked: c.py, c.py.\n"  # not "All checks passed!"
+    full = render_reports(reports, "full")
+    assert full.count("preclint a.py:Net") == 1 and full.endswith("1 model could not be checked: c.py.\n")
+    for fmt in ("full", "concise"):  # nothing was checked: the error on stderr is the whole story
+        assert render_reports(reports[2:], fmt) == ""

@@ -1,8 +1,13 @@
-"""Output formats. Each module converts the one Report into one format; nothing else does."""
+"""Output formats. Each module converts the one Report into one format; nothing else does.
+
+A run over several models prints one output: one JSON, SARIF or rdjson document, one set of GitHub
+annotations, one text report. A model that could not be checked is a Report with an ``error``; the
+document formats carry it, the text formats leave it to the error line on stderr.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preclint.findings import Finding, Location
 
@@ -31,6 +36,7 @@ class Report:
     environment: Optional[Dict[str, Any]] = None  # probe only
     ledger: Optional[List[Dict[str, Any]]] = None  # probe only: per-node measured errors
     ledger_top: Optional[int] = None  # show only the N nodes with the largest share per mode (--top)
+    error: Optional[str] = None  # the model could not be checked: why (one line)
 
     def sorted_findings(self) -> List[Finding]:
         return sorted(self.findings, key=Finding.sort_key)
@@ -83,8 +89,7 @@ def moved_note(finding: Finding, primary: Optional[Location]) -> str:
     return f" [at {own.path}:{own.line}" + (", library code]" if own.library else "]")
 
 
-def render(report: Report, fmt: str, color: bool = False) -> str:
-    """The report in format ``fmt`` as one string (deterministic: same input, same bytes)."""
+def _format_module(fmt: str):
     if fmt == "json":
         from preclint.report import json_format as module
     elif fmt == "full":
@@ -99,4 +104,30 @@ def render(report: Report, fmt: str, color: bool = False) -> str:
         from preclint.report import rdjson as module
     else:
         raise ValueError(fmt)
-    return module.render(report, color=color) if fmt == "full" else module.render(report)
+    return module
+
+
+def render(report: Report, fmt: str, color: bool = False) -> str:
+    """The report in format ``fmt`` as one string (deterministic: same input, same bytes)."""
+    return render_reports([report], fmt, color)
+
+
+def render_reports(reports: Sequence[Report], fmt: str, color: bool = False) -> str:
+    """The reports of one run (one per model) as one output in format ``fmt``."""
+    module = _format_module(fmt)
+    return module.render_many(reports, color=color) if fmt == "full" else module.render_many(reports)
+
+
+def failure_line(report: Report) -> str:
+    """What the document formats say about a model that could not be checked."""
+    return f"preclint could not check {report.model or 'the model'}: {report.error}"
+
+
+def merged(reports: Sequence[Report]) -> Report:
+    """The reports of the models that were checked as one, for the formats that list results flat
+    (concise, SARIF, GitHub, rdjson): their lists (findings, notes, files...) joined in order."""
+    checked = [r for r in reports if r.error is None]
+    if len(checked) == 1:
+        return checked[0]
+    lists = [f.name for f in fields(Report) if f.default_factory is list]  # type: ignore[comparison-overlap]
+    return Report(**{name: [item for r in checked for item in getattr(r, name)] for name in lists})

@@ -7,7 +7,9 @@ ends in ``(refuted by the probe)`` and is counted apart: it does not fail the bu
 """
 from __future__ import annotations
 
-from preclint.report import Report, is_refuted, moved_note, review_place
+from typing import Sequence
+
+from preclint.report import Report, is_refuted, merged, moved_note, review_place
 
 
 def finding_line(finding, model: str = "", placed: bool = False) -> str:
@@ -36,3 +38,16 @@ def render(report: Report) -> str:
     else:
         lines.append("All checks passed!")
     return "\n".join(lines) + "\n"
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """Every checked model's findings and one count; then the models that could not be checked (their
+    errors are on stderr), in place of "All checks passed!". Nothing when no model was checked."""
+    failed = [r.model or "a model" for r in reports if r.error is not None]
+    if len(failed) == len(reports):
+        return ""
+    text = render(merged(reports))
+    if failed:
+        text = text.removesuffix("All checks passed!\n") + (
+            f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: {', '.join(failed)}.\n")
+    return text

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 from itertools import groupby
+from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -187,3 +188,16 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
     else:
         console.print("No findings.")
     return buffer.getvalue()
+
+
+def render_many(reports: Sequence[Report], color: bool = False) -> str:
+    """Each checked model's report; a closing line names the models that could not be checked (their
+    errors are on stderr). Nothing when no model was checked."""
+    checked = [r for r in reports if r.error is None]
+    if not checked:
+        return ""
+    text = "".join(render(r, color=color) for r in checked)
+    failed = [r.model or "a model" for r in reports if r.error is not None]
+    if failed:
+        text += f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: {', '.join(failed)}.\n"
+    return text

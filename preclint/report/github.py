@@ -4,7 +4,7 @@
 with the fix on a second line of the message. GitHub shows at most 10 annotations of each level per
 step (error, warning, notice), so findings are ranked by severity and position, the first ten of each
 level become annotations, the rest are printed as plain log lines, and one notice says how many were
-not annotated. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
+not annotated (over all the models of a run). A model that could not be checked is an error annotation. Values are escaped as @actions/core escapes them: ``%``, CR and LF everywhere, and
 also ``:`` and ``,`` inside properties.
 
 Annotations go on the repository's files only: a finding whose line is a library's (a torchvision or
@@ -14,10 +14,10 @@ build and are not annotated: they are listed in the log, marked as refuted.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 from preclint.findings import severity_rank
-from preclint.report import Report, is_refuted, review_place
+from preclint.report import Report, failure_line, is_refuted, merged, review_place
 from preclint.report.concise import finding_line
 
 LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
@@ -77,3 +77,12 @@ def render(report: Report) -> str:
             )
         )
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """The findings of every checked model under one cap, after an error annotation for each model
+    that could not be checked."""
+    failures = "".join(f"::error title={escape_property('preclint')}::{escape_data(failure_line(r))}\n"
+                       for r in reports if r.error is not None)
+    checked = [r for r in reports if r.error is None]
+    return failures + (render(merged(checked)) if checked else "")

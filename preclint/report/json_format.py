@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Sequence
 
 from preclint import __version__
 from preclint.report import Report, top_ledger
@@ -79,3 +80,15 @@ def to_dict(report: Report) -> dict:
 
 def render(report: Report) -> str:
     return json.dumps(to_dict(report), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """One model: its object; several: a list of them, in the order they were named. A model that
+    could not be checked is an object with an ``error``."""
+    docs = []
+    for report in reports:
+        doc = to_dict(report)
+        if report.error is not None:
+            doc["error"] = report.error
+        docs.append(doc)
+    return json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, sort_keys=False, allow_nan=False) + "\n"

@@ -8,13 +8,16 @@ alone. Model-level findings without a location are kept, without a location.
 A finding whose line is a library's is placed on the user's line that calls into the library or
 builds the model (report.review_place), naming the library's line in its message; the other places
 in the project are ``related_locations``. A finding the probe refuted is kept as INFO, marked as
-refuted, so that a reviewdog ``-fail-level`` of warning or above passes it.
+refuted, so that a reviewdog ``-fail-level`` of warning or above passes it. Several models make one
+DiagnosticResult.
 """
 from __future__ import annotations
 
 import json
+import os
+from typing import Sequence
 
-from preclint.report import Report, is_refuted, moved_note, review_place
+from preclint.report import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.report.concise import finding_line
 from preclint.source.lines import utf8_column
 
@@ -54,3 +57,16 @@ def to_dict(report: Report) -> dict:
 
 def render(report: Report) -> str:
     return json.dumps(to_dict(report), indent=2, ensure_ascii=False) + "\n"
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """One DiagnosticResult for every model; a model that could not be checked is an ERROR diagnostic
+    (on its file, when it is one)."""
+    document = to_dict(merged(reports))
+    for report in reports:
+        if report.error is not None:
+            diagnostic = {"message": failure_line(report), "severity": "ERROR", "source": {"name": "preclint"}}
+            if report.model and os.path.isfile(report.model):
+                diagnostic["location"] = {"path": report.model}
+            document["diagnostics"].append(diagnostic)
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"

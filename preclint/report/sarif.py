@@ -5,7 +5,8 @@ help in text and Markdown from the rule's docs, default level, tags), URIs are r
 working directory with ``uriBaseId`` %SRCROOT% (the repository root when preclint runs there, as in
 CI), regions are given in Unicode code points (``columnKind``), and each result carries GitHub's own
 ``primaryLocationLineHash`` so alerts keep their identity when lines move. Findings without a source
-location (model-level) are results without ``locations``, which SARIF allows. Deterministic: no
+location (model-level) are results without ``locations``, which SARIF allows. Several models make one
+run whose invocation is not successful when a model could not be checked. Deterministic: no
 timestamps, no absolute paths.
 
 A finding whose own line is a library's (a torchvision or transformers op) is placed on the user's
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Sequence
 
 from preclint import __version__
-from preclint.report import Report, is_refuted, moved_note, review_place
+from preclint.report import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.source.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -159,3 +161,18 @@ def to_dict(report: Report) -> dict:
 
 def render(report: Report) -> str:
     return json.dumps(to_dict(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def render_many(reports: Sequence[Report]) -> str:
+    """One run for every model (GitHub takes one run per tool and category) and one invocation: not
+    successful when a model could not be checked, each such model a tool execution notification."""
+    document = to_dict(merged(reports))
+    (run,) = document["runs"]
+    invocation = run.setdefault("invocations", [{"executionSuccessful": True}])[0]
+    failures = [r for r in reports if r.error is not None]
+    if failures:
+        invocation["executionSuccessful"] = False
+        invocation.setdefault("toolExecutionNotifications", []).extend(
+            {"level": "error", "message": {"text": failure_line(r)}, "descriptor": {"id": "model-not-checked"}}
+            for r in failures)
+    return json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

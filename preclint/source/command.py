@@ -9,6 +9,7 @@ import sys
 from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
+from preclint.errors import UserError
 from preclint.findings import Finding, severity_rank
 from preclint.source.paths import display_path
 
@@ -37,16 +38,49 @@ def apply_baseline(
     return findings, notes
 
 
-def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> None:
+def write_report(text: str, out: Optional[TextIO] = None) -> None:
+    """Print the report on ``out`` (stdout) and flush it, so that a stdout that cannot take it (closed,
+    a full disk) is one error line rather than a traceback at exit. A reader that went away (``| head``)
+    raises BrokenPipeError, which the CLI ends quietly."""
+    out = out or sys.stdout
+    if out is None:
+        raise UserError("stdout is closed: there is nowhere to print the report")
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise UserError(f"cannot print the report on stdout: {exc.strerror or exc}") from None
+
+
+def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[str], paths: Sequence[str]) -> None:
+    """Mistakes in --baseline / --write-baseline, found before any work is done: an unreadable or
+    invalid baseline; a baseline target that is a directory, one of the checked ``paths`` or the
+    report's own stdout."""
+    from preclint.source.baseline import check_output_target, read_baseline
+
+    if baseline:
+        read_baseline(baseline)
+    if write_baseline:
+        check_output_target(write_baseline, checked=paths)
+
+
+def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> bool:
     """``apply_baseline`` over the findings of several reports (one per model) at once, in place;
-    the notes go to the last report."""
-    everything = [f for report in reports for f in report.findings]
+    the notes go to the last report of a model that was checked. Returns whether the baseline was
+    written: not when a model could not be checked, as its findings would be missing from it."""
+    checked = [report for report in reports if report.error is None]
+    if len(checked) < len(reports):
+        write_baseline = None
+    everything = [f for report in checked for f in report.findings]
     kept, notes = apply_baseline(everything, baseline, write_baseline)
     kept_ids = {id(f) for f in kept}
-    for report in reports:
+    for report in checked:
         report.findings = [f for f in report.findings if id(f) in kept_ids]
-    if reports:
-        reports[-1].notes.extend(notes)
+    if checked:
+        checked[-1].notes.extend(notes)
+    return bool(write_baseline)
 
 
 def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_files: Sequence[str] = ()) -> List[Finding]:
@@ -97,13 +131,14 @@ def run_source_only(
 
     out = out or sys.stdout
     err = err or sys.stderr
+    check_baseline_arguments(baseline, write_baseline, paths)
     run = check_paths(paths, config)
     if fix or diff:
         rules = [rule() for rule in selected_rules(config)]
         keep = _baseline_keep(run.findings, baseline)
         result = fix_run(run, rules, config, keep)
         if diff:
-            out.write(unified_diff(run, result))
+            write_report(unified_diff(run, result), out)
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
@@ -113,7 +148,7 @@ def run_source_only(
             run = check_paths(paths, config)  # report what is left, at its new positions
     findings, notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes)
-    out.write(render(report, config.output_format, color=color))
+    write_report(render(report, config.output_format, color=color), out)
     if write_baseline:
         return EXIT_OK
     return exit_code(findings, config.fail_on, exit_zero)

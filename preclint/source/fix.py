@@ -119,10 +119,12 @@ def unified_diff(run, result: FixResult) -> str:
 
 
 def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
-    """Replace ``filename``'s content with ``text``; a failure leaves the original untouched."""
+    """Replace ``filename``'s content with ``text``, keeping its mode (and owner, where allowed); a
+    failure leaves the original untouched."""
     target = os.path.realpath(filename)  # through a symlink, to the file it names
     data = text.encode(encoding)
-    mode = stat.S_IMODE(os.stat(target).st_mode)
+    info = os.stat(target)
+    mode = stat.S_IMODE(info.st_mode)
     directory, base = os.path.split(target)
     handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".preclint", dir=directory)
     try:
@@ -131,6 +133,11 @@ def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temporary, mode)
+        if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
+            try:
+                os.chown(temporary, info.st_uid, info.st_gid)
+            except OSError:  # only root may give a file away: it then belongs to whoever runs preclint
+                pass
         os.replace(temporary, target)
     except BaseException:
         try:
