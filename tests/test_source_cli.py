@@ -80,12 +80,14 @@ def test_bad_config_key_is_exit_2(project, capsys):
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a user that file modes apply to")
-def test_unreadable_file_is_exit_2(project, capsys):
+def test_unreadable_file_is_reported_and_the_run_goes_on(project, capsys):
     path = project / "pkg" / "m.py"
     path.write_text(AMP)
     path.chmod(0)
-    code, _, err = run(capsys, "pkg/m.py")
-    assert code == 2 and "pkg/m.py: cannot read" in err
+    (project / "pkg" / "n.py").write_text(AMP)
+    code, out, _ = run(capsys, "pkg")
+    assert code == 1 and "pkg/m.py:1:1: PCL599 Cannot read the file: Permission denied." in out
+    assert "pkg/n.py:3:6: PCL502" in out
 
 
 def test_unparsable_file_is_reported_and_the_run_goes_on(project, capsys):
@@ -126,10 +128,10 @@ def test_fix_never_leaves_a_half_written_file(project, capsys, monkeypatch):
     path = project / "pkg" / "m.py"
     path.write_text(AMP)
 
-    def broken_replace(src, dst):
+    def broken_fsync(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", broken_replace)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     code, _, err = run(capsys, "--fix", "pkg")
     assert code == 2 and "pkg/m.py: cannot write the fixes: No space left on device (the file is unchanged)" in err
     assert path.read_text() == AMP

@@ -5,7 +5,6 @@ Nothing here imports or executes the file, and nothing imports torch.
 """
 from __future__ import annotations
 
-import ast
 import io
 import os
 import tokenize
@@ -16,6 +15,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from preclint.findings import Finding, Location
+from preclint.source.guard import elide, judge
+from preclint.source.safe_io import read_regular
 
 
 class ParseFailure(Exception):
@@ -61,6 +62,12 @@ class SourceFile:
         self.filename: Optional[str] = None  # where it was read from, when it came from disk
         self.decode_failure: Optional[ParseFailure] = None
         self.encoding = "utf-8"
+        self.data: Optional[bytes] = None  # the bytes read, when read from disk
+        # words that can make an expression matter to the rules that will read this file; an
+        # expression too deep for libcst that holds none is elided (preclint.source.guard). None:
+        # every expression matters
+        self.words: Optional[Tuple[str, ...]] = None
+        self.elided = 0  # how many expressions were elided: the file then offers no fixes
         self._module: Optional[cst.Module] = None
         self._wrapper: Optional[MetadataWrapper] = None
         self._positions = None
@@ -72,11 +79,15 @@ class SourceFile:
 
     @classmethod
     def read(cls, filename: str, display: str) -> "SourceFile":
-        """Read ``filename``; OSError propagates (the caller decides if that is a user error)."""
-        with open(filename, "rb") as handle:
-            data = handle.read()
+        """Read ``filename``, a regular file; OSError propagates (NotRegularFile for a FIFO or a
+        device), and the caller decides if that is a user error."""
+        return cls.from_bytes(read_regular(filename), display, filename)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, display: str, filename: Optional[str] = None) -> "SourceFile":
         source = cls(display, "")
         source.filename = filename
+        source.data = data
         try:
             source.text, source.encoding = decode_with_encoding(data)
         except ParseFailure as failure:
@@ -90,27 +101,37 @@ class SourceFile:
 
     @property
     def module(self) -> cst.Module:
+        """The libcst tree, parsed once. Call it on a thread from ``guard.run_with_deep_stack``
+        (``preclint.source.run.check_source`` does): deep files need its stack."""
         if self.decode_failure is not None:
             raise self.decode_failure
         if self._module is None:
-            try:
-                self._module = cst.parse_module(self.text)
-            except cst.ParserSyntaxError as exc:
-                raise self._syntax_error(exc) from None
-            except (RecursionError, MemoryError, ValueError) as exc:  # libcst's native parser's limits
-                raise ParseFailure(f"cannot parse the file: {exc}") from None
+            self._module = self._parse()
         return self._module
 
-    def _syntax_error(self, exc: "cst.ParserSyntaxError") -> ParseFailure:
-        # Python's own parser names the error and its position more precisely than libcst's; it only
-        # runs on files that failed, so it costs nothing on the others
+    def _parse(self) -> cst.Module:
+        verdict = judge(self.text, self.path)
+        if verdict.error is not None and verdict.final:
+            message, line, column = verdict.error
+            raise ParseFailure(f"cannot parse the file: {message}", line, column)
+        text = self.text
+        if verdict.deep and self.words is not None:
+            quiet = [
+                deep for deep in verdict.deep
+                if deep.elidable and not any(word in text[deep.start : deep.end] for word in self.words)
+            ]
+            if quiet:
+                text = elide(text, quiet)
+                self.elided = len(quiet)
         try:
-            compile(self.text, self.path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-        except SyntaxError as error:
-            return ParseFailure(f"cannot parse the file: {error.msg}", error.lineno or 1, error.offset or 1)
-        except (ValueError, RecursionError, MemoryError):
-            pass
-        return ParseFailure(f"cannot parse the file: {exc.message}", exc.raw_line, exc.raw_column + 1)
+            return cst.parse_module(text)
+        except cst.ParserSyntaxError as exc:
+            if verdict.error is not None:  # CPython names the error and its place more precisely
+                message, line, column = verdict.error
+                raise ParseFailure(f"cannot parse the file: {message}", line, column) from None
+            raise ParseFailure(f"cannot parse the file: {exc.message}", exc.raw_line, exc.raw_column + 1) from None
+        except (RecursionError, MemoryError, ValueError) as exc:  # libcst's native parser's limits
+            raise ParseFailure(f"cannot parse the file: {exc}") from None
 
     @property
     def index(self):
