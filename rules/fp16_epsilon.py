@@ -133,7 +133,7 @@ with torch.autocast("cuda", dtype=torch.float16):
 
         for site in index.calls:
             call = site.node
-            qualified = index.qualify(site.dotted) or site.dotted or ""
+            qualified = index.qualify(site.dotted, site) or site.dotted or ""
             last = qualified.rsplit(".", 1)[-1] or (site.method or "")
             eps_node = keyword(call, "eps")
             eps = number(eps_node, constants) if eps_node is not None else None
@@ -169,7 +169,7 @@ with torch.autocast("cuda", dtype=torch.float16):
             if isinstance(site.node.operator, cst.Divide):
                 guarded.append(site.node.right)
         for site in index.calls:
-            last = (index.qualify(site.dotted) or site.dotted or "").rsplit(".", 1)[-1]
+            last = (index.qualify(site.dotted, site) or site.dotted or "").rsplit(".", 1)[-1]
             if site.method in GUARDED_CALLS and isinstance(site.node.func, cst.Attribute) and not site.node.args:
                 guarded.append(site.node.func.value)  # (v + eps).sqrt()
             elif (last in GUARDED_CALLS or site.method in GUARDED_CALLS) and site.node.args:

@@ -125,13 +125,13 @@ torch.set_float32_matmul_precision("high")
         new: List[Tuple[cst.CSTNode, str, object]] = []
         # a flag read (not a call's callee) or assigned
         for site in [s for s in index.refs if not s.is_call_func] + list(index.assigns):
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if qualified in LEGACY_FLAGS:
                 legacy.append((site.node, qualified, site))
             elif qualified and _is_new(qualified):
                 new.append((site.node, qualified, site))
         for site in index.calls:
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if qualified in LEGACY_CALLS:
                 legacy.append((site.node, qualified, site))
             elif qualified == CUDNN_FLAGS:
@@ -159,11 +159,11 @@ torch.set_float32_matmul_precision("high")
         if source.is_test or source.is_script:
             return
         for site in index.assigns:
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if site.import_time and (qualified in LEGACY_FLAGS or (qualified and _is_new(qualified))):
                 yield self._import_time(source, site.node, qualified)
         for site in index.calls:
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if site.import_time and qualified == "torch.set_float32_matmul_precision":
                 yield self._import_time(source, site.node, qualified)
 

@@ -96,16 +96,110 @@ def test_pcl502_fix_output():
 def test_pcl502_fix_of_from_import_adds_torch_and_drops_the_unused_import():
     text = "from torch.cuda.amp import autocast\n\nwith autocast():\n    pass\n"
     fixed, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
-    assert fixed == 'import torch\n\nwith torch.autocast("cuda"):\n    pass\n'
+    assert fixed == 'import torch\n\nwith torch.autocast("cuda", dtype=torch.float16):\n    pass\n'
 
 
-def test_pcl503_fix_keeps_assert_allclose_semantics_explicit():
-    text = "import torch\ntorch.testing.assert_allclose(a, b, 1e-3, 1e-5)\n"
-    fixed, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
+def _fixed(text, unsafe=False):
+    return fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config(), unsafe=unsafe)
+
+
+def test_pcl503_fix_is_safe_only_where_the_source_shows_tensors_and_numeric_tolerances():
+    safe = "import torch\ntorch.testing.assert_allclose(torch.ones(3), torch.zeros(3).float(), 1e-3, 1e-5)\n"
+    fixed, _ = _fixed(safe)
     assert fixed == (
         "import torch\n"
-        "torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5, equal_nan=True, check_dtype=False)\n"
+        "torch.testing.assert_close(torch.ones(3), torch.zeros(3).float(), rtol=1e-3, atol=1e-5, "
+        "equal_nan=True, check_dtype=False)\n"
     )
+
+
+@pytest.mark.parametrize(
+    "call, why",
+    [
+        # tolerances that may be None: assert_allclose then chose its own, assert_close stricter ones
+        ("torch.testing.assert_allclose(a, b, rtol=rtol, atol=atol)", "must not be None"),
+        # a tensor against a Python number: assert_allclose made it a tensor, assert_close raises
+        ("torch.testing.assert_allclose(torch.ones(3), 1.0, rtol=1e-3, atol=1e-5)", "must be tensors"),
+        ("torch.testing.assert_allclose(out, ref, 1e-3, 1e-5)", "must be tensors"),
+    ],
+)
+def test_pcl503_behaviour_changing_rewrites_are_unsafe_fixes(call, why):
+    text = f"import torch\n{call}\n"
+    (finding,) = [f for f in check_text(text, PATH) if f.code == "PCL503"]
+    assert not finding.fixable and "--unsafe-fixes" in finding.fix and why in finding.fix
+    assert _fixed(text) is None
+    fixed, count = _fixed(text, unsafe=True)
+    assert count == 1 and "torch.testing.assert_close(" in fixed and "check_dtype=False" in fixed
+
+
+def test_pcl503_unsafe_fix_keeps_a_non_literal_message_as_assert_allclose_passed_it():
+    fixed, _ = _fixed("import torch\ntorch.testing.assert_allclose(a, b, 0, 0, msg=m)\n", unsafe=True)
+    assert "msg=m or None" in fixed
+
+
+def test_fixes_keep_every_comment_of_a_multiline_call():
+    text = (
+        "import torch\n"
+        "\n"
+        "def test_x():\n"
+        "    torch.testing.assert_allclose(  # compare\n"
+        "        torch.ones(2),  # actual\n"
+        "        torch.ones(2),\n"
+        "        rtol=1e-3,\n"
+        "        atol=1e-5,  # absolute\n"
+        "    )\n"
+        "    with torch.cuda.amp.autocast(\n"
+        "        enabled=True,  # on\n"
+        "    ):\n"
+        "        pass\n"
+    )
+    fixed, count = _fixed(text)
+    assert count == 2
+    assert fixed == (
+        "import torch\n"
+        "\n"
+        "def test_x():\n"
+        "    torch.testing.assert_close(  # compare\n"
+        "        torch.ones(2),  # actual\n"
+        "        torch.ones(2),\n"
+        "        rtol=1e-3,\n"
+        "        atol=1e-5,  # absolute\n"
+        "        equal_nan=True,\n"
+        "        check_dtype=False,\n"
+        "    )\n"
+        "    with torch.autocast(\n"
+        '        "cuda",\n'
+        "        enabled=True,  # on\n"
+        "        dtype=torch.float16,\n"
+        "    ):\n"
+        "        pass\n"
+    )
+
+
+def test_a_local_name_shadowing_torch_is_not_the_torch_module():
+    text = (
+        "import torch\n"
+        "\n"
+        "def check(torch, a, b):\n"
+        "    torch.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)\n"
+        "    with torch.cuda.amp.autocast():\n"
+        "        pass\n"
+        "\n"
+        "def other():\n"
+        "    torch = FakeTorch()\n"
+        "    torch.cuda.amp.GradScaler()\n"
+    )
+    assert [f.code for f in check_text(text, PATH)] == []
+    # and a fix never writes ``torch.`` where ``torch`` is a local name
+    from_import = (
+        "from torch.cuda.amp import autocast\n"
+        "\n"
+        "def run(torch):\n"
+        "    with autocast():\n"
+        "        pass\n"
+    )
+    (finding,) = check_text(from_import, PATH)
+    assert finding.code == "PCL502" and not finding.fixable and "names something else" in finding.fix
 
 
 def test_pcl503_without_tolerances_is_reported_without_a_fix():

@@ -86,11 +86,13 @@ def run_source_only(
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
     cache: bool = True,
+    unsafe_fixes: bool = False,
 ) -> int:
     """``preclint check --source-only PATH...``: returns the exit code (UserError propagates).
 
     ``--diff`` prints the fixes as a unified diff and writes nothing (exit 1 when there is a diff,
-    as Ruff does); ``--fix`` writes them and reports what is left. ``cache=False`` (``--no-cache``)
+    as Ruff does); ``--fix`` writes them and reports what is left; ``unsafe_fixes`` adds the fixes
+    that may change behaviour (``--unsafe-fixes``, as in Ruff). ``cache=False`` (``--no-cache``)
     neither reads nor writes the cache. Files skipped (a FIFO, a dangling symlink) are noted on
     stderr as warnings and in the report.
     """
@@ -106,7 +108,7 @@ def run_source_only(
 
         rules = [rule() for rule in selected_rules(config)]
         keep = _baseline_keep(run.findings, baseline)
-        result = fix_run(run, rules, config, keep)
+        result = fix_run(run, rules, config, keep, unsafe=unsafe_fixes)
         if diff:
             out.write(unified_diff(run, result))
             n = len(result.texts)

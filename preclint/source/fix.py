@@ -73,13 +73,16 @@ def fix_file(
     rules: Sequence,
     config: Config,
     keep: Callable[[Finding], bool] = lambda finding: True,
+    unsafe: bool = False,
 ) -> Optional[tuple]:
     """(new text, fixes applied) for one file, or None when nothing is fixable. Only findings that
-    would be reported get fixed: not those per-file-ignored, suppressed, or dropped by ``keep``."""
-    return run_with_deep_stack(lambda: _fix_file(source, rules, config, keep))
+    would be reported get fixed: not those per-file-ignored, suppressed, or dropped by ``keep``; and
+    only safe fixes unless ``unsafe``."""
+    return run_with_deep_stack(lambda: _fix_file(source, rules, config, keep, unsafe))
 
 
-def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callable[[Finding], bool]) -> Optional[tuple]:
+def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callable[[Finding], bool],
+              unsafe: bool) -> Optional[tuple]:
     text, applied = source.text, 0
     current = SourceFile(source.path, source.text)  # a fresh parse: fixes refer to its nodes
     for _ in range(MAX_ROUNDS):
@@ -88,7 +91,7 @@ def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callabl
         ]
         reported = apply_suppressions(findings, False, texts={current.path: current.text})
         wanted = {id(f) for f in reported if keep(f)}
-        fixes = [fix for fix in current.fixes if id(fix.finding) in wanted]
+        fixes = [fix for fix in current.fixes if id(fix.finding) in wanted and (fix.safe or unsafe)]
         if not fixes:
             break
         new_text = apply_fixes(current, fixes)
@@ -101,15 +104,21 @@ def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callabl
     return current.text, applied
 
 
-def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool] = lambda f: True) -> FixResult:
-    """Fixes for every file of a source run (preclint.source.run.SourceRun) that has a fixable finding."""
+def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool] = lambda f: True,
+            unsafe: bool = False) -> FixResult:
+    """Fixes for every file of a source run (preclint.source.run.SourceRun) that has a fixable finding
+    (with ``unsafe``: a finding of a rule that has fixes)."""
     result = FixResult()
-    paths = sorted({f.location.path for f in run.findings if f.fixable and f.location is not None})
+    fixing = {rule.code for rule in rules if getattr(rule, "fixable", False)}
+    paths = sorted({
+        f.location.path for f in run.findings
+        if f.location is not None and (f.fixable or (unsafe and f.code in fixing))
+    })
     for path in paths:
         source = run.sources.get(path)
         if source is None or source.decode_failure is not None:
             continue
-        fixed = fix_file(source, rules, config, keep)
+        fixed = fix_file(source, rules, config, keep, unsafe)
         if fixed is not None:
             result.texts[path], result.counts[path] = fixed
     return result

@@ -51,6 +51,7 @@ class Fix:
     replacement: cst.CSTNode
     add_imports: Tuple[str, ...] = ()
     unused_imports: Tuple[Tuple[str, str], ...] = ()
+    safe: bool = True  # provably keeps the behaviour; an unsafe fix is applied only on request
 
 
 class SourceFile:
@@ -153,11 +154,19 @@ class SourceFile:
     def location(self, node: cst.CSTNode) -> Location:
         """Where ``node`` starts. Positions are computed once per file, and only for files that have
         something to report."""
+        start = self._position(node).start
+        return Location(self.path, start.line, start.column + 1)
+
+    def lines(self, node: cst.CSTNode) -> Tuple[int, int]:
+        """The first and last line of ``node``."""
+        position = self._position(node)
+        return position.start.line, position.end.line
+
+    def _position(self, node: cst.CSTNode):
         if self._positions is None:
             self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
             self._positions = self._wrapper.resolve(PositionProvider)
-        start = self._positions[node].start
-        return Location(self.path, start.line, start.column + 1)
+        return self._positions[node]
 
     def report(
         self,
@@ -170,11 +179,14 @@ class SourceFile:
         replacement: Optional[cst.CSTNode] = None,
         add_imports: Tuple[str, ...] = (),
         unused_imports: Tuple[Tuple[str, str], ...] = (),
+        safe: bool = True,
     ) -> Finding:
         """A finding of ``rule`` at ``node`` (the rule yields it). ``replacement``, a node to put in
         ``node``'s place, makes it fixable with ``--fix``; ``add_imports`` are modules the replacement
         needs imported, ``unused_imports`` (module, name) pairs of ``from module import name`` that
-        the fix may leave unused (removed only if nothing else uses them)."""
+        the fix may leave unused (removed only if nothing else uses them). A fix that the rule cannot
+        show keeps the behaviour is ``safe=False``: applied only with ``--unsafe-fixes``, and the
+        finding is not marked fixable."""
         finding = Finding(
             code=rule.code,
             name=rule.name,
@@ -183,10 +195,10 @@ class SourceFile:
             fix=fix,
             location=self.location(node),
             precisions=tuple(precisions),
-            fixable=replacement is not None,
+            fixable=replacement is not None and safe,
         )
         if replacement is not None:
-            self.fixes.append(Fix(finding, node, replacement, tuple(add_imports), tuple(unused_imports)))
+            self.fixes.append(Fix(finding, node, replacement, tuple(add_imports), tuple(unused_imports), safe))
         return finding
 
     def line_text(self, line: int) -> str:
