@@ -1,6 +1,7 @@
 """PCL505 fp16-epsilon-literal: an epsilon that float16 rounds to zero (or to a subnormal)."""
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
 import libcst as cst
@@ -126,8 +127,12 @@ with torch.autocast("cuda", dtype=torch.float16):
         if not evidence:
             return
         cast = [e for e in evidence if e.kind == CAST]
-        shown = min(cast or evidence, key=lambda e: source.location(e.node))
-        where = f"fp16 shown by `{shown.text}` at line {source.location(shown.node).line}"
+
+        @functools.lru_cache(maxsize=None)
+        def where() -> str:  # positions are computed only for a file with something to report
+            shown = min(cast or evidence, key=lambda e: source.location(e.node))
+            return f"fp16 shown by `{shown.text}` at line {source.location(shown.node).line}"
+
         index = source.index
         constants = index.constants
 
@@ -148,7 +153,7 @@ with torch.autocast("cuda", dtype=torch.float16):
                         self, eps_node,
                         f"eps={code(eps_node)} of `{last}` is 0 in float16: PyTorch's kernel adds it in fp32, "
                         "but an fp16 engine exported from this model stores it as 0.",
-                        f"Use eps >= 1e-5 if the model is exported to fp16 (ONNX, TensorRT); {where}.",
+                        f"Use eps >= 1e-5 if the model is exported to fp16 (ONNX, TensorRT); {where()}.",
                         severity="info",
                     )
             if (site.method or last) in GUARD_FUNCTIONS:
@@ -182,7 +187,7 @@ with torch.autocast("cuda", dtype=torch.float16):
                 if value is not None and value > 0 and representable(value, FP16) == "zero":
                     yield self._report(source, operand, value, "zero", "the additive guard", where)
 
-    def _report(self, source, node: cst.CSTNode, value: float, kind: str, what: str, where: str) -> Finding:
+    def _report(self, source, node: cst.CSTNode, value: float, kind: str, what: str, where) -> Finding:
         shown = f"{code(node)} = {value:g}" if isinstance(node, cst.Name) else code(node)
         if kind == "zero":
             message = f"{shown} rounds to 0 in float16: as {what} it guards nothing, and a zero gives inf or NaN."
@@ -194,5 +199,5 @@ with torch.autocast("cuda", dtype=torch.float16):
         return source.report(
             self, node, message,
             f"Use an epsilon float16 holds (1e-6 to stay nonzero, 1e-4 to stay normal), or compute this in "
-            f"fp32; {where}.",
+            f"fp32; {where()}.",
         )

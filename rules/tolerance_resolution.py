@@ -207,7 +207,7 @@ class TestBF16(unittest.TestCase):
             values = _compared(site)
             if any(_integer_valued(value, site, index) for value in values):
                 continue  # integer tensors (indices, counts) compare exactly: no tolerance to judge
-            evidence = source.evidence.reaching(site, values, source.lines)
+            evidence = source.evidence.reaching(site, values)
             if not evidence:
                 continue
             # judge against the finest format shown: where a test shows two, it must meet the finer

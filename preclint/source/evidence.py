@@ -18,7 +18,7 @@ A dtype named 4,000 lines away in another test no longer makes a float32 check l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -165,6 +165,14 @@ class EvidenceMap:
             if not site.is_call_func:
                 self._add(site, _ref_evidence(site, index))
         self._flows: Optional[Dict[str, List[Site]]] = None
+        self._regions: Dict[int, Set[int]] = {}
+
+    def _region(self, statement: cst.With) -> Set[int]:
+        """The ids of the nodes inside a with block's body."""
+        region = self._regions.get(id(statement))
+        if region is None:
+            region = self._regions[id(statement)] = {id(node) for node in descendants(statement.body)}
+        return region
 
     def _add(self, site: Site, items: Iterable[Evidence]) -> None:
         for item in items:
@@ -197,9 +205,9 @@ class EvidenceMap:
 
     # ------------------------------------------------------------------------ data flow
 
-    def reaching(self, site: Site, values: Sequence[cst.BaseExpression], lines: Callable[[cst.CSTNode], Tuple[int, int]]) -> List[Evidence]:
+    def reaching(self, site: Site, values: Sequence[cst.BaseExpression]) -> List[Evidence]:
         """Evidence that reaches ``values`` (the expressions a check at ``site`` compares): see the
-        module docstring. ``lines(node)`` gives the first and last line of a node."""
+        module docstring."""
         nodes, assignments = self._slice(site, values)
         found: List[Evidence] = []
         for evidence in self.around(site):
@@ -210,8 +218,8 @@ class EvidenceMap:
                 if region is None:  # a decorator, or a context manager kept in a variable: its function
                     found.append(evidence)
                     continue
-                first, last = lines(region)
-                if any(first <= lines(place)[0] <= last for place in [site.node] + assignments):
+                inside = self._region(region)
+                if any(id(place) in inside for place in [site.node] + assignments):
                     found.append(evidence)
             elif id(evidence.node) in nodes:
                 found.append(evidence)

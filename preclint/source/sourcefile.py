@@ -157,11 +157,6 @@ class SourceFile:
         start = self._position(node).start
         return Location(self.path, start.line, start.column + 1)
 
-    def lines(self, node: cst.CSTNode) -> Tuple[int, int]:
-        """The first and last line of ``node``."""
-        position = self._position(node)
-        return position.start.line, position.end.line
-
     def _position(self, node: cst.CSTNode):
         if self._positions is None:
             self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
