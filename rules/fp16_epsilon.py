@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from typing import Iterator
 
 import libcst as cst
@@ -40,7 +41,12 @@ class Fp16EpsilonLiteral(SourceRule):
     summary = "An epsilon that float16 cannot hold: it rounds to 0 (below 3e-8) or to a subnormal."
     severity = "warning"
     precisions = ("fp16", "fp16-full")
-    triggers = (("e-", "E-", "0.0000", "eps"), ("half", "float16", "autocast", "fp16", "FP16"))
+    # a literal fp16 cannot hold (below 6.1e-5: an exponent of -5 or less, 0.0000x, 2 ** -15 or
+    # less), and a sign of fp16; an epsilon named in the file is assigned such a literal there
+    triggers = (
+        (re.compile(r"[0-9.][eE]-0*(?:[5-9]|[1-9][0-9])|\.0000|\*\*\s*-\s*(?:1[5-9]|[2-9][0-9])"),),
+        ("half", "float16", "autocast", "fp16", "FP16"),
+    )
     why = """
 float16's smallest subnormal is 6.0e-8 and its smallest normal 6.1e-5. An epsilon of 1e-8 or 1e-12
 that guards a division becomes exactly 0 once it meets an fp16 tensor (`x / (n + 1e-8)`, `n.clamp(min=1e-12)`,

@@ -108,13 +108,10 @@ def judge(text: str, filename: str = "<file>") -> Verdict:
     except ValueError as exc:  # null bytes (Python < 3.12)
         return Verdict((str(exc), 1, 1), final=True)
     verdict = Verdict()
-    lines = None
-    for expression in _long_expressions(tree):
-        for node, depth in _deep_parts(expression, text):
-            if lines is None:
-                lines = _line_starts(text)
-            start = _offset(text, lines, node.lineno, node.col_offset)
-            end = _offset(text, lines, node.end_lineno, node.end_col_offset)
+    measure = _Measure(text)
+    for expression in _long_expressions(tree, measure):
+        for node, depth in _deep_parts(expression, measure):
+            start, end = measure.span(node)
             elidable = isinstance(getattr(node, "ctx", ast.Load()), ast.Load)
             verdict.deep.append(DeepExpression(start, end, depth, elidable))
     return verdict
@@ -150,30 +147,69 @@ def _family(node: ast.AST) -> Optional[tuple]:
     return None
 
 
-def _long_expressions(tree: ast.AST):
+class _Measure:
+    """Character offsets of CPython's positions in one text (line starts found once, lazily)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._starts: Optional[List[int]] = None
+
+    def offset(self, line: int, byte_column: int) -> int:
+        """The character offset of (1-based line, UTF-8 byte column)."""
+        if self._starts is None:
+            self._starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", self.text)]
+        begin = self._starts[line - 1]
+        end = self._starts[line] if line < len(self._starts) else len(self.text)
+        line_text = self.text[begin:end]
+        if line_text.isascii():
+            return begin + byte_column
+        return begin + len(line_text.encode("utf-8", "surrogatepass")[:byte_column].decode("utf-8", "replace"))
+
+    def span(self, node: ast.AST) -> Tuple[int, int]:
+        return self.offset(node.lineno, node.col_offset), self.offset(node.end_lineno, node.end_col_offset)
+
+    def longer_than(self, node: ast.AST, size: int) -> bool:
+        if getattr(node, "end_lineno", None) is None:
+            return False
+        if node.end_lineno == node.lineno:
+            return (node.end_col_offset or 0) - node.col_offset > size  # bytes: at least as many as characters
+        start, end = self.span(node)
+        return end - start > size
+
+    def string_literals(self, node: ast.AST) -> int:
+        """How many string literals make up a string constant (implicit concatenation: libcst nests
+        them one level each). One, unless its text holds its own quote inside."""
+        start, end = self.span(node)
+        segment = self.text[start:end]
+        body = segment.lstrip("rRbBuUfF")
+        quote = body[:3] if body[:3] in ('"""', "'''") else body[:1]
+        if quote and body.endswith(quote) and quote not in body[len(quote) : -len(quote)]:
+            return 1
+        count = 0
+        try:
+            for token in tokenize.generate_tokens(io.StringIO("(" + segment + "\n)").readline):
+                if token.type == tokenize.STRING or token.type == getattr(tokenize, "FSTRING_START", -1):
+                    count += 1
+        except (tokenize.TokenError, SyntaxError):
+            return 1
+        return max(count, 1)
+
+
+def _long_expressions(tree: ast.AST, measure: _Measure):
     """The outermost expressions of each statement whose source spans more than LONG_EXPRESSION
-    characters (a lower bound on their length is enough: nesting needs a token a level)."""
+    characters: a shorter one cannot nest deeper than the budget, as nesting needs a token a level."""
     stack = [tree]
     while stack:
         node = stack.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
-                if _span_at_least(child, LONG_EXPRESSION):
+                if measure.longer_than(child, LONG_EXPRESSION):
                     yield child
             else:
                 stack.append(child)
 
 
-def _span_at_least(node: ast.AST, size: int) -> bool:
-    end_line = getattr(node, "end_lineno", None)
-    if end_line is None:
-        return False
-    if end_line != node.lineno:
-        return True  # several lines: measure it (rare enough to cost nothing)
-    return (node.end_col_offset or 0) - node.col_offset > size
-
-
-def _deep_parts(root: ast.expr, text: str) -> List[Tuple[ast.expr, int]]:
+def _deep_parts(root: ast.expr, measure: _Measure) -> List[Tuple[ast.expr, int]]:
     """The chains below ``root`` (or ``root`` itself) that libcst would nest deeper than the budget,
     each as its outermost node and its depth. Depth is counted as libcst nests: a chain of n
     operands of ``and``/``or`` is n - 1 levels (CPython keeps them in one node), and implicitly
@@ -190,8 +226,8 @@ def _deep_parts(root: ast.expr, text: str) -> List[Tuple[ast.expr, int]]:
         own = 1
         if isinstance(node, ast.BoolOp):
             own += len(node.values) - 2
-        elif isinstance(node, (ast.Constant, ast.JoinedStr)) and _span_at_least(node, DEPTH_BUDGET // 2):
-            own += _string_tokens(node, text)
+        elif isinstance(node, (ast.Constant, ast.JoinedStr)) and measure.longer_than(node, DEPTH_BUDGET):
+            own += measure.string_literals(node) - 1
         below = 0 if isinstance(node, ast.JoinedStr) else max((depth.get(id(c), 0) for c in ast.iter_child_nodes(node)), default=0)
         depth[id(node)] = own + below
     found = []
@@ -212,22 +248,6 @@ def _deep_parts(root: ast.expr, text: str) -> List[Tuple[ast.expr, int]]:
     return found
 
 
-def _string_tokens(node: ast.AST, text: str) -> int:
-    """How many string literals make up ``node`` (implicit concatenation), counted with the
-    tokenizer over its source only."""
-    segment = ast.get_source_segment(text, node)
-    if not segment:
-        return 0
-    count = 0
-    try:
-        for token in tokenize.generate_tokens(io.StringIO("(" + segment + "\n)").readline):
-            if token.type == tokenize.STRING or token.type == getattr(tokenize, "FSTRING_START", -1):
-                count += 1
-    except (tokenize.TokenError, SyntaxError):
-        return 0
-    return max(count - 1, 0)
-
-
 def _most_tokens_in_a_statement(text: str) -> int:
     """For a text CPython cannot parse (newer syntax, or broken): the most tokens of any logical
     line, an upper bound on how deep libcst could nest it. The tokenizer is only asked here."""
@@ -241,15 +261,3 @@ def _most_tokens_in_a_statement(text: str) -> int:
     except (tokenize.TokenError, SyntaxError):
         pass
     return max(most, current)
-
-
-def _line_starts(text: str) -> List[int]:
-    return [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
-
-
-def _offset(text: str, starts: List[int], line: int, byte_column: int) -> int:
-    """The character offset of (1-based line, UTF-8 byte column) in ``text``."""
-    begin = starts[line - 1]
-    end = starts[line] if line < len(starts) else len(text)
-    prefix = text[begin:end].encode("utf-8", "surrogatepass")[:byte_column]
-    return begin + len(prefix.decode("utf-8", "replace"))

@@ -49,35 +49,40 @@ def selected_rules(config: Config) -> List[type]:
     return [rule for rule in source_rules() if config.is_selected(rule.code)]
 
 
-_WORDS: Dict[Tuple[str, ...], "re.Pattern[str]"] = {}
+_WORDS: Dict[tuple, "re.Pattern[str]"] = {}
 
 
-def _word_regex(group: Tuple[str, ...]) -> "re.Pattern[str]":
+def _word_regex(group: tuple) -> "re.Pattern[str]":
+    """One regex for a group of triggers: words, strings with punctuation, or regexes."""
     regex = _WORDS.get(group)
     if regex is None:
         # a trigger that is a word (``amp``) must not be part of a longer one (``example``, ``clamp``
         # do not count; ``allow_tf32`` counts for ``tf32``); one with punctuation (``e-``) is searched as is
-        parts = [rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])" if w.isidentifier() else re.escape(w)
-                 for w in group]
-        regex = _WORDS[group] = re.compile("|".join(parts))
+        parts = [
+            w.pattern if isinstance(w, re.Pattern)
+            else rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])" if w.isidentifier() else re.escape(w)
+            for w in group
+        ]
+        regex = _WORDS[group] = re.compile("|".join(f"(?:{part})" for part in parts))
     return regex
 
 
 def wanted(rule, text: str) -> bool:
-    """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` has a word
-    in the text (not inside a longer word). A rule without triggers wants every file."""
+    """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` (words, or
+    regexes) matches in the text, a word not inside a longer one. A rule without triggers wants
+    every file."""
     return all(_word_regex(tuple(group)).search(text) for group in getattr(rule, "triggers", ()))
 
 
-def trigger_words(rules: Sequence) -> Optional[Tuple[str, ...]]:
-    """Every word some rule of ``rules`` looks for; None when one looks at everything."""
-    words: List[str] = []
+def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
+    """A regex for anything some rule of ``rules`` looks for; None when one looks at everything."""
+    groups: List = []
     for rule in rules:
         triggers = getattr(rule, "triggers", ())
         if not triggers:
             return None
-        words += [word for group in triggers for word in group]
-    return tuple(dict.fromkeys(words))
+        groups += [item for group in triggers for item in group]
+    return _word_regex(tuple(dict.fromkeys(groups)))
 
 
 def _active(rules: Sequence, source: SourceFile) -> List:
@@ -98,7 +103,7 @@ def check_source(source: SourceFile, rules: Sequence) -> List[Finding]:
 def _check_source(source: SourceFile, active: Sequence) -> List[Finding]:
     from preclint.rules.unparsable_file import UnparsableFile
 
-    source.words = trigger_words(active)
+    source.words = trigger_regex(active)
     try:
         source.module
     except ParseFailure as failure:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tokenize
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -64,10 +65,10 @@ class SourceFile:
         self.decode_failure: Optional[ParseFailure] = None
         self.encoding = "utf-8"
         self.data: Optional[bytes] = None  # the bytes read, when read from disk
-        # words that can make an expression matter to the rules that will read this file; an
-        # expression too deep for libcst that holds none is elided (preclint.source.guard). None:
-        # every expression matters
-        self.words: Optional[Tuple[str, ...]] = None
+        # what can make an expression matter to the rules that will read this file; an expression
+        # too deep for libcst that holds none of it is elided (preclint.source.guard). None: every
+        # expression matters
+        self.words: Optional["re.Pattern[str]"] = None
         self.elided = 0  # how many expressions were elided: the file then offers no fixes
         self._module: Optional[cst.Module] = None
         self._wrapper: Optional[MetadataWrapper] = None
@@ -119,7 +120,7 @@ class SourceFile:
         if verdict.deep and self.words is not None:
             quiet = [
                 deep for deep in verdict.deep
-                if deep.elidable and not any(word in text[deep.start : deep.end] for word in self.words)
+                if deep.elidable and not self.words.search(text, deep.start, deep.end)
             ]
             if quiet:
                 text = elide(text, quiet)
