@@ -69,10 +69,16 @@ classes passed it, `torch.autocast` reads `torch.get_autocast_dtype()` instead);
 when the file lacks it and a `from torch.cuda.amp import ...` left unused is removed. References that
 are not calls (`cls = torch.cuda.amp.GradScaler`), autocast calls with `*args`, and calls where `torch`
 names something else are reported without a fix; identity and equality tests against the old objects
-(`fn is torch.cuda.amp.autocast`) are not reported. The one difference the fix leaves: the new objects
+(`fn is torch.cuda.amp.autocast`) and tables that list them are not reported. The one difference the fix leaves: the new objects
 are not instances of the old classes (`isinstance(s, torch.cuda.amp.GradScaler)` elsewhere is False).
 """
     valid = (
+        """
+import torch
+
+def is_old_autocast(fn):
+    return fn is torch.cuda.amp.autocast or fn in (torch.cpu.amp.autocast,)
+""",
         """
 import torch
 
@@ -131,8 +137,8 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
     def check_source(self, source) -> Iterator[Finding]:
         index = source.index
         for ref, qualified, call in index.references(DEPRECATED):
-            if call is None and id(ref.node) in index.compared:
-                continue  # ``fn is torch.cuda.amp.autocast``: recognising the old object is no use of it
+            if call is None and id(ref.node) in index.held_as_data:
+                continue  # ``fn is torch.cuda.amp.autocast``, a table of functions: naming the old object is no use of it
             kind, device = DEPRECATED[qualified]
             new = _new_usage(kind, device)
             message = f"`{qualified}` is deprecated; use `{new}`."

@@ -149,6 +149,22 @@ def test_fp16_defaults():
         out = model(x)
     torch.testing.assert_close(out, ref.half())
 """,
+        """
+import numpy as np
+
+FLOATS = [np.half, np.single, np.double]  # used by other tests of the file
+
+def test_quantile():
+    q = np.quantile(y, 0.5)
+    np.testing.assert_allclose(q, expected)
+""",
+        """
+import torch
+
+def test_fp16_argmax():
+    logits = model.half()(x.half())
+    assert torch.allclose(logits.argmax(-1), ref.argmax(-1))
+""",
     )
     invalid = (
         """
@@ -175,6 +191,15 @@ torch.backends.cuda.matmul.allow_tf32 = True
 
 def test_matmul():
     assert torch.allclose(a @ b, ref)
+""",
+        """
+import pytest
+import torch
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_matmul(dtype):
+    out = (a.to(dtype) @ b.to(dtype)).float()
+    torch.testing.assert_close(out, a @ b, rtol=1e-5, atol=1e-5)
 """,
         """
 import unittest

@@ -227,7 +227,8 @@ class EvidenceMap:
 
     def _slice(self, site: Site, values: Sequence[cst.BaseExpression]) -> Tuple[Set[int], List[cst.CSTNode]]:
         """The ids of every node in the backward slice of ``values`` at ``site``, and the assignments
-        (target nodes) it went through."""
+        (target nodes) it went through. A name read in a scope leads to the assignments of the scope
+        that binds it there (a comprehension's own variable first), as Python resolves it."""
         if self._flows is None:
             self._flows = {}
             for assign in self.index.assigns:
@@ -235,11 +236,12 @@ class EvidenceMap:
                     self._flows.setdefault(assign.dotted, []).append(assign)
         nodes: Set[int] = set()
         assignments: List[cst.CSTNode] = []
-        pending = [value for value in values if value is not None]
-        seen_names: Set[str] = set()
+        pending = [(value, site.names) for value in values if value is not None]
+        seen: Set[Tuple[str, int]] = set()
         function = site.scope
+        parameters = _parameters(function) if function is not None else set()
         while pending:
-            expression = pending.pop()
+            expression, reading = pending.pop()
             names = []
             for node in descendants(expression):
                 nodes.add(id(node))
@@ -251,27 +253,52 @@ class EvidenceMap:
                         parts = dotted.split(".")
                         names += [".".join(parts[: i + 1]) for i in range(1, len(parts))]
             for name in names:
-                if name in seen_names:
+                if (name, id(reading)) in seen:
                     continue
-                seen_names.add(name)
-                for assign in self._flows.get(name, ()):
-                    if self._visible(assign, site, name):
-                        assignments.append(assign.node)
-                        pending.append(assign.value)
-                if function is not None and name in _parameters(function):
-                    pending += [decorator.decorator for decorator in function.decorators]
-                    pending += [p.default for p in _all_params(function) if p.name.value == name and p.default is not None]
+                seen.add((name, id(reading)))
+                for assign in self._feeding(name, reading, site):
+                    assignments.append(assign.node)
+                    pending.append((assign.value, assign.names))
+                binder = _binder(reading, name) if name in parameters else None
+                if binder is not None and binder.kind == "function":
+                    # a parameter: what its decorators (``@dtypes(torch.half)``) and default say
+                    pending += [(decorator.decorator, site.names) for decorator in function.decorators]
+                    pending += [(p.default, site.names) for p in _all_params(function)
+                                if p.name.value == name and p.default is not None]
         return nodes, assignments
 
-    @staticmethod
-    def _visible(assign: Site, site: Site, name: str) -> bool:
-        """Whether an assignment can feed a read of ``name`` at ``site``: the same function, module
-        level, or for ``self.x`` any method of the same class."""
-        if assign.scope is not None and assign.scope is site.scope:
+    def _feeding(self, name: str, reading, site: Site) -> List[Site]:
+        """The assignments a read of ``name`` in the scope ``reading`` can see."""
+        candidates = self._flows.get(name, ())
+        if "." in name:  # ``self.model``: assigned in any method of the class, or where it is read
+            return [a for a in candidates if (a.klass is not None and a.klass is site.klass)
+                    or a.scope is site.scope]
+        inner = [a for a in candidates if a.names is not None and a.names.kind == "comprehension"
+                 and _encloses(reading, a.names)]
+        if inner:
+            return inner
+        binder = _binder(reading, name)
+        return [a for a in candidates if binder is not None and a.names is binder]
+
+
+def _binder(scope, name: str):
+    """The scope a read of ``name`` in ``scope`` resolves to (class bodies do not enclose functions)."""
+    past_function = False
+    while scope is not None:
+        if not (scope.kind == "class" and past_function) and (name in scope.bound or name in scope.imports):
+            return scope
+        past_function = past_function or scope.kind in ("function", "lambda", "comprehension")
+        scope = scope.parent
+    return None
+
+
+def _encloses(outer, inner) -> bool:
+    """Whether ``inner`` is ``outer`` or nested in it."""
+    while inner is not None:
+        if inner is outer:
             return True
-        if assign.scope is None and assign.klass is None:
-            return True
-        return name.startswith("self.") and assign.klass is not None and assign.klass is site.klass
+        inner = inner.parent
+    return False
 
 
 def _all_params(function: cst.FunctionDef) -> List[cst.Param]:

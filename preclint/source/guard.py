@@ -64,11 +64,18 @@ def run_with_deep_stack(fn: Callable[[], T]) -> T:
     sys.setrecursionlimit(max(previous_limit, RECURSION_LIMIT))
     try:
         thread = threading.Thread(target=target, name="preclint-check", daemon=True)
-        thread.start()
-        thread.join()
+        try:
+            thread.start()
+        except RuntimeError:  # no memory for such a stack (strict overcommit): the usual one
+            thread = None
+        finally:
+            threading.stack_size(previous_size)
+        if thread is not None:
+            thread.join()
     finally:
-        threading.stack_size(previous_size)
         sys.setrecursionlimit(previous_limit)
+    if thread is None:
+        return fn()
     if "error" in result:
         raise result["error"]
     return result["value"]

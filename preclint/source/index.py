@@ -87,7 +87,9 @@ class Index:
     binops: List[Site] = field(default_factory=list)  # every BinaryOperation (a + b, a / b, ...)
     from_imports: Dict[str, cst.ImportFrom] = field(default_factory=dict)  # local name -> its import
     module_scope: Scope = field(default_factory=lambda: Scope("module"))
-    compared: Set[int] = field(default_factory=set)  # ids of operands of comparisons (``a is b``, ``a in (b, c)``)
+    # ids of expressions compared (``a is b``, ``a in (b, c)``) or listed in a collection literal (a
+    # table of functions): a bare reference there names an object, it does not use it
+    held_as_data: Set[int] = field(default_factory=set)
     with_statements: Dict[int, cst.With] = field(default_factory=dict)  # id(context expression) -> its with
 
     def qualify(self, dotted: Optional[str], at: Optional[Site] = None) -> Optional[str]:
@@ -529,10 +531,16 @@ class _Collector:
                 self.index.constants.pop(target.value, None)
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
-        for operand in [node.left] + [target.comparator for target in node.comparisons]:
-            self.index.compared.add(id(operand))
-            if isinstance(operand, (cst.Tuple, cst.List, cst.Set)):
-                self.index.compared.update(id(element.value) for element in operand.elements)
+        self.index.held_as_data.add(id(node.left))
+        self.index.held_as_data.update(id(target.comparator) for target in node.comparisons)
+
+    def visit_Tuple(self, node) -> None:
+        self.index.held_as_data.update(id(element.value) for element in node.elements)
+
+    visit_List = visit_Set = visit_Tuple
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        self.index.held_as_data.update(id(element.key) for element in node.elements if isinstance(element, cst.DictElement))
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         self.index.binops.append(self._site(Site, node))

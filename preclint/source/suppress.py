@@ -99,12 +99,12 @@ def parse_directives(text: str) -> Dict[int, List[Directive]]:
 def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
     if path in texts:
         return texts[path]
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
+    from preclint.source.safe_io import read_regular_or_none
     from preclint.source.sourcefile import ParseFailure, decode
+
+    data = read_regular_or_none(path)
+    if data is None:
+        return None
 
     try:
         return decode(data)
