@@ -17,8 +17,10 @@ TF32 = "import torch\n\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
+    """An empty project as the working directory, with its own cache and no user configuration."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "pkg").mkdir()
     return tmp_path
 
@@ -107,7 +109,8 @@ def test_fix_writes_in_place_keeping_bytes_and_mode(project, capsys):
     path.chmod(0o750)
     code, out, err = run(capsys, "--fix", "pkg")
     assert code == 0 and out == "All checks passed!\n" and "Fixed 1 finding." in err
-    assert path.read_bytes() == original.replace("torch.cuda.amp.autocast()", 'torch.autocast("cuda")').encode("utf-8")
+    fixed = original.replace("torch.cuda.amp.autocast()", 'torch.autocast("cuda", dtype=torch.float16)')
+    assert path.read_bytes() == fixed.encode("utf-8")
     assert stat.S_IMODE(path.stat().st_mode) == 0o750
     assert sorted(os.listdir(project / "pkg")) == ["m.py"]  # no temporary file left
 
@@ -118,7 +121,7 @@ def test_diff_shows_fixes_and_writes_nothing(project, capsys):
     code, out, _ = run(capsys, "--diff", "pkg")
     assert code == 1
     assert out.splitlines()[:2] == ["--- a/pkg/m.py", "+++ b/pkg/m.py"]
-    assert '+with torch.autocast("cuda"):' in out and "-with torch.cuda.amp.autocast():" in out
+    assert '+with torch.autocast("cuda", dtype=torch.float16):' in out and "-with torch.cuda.amp.autocast():" in out
     assert path.read_text() == AMP
     path.write_text('import torch\n\nwith torch.autocast("cuda"):\n    pass\n')
     assert run(capsys, "--diff", "pkg")[:2] == (0, "")

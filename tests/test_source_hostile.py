@@ -12,25 +12,10 @@ import textwrap
 
 import pytest
 
-from preclint.cli import main
 
-AMP = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = model(x)\n"
+from tests.test_source_cli import AMP, project, run  # noqa: F401 (project: a fixture)
+
 ASSERT = "import torch\n\ntorch.testing.assert_allclose(torch.ones(3), torch.ones(3), rtol=1e-3, atol=1e-5)\n"
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "pkg").mkdir()
-    return tmp_path
-
-
-def run(capsys, *args):
-    code = main(["check", "--source-only", "--output-format", "concise", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def preclint(*args, cwd, timeout=120, env=None):
