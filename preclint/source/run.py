@@ -49,29 +49,32 @@ def selected_rules(config: Config) -> List[type]:
     return [rule for rule in source_rules() if config.is_selected(rule.code)]
 
 
-_WORDS: Dict[tuple, "re.Pattern[str]"] = {}
+_WORDS: Dict[tuple, Tuple["re.Pattern[str]", ...]] = {}
 
 
-def _word_regex(group: tuple) -> "re.Pattern[str]":
-    """One regex for a group of triggers: words, strings with punctuation, or regexes."""
-    regex = _WORDS.get(group)
-    if regex is None:
+def _patterns(group: tuple) -> Tuple["re.Pattern[str]", ...]:
+    """One regex a trigger of the group: words, strings with punctuation, or regexes. Each starts
+    with its literal, so that the regex engine scans for it at C speed."""
+    patterns = _WORDS.get(group)
+    if patterns is None:
         # a trigger that is a word (``amp``) must not be part of a longer one (``example``, ``clamp``
         # do not count; ``allow_tf32`` counts for ``tf32``); one with punctuation (``e-``) is searched as is
-        parts = [
-            w.pattern if isinstance(w, re.Pattern)
-            else rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])" if w.isidentifier() else re.escape(w)
+        patterns = _WORDS[group] = tuple(
+            w if isinstance(w, re.Pattern)
+            else re.compile(rf"{re.escape(w)}(?<![A-Za-z0-9]{re.escape(w)})(?![A-Za-z0-9])") if w.isidentifier()
+            else re.compile(re.escape(w))
             for w in group
-        ]
-        regex = _WORDS[group] = re.compile("|".join(f"(?:{part})" for part in parts))
-    return regex
+        )
+    return patterns
 
 
 def wanted(rule, text: str) -> bool:
     """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` (words, or
     regexes) matches in the text, a word not inside a longer one. A rule without triggers wants
     every file."""
-    return all(_word_regex(tuple(group)).search(text) for group in getattr(rule, "triggers", ()))
+    return all(
+        any(pattern.search(text) for pattern in _patterns(tuple(group))) for group in getattr(rule, "triggers", ())
+    )
 
 
 def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
@@ -82,7 +85,8 @@ def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
         if not triggers:
             return None
         groups += [item for group in triggers for item in group]
-    return _word_regex(tuple(dict.fromkeys(groups)))
+    patterns = _patterns(tuple(dict.fromkeys(groups)))
+    return re.compile("|".join(f"(?:{p.pattern})" for p in patterns))
 
 
 def _active(rules: Sequence, source: SourceFile) -> List:
@@ -214,9 +218,6 @@ def check_paths(
         run.files.append(shown)
         run.sources[shown] = source
         run.filenames[shown] = filename
-        if source.decode_failure is None and not _active(rules, source):
-            raw[shown] = []
-            continue
         if store is not None:
             digests[shown] = content_digest(source.data or b"")
             hit = store.get(filename, shown, digests[shown])
@@ -224,6 +225,11 @@ def check_paths(
                 raw[shown] = hit
                 run.cached += 1
                 continue
+        if source.decode_failure is None and not _active(rules, source):
+            raw[shown] = []
+            if store is not None:
+                store.put(filename, shown, digests[shown], [])
+            continue
         jobs_to_run.append((shown, source.data or b"", codes))
     results = map_checked(_check_one, jobs_to_run, [len(job[1]) for job in jobs_to_run],
                           jobs if jobs is not None else available_cores(), _crashed)
