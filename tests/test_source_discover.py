@@ -95,3 +95,13 @@ def test_missing_path_is_a_user_error(tmp_path, monkeypatch):
 )
 def test_glob_semantics(pattern, path, expected):
     assert glob_match(pattern, path) is expected
+
+
+def test_last_matching_pattern_wins_among_thousands(tmp_path, monkeypatch):
+    """A generated .gitignore of thousands of patterns: the last one that matches decides."""
+    many = "\n".join(f"generated_{i}/" for i in range(5000))
+    make(tmp_path, {".gitignore": many + "\n*.py\n!keep*.py\nkeep_not.py\n",
+                    "keep_yes.py": "", "keep_not.py": "", "other.py": "", "generated_7/x.py": ""})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert discover(["."]) == ["keep_yes.py"]

@@ -35,8 +35,9 @@ DEFAULT_EXCLUDE = (
     ".vscode", "__pypackages__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages",
     "venv", ".preclint_cache", "__pycache__",
 )
-# an ignore file larger than this is read only this far: its patterns are compiled into one regex
+# an ignore file is read this far (bytes, patterns): its patterns are compiled into regexes
 IGNORE_FILE_LIMIT = 256 * 1024
+IGNORE_PATTERN_LIMIT = 10_000
 
 
 class PatternFile:
@@ -44,14 +45,16 @@ class PatternFile:
     pattern wins, ``!`` re-includes, a trailing ``/`` matches directories only, a pattern with a
     slash before its end is anchored at ``base``, one without matches a name at any depth.
 
-    All patterns are compiled into one regex per kind of path, alternatives in reverse order, so
-    that the first alternative that matches is the file's last matching pattern: one C-level match
-    a path, however many patterns the file has."""
+    The patterns are compiled into a few union regexes (by kind of path, anchored or matching a
+    name, ignoring or re-including), so that a path costs a few C-level matches however many patterns
+    the file has; only a path that both an ignoring and a re-including pattern match walks the
+    patterns one by one, from the last, to find which came last."""
 
     def __init__(self, base: str, text: str):
         self.base = base
-        entries: List[Tuple[str, bool, bool]] = []  # (regex, negated, directories only)
-        for raw in text.splitlines():
+        # (regex, negated, directories only, anchored), in the file's order
+        self.entries: List[Tuple[str, bool, bool, bool]] = []
+        for raw in text.splitlines()[:IGNORE_PATTERN_LIMIT]:
             line = raw.rstrip("\r")
             if not line or line.startswith("#"):
                 continue
@@ -64,42 +67,42 @@ class PatternFile:
                 line = line[1:]  # \# and \! start a literal
             dir_only = line.endswith("/")
             line = line.rstrip("/")
-            if not line:
-                continue
-            if "/" in line:
-                regex = glob_regex(line.lstrip("/")).pattern[:-2]  # without its \Z
-            else:
-                regex = "(?:.*/)?" + glob_regex(line).pattern[:-2]
-            entries.append((regex, negated, dir_only))
-        self.negated = {f"p{i}" for i, (_, negated, _) in enumerate(entries) if negated}
-        self.for_dirs = self._compile(entries, include_dir_only=True)
-        self.for_files = self._compile(entries, include_dir_only=False)
+            if line:
+                self.entries.append((glob_regex(line.lstrip("/")).pattern, negated, dir_only, "/" in line))
+        self._unions: Dict[tuple, Optional["re.Pattern[str]"]] = {}
 
-    @staticmethod
-    def _compile(entries, include_dir_only: bool) -> Optional["re.Pattern[str]"]:
-        parts = [
-            f"(?P<p{i}>{regex})" for i, (regex, _, dir_only) in reversed(list(enumerate(entries)))
-            if include_dir_only or not dir_only
-        ]
-        if not parts:
-            return None
-        try:
-            return re.compile("(?:" + "|".join(parts) + r")\Z")
-        except (re.error, RecursionError, OverflowError):
-            return None  # a pattern Python's regex cannot hold: the file is not applied
+    def _union(self, is_dir: bool, anchored: bool, negated: bool) -> Optional["re.Pattern[str]"]:
+        key = (is_dir, anchored, negated)
+        if key not in self._unions:
+            parts = [regex for regex, neg, dir_only, anc in self.entries
+                     if neg == negated and anc == anchored and (is_dir or not dir_only)]
+            try:
+                self._unions[key] = re.compile("|".join(f"(?:{p})" for p in parts)) if parts else None
+            except (re.error, RecursionError, OverflowError):
+                self._unions[key] = None  # a pattern Python's regex cannot hold: not applied
+        return self._unions[key]
+
+    def _matches(self, rel: str, name: str, is_dir: bool, negated: bool) -> bool:
+        anchored, by_name = self._union(is_dir, True, negated), self._union(is_dir, False, negated)
+        return bool((anchored and anchored.match(rel)) or (by_name and by_name.match(name)))
 
     def match(self, path: str, is_dir: bool) -> Optional[bool]:
         """True: ignored, False: re-included, None: no pattern of this file matches."""
-        regex = self.for_dirs if is_dir else self.for_files
-        if regex is None:
+        if not self.entries:
             return None
         rel = os.path.relpath(path, self.base).replace(os.sep, "/")
         if rel.startswith("../") or rel == "..":
             return None
-        found = regex.match(rel)
-        if found is None:
+        name = rel.rsplit("/", 1)[-1]
+        ignored, included = self._matches(rel, name, is_dir, False), self._matches(rel, name, is_dir, True)
+        if ignored != included:
+            return ignored
+        if not ignored:
             return None
-        return found.lastgroup not in self.negated
+        for regex, negated, dir_only, anchored in reversed(self.entries):
+            if (is_dir or not dir_only) and re.match(regex, rel if anchored else name):
+                return not negated
+        return None
 
 
 def _load(path: str, base: str, follow: bool = False) -> Optional[PatternFile]:
