@@ -1,6 +1,7 @@
 """PCL504 tf32-flags: TF32 switches that raise, silently flip, or leak into other people's programs."""
 from __future__ import annotations
 
+import re
 from typing import Iterator, List, Tuple
 
 import libcst as cst
@@ -25,7 +26,11 @@ class Tf32Flags(SourceRule):
     summary = "TF32 switches that raise, reset themselves, or change TF32 for every importer."
     severity = "warning"
     precisions = ("tf32",)
-    triggers = (("torch",), ("tf32", "float32_matmul_precision", "fp32_precision", "cudnn"))
+    # a TF32 switch, or cudnn's flags() (``torch.backends.cudnn.flags``, ``from ...cudnn import flags``)
+    triggers = (
+        ("torch",),
+        ("tf32", "float32_matmul_precision", "fp32_precision", re.compile(r"cudnn[\s\S]*?(?<![A-Za-z0-9])flags(?![A-Za-z0-9])")),
+    )
     why = """
 Three ways TF32 settings go wrong, all visible in the source:
 

@@ -9,7 +9,7 @@ import pytest
 from preclint.config import Config
 from preclint.rules import source_rules
 from preclint.source.fix import fix_file
-from preclint.source.run import check_text, selected_rules
+from preclint.source.run import check_source, check_text, selected_rules
 from preclint.source.sourcefile import SourceFile
 
 RULES = source_rules()
@@ -308,3 +308,16 @@ def test_mixing_the_tf32_apis_raises_in_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("rule, snippet", _cases("invalid") + _cases("valid"))
+def test_a_focused_parse_finds_what_a_full_parse_finds(rule, snippet):
+    """check_paths blanks top-level functions and classes that hold no trigger word: same findings."""
+    rules = [r() for r in selected_rules(Config())]
+    text = snippet + "\n\nclass Unrelated:\n    def method(self):\n        return [i * 2 for i in range(3)]\n"
+
+    def found(focus):
+        return [(f.code, f.location.line, f.location.column, f.message)
+                for f in check_source(SourceFile(PATH, text), rules, focus=focus)]
+
+    assert found(True) == found(False)

@@ -96,6 +96,7 @@ class Verdict:
     error: Optional[Tuple[str, int, int]] = None  # (message, line, column) when CPython cannot compile it
     final: bool = False  # the error is a limit of nesting: libcst must not try
     deep: List[DeepExpression] = field(default_factory=list)
+    definitions: List[Tuple[int, int]] = field(default_factory=list)  # (start, end) of top-level def/class
 
 
 def judge(text: str, filename: str = "<file>") -> Verdict:
@@ -116,12 +117,30 @@ def judge(text: str, filename: str = "<file>") -> Verdict:
         return Verdict((str(exc), 1, 1), final=True)
     verdict = Verdict()
     measure = _Measure(text)
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([statement.lineno] + [d.lineno for d in statement.decorator_list])
+            verdict.definitions.append((measure.offset(first, 0), measure.span(statement)[1]))
     for expression in _long_expressions(tree, measure):
         for node, depth in _deep_parts(expression, measure):
             start, end = measure.span(node)
             elidable = isinstance(getattr(node, "ctx", ast.Load()), ast.Load)
             verdict.deep.append(DeepExpression(start, end, depth, elidable))
     return verdict
+
+
+def blank(text: str, spans: List[Tuple[int, int]]) -> str:
+    """``text`` with each span's characters turned to spaces, its line breaks kept: every position
+    outside the spans stays where it was."""
+    pieces = []
+    last = 0
+    for start, end in sorted(spans):
+        if start < last:
+            continue
+        pieces += [text[last:start], "".join(c if c in "\r\n" else " " for c in text[start:end])]
+        last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
 
 
 def elide(text: str, spans: List[DeepExpression]) -> str:

@@ -93,12 +93,33 @@ def _active(rules: Sequence, source: SourceFile) -> List:
     return [rule for rule in rules if not getattr(rule, "after_suppressions", False) and wanted(rule, source.text)]
 
 
-def check_source(source: SourceFile, rules: Sequence) -> List[Finding]:
+def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
+    """What a top-level function or class must hold for a finding of ``rules`` to be in it: the words
+    of their trigger groups, less the group that only names the module a rule is about (``torch``
+    tells which files, not which functions). None when a rule looks at everything."""
+    groups: List = []
+    for rule in rules:
+        triggers = [tuple(group) for group in getattr(rule, "triggers", ())]
+        if not triggers:
+            return None
+        groups += [item for group in triggers if group != ("torch",) for item in group]
+    patterns = _patterns(tuple(dict.fromkeys(groups)))
+    return re.compile("|".join(f"(?:{p.pattern})" for p in patterns)) if patterns else None
+
+
+def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> List[Finding]:
     """The findings of ``rules`` (instances) on one file, before suppressions. A file that cannot be
-    parsed yields one PCL599 finding. Parsing and the rules run on a thread with a deep stack."""
+    parsed yields one PCL599 finding. Parsing and the rules run on a thread with a deep stack.
+
+    ``focus``: top-level functions and classes that hold no word of the rules that run are blanked
+    before libcst parses the file (positions kept): they cannot hold a finding, and most of a large
+    module's text is in them. The tree then is not the file's, so fixes are made from a full parse
+    (``preclint.source.fix`` parses again)."""
     active = _active(rules, source)
     if source.decode_failure is None and not active:
         return []
+    if focus:
+        source.focus = focus_regex(active)
     if threading.current_thread().name == "preclint-check":
         return _check_source(source, active)
     return run_with_deep_stack(lambda: _check_source(source, active))
@@ -169,7 +190,7 @@ def _rules_for(codes: Tuple[str, ...]) -> List:
 def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
     """One file's raw findings, from its printed path and bytes (run in a worker process)."""
     shown, data, codes = job
-    return check_source(SourceFile.from_bytes(data, shown), _rules_for(codes))
+    return check_source(SourceFile.from_bytes(data, shown), _rules_for(codes), focus=True)
 
 
 def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:

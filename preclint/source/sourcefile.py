@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from preclint.findings import Finding, Location
-from preclint.source.guard import elide, judge
+from preclint.source.guard import blank, elide, judge
 from preclint.source.safe_io import read_regular
 
 
@@ -70,6 +70,9 @@ class SourceFile:
         # expression matters
         self.words: Optional["re.Pattern[str]"] = None
         self.elided = 0  # how many expressions were elided: the file then offers no fixes
+        # where findings can be: a top-level function or class that holds none of this is not given
+        # to libcst (preclint.source.run.check_source(focus=True)); None: parse everything
+        self.focus: Optional["re.Pattern[str]"] = None
         self._module: Optional[cst.Module] = None
         self._wrapper: Optional[MetadataWrapper] = None
         self._positions = None
@@ -117,6 +120,10 @@ class SourceFile:
             message, line, column = verdict.error
             raise ParseFailure(f"cannot parse the file: {message}", line, column)
         text = self.text
+        if self.focus is not None:
+            quiet = [(start, end) for start, end in verdict.definitions if not self.focus.search(text, start, end)]
+            if quiet:
+                text = blank(text, quiet)
         if verdict.deep and self.words is not None:
             quiet = [
                 deep for deep in verdict.deep
