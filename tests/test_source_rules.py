@@ -321,3 +321,17 @@ def test_a_focused_parse_finds_what_a_full_parse_finds(rule, snippet):
                 for f in check_source(SourceFile(PATH, text), rules, focus=focus)]
 
     assert found(True) == found(False)
+
+
+def test_a_focused_parse_follows_module_level_names():
+    text = (
+        "import torch\n"
+        "EPS = 1e-8\n"
+        "model = Net().half()\n"
+        "\n"
+        "def guard(x, n):\n"
+        "    return x / (n + EPS)\n"
+    )
+    rules = [r() for r in selected_rules(Config())]
+    (finding,) = check_source(SourceFile(PATH, text), rules, focus=True)
+    assert finding.code == "PCL505" and finding.location.line == 6

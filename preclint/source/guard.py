@@ -97,6 +97,8 @@ class Verdict:
     final: bool = False  # the error is a limit of nesting: libcst must not try
     deep: List[DeepExpression] = field(default_factory=list)
     definitions: List[Tuple[int, int]] = field(default_factory=list)  # (start, end) of top-level def/class
+    # (names bound, start, end) of top-level imports and assignments
+    bindings: List[Tuple[Tuple[str, ...], int, int]] = field(default_factory=list)
 
 
 def judge(text: str, filename: str = "<file>") -> Verdict:
@@ -121,12 +123,24 @@ def judge(text: str, filename: str = "<file>") -> Verdict:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             first = min([statement.lineno] + [d.lineno for d in statement.decorator_list])
             verdict.definitions.append((measure.offset(first, 0), measure.span(statement)[1]))
+        elif isinstance(statement, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            names = _bound(statement)
+            if names:
+                verdict.bindings.append((names, *measure.span(statement)))
     for expression in _long_expressions(tree, measure):
         for node, depth in _deep_parts(expression, measure):
             start, end = measure.span(node)
             elidable = isinstance(getattr(node, "ctx", ast.Load()), ast.Load)
             verdict.deep.append(DeepExpression(start, end, depth, elidable))
     return verdict
+
+
+def _bound(statement: ast.stmt) -> Tuple[str, ...]:
+    """The names a top-level import or assignment binds."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return tuple((alias.asname or alias.name).split(".")[0] for alias in statement.names if alias.name != "*")
+    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+    return tuple(node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name))
 
 
 def blank(text: str, spans: List[Tuple[int, int]]) -> str:

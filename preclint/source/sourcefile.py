@@ -121,7 +121,15 @@ class SourceFile:
             raise ParseFailure(f"cannot parse the file: {message}", line, column)
         text = self.text
         if self.focus is not None:
-            quiet = [(start, end) for start, end in verdict.definitions if not self.focus.search(text, start, end)]
+            focus = self.focus
+            # names the module binds to what the rules look for (``from torch.cuda.amp import
+            # autocast``, ``EPS = 1e-8``) stand for it in the functions that use them
+            names = {name for names, start, end in verdict.bindings if focus.search(text, start, end)
+                     for name in names if name != "torch"}
+            if names:
+                words = "|".join(re.escape(name) for name in sorted(names))
+                focus = re.compile(f"{focus.pattern}|(?<![A-Za-z0-9_])(?:{words})(?![A-Za-z0-9_])")
+            quiet = [(start, end) for start, end in verdict.definitions if not focus.search(text, start, end)]
             if quiet:
                 text = blank(text, quiet)
         if verdict.deep and self.words is not None:
