@@ -13,8 +13,19 @@ few hold the problems preclint reports), then times, in one process and on the s
   preclint, no prefilter / TorchFix-style, no prefilter
 
 preclint's figures are the best of --repeat runs; the TorchFix-style ones run once (tens of seconds,
-where run-to-run noise is small against the gap).
+where run-to-run noise is small against the gap). The synthetic tree is checked without the cache.
+
+With --tree DIR (``--tree torch``: the installed torch package) it times a real tree instead, as a
+pre-commit hook or CI meets it, all in one run:
+
+  cold, 1 process     check_paths(jobs=1), empty cache: the single-core cost
+  cold, N processes   check_paths on every core the run may use, empty cache
+  warm (CLI)          `python -m preclint check --source-only` again, cache filled: start-up included
+  --against CHECKOUT  the same CLI run from another checkout of preclint (PYTHONPATH=CHECKOUT, no
+                      cache flag there): the before figure of a change, for a ratio from this run
+
 Usage: python benchmarks/source_only.py [--files N] [--repeat R] [--no-prefilter]
+       python benchmarks/source_only.py --tree torch [--against /path/to/old/checkout]
 """
 from __future__ import annotations
 
@@ -157,7 +168,7 @@ def run_preclint(root: str) -> int:
     from preclint.report import Report, render
     from preclint.source.run import check_paths
 
-    run = check_paths([root], Config(output_format="concise"))
+    run = check_paths([root], Config(output_format="concise"), cache=False)
     render(Report(findings=run.findings, files=run.files), "concise")
     return len(run.findings), sum(source.parsed for source in run.sources.values())
 
@@ -177,7 +188,8 @@ def run_preclint_every_file(root: str) -> int:
 
 def run_preclint_cli(root: str) -> int:
     done = subprocess.run(
-        [sys.executable, "-m", "preclint", "check", "--source-only", "--isolated", "--output-format", "concise", root],
+        [sys.executable, "-m", "preclint", "check", "--source-only", "--isolated", "--no-cache", "--output-format",
+         "concise", root],
         capture_output=True, text=True,
     )
     if done.returncode not in (0, 1):
@@ -228,12 +240,71 @@ def best_of(repeat: int, fn, *args) -> float:
     return min(times)
 
 
+def _cli(root: str, env: dict, extra=()) -> tuple:
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "preclint", "check", "--source-only", "--isolated", "--output-format", "json", *extra, root],
+        capture_output=True, text=True, env={**os.environ, **env},
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise RuntimeError(done.stderr[-2000:])
+    import json
+
+    return seconds, len(json.loads(done.stdout)["findings"])
+
+
+def tree_benchmark(root: str, against: str = "") -> None:
+    """Cold and warm source-only runs over a real tree (see the module docstring)."""
+    from preclint.config import Config
+    from preclint.source.parallel import available_cores
+    from preclint.source.run import check_paths
+
+    if root == "torch":
+        import importlib.util
+
+        root = os.path.dirname(importlib.util.find_spec("torch").origin)
+    files = sum(f.endswith(".py") for _, _, fs in os.walk(root) for f in fs)
+    cores = available_cores()
+    print(f"tree: {root}, {files} .py files; machine: {platform.machine()}, {cores} cores, "
+          f"Python {platform.python_version()}")
+    results = {}
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["PRECLINT_CACHE_DIR"] = cache
+        config = Config()
+        start = time.perf_counter()
+        single = check_paths([root], config, cache=False, jobs=1)
+        results["cold, 1 process"] = time.perf_counter() - start
+        start = time.perf_counter()
+        cold = check_paths([root], config)
+        results[f"cold, {cores} processes"] = time.perf_counter() - start
+        assert sorted(f.sort_key() for f in cold.findings) == sorted(f.sort_key() for f in single.findings)
+        results["warm (CLI)"], warm_findings = _cli(root, {"PRECLINT_CACHE_DIR": cache})
+        if against:
+            results["before (CLI, --against)"], before_findings = _cli(root, {"PYTHONPATH": against})
+    print(f"findings: {len(cold.findings)} (warm CLI run: {warm_findings}); files parsed cold: {cold.parsed} "
+          f"of {len(cold.files)} (the others hold no word a rule looks for)")
+    for name, seconds in results.items():
+        print(f"{name:32s} {seconds:8.2f} s   {files / seconds:8.1f} files/s")
+    parallel = results[f"cold, {cores} processes"]
+    print(f"cold on {cores} cores vs 1 process: {results['cold, 1 process'] / parallel:.1f}x")
+    if against:
+        before = results["before (CLI, --against)"]
+        print(f"before: {before_findings} findings; before / cold on {cores} cores: {before / parallel:.1f}x; "
+              f"before / warm: {before / results['warm (CLI)']:.0f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-prefilter", action="store_true", help="also time TorchFix-style parsing of every file")
+    parser.add_argument("--tree", help="time this directory (torch: the installed torch package) instead")
+    parser.add_argument("--against", default="", help="with --tree: also time the CLI of this preclint checkout")
     args = parser.parse_args()
+    if args.tree:
+        tree_benchmark(args.tree, args.against)
+        return
     with tempfile.TemporaryDirectory() as root:
         counts = make_tree(root, args.files)
         lines = sum(sum(1 for _ in open(os.path.join(d, f))) for d, _, fs in os.walk(root) for f in fs)

@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only the source rules (PCL5xx) over files and directories; never imports torch or the code")
     check.add_argument("--fix", action="store_true", help="apply the safe fixes (with --source-only)")
     check.add_argument("--diff", action="store_true", help="print the fixes as a diff instead of writing them")
+    check.add_argument("--unsafe-fixes", action="store_true",
+                       help="with --fix or --diff: also the fixes that may change behaviour (review them)")
+    check.add_argument("--no-cache", action="store_true",
+                       help="with --source-only: neither read nor write the cache of unchanged files' results")
     check.add_argument("--baseline", metavar="FILE", help="hide the findings recorded in FILE (see --write-baseline)")
     check.add_argument("--write-baseline", metavar="FILE", help="record the current findings in FILE and exit 0")
     check.add_argument("--probe", nargs="?", const="auto", choices=PROBE_DEVICES, metavar="DEVICE",
@@ -143,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_arguments(probe)
     # `probe` is `check --probe` with the ledger of every node in its report
     probe.set_defaults(no_run=False, source_only=False, fix=False, diff=False, baseline=None, write_baseline=None,
+                       no_cache=False, unsafe_fixes=False,
                        ledger=True)
 
     rule = sub.add_parser("rule", help="show a rule's documentation")
@@ -194,7 +199,8 @@ def cmd_check(args) -> int:
         from preclint.source.command import run_source_only
 
         return run_source_only(args.paths, config, fix=args.fix, diff=args.diff, baseline=args.baseline,
-                               write_baseline=args.write_baseline, exit_zero=args.exit_zero, color=_use_color(args))
+                               write_baseline=args.write_baseline, exit_zero=args.exit_zero, color=_use_color(args),
+                               cache=not args.no_cache, unsafe_fixes=args.unsafe_fixes)
     if args.fix or args.diff:
         raise UserError("--fix and --diff apply the fixes of source rules: use them with --source-only")
     import importlib.util

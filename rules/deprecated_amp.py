@@ -7,7 +7,7 @@ import libcst as cst
 
 from preclint.findings import Finding
 from preclint.rulebase import SourceRule
-from preclint.source.args import has_star, keyword_arg
+from preclint.source.args import has_star, keyword_arg, with_arguments, with_first_argument
 
 # deprecated qualified name -> (what replaces it, device)
 DEPRECATED = {
@@ -25,7 +25,8 @@ NEW_PATH = {"autocast": "autocast", "GradScaler": "amp.GradScaler", "custom_fwd"
 # torch.{cuda,cpu}.amp.autocast(enabled, dtype, cache_enabled): their positions, which torch.autocast
 # does not share (its first parameter is the device), so positional arguments become keywords
 AUTOCAST_PARAMS = ("enabled", "dtype", "cache_enabled")
-_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+# the dtype the old autocast classes default to (torch.autocast reads a global setting instead)
+OLD_DTYPE = {"cuda": "float16", "cpu": "bfloat16"}
 
 
 def _new_usage(kind: str, device: str) -> str:
@@ -62,12 +63,22 @@ scaler = torch.cuda.amp.GradScaler()
     fix = """
 Use `torch.autocast("cuda", ...)` (or `"cpu"`), `torch.amp.GradScaler("cuda", ...)` and
 `torch.amp.custom_fwd(device_type="cuda")`. `--fix` rewrites calls: positional arguments of the old
-autocast (enabled, dtype, cache_enabled) become keywords, since `torch.autocast` takes the device first;
-`import torch` is added when the file lacks it and a `from torch.cuda.amp import ...` left unused is
-removed. References that are not calls (`cls = torch.cuda.amp.GradScaler`) and autocast calls with
-`*args` are reported without a fix.
+autocast (enabled, dtype, cache_enabled) become keywords, since `torch.autocast` takes the device first,
+and its default dtype is written out (`dtype=torch.float16` for cuda, `torch.bfloat16` for cpu: the old
+classes passed it, `torch.autocast` reads `torch.get_autocast_dtype()` instead); `import torch` is added
+when the file lacks it and a `from torch.cuda.amp import ...` left unused is removed. References that
+are not calls (`cls = torch.cuda.amp.GradScaler`), autocast calls with `*args`, and calls where `torch`
+names something else are reported without a fix; identity and equality tests against the old objects
+(`fn is torch.cuda.amp.autocast`) and tables that list them are not reported. The one difference the fix leaves: the new objects
+are not instances of the old classes (`isinstance(s, torch.cuda.amp.GradScaler)` elsewhere is False).
 """
     valid = (
+        """
+import torch
+
+def is_old_autocast(fn):
+    return fn is torch.cuda.amp.autocast or fn in (torch.cpu.amp.autocast,)
+""",
         """
 import torch
 
@@ -126,6 +137,8 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
     def check_source(self, source) -> Iterator[Finding]:
         index = source.index
         for ref, qualified, call in index.references(DEPRECATED):
+            if call is None and id(ref.node) in index.held_as_data:
+                continue  # ``fn is torch.cuda.amp.autocast``, a table of functions: naming the old object is no use of it
             kind, device = DEPRECATED[qualified]
             new = _new_usage(kind, device)
             message = f"`{qualified}` is deprecated; use `{new}`."
@@ -145,17 +158,18 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
         root = ref.dotted.split(".")[0]
         add: Tuple[str, ...] = ()
         unused: Tuple[Tuple[str, str], ...] = ()
-        if index.aliases.get(root) == "torch" or (root == "torch" and root not in index.aliases):
+        if index.qualify(root, ref) == "torch":
             torch_name = root
         else:
             # the name came from ``from torch.cuda.amp import autocast`` (or similar): rewrite to the
             # torch module and let the fixer drop the import if nothing else uses it
-            torch_name = index.torch_alias()
+            torch_name = index.torch_name(ref)
             if torch_name is None:
+                if index.qualify("torch", ref) != "torch":
+                    return None, "`torch` names something else here"
                 torch_name, add = "torch", ("torch",)
-            binding = index.aliases.get(root, "")
-            module, _, name = binding.rpartition(".")
             if root in index.from_imports:
+                module, _, name = index.aliases.get(root, "").rpartition(".")
                 unused = ((module, name),)
         new_func = _dotted(f"{torch_name}.{NEW_PATH[kind]}")
         device_string = cst.SimpleString(f'"{device}"')
@@ -163,16 +177,14 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
             device_kw = keyword_arg("device_type", device_string)
             if call is None:  # ``@torch.cuda.amp.custom_fwd`` used bare as a decorator
                 return (ref.node, cst.Call(func=new_func, args=[device_kw]), add, unused), ""
-            args = list(call.node.args)
-            if args:
-                args[-1] = args[-1].with_changes(comma=_COMMA)
-            return (call.node, call.node.with_changes(func=new_func, args=args + [device_kw]), add, unused), ""
+            new_call = with_arguments(call.node.with_changes(func=new_func), call.node.args, [device_kw])
+            return (call.node, new_call, add, unused), ""
         if call is None:
             return None, "it is referenced, not called, so its arguments are unknown"
         if kind == "GradScaler":
             # the old positional parameters follow the device in torch.amp.GradScaler: prepend it
-            args = [cst.Arg(device_string, comma=_COMMA if call.node.args else cst.MaybeSentinel.DEFAULT)]
-            return (call.node, call.node.with_changes(func=new_func, args=args + list(call.node.args)), add, unused), ""
+            new_call = with_first_argument(call.node.with_changes(func=new_func), cst.Arg(device_string))
+            return (call.node, new_call, add, unused), ""
         if has_star(call.node):
             return None, "the call passes *args or **kwargs, whose positions torch.autocast does not share"
         args: List[cst.Arg] = []
@@ -184,5 +196,9 @@ with torch.cpu.amp.autocast(True, torch.bfloat16):
                 arg = keyword_arg(AUTOCAST_PARAMS[position], arg.value, arg.comma)
                 position += 1
             args.append(arg)
-        head = cst.Arg(device_string, comma=_COMMA if args else cst.MaybeSentinel.DEFAULT)
-        return (call.node, call.node.with_changes(func=new_func, args=[head] + args), add, unused), ""
+        extra = []
+        if not any(arg.keyword is not None and arg.keyword.value == "dtype" for arg in args):
+            # the old class passed its own default; torch.autocast reads torch.get_autocast_dtype()
+            extra.append(keyword_arg("dtype", _dotted(f"{torch_name}.{OLD_DTYPE[device]}")))
+        new_call = with_arguments(call.node.with_changes(func=new_func), args, extra)
+        return (call.node, with_first_argument(new_call, cst.Arg(device_string)), add, unused), ""

@@ -1,6 +1,8 @@
 """PCL505 fp16-epsilon-literal: an epsilon that float16 rounds to zero (or to a subnormal)."""
 from __future__ import annotations
 
+import functools
+import re
 from typing import Iterator
 
 import libcst as cst
@@ -39,7 +41,12 @@ class Fp16EpsilonLiteral(SourceRule):
     summary = "An epsilon that float16 cannot hold: it rounds to 0 (below 3e-8) or to a subnormal."
     severity = "warning"
     precisions = ("fp16", "fp16-full")
-    triggers = (("e-", "E-", "0.0000", "eps"), ("half", "float16", "autocast", "fp16", "FP16"))
+    # a literal fp16 cannot hold (below 6.1e-5: an exponent of -5 or less, 0.0000x, 2 ** -15 or
+    # less), and a sign of fp16; an epsilon named in the file is assigned such a literal there
+    triggers = (
+        (re.compile(r"[0-9.][eE]-0*(?:[5-9]|[1-9][0-9])|\.0000|\*\*\s*-\s*(?:1[5-9]|[2-9][0-9])"),),
+        ("half", "float16", "autocast", "fp16", "FP16"),
+    )
     why = """
 float16's smallest subnormal is 6.0e-8 and its smallest normal 6.1e-5. An epsilon of 1e-8 or 1e-12
 that guards a division becomes exactly 0 once it meets an fp16 tensor (`x / (n + 1e-8)`, `n.clamp(min=1e-12)`,
@@ -126,14 +133,18 @@ with torch.autocast("cuda", dtype=torch.float16):
         if not evidence:
             return
         cast = [e for e in evidence if e.kind == CAST]
-        shown = min(cast or evidence, key=lambda e: source.location(e.node))
-        where = f"fp16 shown by `{shown.text}` at line {source.location(shown.node).line}"
+
+        @functools.lru_cache(maxsize=None)
+        def where() -> str:  # positions are computed only for a file with something to report
+            shown = min(cast or evidence, key=lambda e: source.location(e.node))
+            return f"fp16 shown by `{shown.text}` at line {source.location(shown.node).line}"
+
         index = source.index
         constants = index.constants
 
         for site in index.calls:
             call = site.node
-            qualified = index.qualify(site.dotted) or site.dotted or ""
+            qualified = index.qualify(site.dotted, site) or site.dotted or ""
             last = qualified.rsplit(".", 1)[-1] or (site.method or "")
             eps_node = keyword(call, "eps")
             eps = number(eps_node, constants) if eps_node is not None else None
@@ -148,7 +159,7 @@ with torch.autocast("cuda", dtype=torch.float16):
                         self, eps_node,
                         f"eps={code(eps_node)} of `{last}` is 0 in float16: PyTorch's kernel adds it in fp32, "
                         "but an fp16 engine exported from this model stores it as 0.",
-                        f"Use eps >= 1e-5 if the model is exported to fp16 (ONNX, TensorRT); {where}.",
+                        f"Use eps >= 1e-5 if the model is exported to fp16 (ONNX, TensorRT); {where()}.",
                         severity="info",
                     )
             if (site.method or last) in GUARD_FUNCTIONS:
@@ -169,7 +180,7 @@ with torch.autocast("cuda", dtype=torch.float16):
             if isinstance(site.node.operator, cst.Divide):
                 guarded.append(site.node.right)
         for site in index.calls:
-            last = (index.qualify(site.dotted) or site.dotted or "").rsplit(".", 1)[-1]
+            last = (index.qualify(site.dotted, site) or site.dotted or "").rsplit(".", 1)[-1]
             if site.method in GUARDED_CALLS and isinstance(site.node.func, cst.Attribute) and not site.node.args:
                 guarded.append(site.node.func.value)  # (v + eps).sqrt()
             elif (last in GUARDED_CALLS or site.method in GUARDED_CALLS) and site.node.args:
@@ -182,7 +193,7 @@ with torch.autocast("cuda", dtype=torch.float16):
                 if value is not None and value > 0 and representable(value, FP16) == "zero":
                     yield self._report(source, operand, value, "zero", "the additive guard", where)
 
-    def _report(self, source, node: cst.CSTNode, value: float, kind: str, what: str, where: str) -> Finding:
+    def _report(self, source, node: cst.CSTNode, value: float, kind: str, what: str, where) -> Finding:
         shown = f"{code(node)} = {value:g}" if isinstance(node, cst.Name) else code(node)
         if kind == "zero":
             message = f"{shown} rounds to 0 in float16: as {what} it guards nothing, and a zero gives inf or NaN."
@@ -194,5 +205,5 @@ with torch.autocast("cuda", dtype=torch.float16):
         return source.report(
             self, node, message,
             f"Use an epsilon float16 holds (1e-6 to stay nonzero, 1e-4 to stay normal), or compute this in "
-            f"fp32; {where}.",
+            f"fp32; {where()}.",
         )

@@ -1,6 +1,7 @@
 """PCL504 tf32-flags: TF32 switches that raise, silently flip, or leak into other people's programs."""
 from __future__ import annotations
 
+import re
 from typing import Iterator, List, Tuple
 
 import libcst as cst
@@ -25,7 +26,11 @@ class Tf32Flags(SourceRule):
     summary = "TF32 switches that raise, reset themselves, or change TF32 for every importer."
     severity = "warning"
     precisions = ("tf32",)
-    triggers = (("torch",), ("tf32", "float32_matmul_precision", "fp32_precision", "cudnn"))
+    # a TF32 switch, or cudnn's flags() (``torch.backends.cudnn.flags``, ``from ...cudnn import flags``)
+    triggers = (
+        ("torch",),
+        ("tf32", "float32_matmul_precision", "fp32_precision", re.compile(r"cudnn[\s\S]*?(?<![A-Za-z0-9])flags(?![A-Za-z0-9])")),
+    )
     why = """
 Three ways TF32 settings go wrong, all visible in the source:
 
@@ -125,13 +130,13 @@ torch.set_float32_matmul_precision("high")
         new: List[Tuple[cst.CSTNode, str, object]] = []
         # a flag read (not a call's callee) or assigned
         for site in [s for s in index.refs if not s.is_call_func] + list(index.assigns):
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if qualified in LEGACY_FLAGS:
                 legacy.append((site.node, qualified, site))
             elif qualified and _is_new(qualified):
                 new.append((site.node, qualified, site))
         for site in index.calls:
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if qualified in LEGACY_CALLS:
                 legacy.append((site.node, qualified, site))
             elif qualified == CUDNN_FLAGS:
@@ -159,11 +164,11 @@ torch.set_float32_matmul_precision("high")
         if source.is_test or source.is_script:
             return
         for site in index.assigns:
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if site.import_time and (qualified in LEGACY_FLAGS or (qualified and _is_new(qualified))):
                 yield self._import_time(source, site.node, qualified)
         for site in index.calls:
-            qualified = index.qualify(site.dotted)
+            qualified = index.qualify(site.dotted, site)
             if site.import_time and qualified == "torch.set_float32_matmul_precision":
                 yield self._import_time(source, site.node, qualified)
 

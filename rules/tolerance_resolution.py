@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Iterator, Optional, Tuple
 
+import libcst as cst
+
 from preclint.findings import Finding
 from preclint.numerics import FP16, Format
 from preclint.rulebase import SourceRule
 from preclint.source.args import argument
-from preclint.source.index import number
+from preclint.source.index import dotted_name, number
 
 # qualified name -> (position of rtol, position of atol, default rtol, default atol); a default of
 # None means the function picks its tolerances from the dtype (assert_close): nothing to judge then.
@@ -33,6 +35,54 @@ HONEST_ATOL = 7
 MIN_RTOL = 2
 
 
+# the parameters that hold the compared values, by keyword, in the checks above and users' helpers
+VALUE_KEYWORDS = ("actual", "expected", "desired", "input", "other", "a", "b", "x", "y", "a1", "a2")
+# calls whose result is an integer tensor (or a count), by method or function name
+INTEGER_CALLS = frozenset(
+    """argmax argmin argsort argwhere nonzero count_nonzero bincount searchsorted bucketize randint
+    randperm long int short char byte bool numel unique_consecutive""".split()
+)
+INTEGER_DTYPES = frozenset(
+    f"{module}.{name}" for module in ("torch", "numpy")
+    for name in "int8 int16 int32 int64 uint8 long int short bool bool_ intp".split()
+)
+
+
+def _compared(site) -> list:
+    """The expressions a check compares: its first two positional arguments (or the receiver and
+    the first one for ``a.allclose(b)``) and the value keywords."""
+    call = site.node
+    values = [arg.value for arg in call.args if arg.keyword is None and not arg.star][:2]
+    values += [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value in VALUE_KEYWORDS]
+    if site.method in METHODS and isinstance(call.func, cst.Attribute):
+        values = [call.func.value] + values[:1]
+    return values
+
+
+def _integer_valued(node, site, index, depth: int = 0) -> bool:
+    """Whether the source shows ``node`` holds integers: an index or count op (``argmax``,
+    ``.long()``, ``.indices``), an integer dtype, or a name assigned only such values here."""
+    if node is None or depth > 3:
+        return False
+    if isinstance(node, cst.Attribute) and node.attr.value in ("indices", "shape"):
+        return True
+    if isinstance(node, cst.Call):
+        func = node.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else (func.value if isinstance(func, cst.Name) else "")
+        if name in INTEGER_CALLS:
+            return True
+        dtype = argument(node, "dtype", None)
+        if name in ("to", "type", "astype") and node.args:
+            dtype = dtype or node.args[0].value
+        if dtype is not None and index.qualify(dotted_name(dtype), site) in INTEGER_DTYPES:
+            return True
+        return False
+    if isinstance(node, cst.Name):
+        assigned = [a for a in index.assigns if a.dotted == node.value and a.scope is site.scope and a.value is not None]
+        return bool(assigned) and all(_integer_valued(a.value, site, index, depth + 1) for a in assigned)
+    return False
+
+
 class ToleranceBelowResolution(SourceRule):
     code = "PCL501"
     name = "tolerance-below-resolution"
@@ -51,9 +101,12 @@ A value computed in fp16 or under TF32 carries a relative rounding error of abou
 typical magnitude of the values, whatever their own size. A check with rtol below 2u fails on a
 correct result; a check with a tiny atol fails on the elements near zero. NUMERICS.md report 3: a
 correct fp16 patch-embedding convolution fails `assert_allclose(rtol=1e-3, atol=1e-5)` on about 19%
-of its elements. The rule fires when the same test (or module) shows the precision: an autocast block,
-`.half()`, `dtype=torch.float16`, TF32 switched on. Functions that choose their tolerances from the
-dtype (`assert_close` without rtol/atol) are not judged.
+of its elements. The rule fires when the source shows the compared values computed in that precision:
+a cast (`.half()`, `dtype=torch.float16`) or a low dtype named in their data flow (the expressions
+compared, what is assigned to the names they read, the parameters' decorators), an autocast block
+they are computed in, TF32 switched on in the test, its class's setUp or at module level. A dtype
+named elsewhere in the file does not count. Functions that choose their tolerances from the dtype
+(`assert_close` without rtol/atol) and integer values (indices, counts) are not judged.
 """
     example = """
 def test_conv_fp16():
@@ -96,6 +149,22 @@ def test_fp16_defaults():
         out = model(x)
     torch.testing.assert_close(out, ref.half())
 """,
+        """
+import numpy as np
+
+FLOATS = [np.half, np.single, np.double]  # used by other tests of the file
+
+def test_quantile():
+    q = np.quantile(y, 0.5)
+    np.testing.assert_allclose(q, expected)
+""",
+        """
+import torch
+
+def test_fp16_argmax():
+    logits = model.half()(x.half())
+    assert torch.allclose(logits.argmax(-1), ref.argmax(-1))
+""",
     )
     invalid = (
         """
@@ -122,6 +191,15 @@ torch.backends.cuda.matmul.allow_tf32 = True
 
 def test_matmul():
     assert torch.allclose(a @ b, ref)
+""",
+        """
+import pytest
+import torch
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_matmul(dtype):
+    out = (a.to(dtype) @ b.to(dtype)).float()
+    torch.testing.assert_close(out, a @ b, rtol=1e-5, atol=1e-5)
 """,
         """
 import unittest
@@ -151,7 +229,10 @@ class TestBF16(unittest.TestCase):
                 continue  # dtype-aware defaults
             rtol = number(rtol_node, index.constants) if rtol_node is not None else rtol_default
             atol = number(atol_node, index.constants) if atol_node is not None else atol_default
-            evidence = source.evidence.around(site)
+            values = _compared(site)
+            if any(_integer_valued(value, site, index) for value in values):
+                continue  # integer tensors (indices, counts) compare exactly: no tolerance to judge
+            evidence = source.evidence.reaching(site, values)
             if not evidence:
                 continue
             # judge against the finest format shown: where a test shows two, it must meet the finer
@@ -177,7 +258,7 @@ class TestBF16(unittest.TestCase):
 
     @staticmethod
     def _params(site, index) -> Optional[Tuple]:
-        qualified = index.qualify(site.dotted)
+        qualified = index.qualify(site.dotted, site)
         if qualified in CHECKS:
             return CHECKS[qualified]
         if qualified is None and site.method in METHODS:

@@ -17,8 +17,10 @@ TF32 = "import torch\n\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
+    """An empty project as the working directory, with its own cache and no user configuration."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "pkg").mkdir()
     return tmp_path
 
@@ -80,12 +82,14 @@ def test_bad_config_key_is_exit_2(project, capsys):
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a user that file modes apply to")
-def test_unreadable_file_is_exit_2(project, capsys):
+def test_unreadable_file_is_reported_and_the_run_goes_on(project, capsys):
     path = project / "pkg" / "m.py"
     path.write_text(AMP)
     path.chmod(0)
-    code, _, err = run(capsys, "pkg/m.py")
-    assert code == 2 and "pkg/m.py: cannot read" in err
+    (project / "pkg" / "n.py").write_text(AMP)
+    code, out, _ = run(capsys, "pkg")
+    assert code == 1 and "pkg/m.py:1:1: PCL599 Cannot read the file: Permission denied." in out
+    assert "pkg/n.py:3:6: PCL502" in out
 
 
 def test_unparsable_file_is_reported_and_the_run_goes_on(project, capsys):
@@ -105,7 +109,8 @@ def test_fix_writes_in_place_keeping_bytes_and_mode(project, capsys):
     path.chmod(0o750)
     code, out, err = run(capsys, "--fix", "pkg")
     assert code == 0 and out == "All checks passed!\n" and "Fixed 1 finding." in err
-    assert path.read_bytes() == original.replace("torch.cuda.amp.autocast()", 'torch.autocast("cuda")').encode("utf-8")
+    fixed = original.replace("torch.cuda.amp.autocast()", 'torch.autocast("cuda", dtype=torch.float16)')
+    assert path.read_bytes() == fixed.encode("utf-8")
     assert stat.S_IMODE(path.stat().st_mode) == 0o750
     assert sorted(os.listdir(project / "pkg")) == ["m.py"]  # no temporary file left
 
@@ -116,7 +121,7 @@ def test_diff_shows_fixes_and_writes_nothing(project, capsys):
     code, out, _ = run(capsys, "--diff", "pkg")
     assert code == 1
     assert out.splitlines()[:2] == ["--- a/pkg/m.py", "+++ b/pkg/m.py"]
-    assert '+with torch.autocast("cuda"):' in out and "-with torch.cuda.amp.autocast():" in out
+    assert '+with torch.autocast("cuda", dtype=torch.float16):' in out and "-with torch.cuda.amp.autocast():" in out
     assert path.read_text() == AMP
     path.write_text('import torch\n\nwith torch.autocast("cuda"):\n    pass\n')
     assert run(capsys, "--diff", "pkg")[:2] == (0, "")
@@ -126,10 +131,10 @@ def test_fix_never_leaves_a_half_written_file(project, capsys, monkeypatch):
     path = project / "pkg" / "m.py"
     path.write_text(AMP)
 
-    def broken_replace(src, dst):
+    def broken_fsync(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", broken_replace)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     code, _, err = run(capsys, "--fix", "pkg")
     assert code == 2 and "pkg/m.py: cannot write the fixes: No space left on device (the file is unchanged)" in err
     assert path.read_text() == AMP

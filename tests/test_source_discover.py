@@ -1,9 +1,6 @@
 """Which files --source-only reads: directories walked, .gitignore honoured, excludes applied."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 
 from preclint.errors import UserError
@@ -44,15 +41,28 @@ def test_walk_without_git_applies_gitignore_files(tmp_path, monkeypatch):
     assert discover(["."]) == EXPECTED
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_walk_inside_git_asks_git(tmp_path, monkeypatch):
-    make(tmp_path, {**TREE, **GITIGNORE})
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+def test_inside_a_repository_parents_gitignore_and_info_exclude_apply(tmp_path, monkeypatch):
+    make(tmp_path, {**TREE, ".gitignore": "generated/\n", ".git/info/exclude": "third_party/\n",
+                    "pkg/sub/.gitignore": "ignored_by_*.py\n!ignored_by_keep.py\n", "pkg/sub/ignored_by_keep.py": ""})
+    monkeypatch.chdir(tmp_path / "pkg")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no global excludes of the machine's user
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    # walking pkg/ alone still applies the root's .gitignore (generated/) and the last matching
+    # pattern of pkg/sub/.gitignore (the re-include)
+    assert discover(["."]) == ["a.py", "sub/b.py", "sub/ignored_by_keep.py"]
     monkeypatch.chdir(tmp_path)
-    assert discover(["."]) == EXPECTED
-    # a tracked file stays visible even where a pattern would ignore it, as git sees it
-    subprocess.run(["git", "add", "-f", "pkg/generated/c.py"], cwd=tmp_path, check=True)
-    assert "pkg/generated/c.py" in discover(["."])
+    assert "third_party/f.py" not in discover(["."])  # .git/info/exclude
+    (tmp_path / ".config" / "git").mkdir(parents=True)
+    (tmp_path / ".config" / "git" / "ignore").write_text("a.py\n")  # the user's global excludes
+    assert "pkg/a.py" not in discover(["."])
+
+
+def test_worktree_gitdir_file_is_read_not_run(tmp_path, monkeypatch):
+    make(tmp_path, {"common/info/exclude": "skip_*.py\n", "common/worktrees/w/commondir": "../..\n",
+                    "w/.git": "gitdir: ../common/worktrees/w\n", "w/keep.py": "", "w/skip_me.py": ""})
+    monkeypatch.chdir(tmp_path / "w")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert discover(["."]) == ["keep.py"]
 
 
 def test_exclude_patterns_apply_to_walks_and_explicit_files(tmp_path, monkeypatch):
@@ -85,3 +95,13 @@ def test_missing_path_is_a_user_error(tmp_path, monkeypatch):
 )
 def test_glob_semantics(pattern, path, expected):
     assert glob_match(pattern, path) is expected
+
+
+def test_last_matching_pattern_wins_among_thousands(tmp_path, monkeypatch):
+    """A generated .gitignore of thousands of patterns: the last one that matches decides."""
+    many = "\n".join(f"generated_{i}/" for i in range(5000))
+    make(tmp_path, {".gitignore": many + "\n*.py\n!keep*.py\nkeep_not.py\n",
+                    "keep_yes.py": "", "keep_not.py": "", "other.py": "", "generated_7/x.py": ""})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert discover(["."]) == ["keep_yes.py"]

@@ -8,6 +8,8 @@ The entry points other parts of preclint call:
     locate_calls(path) -> {(class name, attribute): [Location, ...]}
     apply_suppressions(findings, report_unused, checked_codes=None, files=(), texts=None) -> [Finding]
     run_source_only(paths, config, fix=..., diff=..., baseline=..., write_baseline=...) -> exit code
+    check_text(text, path) / check_file(filename) -> [Finding]      preclint.source.run (one file,
+                                                                     in-process; any input is safe)
     suppress_graph_findings(findings, config, model_files) -> [Finding]
     apply_baseline(findings, baseline=None, write_baseline=None) -> ([Finding], notes)
 """
@@ -28,6 +30,10 @@ def __getattr__(name):
         from preclint.source import command
 
         return getattr(command, name)
+    if name in ("check_text", "check_file"):
+        from preclint.source import run
+
+        return getattr(run, name)
     if name == "SourceFile":
         from preclint.source.sourcefile import SourceFile
 

@@ -1,7 +1,7 @@
 """Reading a call's arguments as written: by keyword, by position, or either."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import libcst as cst
 
@@ -56,3 +56,69 @@ def keyword_arg(name: str, value: cst.BaseExpression, comma=cst.MaybeSentinel.DE
         equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space),
         comma=comma,
     )
+
+
+_SPACE_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+
+def _line_break(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
+    """A line break indented as ``like``, without its comment or blank lines."""
+    return cst.ParenthesizedWhitespace(indent=like.indent, last_line=like.last_line)
+
+
+def _argument_indent(call: cst.Call, closing: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
+    """The line break that separates the arguments of a call written one argument a line."""
+    separators = [arg.comma.whitespace_after for arg in call.args[:-1] if isinstance(arg.comma, cst.Comma)]
+    for whitespace in reversed(separators + [call.whitespace_before_args]):
+        if isinstance(whitespace, cst.ParenthesizedWhitespace):
+            return _line_break(whitespace)
+    return cst.ParenthesizedWhitespace(indent=closing.indent, last_line=cst.SimpleWhitespace(closing.last_line.value + "    "))
+
+
+def with_arguments(call: cst.Call, args: Sequence[cst.Arg], extra: Sequence[cst.Arg]) -> cst.Call:
+    """``call`` with the arguments ``args`` (its own, perhaps rewritten) followed by ``extra``. Every
+    comment stays where it was: a call written one argument a line gets the new arguments on lines
+    of their own, after the comment that ended the last one; a trailing comma stays trailing."""
+    args, extra = list(args), [arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in extra]
+    if not extra:
+        return call.with_changes(args=args)
+    if not args:
+        return call.with_changes(args=[arg.with_changes(comma=_SPACE_COMMA) for arg in extra[:-1]] + extra[-1:])
+    last = args[-1]
+    had_comma = isinstance(last.comma, cst.Comma)
+    closing = last.comma.whitespace_after if had_comma else last.whitespace_after_arg
+    if isinstance(closing, cst.ParenthesizedWhitespace):
+        separator = _argument_indent(call.with_changes(args=args), closing)
+        before = last.comma.whitespace_before if had_comma else cst.SimpleWhitespace("")
+        # the old closing whitespace (with its comment) now ends the last old argument's line
+        args[-1] = last.with_changes(
+            comma=cst.Comma(whitespace_before=before, whitespace_after=closing.with_changes(
+                indent=separator.indent, last_line=separator.last_line)),
+            whitespace_after_arg=last.whitespace_after_arg if had_comma else cst.SimpleWhitespace(""),
+        )
+        extra = [arg.with_changes(comma=cst.Comma(whitespace_after=separator)) for arg in extra[:-1]] + extra[-1:]
+        end = _line_break(closing)
+        if had_comma:
+            extra[-1] = extra[-1].with_changes(comma=cst.Comma(whitespace_after=end))
+        else:
+            extra[-1] = extra[-1].with_changes(whitespace_after_arg=end)
+        return call.with_changes(args=args + extra)
+    # one line: ", " between arguments; the trailing comma and the space before ``)`` stay at the end
+    args[-1] = last.with_changes(comma=_SPACE_COMMA, whitespace_after_arg=last.whitespace_after_arg if had_comma else cst.SimpleWhitespace(""))
+    extra = [arg.with_changes(comma=_SPACE_COMMA) for arg in extra[:-1]] + extra[-1:]
+    extra[-1] = extra[-1].with_changes(
+        comma=last.comma if had_comma else cst.MaybeSentinel.DEFAULT,
+        whitespace_after_arg=cst.SimpleWhitespace("") if had_comma else last.whitespace_after_arg,
+    )
+    return call.with_changes(args=args + extra)
+
+
+def with_first_argument(call: cst.Call, first: cst.Arg, args: Optional[Sequence[cst.Arg]] = None) -> cst.Call:
+    """``call`` with ``first`` put before its arguments (``args``, default its own), on a line of its
+    own where the call is written one argument a line."""
+    args = list(call.args if args is None else args)
+    if not args:
+        return call.with_changes(args=[first.with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+    opening = call.whitespace_before_args
+    after = _line_break(opening) if isinstance(opening, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
+    return call.with_changes(args=[first.with_changes(comma=cst.Comma(whitespace_after=after))] + args)

@@ -101,7 +101,7 @@ def write_output_file(filename: str, text: str, what: str) -> None:
         if stat.S_ISDIR(info.st_mode):
             raise UserError(f"{filename}: is a directory; name a file for the {what}")
         if stat.S_ISREG(info.st_mode):
-            from preclint.source.fix import write_atomic
+            from preclint.source.safe_io import write_atomic
 
             write_atomic(filename, text)
         else:

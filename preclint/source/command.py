@@ -119,35 +119,48 @@ def run_source_only(
     color: bool = False,
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
+    cache: bool = True,
+    unsafe_fixes: bool = False,
 ) -> int:
     """``preclint check --source-only PATH...``: returns the exit code (UserError propagates).
 
     ``--diff`` prints the fixes as a unified diff and writes nothing (exit 1 when there is a diff,
-    as Ruff does); ``--fix`` writes them and reports what is left.
+    as Ruff does); ``--fix`` writes them and reports what is left; ``unsafe_fixes`` adds the fixes
+    that may change behaviour (``--unsafe-fixes``, as in Ruff). ``cache=False`` (``--no-cache``)
+    neither reads nor writes the cache. Files skipped (a FIFO, a dangling symlink) are noted on
+    stderr as warnings and in the report.
     """
     from preclint.report import Report, render
-    from preclint.source.fix import fix_run, unified_diff, write_fixes
     from preclint.source.run import check_paths, selected_rules
 
     out = out or sys.stdout
     err = err or sys.stderr
     check_baseline_arguments(baseline, write_baseline, paths)
-    run = check_paths(paths, config)
+    run = check_paths(paths, config, cache=cache)
+    notes = list(run.notes)
     if fix or diff:
+        from preclint.source.fix import fix_run, unified_diff, write_fixes
+
         rules = [rule() for rule in selected_rules(config)]
         keep = _baseline_keep(run.findings, baseline)
-        result = fix_run(run, rules, config, keep)
+        result = fix_run(run, rules, config, keep, unsafe=unsafe_fixes)
         if diff:
             write_report(unified_diff(run, result), out)
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
-        write_fixes(run, result)
-        if result.total:
-            err.write(f"Fixed {result.total} finding{'s' if result.total != 1 else ''}.\n")
-            run = check_paths(paths, config)  # report what is left, at its new positions
-    findings, notes = apply_baseline(run.findings, baseline, write_baseline)
-    report = Report(findings=findings, files=list(run.files), notes=notes)
+        unwritten = write_fixes(run, result)
+        notes += unwritten
+        fixed = result.total - sum(result.counts[path] for path in result.counts
+                                   if any(note.startswith(f"{path}: not fixed") for note in unwritten))
+        if fixed:
+            err.write(f"Fixed {fixed} finding{'s' if fixed != 1 else ''}.\n")
+            run = check_paths(paths, config, cache=cache)  # report what is left, at its new positions
+    if config.output_format != "full":  # the full report prints its notes itself
+        for note in notes:
+            err.write(f"warning: {note}\n")
+    findings, baseline_notes = apply_baseline(run.findings, baseline, write_baseline)
+    report = Report(findings=findings, files=list(run.files), notes=notes + baseline_notes)
     write_report(render(report, config.output_format, color=color), out)
     if write_baseline:
         return EXIT_OK

@@ -5,17 +5,26 @@ PCL505) ask for the evidence around the line they look at, and cite it in their 
 Evidence is looked up for a *place*: the function the line is in (the test), the module-level code,
 and for a method the body of its class and its ``setUp``/``setUpClass``. Another test function in the
 same file does not count: a file may test fp32 and fp16 side by side.
+
+For the values a check compares, ``reaching(site, values)`` is narrower: a cast (``.half()``,
+``dtype=torch.float16``) or a dtype named (``for dtype in [np.half, np.float32]``) counts only where
+it flows into those values: in their expressions, or in what is assigned to the names they read, and
+so on back through the function, the module's globals, ``self.*`` attributes of the class and the
+decorators and defaults of the function's parameters (``@dtypes(torch.half)``). An autocast block
+counts where the values (or what they are computed from) are assigned inside it; TF32 switched on
+counts in the function, its class's setUp and at module level, as it changes every matmul after it.
+A dtype named 4,000 lines away in another test no longer makes a float32 check look like an fp16 one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from preclint.numerics import BF16, FP16, TF32, Format
 from preclint.source.args import code, is_name, keyword, positional, string
-from preclint.source.index import CallSite, Index, Site, dotted_name
+from preclint.source.index import CallSite, Index, Site, descendants, dotted_name
 
 CAST = "cast"  # values stored in the low format: .half(), dtype=torch.float16
 AUTOCAST = "autocast"  # autocast regions: only autocast's op lists run in the low format
@@ -51,17 +60,17 @@ class Evidence:
     text: str  # how it reads in the code: "torch.autocast", ".half()", "torch.float16"
 
 
-def dtype_format(node: Optional[cst.BaseExpression], index: Index) -> Optional[Format]:
+def dtype_format(node: Optional[cst.BaseExpression], index: Index, at: Optional[Site] = None) -> Optional[Format]:
     """The low format a dtype expression names (``torch.float16``, ``np.float16``, ``"bfloat16"``)."""
     if node is None:
         return None
     text = string(node)
     if text is not None:
         return DTYPE_STRINGS.get(text)
-    return LOW_DTYPES.get(index.qualify(dotted_name(node)) or "")
+    return LOW_DTYPES.get(index.qualify(dotted_name(node), at) or "")
 
 
-def autocast_format(call: cst.Call, qualified: str, index: Index) -> Tuple[bool, Optional[Format]]:
+def autocast_format(call: cst.Call, qualified: str, index: Index, at: Optional[Site] = None) -> Tuple[bool, Optional[Format]]:
     """Whether the call opens an autocast region, and its low format (None when the device is a
     variable and no dtype is given)."""
     if qualified not in AUTOCAST_DEFAULTS:
@@ -69,7 +78,7 @@ def autocast_format(call: cst.Call, qualified: str, index: Index) -> Tuple[bool,
     enabled = keyword(call, "enabled")
     if isinstance(enabled, cst.Name) and enabled.value == "False":
         return False, None
-    fmt = dtype_format(keyword(call, "dtype"), index)
+    fmt = dtype_format(keyword(call, "dtype"), index, at)
     if fmt is not None:
         return True, fmt
     default = AUTOCAST_DEFAULTS[qualified]
@@ -81,9 +90,9 @@ def autocast_format(call: cst.Call, qualified: str, index: Index) -> Tuple[bool,
 
 def _call_evidence(site: CallSite, index: Index) -> Iterable[Evidence]:
     call = site.node
-    qualified = index.qualify(site.dotted)
+    qualified = index.qualify(site.dotted, site)
     if qualified:
-        is_autocast, fmt = autocast_format(call, qualified, index)
+        is_autocast, fmt = autocast_format(call, qualified, index, site)
         if is_autocast:
             yield Evidence(fmt, AUTOCAST, call, qualified)
             return
@@ -99,7 +108,7 @@ def _call_evidence(site: CallSite, index: Index) -> Iterable[Evidence]:
                 yield Evidence(TF32, TF32_MODE, call, qualified)
             return
         if qualified == "torch.set_default_dtype":
-            fmt = dtype_format(positional(call, 0), index)
+            fmt = dtype_format(positional(call, 0), index, site)
             if fmt is not None:
                 yield Evidence(fmt, CAST, call, qualified)
             return
@@ -108,11 +117,11 @@ def _call_evidence(site: CallSite, index: Index) -> Iterable[Evidence]:
     elif site.method in ("to", "type", "astype"):
         for arg in call.args:
             if arg.keyword is None or arg.keyword.value == "dtype":
-                fmt = dtype_format(arg.value, index)
+                fmt = dtype_format(arg.value, index, site)
                 if fmt is not None:
                     yield Evidence(fmt, CAST, call, f".{site.method}({code(arg.value)})")
                     return
-    fmt = dtype_format(keyword(call, "dtype"), index)
+    fmt = dtype_format(keyword(call, "dtype"), index, site)
     if fmt is not None:
         yield Evidence(fmt, CAST, call, f"dtype={code(keyword(call, 'dtype'))}")
 
@@ -122,7 +131,7 @@ def _truthy(node: Optional[cst.BaseExpression]) -> bool:
 
 
 def _assign_evidence(site, index: Index) -> Iterable[Evidence]:
-    qualified = index.qualify(site.dotted)
+    qualified = index.qualify(site.dotted, site)
     if qualified in TF32_LEGACY_FLAGS and _truthy(site.value):
         yield Evidence(TF32, TF32_MODE, site.node, qualified)
     elif qualified and qualified.startswith("torch.backends.") and qualified.endswith(".fp32_precision"):
@@ -131,7 +140,7 @@ def _assign_evidence(site, index: Index) -> Iterable[Evidence]:
 
 
 def _ref_evidence(site, index: Index) -> Iterable[Evidence]:
-    qualified = index.qualify(site.dotted)
+    qualified = index.qualify(site.dotted, site)
     if qualified in LOW_DTYPES:
         yield Evidence(LOW_DTYPES[qualified], MENTION, site.node, site.dotted)
         return
@@ -147,7 +156,7 @@ class EvidenceMap:
         self.index = index
         self.by_scope: Dict[Optional[int], List[Evidence]] = {}
         self.by_class: Dict[int, List[Evidence]] = {}
-        self._setup_scopes: Dict[int, List[int]] = {}  # id(class) -> ids of its setUp methods
+        self.sites: Dict[int, Site] = {}  # id(evidence node) -> the site it was found at
         for site in index.calls:
             self._add(site, _call_evidence(site, index))
         for site in index.assigns:
@@ -155,9 +164,19 @@ class EvidenceMap:
         for site in index.refs:
             if not site.is_call_func:
                 self._add(site, _ref_evidence(site, index))
+        self._flows: Optional[Dict[str, List[Site]]] = None
+        self._regions: Dict[int, Set[int]] = {}
+
+    def _region(self, statement: cst.With) -> Set[int]:
+        """The ids of the nodes inside a with block's body."""
+        region = self._regions.get(id(statement))
+        if region is None:
+            region = self._regions[id(statement)] = {id(node) for node in descendants(statement.body)}
+        return region
 
     def _add(self, site: Site, items: Iterable[Evidence]) -> None:
         for item in items:
+            self.sites[id(item.node)] = site
             if site.scope is None:
                 if site.klass is not None:
                     self.by_class.setdefault(id(site.klass), []).append(item)
@@ -183,3 +202,111 @@ class EvidenceMap:
         for items in self.by_class.values():
             found += items
         return found
+
+    # ------------------------------------------------------------------------ data flow
+
+    def reaching(self, site: Site, values: Sequence[cst.BaseExpression]) -> List[Evidence]:
+        """Evidence that reaches ``values`` (the expressions a check at ``site`` compares): see the
+        module docstring."""
+        nodes, assignments = self._slice(site, values)
+        found: List[Evidence] = []
+        for evidence in self.around(site):
+            if evidence.kind == TF32_MODE:
+                found.append(evidence)
+            elif evidence.kind == AUTOCAST:
+                region = self.index.with_statements.get(id(evidence.node))
+                if region is None:  # a decorator, or a context manager kept in a variable: its function
+                    found.append(evidence)
+                    continue
+                inside = self._region(region)
+                if any(id(place) in inside for place in [site.node] + assignments):
+                    found.append(evidence)
+            elif id(evidence.node) in nodes:
+                found.append(evidence)
+        return found
+
+    def _slice(self, site: Site, values: Sequence[cst.BaseExpression]) -> Tuple[Set[int], List[cst.CSTNode]]:
+        """The ids of every node in the backward slice of ``values`` at ``site``, and the assignments
+        (target nodes) it went through. A name read in a scope leads to the assignments of the scope
+        that binds it there (a comprehension's own variable first), as Python resolves it."""
+        if self._flows is None:
+            self._flows = {}
+            for assign in self.index.assigns:
+                if assign.value is not None:
+                    self._flows.setdefault(assign.dotted, []).append(assign)
+        nodes: Set[int] = set()
+        assignments: List[cst.CSTNode] = []
+        pending = [(value, site.names) for value in values if value is not None]
+        seen: Set[Tuple[str, int]] = set()
+        function = site.scope
+        parameters = _parameters(function) if function is not None else set()
+        while pending:
+            expression, reading = pending.pop()
+            names = []
+            for node in descendants(expression):
+                nodes.add(id(node))
+                if isinstance(node, cst.Name):
+                    names.append(node.value)
+                elif isinstance(node, cst.Attribute):
+                    dotted = dotted_name(node)
+                    if dotted is not None:
+                        parts = dotted.split(".")
+                        names += [".".join(parts[: i + 1]) for i in range(1, len(parts))]
+            for name in names:
+                if (name, id(reading)) in seen:
+                    continue
+                seen.add((name, id(reading)))
+                for assign in self._feeding(name, reading, site):
+                    assignments.append(assign.node)
+                    pending.append((assign.value, assign.names))
+                binder = _binder(reading, name) if name in parameters else None
+                if binder is not None and binder.kind == "function":
+                    # a parameter: what its decorators (``@dtypes(torch.half)``) and default say
+                    pending += [(decorator.decorator, site.names) for decorator in function.decorators]
+                    pending += [(p.default, site.names) for p in _all_params(function)
+                                if p.name.value == name and p.default is not None]
+        return nodes, assignments
+
+    def _feeding(self, name: str, reading, site: Site) -> List[Site]:
+        """The assignments a read of ``name`` in the scope ``reading`` can see."""
+        candidates = self._flows.get(name, ())
+        if "." in name:  # ``self.model``: assigned in any method of the class, or where it is read
+            return [a for a in candidates if (a.klass is not None and a.klass is site.klass)
+                    or a.scope is site.scope]
+        inner = [a for a in candidates if a.names is not None and a.names.kind == "comprehension"
+                 and _encloses(reading, a.names)]
+        if inner:
+            return inner
+        binder = _binder(reading, name)
+        return [a for a in candidates if binder is not None and a.names is binder]
+
+
+def _binder(scope, name: str):
+    """The scope a read of ``name`` in ``scope`` resolves to (class bodies do not enclose functions)."""
+    past_function = False
+    while scope is not None:
+        if not (scope.kind == "class" and past_function) and (name in scope.bound or name in scope.imports):
+            return scope
+        past_function = past_function or scope.kind in ("function", "lambda", "comprehension")
+        scope = scope.parent
+    return None
+
+
+def _encloses(outer, inner) -> bool:
+    """Whether ``inner`` is ``outer`` or nested in it."""
+    while inner is not None:
+        if inner is outer:
+            return True
+        inner = inner.parent
+    return False
+
+
+def _all_params(function: cst.FunctionDef) -> List[cst.Param]:
+    params = function.params
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return found
+
+
+def _parameters(function: cst.FunctionDef) -> Set[str]:
+    return {param.name.value for param in _all_params(function)}

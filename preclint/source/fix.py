@@ -2,27 +2,28 @@
 
 A fix replaces one node of the libcst tree, so everything else in the file keeps its bytes (comments,
 quotes, blank lines, line endings, encoding). Fixes are applied in rounds until none is left, since
-one replacement can hide another inside it. Files are written atomically: a temporary file in the
-same directory, flushed to disk, given the original's permission bits, then renamed over it, so an
-interrupted run leaves either the old file or the new one, never half of one.
+one replacement can hide another inside it. Only safe fixes exist: a rule offers a replacement only
+where it can show the behaviour is the same (see each rule's Fix section).
+
+Files are written in place (preclint.source.safe_io.write_in_place): owner, mode and hard links stay;
+a file that changed on disk since it was read is left alone, and so is a file reached through a
+symlink that leads outside the paths the run was given.
 """
 from __future__ import annotations
 
 import difflib
 import os
-import stat
-import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from preclint.config import Config
 from preclint.errors import UserError
 from preclint.findings import Finding
+from preclint.source.guard import run_with_deep_stack
 from preclint.source.run import check_source
+from preclint.source.safe_io import ChangedOnDisk, write_in_place
 from preclint.source.sourcefile import Fix, SourceFile
 from preclint.source.suppress import apply_suppressions
 
@@ -44,6 +45,9 @@ def apply_fixes(source: SourceFile, fixes: Sequence[Fix]) -> str:
     add = sorted({name for fix in fixes for name in fix.add_imports})
     unused = sorted({pair for fix in fixes for pair in fix.unused_imports})
     if add or unused:
+        from libcst.codemod import CodemodContext  # a second to import: only when imports change
+        from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
         context = CodemodContext()
         for name in add:
             AddImportsVisitor.add_needed_import(context, name)
@@ -69,9 +73,16 @@ def fix_file(
     rules: Sequence,
     config: Config,
     keep: Callable[[Finding], bool] = lambda finding: True,
+    unsafe: bool = False,
 ) -> Optional[tuple]:
     """(new text, fixes applied) for one file, or None when nothing is fixable. Only findings that
-    would be reported get fixed: not those per-file-ignored, suppressed, or dropped by ``keep``."""
+    would be reported get fixed: not those per-file-ignored, suppressed, or dropped by ``keep``; and
+    only safe fixes unless ``unsafe``."""
+    return run_with_deep_stack(lambda: _fix_file(source, rules, config, keep, unsafe))
+
+
+def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callable[[Finding], bool],
+              unsafe: bool) -> Optional[tuple]:
     text, applied = source.text, 0
     current = SourceFile(source.path, source.text)  # a fresh parse: fixes refer to its nodes
     for _ in range(MAX_ROUNDS):
@@ -80,7 +91,7 @@ def fix_file(
         ]
         reported = apply_suppressions(findings, False, texts={current.path: current.text})
         wanted = {id(f) for f in reported if keep(f)}
-        fixes = [fix for fix in current.fixes if id(fix.finding) in wanted]
+        fixes = [fix for fix in current.fixes if id(fix.finding) in wanted and (fix.safe or unsafe)]
         if not fixes:
             break
         new_text = apply_fixes(current, fixes)
@@ -93,15 +104,21 @@ def fix_file(
     return current.text, applied
 
 
-def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool] = lambda f: True) -> FixResult:
-    """Fixes for every file of a source run (preclint.source.run.SourceRun) that has a fixable finding."""
+def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool] = lambda f: True,
+            unsafe: bool = False) -> FixResult:
+    """Fixes for every file of a source run (preclint.source.run.SourceRun) that has a fixable finding
+    (with ``unsafe``: a finding of a rule that has fixes)."""
     result = FixResult()
-    paths = sorted({f.location.path for f in run.findings if f.fixable and f.location is not None})
+    fixing = {rule.code for rule in rules if getattr(rule, "fixable", False)}
+    paths = sorted({
+        f.location.path for f in run.findings
+        if f.location is not None and (f.fixable or (unsafe and f.code in fixing))
+    })
     for path in paths:
         source = run.sources.get(path)
         if source is None or source.decode_failure is not None:
             continue
-        fixed = fix_file(source, rules, config, keep)
+        fixed = fix_file(source, rules, config, keep, unsafe)
         if fixed is not None:
             result.texts[path], result.counts[path] = fixed
     return result
@@ -118,39 +135,24 @@ def unified_diff(run, result: FixResult) -> str:
     return "".join(chunks)
 
 
-def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
-    """Replace ``filename``'s content with ``text``, keeping its mode (and owner, where allowed); a
-    failure leaves the original untouched."""
-    target = os.path.realpath(filename)  # through a symlink, to the file it names
-    data = text.encode(encoding)
-    info = os.stat(target)
-    mode = stat.S_IMODE(info.st_mode)
-    directory, base = os.path.split(target)
-    handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".preclint", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, mode)
-        if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
-            try:
-                os.chown(temporary, info.st_uid, info.st_gid)
-            except OSError:  # only root may give a file away: it then belongs to whoever runs preclint
-                pass
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def write_fixes(run, result: FixResult) -> None:
+def write_fixes(run, result: FixResult) -> List[str]:
+    """Write the fixed texts; returns notes on files left unchanged (and why)."""
+    notes: List[str] = []
     for path, text in sorted(result.texts.items()):
         source = run.sources[path]
+        filename = run.filenames.get(path) or source.filename or path
+        if run.roots and not _inside(filename, run.roots):
+            notes.append(f"{path}: not fixed: a symlink to a file outside the checked paths")
+            continue
         try:
-            write_atomic(source.filename or path, text, source.encoding)
+            write_in_place(filename, text.encode(source.encoding), expected=source.data)
+        except ChangedOnDisk:
+            notes.append(f"{path}: not fixed: it changed on disk while preclint ran")
         except OSError as exc:
             raise UserError(f"{path}: cannot write the fixes: {exc.strerror or exc} (the file is unchanged)") from None
+    return notes

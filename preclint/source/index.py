@@ -3,10 +3,12 @@ references and assignments, additions of constants, and module-level numeric con
 where it runs (which function, which class, at import time or not).
 
 Rules query this index instead of walking the tree themselves, so a file is walked once whatever
-the number of rules. Names are resolved syntactically from the file's imports (as TorchFix does
-through libcst's qualified names, but without building scopes): ``import torch as th`` makes
-``th.cuda.amp.autocast`` resolve to ``torch.cuda.amp.autocast``. A name imported in one function
-and rebound elsewhere is not tracked; the rules accept that imprecision.
+the number of rules. Names are resolved through the file's imports and Python's scoping rules (as
+TorchFix does through libcst's qualified names, with a lighter scope model built in the same walk):
+``import torch as th`` makes ``th.cuda.amp.autocast`` resolve to ``torch.cuda.amp.autocast``, and a
+name that a function binds otherwise (a parameter, an assignment, a loop variable: ``def f(torch):``)
+resolves to nothing there. Within a scope an import wins over other bindings of the same name
+(``try: import torch`` / ``except ImportError: torch = None``). Bindings are not ordered by flow.
 """
 from __future__ import annotations
 
@@ -17,6 +19,36 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 import libcst as cst
 
 
+class Scope:
+    """A namespace of the file as Python's name resolution sees it: the module, a class body, a
+    function, a lambda or a comprehension. ``imports``: names bound by imports (-> qualified name);
+    ``bound``: names bound any other way; ``declared``: ``global``/``nonlocal`` names."""
+
+    __slots__ = ("kind", "parent", "imports", "bound", "declared")
+
+    def __init__(self, kind: str, parent: Optional["Scope"] = None):
+        self.kind = kind
+        self.parent = parent
+        self.imports: Dict[str, str] = {}
+        self.bound: Set[str] = set()
+        self.declared: Set[str] = set()
+
+    def resolve(self, name: str) -> Optional[str]:
+        """The qualified name ``name`` refers to here when an import binds it; None when something
+        else does (or nothing, except ``torch``, which counts as the module in snippets)."""
+        scope: Optional[Scope] = self
+        past_function = False  # class bodies do not enclose the functions defined in them
+        while scope is not None:
+            if not (scope.kind == "class" and past_function) and name not in scope.declared:
+                if name in scope.imports:
+                    return scope.imports[name]
+                if name in scope.bound:
+                    return None
+            past_function = past_function or scope.kind in ("function", "lambda", "comprehension")
+            scope = scope.parent
+        return "torch" if name == "torch" else None
+
+
 @dataclass
 class Site:
     node: cst.CSTNode
@@ -24,6 +56,7 @@ class Site:
     klass: Optional[cst.ClassDef]  # the innermost class the node is in
     import_time: bool  # runs when the module is imported: not in a function, not under the main guard
     main_guard: bool  # under ``if __name__ == "__main__":``
+    names: Optional[Scope] = None  # the innermost namespace, for resolving names at the site
 
 
 @dataclass
@@ -40,31 +73,35 @@ class RefSite(Site):
 
 @dataclass
 class AssignSite(Site):
-    dotted: str = ""  # the dotted target as written: "torch.backends.cuda.matmul.allow_tf32"
-    value: Optional[cst.BaseExpression] = None
+    dotted: str = ""  # the dotted target as written: "torch.backends.cuda.matmul.allow_tf32", "out"
+    value: Optional[cst.BaseExpression] = None  # what flows into it (for ``for x in xs``: xs)
 
 
 @dataclass
 class Index:
-    aliases: Dict[str, str] = field(default_factory=dict)  # local name -> qualified name
+    aliases: Dict[str, str] = field(default_factory=dict)  # module-level import: local name -> qualified name
     constants: Dict[str, float] = field(default_factory=dict)  # module-level NAME = number
     calls: List[CallSite] = field(default_factory=list)
     refs: List[RefSite] = field(default_factory=list)
     assigns: List[AssignSite] = field(default_factory=list)
     binops: List[Site] = field(default_factory=list)  # every BinaryOperation (a + b, a / b, ...)
     from_imports: Dict[str, cst.ImportFrom] = field(default_factory=dict)  # local name -> its import
+    module_scope: Scope = field(default_factory=lambda: Scope("module"))
+    # ids of expressions compared (``a is b``, ``a in (b, c)``) or listed in a collection literal (a
+    # table of functions): a bare reference there names an object, it does not use it
+    held_as_data: Set[int] = field(default_factory=set)
+    with_statements: Dict[int, cst.With] = field(default_factory=dict)  # id(context expression) -> its with
 
-    def qualify(self, dotted: Optional[str]) -> Optional[str]:
-        """The qualified name of a dotted name as written, through the file's imports; ``torch`` counts
-        as the torch module even when the import is not visible (snippets, star imports)."""
+    def qualify(self, dotted: Optional[str], at: Optional[Site] = None) -> Optional[str]:
+        """The qualified name of a dotted name as written at ``at`` (default: module level), through
+        the imports in scope there; ``torch`` counts as the torch module when nothing binds it
+        (snippets, star imports), and as nothing where a local name shadows it."""
         if not dotted:
             return None
         head, _, rest = dotted.partition(".")
-        if head in self.aliases:
-            base = self.aliases[head]
-        elif head == "torch":
-            base = "torch"
-        else:
+        scope = at.names if at is not None and at.names is not None else self.module_scope
+        base = scope.resolve(head)
+        if base is None:
             return None
         return f"{base}.{rest}" if rest else base
 
@@ -73,14 +110,18 @@ class Index:
         is the function of (None for a bare reference such as an import or an alias)."""
         calls = {id(site.node.func): site for site in self.calls}
         for ref in self.refs:
-            qualified = self.qualify(ref.dotted)
+            qualified = self.qualify(ref.dotted, ref)
             if qualified in qualified_names:
                 yield ref, qualified, (calls.get(id(ref.node)) if ref.is_call_func else None)
 
-    def torch_alias(self) -> Optional[str]:
-        """A module-level name bound to the torch module itself (``import torch [as th]``)."""
-        for name, qualified in self.aliases.items():
-            if qualified == "torch":
+    def torch_name(self, at: Site) -> Optional[str]:
+        """A name that refers to the torch module at ``at`` (``torch``, or ``th`` after ``import torch
+        as th``), for a fix to write; None when the only candidates are shadowed there."""
+        candidates = ["torch"] + [name for name, qualified in self.aliases.items() if qualified == "torch"]
+        for name in dict.fromkeys(candidates):
+            if self.qualify(name, at) == "torch" and (name == "torch" or name in self.aliases):
+                if name == "torch" and "torch" not in self.aliases and self.aliases:
+                    continue  # ``torch`` unbound in a file that imports other things: not importable as is
                 return name
         return None
 
@@ -177,6 +218,20 @@ def _child_fields(kind: type) -> tuple:
     return fields
 
 
+def descendants(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``root`` and the code below it (no whitespace nodes), iteratively."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        for name in _child_fields(type(node)):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif isinstance(value, (tuple, list)):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+
+
 def walk(root: cst.CSTNode, visitor) -> None:
     """Visit ``root`` and the code below it, in source order, calling ``visitor.visit_<Type>(node)``
     (a False return skips the node's children) and ``visitor.leave_<Type>(node)``.
@@ -213,6 +268,19 @@ def walk(root: cst.CSTNode, visitor) -> None:
         stack.extend((child, False) for child in reversed(children))
 
 
+def bound_names(target: cst.CSTNode) -> Iterator[str]:
+    """The names an assignment target binds: ``a``, ``a, (b, *c)``; not ``a.b`` or ``a[0]``."""
+    stack = [target]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            yield node.value
+        elif isinstance(node, (cst.Tuple, cst.List)):
+            stack.extend(element.value for element in node.elements)
+        elif isinstance(node, cst.StarredElement):
+            stack.append(node.value)
+
+
 class _Collector:
     def __init__(self, index: Index):
         self.index = index
@@ -222,6 +290,8 @@ class _Collector:
         self.guard_blocks: Set[int] = set()
         self.guard_depth = 0
         self.call_funcs: Set[int] = set()
+        self.names = index.module_scope
+        self.imported: Set[str] = {"torch"}  # names some import binds, anywhere: their uses are references
 
     def _site(self, cls, node, **kw):
         site = cls(
@@ -230,32 +300,137 @@ class _Collector:
             klass=self.classes[-1] if self.classes else None,
             import_time=not self.functions and not self.lambdas and not self.guard_depth,
             main_guard=self.guard_depth > 0,
+            names=self.names,
             **kw,
         )
         return site
 
-    # where code runs
+    def _bind(self, target: cst.CSTNode, scope: Optional[Scope] = None) -> None:
+        (scope or self.names).bound.update(bound_names(target))
+
+    def _enter(self, kind: str) -> None:
+        self.names = Scope(kind, self.names)
+
+    def _exit(self) -> None:
+        self.names = self.names.parent
+
+    # where code runs, and the namespaces names live in
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        # decorators and defaults run at definition time, in the enclosing scope: visit them first
+        # decorators, defaults and annotations run at definition time, in the enclosing scope
+        self.names.bound.add(node.name.value)
         for decorator in node.decorators:
             walk(decorator, self)
         walk(node.params, self)
+        if node.returns is not None:
+            walk(node.returns, self)
         self.functions.append(node)
+        self._enter("function")
+        self._bind_params(node.params)
         walk(node.body, self)
+        self._exit()
         self.functions.pop()
         return False
 
+    def _bind_params(self, params: cst.Parameters) -> None:
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self.names.bound.add(param.name.value)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self.names.bound.add(star.name.value)
+
+    def visit_Param(self, node: cst.Param) -> Optional[bool]:
+        # the name is bound (by _bind_params); its default and annotation are code to visit
+        if node.default is not None:
+            walk(node.default, self)
+        if node.annotation is not None:
+            walk(node.annotation, self)
+        return False
+
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.names.bound.add(node.name.value)
         self.classes.append(node)
+        self._enter("class")
 
     def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self._exit()
         self.classes.pop()
 
-    def visit_Lambda(self, node: cst.Lambda) -> None:
+    def visit_Lambda(self, node: cst.Lambda) -> Optional[bool]:
+        walk(node.params, self)  # defaults, in the enclosing scope
         self.lambdas += 1
-
-    def leave_Lambda(self, node: cst.Lambda) -> None:
+        self._enter("lambda")
+        self._bind_params(node.params)
+        walk(node.body, self)
+        self._exit()
         self.lambdas -= 1
+        return False
+
+    def visit_ListComp(self, node) -> None:
+        self._enter("comprehension")
+
+    def leave_ListComp(self, node) -> None:
+        self._exit()
+
+    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+    leave_SetComp = leave_DictComp = leave_GeneratorExp = leave_ListComp
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._bind(node.target)
+        self._flows(node.target, node.iter)
+
+    # bindings that are not imports
+    def _flows(self, target: cst.CSTNode, value: cst.BaseExpression) -> None:
+        """A value flows into the names ``target`` binds (data flow for the rules, not a constant)."""
+        for name in bound_names(target):
+            self.index.assigns.append(self._site(AssignSite, target, dotted=name, value=value))
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+        self._flows(node.target, node.iter)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind(node.asname.name)
+            self._flows(node.asname.name, node.item)
+
+    def visit_With(self, node: cst.With) -> None:
+        for item in node.items:
+            self.index.with_statements[id(item.item)] = node
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self._bind(node.name.name)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+        self._flows(node.target, node.value)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        scope = self.names
+        while scope.kind == "comprehension" and scope.parent is not None:
+            scope = scope.parent  # := in a comprehension binds in the enclosing function
+        self._bind(node.target, scope)
+        self._flows(node.target, node.value)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._bind(node.target)
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.names.declared.update(item.name.value for item in node.names)
+
+    visit_Nonlocal = visit_Global
+
+    def visit_MatchAs(self, node) -> None:
+        if node.name is not None:
+            self._bind(node.name)
+
+    def visit_MatchStar(self, node) -> None:
+        if node.name is not None:
+            self._bind(node.name)
+
+    def visit_MatchMapping(self, node) -> None:
+        if node.rest is not None:
+            self._bind(node.rest)
 
     def visit_If(self, node: cst.If) -> None:
         if not self.functions and not self.classes and _is_main_guard(node.test):
@@ -274,34 +449,42 @@ class _Collector:
         self._imported(node)
         return False  # the names in an import statement bind; they are not uses
 
+    def _import_binds(self, local: str, qualified: str) -> None:
+        self.names.imports[local] = qualified
+        self.imported.add(local)
+        if self.names.kind == "module":
+            self.index.aliases[local] = qualified
+
     def _imported(self, node: cst.Import) -> None:
         for alias in node.names:
             full = dotted_name(alias.name)
             if full is None:
                 continue
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                self.index.aliases[alias.asname.name.value] = full
+                self._import_binds(alias.asname.name.value, full)
             else:
                 head = full.split(".")[0]
-                self.index.aliases[head] = head
+                self._import_binds(head, head)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         self._imported_from(node)
         return False
 
     def _imported_from(self, node: cst.ImportFrom) -> None:
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        if isinstance(node.names, cst.ImportStar):
             return
-        module = dotted_name(node.module)
-        if module is None:
-            return
+        module = dotted_name(node.module) if node.module is not None and not node.relative else None
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else None
             if name is None:
                 continue
             local = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
-            self.index.aliases[local] = f"{module}.{name}"
-            self.index.from_imports[local] = node
+            if module is None:
+                self.names.bound.add(local)  # a relative import: one of the project's own modules
+                continue
+            self._import_binds(local, f"{module}.{name}")
+            if self.names.kind == "module":
+                self.index.from_imports[local] = node
 
     # what rules read
     def visit_Call(self, node: cst.Call) -> None:
@@ -318,16 +501,18 @@ class _Collector:
         return False  # a pure chain: its parts are not names of their own
 
     def visit_Name(self, node: cst.Name) -> None:
-        if node.value in self.index.aliases:
+        if node.value in self.imported:
             self.index.refs.append(
                 self._site(RefSite, node, dotted=node.value, is_call_func=id(node) in self.call_funcs)
             )
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
+            self._bind(target.target)
             self._assigned(target.target, node.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
         if node.value is not None:
             self._assigned(node.target, node.value)
 
@@ -336,12 +521,26 @@ class _Collector:
             dotted = dotted_name(target)
             if dotted is not None:
                 self.index.assigns.append(self._site(AssignSite, target, dotted=dotted, value=value))
-        elif isinstance(target, cst.Name) and not self.functions and not self.classes:
+            return
+        self._flows(target, value)
+        if isinstance(target, cst.Name) and not self.functions and not self.classes:
             value_number = number(value, self.index.constants)
             if value_number is not None:
                 self.index.constants[target.value] = value_number
             else:
                 self.index.constants.pop(target.value, None)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        self.index.held_as_data.add(id(node.left))
+        self.index.held_as_data.update(id(target.comparator) for target in node.comparisons)
+
+    def visit_Tuple(self, node) -> None:
+        self.index.held_as_data.update(id(element.value) for element in node.elements)
+
+    visit_List = visit_Set = visit_Tuple
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        self.index.held_as_data.update(id(element.key) for element in node.elements if isinstance(element, cst.DictElement))
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         self.index.binops.append(self._site(Site, node))

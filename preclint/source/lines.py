@@ -6,6 +6,7 @@ import functools
 import os
 from typing import List, Optional
 
+from preclint.source.safe_io import read_regular
 from preclint.source.sourcefile import ParseFailure, decode
 
 
@@ -22,8 +23,7 @@ def file_text(path: str) -> Optional[str]:
 @functools.lru_cache(maxsize=256)
 def _read(path: str, size: int, mtime_ns: int) -> Optional[str]:
     try:
-        with open(path, "rb") as handle:
-            return decode(handle.read())
+        return decode(read_regular(path))  # never a FIFO: it would block
     except (OSError, ParseFailure):
         return None
 

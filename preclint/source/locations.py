@@ -31,6 +31,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from preclint.findings import Location
 from preclint.source.index import dotted_name
 from preclint.source.paths import display_path
+from preclint.source.guard import run_with_deep_stack
 from preclint.source.sourcefile import ParseFailure, SourceFile
 
 Key = Tuple[str, str]
@@ -158,14 +159,20 @@ class _Locator(cst.CSTVisitor):
 
 @functools.lru_cache(maxsize=64)
 def _locate(filename: str, mtime: float, cwd: str) -> Tuple[Dict[Key, Location], Dict[Key, List[Location]]]:
-    source = SourceFile.read(filename, display_path(filename, cwd))
     try:
-        module = source.module
-    except ParseFailure:
+        source = SourceFile.read(filename, display_path(filename, cwd))
+    except OSError:  # gone, unreadable, or no regular file
         return {}, {}
-    locator = _Locator(source.path)
-    MetadataWrapper(module, unsafe_skip_copy=True).visit(locator)
-    return locator.definitions, locator.calls
+
+    def locate():
+        locator = _Locator(source.path)
+        MetadataWrapper(source.module, unsafe_skip_copy=True).visit(locator)
+        return locator.definitions, locator.calls
+
+    try:
+        return run_with_deep_stack(locate)  # parsing is guarded, as for the source rules
+    except (ParseFailure, RecursionError, MemoryError):
+        return {}, {}
 
 
 def _parsed(path: str):

@@ -3,19 +3,27 @@ per-file-ignores and suppressions. Never imports torch or the checked code.
 
 A file is parsed only when its text holds a word one of the selected rules needs (the TorchFix
 trick: most files of a project never mention ``allclose`` or ``allow_tf32``), and each parsed file is
-walked once (preclint.source.index) whatever the number of rules.
+walked once (preclint.source.index) whatever the number of rules. Files are checked on every core the
+run may use (preclint.source.parallel), and a file that has not changed since the last run is not
+parsed again (preclint.source.cache).
+
+For one file in-process (an editor, a fuzzer): ``check_text(text, path)`` or ``check_file(filename)``.
+Neither can crash or hang on any input: parsing is guarded (preclint.source.guard).
 """
 from __future__ import annotations
 
 import os
+import re
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
-from preclint.errors import UserError
 from preclint.findings import Finding
 from preclint.source.discover import discover
+from preclint.source.guard import run_with_deep_stack
 from preclint.source.paths import display_path
+from preclint.source.safe_io import NotRegularFile
 from preclint.source.sourcefile import ParseFailure, SourceFile
 from preclint.source.suppress import apply_suppressions
 
@@ -26,6 +34,11 @@ class SourceRun:
     files: List[str] = field(default_factory=list)  # every file checked, as printed
     sources: Dict[str, SourceFile] = field(default_factory=dict)  # files that were read, by printed path
     codes: List[str] = field(default_factory=list)  # the codes whose rules ran
+    notes: List[str] = field(default_factory=list)  # what was skipped, and why
+    filenames: Dict[str, str] = field(default_factory=dict)  # printed path -> the path it was read from
+    roots: List[str] = field(default_factory=list)  # real paths of what the run was given: fixes stay inside
+    parsed: int = 0  # files parsed in this run (not answered by the prefilter or the cache)
+    cached: int = 0  # files answered by the cache
 
 
 def selected_rules(config: Config) -> List[type]:
@@ -35,41 +48,108 @@ def selected_rules(config: Config) -> List[type]:
     return [rule for rule in source_rules() if config.is_selected(rule.code)]
 
 
+_WORDS: Dict[tuple, Tuple["re.Pattern[str]", ...]] = {}
+
+
+def _patterns(group: tuple) -> Tuple["re.Pattern[str]", ...]:
+    """One regex a trigger of the group: words, strings with punctuation, or regexes. Each starts
+    with its literal, so that the regex engine scans for it at C speed."""
+    patterns = _WORDS.get(group)
+    if patterns is None:
+        # a trigger that is a word (``amp``) must not be part of a longer one (``example``, ``clamp``
+        # do not count; ``allow_tf32`` counts for ``tf32``); one with punctuation (``e-``) is searched as is
+        patterns = _WORDS[group] = tuple(
+            w if isinstance(w, re.Pattern)
+            else re.compile(rf"{re.escape(w)}(?<![A-Za-z0-9]{re.escape(w)})(?![A-Za-z0-9])") if w.isidentifier()
+            else re.compile(re.escape(w))
+            for w in group
+        )
+    return patterns
+
+
 def wanted(rule, text: str) -> bool:
-    """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` has a word
-    in the text. A rule without triggers wants every file."""
-    return all(any(word in text for word in group) for group in getattr(rule, "triggers", ()))
+    """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` (words, or
+    regexes) matches in the text, a word not inside a longer one. A rule without triggers wants
+    every file."""
+    return all(
+        any(pattern.search(text) for pattern in _patterns(tuple(group))) for group in getattr(rule, "triggers", ())
+    )
 
 
-def check_source(source: SourceFile, rules: Sequence) -> List[Finding]:
+def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
+    """A regex for anything some rule of ``rules`` looks for; None when one looks at everything."""
+    groups: List = []
+    for rule in rules:
+        triggers = getattr(rule, "triggers", ())
+        if not triggers:
+            return None
+        groups += [item for group in triggers for item in group]
+    patterns = _patterns(tuple(dict.fromkeys(groups)))
+    return re.compile("|".join(f"(?:{p.pattern})" for p in patterns))
+
+
+def _active(rules: Sequence, source: SourceFile) -> List:
+    return [rule for rule in rules if not getattr(rule, "after_suppressions", False) and wanted(rule, source.text)]
+
+
+def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
+    """What a top-level function or class must hold for a finding of ``rules`` to be in it: the words
+    of their trigger groups, less the group that only names the module a rule is about (``torch``
+    tells which files, not which functions). None when a rule looks at everything."""
+    groups: List = []
+    for rule in rules:
+        triggers = [tuple(group) for group in getattr(rule, "triggers", ())]
+        if not triggers:
+            return None
+        groups += [item for group in triggers if group != ("torch",) for item in group]
+    patterns = _patterns(tuple(dict.fromkeys(groups)))
+    return re.compile("|".join(f"(?:{p.pattern})" for p in patterns)) if patterns else None
+
+
+def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> List[Finding]:
     """The findings of ``rules`` (instances) on one file, before suppressions. A file that cannot be
-    parsed yields one PCL599 finding."""
-    active = [rule for rule in rules if not getattr(rule, "after_suppressions", False) and wanted(rule, source.text)]
+    parsed yields one PCL599 finding. Parsing and the rules run on a thread with a deep stack.
+
+    ``focus``: top-level functions and classes that hold no word of the rules that run are blanked
+    before libcst parses the file (positions kept): they cannot hold a finding, and most of a large
+    module's text is in them. The tree then is not the file's, so fixes are made from a full parse
+    (``preclint.source.fix`` parses again)."""
+    active = _active(rules, source)
     if source.decode_failure is None and not active:
         return []
+    if focus:
+        source.focus = focus_regex(active)
+    if threading.current_thread().name == "preclint-check":
+        return _check_source(source, active)
+    return run_with_deep_stack(lambda: _check_source(source, active))
+
+
+def _check_source(source: SourceFile, active: Sequence) -> List[Finding]:
+    from preclint.rules.unparsable_file import UnparsableFile
+
+    source.words = trigger_regex(active)
     try:
         source.module
     except ParseFailure as failure:
-        from preclint.rules.unparsable_file import UnparsableFile
-
         return [UnparsableFile.finding_for(source.path, failure.message, failure.line, failure.column)]
     findings: List[Finding] = []
     try:
         for rule in active:
             findings.extend(rule.check_source(source))
-    except RecursionError:
-        # libcst computes positions by recursive code generation: an expression nested thousands
-        # deep (generated code) exhausts the interpreter's stack; the file is reported, the run goes on
-        from preclint.rules.unparsable_file import UnparsableFile
-
+    except (RecursionError, MemoryError):
         source.fixes.clear()
         return [UnparsableFile.finding_for(source.path, "cannot check the file: expressions are nested too deeply")]
+    if source.elided:
+        # the tree holds placeholders where the deep expressions were: a fix would write them back
+        source.fixes.clear()
+        for finding in findings:
+            finding.fixable = False
     return findings
 
 
 def check_text(text: str, path: str = "snippet.py", config: Optional[Config] = None, report_unused: bool = True) -> List[Finding]:
     """Every selected source rule on ``text`` as if it were the file ``path``, suppressions applied:
-    what ``preclint check --source-only`` reports for that file. For tests and editors."""
+    what ``preclint check --source-only`` reports for that file. For tests, editors and fuzzers."""
     config = config or Config()
     source = SourceFile(path, text)
     rules = [rule() for rule in selected_rules(config)]
@@ -80,24 +160,111 @@ def check_text(text: str, path: str = "snippet.py", config: Optional[Config] = N
     )
 
 
-def check_paths(paths: Sequence[str], config: Config, cwd: Optional[str] = None) -> SourceRun:
-    """The source-only check of ``paths`` (files and directories). Unreadable paths raise UserError."""
+def check_file(filename: str, config: Optional[Config] = None, path: Optional[str] = None) -> List[Finding]:
+    """``check_text`` for a file on disk, read as the CLI reads it (encoding cookie, BOM); ``path`` is
+    the path findings print (default: relative to the working directory). OSError propagates."""
+    config = config or Config()
+    source = SourceFile.read(filename, path or display_path(filename))
+    rules = [rule() for rule in selected_rules(config)]
+    findings = check_source(source, rules)
+    texts = {source.path: source.text} if source.decode_failure is None else {}
+    return apply_suppressions(findings, config.is_selected("PCL500"), [r.code for r in rules],
+                              files=[source.path], texts=texts)
+
+
+# ---------------------------------------------------------------------------- many files
+
+_WORKER_RULES: Dict[Tuple[str, ...], List] = {}
+
+
+def _rules_for(codes: Tuple[str, ...]) -> List:
+    rules = _WORKER_RULES.get(codes)
+    if rules is None:
+        from preclint.rules import source_rules
+
+        rules = _WORKER_RULES[codes] = [rule() for rule in source_rules() if rule.code in codes]
+    return rules
+
+
+def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
+    """One file's raw findings, from its printed path and bytes (run in a worker process)."""
+    shown, data, codes = job
+    return check_source(SourceFile.from_bytes(data, shown), _rules_for(codes), focus=True)
+
+
+def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
+    from preclint.rules.unparsable_file import UnparsableFile
+
+    return [UnparsableFile.finding_for(job[0], "cannot check the file: the parser crashed on it")]
+
+
+def check_paths(
+    paths: Sequence[str], config: Config, cwd: Optional[str] = None, cache: bool = True, jobs: Optional[int] = None
+) -> SourceRun:
+    """The source-only check of ``paths`` (files and directories). A path that does not exist raises
+    UserError; what is no regular file (a FIFO, a dangling symlink) is noted in ``run.notes`` and
+    skipped, and a file that cannot be read is reported as PCL599. ``cache=False`` neither reads nor writes the cache; ``jobs`` is the
+    number of processes (default: the cores this process may use)."""
+    from preclint.source.parallel import available_cores, map_checked
+
     cwd = cwd or os.getcwd()
-    files = discover(paths, config.exclude, config.root or cwd)
-    rule_classes = selected_rules(config)
-    rules = [rule() for rule in rule_classes]
-    run = SourceRun(codes=[rule.code for rule in rules])
-    parse_code = "PCL599"
-    findings: List[Finding] = []
+    run = SourceRun()
+    files = discover(paths, config.exclude, config.root or cwd, notes=run.notes)
+    run.roots = [os.path.realpath(p) for p in paths]
+    rules = [rule() for rule in selected_rules(config)]
+    run.codes = [rule.code for rule in rules]
+    codes = tuple(run.codes)
+    store = None
+    if cache:
+        from preclint.source.cache import Cache, content_digest
+
+        store = Cache.open(config.root or cwd, codes)
+    raw: Dict[str, List[Finding]] = {}
+    jobs_to_run: List[Tuple[str, bytes, Tuple[str, ...]]] = []
+    digests: Dict[str, str] = {}
     for filename in files:
         shown = display_path(filename, cwd)
-        run.files.append(shown)
         try:
             source = SourceFile.read(filename, shown)
-        except OSError as exc:
-            raise UserError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+        except NotRegularFile:
+            run.notes.append(f"{shown}: not a regular file; skipped")
+            continue
+        except OSError as exc:  # reported, as a file nobody checked must not pass silently
+            from preclint.rules.unparsable_file import UnparsableFile
+
+            run.files.append(shown)
+            raw[shown] = [UnparsableFile.finding_for(shown, f"cannot read the file: {exc.strerror or exc}")]
+            continue
+        run.files.append(shown)
         run.sources[shown] = source
-        for finding in check_source(source, rules):
+        run.filenames[shown] = filename
+        if store is not None:
+            digests[shown] = content_digest(source.data or b"")
+            hit = store.get(filename, shown, digests[shown])
+            if hit is not None:
+                raw[shown] = hit
+                run.cached += 1
+                continue
+        if source.decode_failure is None and not _active(rules, source):
+            raw[shown] = []
+            if store is not None:
+                store.put(filename, shown, digests[shown], [])
+            continue
+        jobs_to_run.append((shown, source.data or b"", codes))
+    results = map_checked(_check_one, jobs_to_run, [len(job[1]) for job in jobs_to_run],
+                          jobs if jobs is not None else available_cores(), _crashed)
+    run.parsed = len(jobs_to_run)
+    for (shown, _, _), findings in zip(jobs_to_run, results):
+        raw[shown] = findings
+        if store is not None:
+            store.put(run.filenames[shown], shown, digests[shown], findings)
+    if store is not None:
+        store.save()
+
+    parse_code = "PCL599"
+    findings: List[Finding] = []
+    for shown in run.files:
+        for finding in raw.get(shown, ()):
             if finding.code == parse_code and config.is_ignored_explicitly(parse_code):
                 continue
             if not config.ignored_for_file(shown, finding.code):

@@ -5,9 +5,9 @@ Nothing here imports or executes the file, and nothing imports torch.
 """
 from __future__ import annotations
 
-import ast
 import io
 import os
+import re
 import tokenize
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -16,6 +16,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from preclint.findings import Finding, Location
+from preclint.source.guard import blank, elide, judge
+from preclint.source.safe_io import read_regular
 
 
 class ParseFailure(Exception):
@@ -50,6 +52,7 @@ class Fix:
     replacement: cst.CSTNode
     add_imports: Tuple[str, ...] = ()
     unused_imports: Tuple[Tuple[str, str], ...] = ()
+    safe: bool = True  # provably keeps the behaviour; an unsafe fix is applied only on request
 
 
 class SourceFile:
@@ -61,6 +64,15 @@ class SourceFile:
         self.filename: Optional[str] = None  # where it was read from, when it came from disk
         self.decode_failure: Optional[ParseFailure] = None
         self.encoding = "utf-8"
+        self.data: Optional[bytes] = None  # the bytes read, when read from disk
+        # what can make an expression matter to the rules that will read this file; an expression
+        # too deep for libcst that holds none of it is elided (preclint.source.guard). None: every
+        # expression matters
+        self.words: Optional["re.Pattern[str]"] = None
+        self.elided = 0  # how many expressions were elided: the file then offers no fixes
+        # where findings can be: a top-level function or class that holds none of this is not given
+        # to libcst (preclint.source.run.check_source(focus=True)); None: parse everything
+        self.focus: Optional["re.Pattern[str]"] = None
         self._module: Optional[cst.Module] = None
         self._wrapper: Optional[MetadataWrapper] = None
         self._positions = None
@@ -72,11 +84,15 @@ class SourceFile:
 
     @classmethod
     def read(cls, filename: str, display: str) -> "SourceFile":
-        """Read ``filename``; OSError propagates (the caller decides if that is a user error)."""
-        with open(filename, "rb") as handle:
-            data = handle.read()
+        """Read ``filename``, a regular file; OSError propagates (NotRegularFile for a FIFO or a
+        device), and the caller decides if that is a user error."""
+        return cls.from_bytes(read_regular(filename), display, filename)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, display: str, filename: Optional[str] = None) -> "SourceFile":
         source = cls(display, "")
         source.filename = filename
+        source.data = data
         try:
             source.text, source.encoding = decode_with_encoding(data)
         except ParseFailure as failure:
@@ -90,27 +106,49 @@ class SourceFile:
 
     @property
     def module(self) -> cst.Module:
+        """The libcst tree, parsed once. Call it on a thread from ``guard.run_with_deep_stack``
+        (``preclint.source.run.check_source`` does): deep files need its stack."""
         if self.decode_failure is not None:
             raise self.decode_failure
         if self._module is None:
-            try:
-                self._module = cst.parse_module(self.text)
-            except cst.ParserSyntaxError as exc:
-                raise self._syntax_error(exc) from None
-            except (RecursionError, MemoryError, ValueError) as exc:  # libcst's native parser's limits
-                raise ParseFailure(f"cannot parse the file: {exc}") from None
+            self._module = self._parse()
         return self._module
 
-    def _syntax_error(self, exc: "cst.ParserSyntaxError") -> ParseFailure:
-        # Python's own parser names the error and its position more precisely than libcst's; it only
-        # runs on files that failed, so it costs nothing on the others
+    def _parse(self) -> cst.Module:
+        verdict = judge(self.text, self.path)
+        if verdict.error is not None and verdict.final:
+            message, line, column = verdict.error
+            raise ParseFailure(f"cannot parse the file: {message}", line, column)
+        text = self.text
+        if self.focus is not None:
+            focus = self.focus
+            # names the module binds to what the rules look for (``from torch.cuda.amp import
+            # autocast``, ``EPS = 1e-8``) stand for it in the functions that use them
+            names = {name for names, start, end in verdict.bindings if focus.search(text, start, end)
+                     for name in names if name != "torch"}
+            if names:
+                words = "|".join(re.escape(name) for name in sorted(names))
+                focus = re.compile(f"{focus.pattern}|(?<![A-Za-z0-9_])(?:{words})(?![A-Za-z0-9_])")
+            quiet = [(start, end) for start, end in verdict.definitions if not focus.search(text, start, end)]
+            if quiet:
+                text = blank(text, quiet)
+        if verdict.deep and self.words is not None:
+            quiet = [
+                deep for deep in verdict.deep
+                if deep.elidable and not self.words.search(text, deep.start, deep.end)
+            ]
+            if quiet:
+                text = elide(text, quiet)
+                self.elided = len(quiet)
         try:
-            compile(self.text, self.path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-        except SyntaxError as error:
-            return ParseFailure(f"cannot parse the file: {error.msg}", error.lineno or 1, error.offset or 1)
-        except (ValueError, RecursionError, MemoryError):
-            pass
-        return ParseFailure(f"cannot parse the file: {exc.message}", exc.raw_line, exc.raw_column + 1)
+            return cst.parse_module(text)
+        except cst.ParserSyntaxError as exc:
+            if verdict.error is not None:  # CPython names the error and its place more precisely
+                message, line, column = verdict.error
+                raise ParseFailure(f"cannot parse the file: {message}", line, column) from None
+            raise ParseFailure(f"cannot parse the file: {exc.message}", exc.raw_line, exc.raw_column + 1) from None
+        except (RecursionError, MemoryError, ValueError) as exc:  # libcst's native parser's limits
+            raise ParseFailure(f"cannot parse the file: {exc}") from None
 
     @property
     def index(self):
@@ -132,11 +170,14 @@ class SourceFile:
     def location(self, node: cst.CSTNode) -> Location:
         """Where ``node`` starts. Positions are computed once per file, and only for files that have
         something to report."""
+        start = self._position(node).start
+        return Location(self.path, start.line, start.column + 1)
+
+    def _position(self, node: cst.CSTNode):
         if self._positions is None:
             self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
             self._positions = self._wrapper.resolve(PositionProvider)
-        start = self._positions[node].start
-        return Location(self.path, start.line, start.column + 1)
+        return self._positions[node]
 
     def report(
         self,
@@ -149,11 +190,14 @@ class SourceFile:
         replacement: Optional[cst.CSTNode] = None,
         add_imports: Tuple[str, ...] = (),
         unused_imports: Tuple[Tuple[str, str], ...] = (),
+        safe: bool = True,
     ) -> Finding:
         """A finding of ``rule`` at ``node`` (the rule yields it). ``replacement``, a node to put in
         ``node``'s place, makes it fixable with ``--fix``; ``add_imports`` are modules the replacement
         needs imported, ``unused_imports`` (module, name) pairs of ``from module import name`` that
-        the fix may leave unused (removed only if nothing else uses them)."""
+        the fix may leave unused (removed only if nothing else uses them). A fix that the rule cannot
+        show keeps the behaviour is ``safe=False``: applied only with ``--unsafe-fixes``, and the
+        finding is not marked fixable."""
         finding = Finding(
             code=rule.code,
             name=rule.name,
@@ -162,10 +206,10 @@ class SourceFile:
             fix=fix,
             location=self.location(node),
             precisions=tuple(precisions),
-            fixable=replacement is not None,
+            fixable=replacement is not None and safe,
         )
         if replacement is not None:
-            self.fixes.append(Fix(finding, node, replacement, tuple(add_imports), tuple(unused_imports)))
+            self.fixes.append(Fix(finding, node, replacement, tuple(add_imports), tuple(unused_imports), safe))
         return finding
 
     def line_text(self, line: int) -> str:

@@ -27,6 +27,7 @@ from preclint.findings import Finding, Location
 _NOQA = re.compile(r"#\s*noqa(?::\s?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
 _PRECLINT = re.compile(r"#\s*preclint:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
 _CODE = re.compile(r"^PCL[0-9]{3}$")
+_MAY_NAME_PRECLINT = re.compile(r"(?i)preclint:|noqa[^\n]*pcl")
 
 
 @dataclass
@@ -99,12 +100,12 @@ def parse_directives(text: str) -> Dict[int, List[Directive]]:
 def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
     if path in texts:
         return texts[path]
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
+    from preclint.source.safe_io import read_regular_or_none
     from preclint.source.sourcefile import ParseFailure, decode
+
+    data = read_regular_or_none(path)
+    if data is None:
+        return None
 
     try:
         return decode(data)
@@ -163,6 +164,13 @@ def apply_suppressions(
     silenced_at = {(path, line, column) for path, line, column, _ in used}
     paths = {f.location.path for f in findings if f.location is not None and f.location.path}
     for path in sorted(paths | set(files)):
+        if path not in directives:
+            # a file without findings can only hold an unused suppression that names preclint or a
+            # PCL code (a bare ``# noqa`` and ``# noqa: E501`` are never reported): most files of a
+            # project that uses flake8 hold neither, and need no tokenizing
+            text = _read(path, texts)
+            if text is None or not _MAY_NAME_PRECLINT.search(text):
+                continue
         for line, line_directives in sorted(directives_of(path).items()):
             for directive in line_directives:
                 if "PCL500" in directive.codes or (directive.kind == "noqa" and directive.blanket):
