@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from preclint import ops
+from preclint import autocast_regions, ops
 from preclint.errors import UserError
 from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
@@ -180,6 +180,11 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return ops.is_leaf_module(m)
 
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta["autocast"] = autocast_regions.current()  # the region the model's code set around it
+        return node
+
     def _filter_traceback_frames(self, user_stack_summary):
         # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
         # user_location_from_trace picks the user's frame itself, so keep the frames as they are.
@@ -188,7 +193,8 @@ class _Tracer(fx.Tracer):
 
 def trace_fx(module: torch.nn.Module) -> fx.GraphModule:
     tracer = _Tracer()
-    graph = tracer.trace(module)
+    with autocast_regions.recording():
+        graph = tracer.trace(module)
     return fx.GraphModule(tracer.root, graph, type(module).__name__)
 
 
@@ -208,6 +214,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     if node.op == "get_attr":
         return Node(node.name, Kind.CONSTANT, f"parameter:{node.target}", fn="parameter", module_path=owner_path,
                     module_type=owner_type, location=location, params=(str(node.target),))
+    region = node.meta.get("autocast")
     if node.op == "call_module":
         sub = gm.get_submodule(node.target)
         kind, fn = ops.classify_module(sub)
@@ -216,7 +223,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
                     reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
                     module_type=type(sub).__name__, location=location, inputs=inputs, attrs=attrs,
                     params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
-                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"}, autocast=region)
     fn, inplace = ops.function_name(node.target)
     kind = ops.classify_function(fn)
     args, kwargs = node.args, dict(node.kwargs)
@@ -225,7 +232,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
         attrs["inplace"] = True
     return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
                 module_type=owner_type, location=location, inputs=inputs, attrs=attrs,
-                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
 
 
 class _FxRunner(fx.Interpreter):
@@ -245,9 +252,9 @@ class _FxRunner(fx.Interpreter):
         self.record = record
 
     def run_node(self, n: fx.Node) -> Any:
-        with self._set_current_node(n):
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            node = self.ir_nodes[n.name]
+        node = self.ir_nodes[n.name]
+        with self._set_current_node(n), autocast_regions.replaying(
+                node.autocast, *self.fetch_args_kwargs_from_env(n)) as (args, kwargs):
             callee = None
             if n.op == "call_module":
                 callee = self.fetch_attr(n.target)
@@ -366,7 +373,7 @@ class _Recorder(TorchFunctionMode):
         path = self.paths.get(id(module), "")
         if self.leaf_depth == 0 and ops.is_leaf_module(module):
             kind, fn = ops.classify_module(module)
-            probe = Node("", kind, "", fn=fn)
+            probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
             self.busy = True
             try:
                 args, kwargs = self.observer.before(probe, args, kwargs, module)
@@ -396,7 +403,8 @@ class _Recorder(TorchFunctionMode):
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
                         module_path=path, module_type=type(module).__name__, location=_user_location_from_frames(),
                         inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
-                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
+                        autocast=autocast_regions.current())
             self.observer.rename(probe, node.name)
             result = self._publish(node, args, kwargs, module, output)
             return result if result is not output else None
@@ -410,7 +418,7 @@ class _Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         fn, inplace = ops.function_name(func)
         kind = ops.classify_function(fn)
-        pending = Node("", kind, "", fn=fn)
+        pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
         self.busy = True
         try:
             args, kwargs = self.observer.before(pending, args, kwargs, func)
@@ -430,7 +438,8 @@ class _Recorder(TorchFunctionMode):
         target = f"Tensor.{getattr(func, '__name__', fn)}" if is_method else _display_target(func, "call_function")
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=_user_location_from_frames(), inputs=self._inputs((args, kwargs)), attrs=attrs,
-                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
+                    autocast=pending.autocast)
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
         if not flat_out and target_tensor is not None:
@@ -447,7 +456,7 @@ def capture_function_mode(module: torch.nn.Module, inputs: tuple, observer: Obse
             recorder.add_input(f"input_{i}" if len(inputs) > 1 else "x", value)
             recorded_inputs.append(value)
         try:
-            with recorder:
+            with recorder, autocast_regions.recording():
                 output = module(*inputs)
         except Exception as exc:
             raise ModelRunError(exc) from exc
