@@ -5,7 +5,7 @@ import math
 
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
-from preclint.numerics import FORMATS, MODES, gaussian_max_factor
+from preclint.numerics import FORMATS, FP32, MODES, gaussian_max_factor
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import users_by_input
 from preclint.rules._norun import undecided
@@ -13,10 +13,6 @@ from preclint.rules.decision_flip import MIN_EXPECTED_FLIPS, MIN_FLIP_FRACTION
 
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "TF32"}
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
-# float32 holds a fraction only below 2^23: a value whose nonzero elements all lie beyond it is made
-# of whole numbers trivially (activations of 1e11 in a deep random-init network), not of positions,
-# coordinates or counts
-FRACTIONS_BELOW = 2.0**23
 # ops that turn positions into an angle table on the way to its sin and cos: t * inv_freq, an einsum or
 # matmul of positions and frequencies, a concatenation of the two halves
 ANGLE_STEPS = frozenset({Kind.ELEMENTWISE, Kind.MATMUL, Kind.LINEAR, Kind.CAST, Kind.SHAPE})
@@ -28,8 +24,12 @@ VALUES_FIX = ("Keep these whole numbers in float32 (or int64 for indices and cou
 
 
 def whole_numbers(stats) -> bool:
-    """Whether a value holds whole numbers that mean something (see FRACTIONS_BELOW)."""
-    return stats is not None and stats.is_float and stats.integer_valued and stats.absmin_nonzero < FRACTIONS_BELOW
+    """Whether a value holds whole numbers that mean something: positions, coordinates, counts.
+    Beyond float32's own exact-integer range (2^24) values are whole because float32 keeps no
+    fractions there, and so are the sums that cancel between them (activations of 1e11 in a deep
+    random-init network): whole, but not numbers whose every unit counts."""
+    return (stats is not None and stats.is_float and stats.integer_valued
+            and stats.absmax <= FP32.exact_integers_to)
 
 
 def feeds_angles(users, name: str) -> bool:
@@ -58,22 +58,21 @@ def spacing(value: float, fmt) -> float:
     return 2.0 ** (math.floor(math.log2(max(abs(value), fmt.min_normal))) - mantissa_bits)
 
 
-def _rotary(length: int):
+def _rotary(angle_table, length: int = 4096):
+    """A rotary position embedding: pairs of a projection rotated by the angles of each position,
+    whose cos and sin ``angle_table(x, inv_freq)`` computes."""
+
     def build():
         import torch
 
         class Rotary(torch.nn.Module):
-            """Rotary position embedding whose angle table is an einsum of positions and frequencies."""
-
             def __init__(self, dim: int = 32):
                 super().__init__()
                 self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)))
                 self.proj = torch.nn.Linear(dim, dim)
 
             def forward(self, x):
-                t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
-                angles = torch.einsum("i,j->ij", t, self.inv_freq)  # autocast runs einsum in bf16/fp16
-                cos, sin = angles.cos(), angles.sin()
+                cos, sin = angle_table(x, self.inv_freq)
                 h = self.proj(x)
                 h1, h2 = h[..., 0::2], h[..., 1::2]
                 return torch.cat([h1 * cos - h2 * sin, h1 * sin + h2 * cos], dim=-1)
@@ -84,51 +83,32 @@ def _rotary(length: int):
     return build
 
 
-def _rotary_fp32_angles():
+def _einsum_angles(x, inv_freq):
     import torch
 
-    class Rotary(torch.nn.Module):
-        def __init__(self, dim: int = 32):
-            super().__init__()
-            self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)))
-            self.proj = torch.nn.Linear(dim, dim)
-
-        def forward(self, x):
-            t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
-            angles = t[:, None] * self.inv_freq[None, :]  # elementwise: float32 under autocast, no TF32
-            cos, sin = angles.cos(), angles.sin()
-            h = self.proj(x)
-            h1, h2 = h[..., 0::2], h[..., 1::2]
-            return torch.cat([h1 * cos - h2 * sin, h1 * sin + h2 * cos], dim=-1)
-
-    torch.manual_seed(0)
-    return Rotary(), (torch.randn(1, 4096, 32),)
+    t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
+    angles = torch.einsum("i,j->ij", t, inv_freq)  # autocast runs einsum in bf16/fp16
+    return angles.cos(), angles.sin()
 
 
-def _rotary_autocast_off():
+def _elementwise_angles(x, inv_freq):
     import torch
 
-    class Rotary(torch.nn.Module):
-        """The angle table as Llama's rotary embedding built it (transformers 4.4x): a matmul of
-        frequencies and positions, in float32, with autocast switched off around it."""
+    t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
+    angles = t[:, None] * inv_freq[None, :]  # elementwise: float32 under autocast, no TF32
+    return angles.cos(), angles.sin()
 
-        def __init__(self, dim: int = 32):
-            super().__init__()
-            self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)))
-            self.proj = torch.nn.Linear(dim, dim)
 
-        def forward(self, x):
-            positions = torch.arange(x.shape[1], device=x.device)[None, None, :].float()
-            device_type = x.device.type if isinstance(x.device.type, str) else "cpu"
-            with torch.autocast(device_type=device_type, enabled=False):
-                angles = (self.inv_freq[None, :, None].float() @ positions).transpose(1, 2)
-                cos, sin = angles.cos(), angles.sin()
-            h = self.proj(x)
-            h1, h2 = h[..., 0::2], h[..., 1::2]
-            return torch.cat([h1 * cos - h2 * sin, h1 * sin + h2 * cos], dim=-1)
+def _angles_autocast_off(x, inv_freq):
+    """As Llama's rotary embedding built them (transformers 4.4x): a matmul of frequencies and
+    positions, in float32, with autocast switched off around it."""
+    import torch
 
-    torch.manual_seed(0)
-    return Rotary(), (torch.randn(1, 4096, 32),)
+    positions = torch.arange(x.shape[1], device=x.device)[None, None, :].float()
+    device_type = x.device.type if isinstance(x.device.type, str) else "cpu"
+    with torch.autocast(device_type=device_type, enabled=False):
+        angles = (inv_freq[None, :, None].float() @ positions).transpose(1, 2)
+        return angles.cos(), angles.sin()
 
 
 def _huge_activations():
@@ -202,10 +182,10 @@ Build position and angle tables in float32 with autocast disabled
 coordinates and indices in float32 or int64, and compute values that are rounded to integers in
 float32.
 """
-    bad = (Example(_rotary(4096), "rotary angles from an einsum of positions up to 4095"),
+    bad = (Example(_rotary(_einsum_angles), "rotary angles from an einsum of positions up to 4095"),
            Example(_quantizer, "integer codes round(conv(x) / 0.002) computed in reduced precision"))
-    good = (Example(_rotary_fp32_angles, "the angles as an elementwise product in float32"),
-            Example(_rotary_autocast_off, "the angles as a matmul where the model switches autocast off",
+    good = (Example(_rotary(_elementwise_angles), "the angles as an elementwise product in float32"),
+            Example(_rotary(_angles_autocast_off, length=1024), "the angles as a matmul where the model switches autocast off",
                     {"precisions": ("fp16", "bf16")}),
             Example(_huge_activations, "activations near 3e10, not whole numbers that mean anything",
                     {"precisions": ("bf16",)}),

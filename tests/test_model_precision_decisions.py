@@ -5,7 +5,6 @@ Autocast regions the model's code sets (``torch.autocast(enabled=False)``, a reg
 softmax turns into zeros) and module calls counted once in the top contributors.
 """
 import torch
-import torch.nn.functional as F
 
 from preclint.capture import capture
 from preclint.numerics import MODES
@@ -38,13 +37,15 @@ class _DoubleInherit(torch.autograd.Function):
         return grad * 2.0
 
 
-class Regions(torch.nn.Module):
-    """A linear outside any region; inside autocast(enabled=False) a matmul of .float() operands, and in
-    it a region of its own dtype; custom autograd functions with and without cast_inputs."""
-
+class _Projected(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.proj = torch.nn.Linear(16, 16)
+
+
+class Regions(_Projected):
+    """A linear outside any region; inside autocast(enabled=False) a matmul of .float() operands, and in
+    it a region of its own dtype; custom autograd functions with and without cast_inputs."""
 
     def forward(self, x):
         h = self.proj(x)
@@ -93,11 +94,7 @@ def test_predictions_follow_the_regions_the_code_sets():
 
 
 def test_autocast_off_without_a_cast_computes_in_the_dtype_it_gets():
-    class Forgot(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(16, 16)
-
+    class Forgot(_Projected):
         def forward(self, x):
             h = self.proj(x)
             with torch.autocast("cpu", enabled=False):
@@ -134,11 +131,7 @@ def test_a_region_entered_only_when_autocast_is_on_is_seen():
         import contextlib
         return contextlib.nullcontext()
 
-    class Upcast(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(16, 16)
-
+    class Upcast(_Projected):
         def forward(self, x):
             h = self.proj(x)
             with maybe_autocast(x.device.type, enabled=False):
@@ -154,11 +147,10 @@ def test_a_region_entered_only_when_autocast_is_on_is_seen():
 
 
 def test_the_emulated_probe_runs_the_region_as_the_code_sets_it():
-    from rules.integer_precision import _rotary, _rotary_autocast_off
+    from rules.integer_precision import _angles_autocast_off, _einsum_angles, _rotary
 
     def build(region):
-        module, (x,) = (_rotary_autocast_off() if region else _rotary(1024)())
-        return module, (x[:, :1024],)
+        return _rotary(_angles_autocast_off if region else _einsum_angles, length=1024)()
 
     measured = {}
     for region in (True, False):
