@@ -177,7 +177,11 @@ def replaying(region: Optional[AutocastRegion], args, kwargs):
     cast = next((r.cast_inputs for r in _chain(region) if r.cast_inputs), None)
     if cast is not None:
         dtype = getattr(torch, cast)
-        to = lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64 else v  # noqa: E731
+
+        def to(value):  # as custom_fwd casts: float tensors other than float64
+            eligible = isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64
+            return value.to(dtype) if eligible else value
+
         args, kwargs = tree_map(to, (tuple(args), dict(kwargs)))
     enabled = region.enabled and region.cast_inputs is None
     dtype = getattr(torch, region.dtype) if enabled and region.dtype else torch.get_autocast_dtype(device)

@@ -185,8 +185,8 @@ float32.
     bad = (Example(_rotary(_einsum_angles), "rotary angles from an einsum of positions up to 4095"),
            Example(_quantizer, "integer codes round(conv(x) / 0.002) computed in reduced precision"))
     good = (Example(_rotary(_elementwise_angles), "the angles as an elementwise product in float32"),
-            Example(_rotary(_angles_autocast_off, length=1024), "the angles as a matmul where the model switches autocast off",
-                    {"precisions": ("fp16", "bf16")}),
+            Example(_rotary(_angles_autocast_off, length=1024),
+                    "the angles as a matmul where the model switches autocast off", {"precisions": ("fp16", "bf16")}),
             Example(_huge_activations, "activations near 3e10, not whole numbers that mean anything",
                     {"precisions": ("bf16",)}),
             Example(_coarse_quantizer, "integers from a sign test and exact integer arithmetic"))
