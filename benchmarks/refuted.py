@@ -2,7 +2,7 @@
 
 A static warning that the probe refutes is noise in CI. For timm and transformers models with random
 weights (nothing downloaded) this runs `preclint check --probe cpu` (the CPU emulation of each
-precision) and counts the findings the probe confirmed, refuted, or could not measure:
+precision; `--device cuda` measures on a GPU) and counts the findings the probe confirmed, refuted, or could not measure:
 
     python benchmarks/refuted.py run --out after.json [--models levit_128s t5 ...]
     PYTHONPATH=/path/to/other/checkout python benchmarks/refuted.py run --out before.json
@@ -84,7 +84,7 @@ MODELS: Dict[str, str] = {
 }
 
 
-def run(models: List[str], out: str, timeout: int) -> None:
+def run(models: List[str], out: str, timeout: int, device: str) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         for name in models:
@@ -92,7 +92,7 @@ def run(models: List[str], out: str, timeout: int) -> None:
             with open(path, "w") as handle:
                 handle.write(MODELS[name])
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "preclint", "check", path, "--probe", "cpu",
+            proc = subprocess.run([sys.executable, "-m", "preclint", "check", path, "--probe", device,
                                    "--output-format", "json", "--exit-zero"],
                                   capture_output=True, text=True, timeout=timeout, cwd=folder)
             seconds = time.perf_counter() - start
@@ -147,11 +147,12 @@ def main(argv=None) -> int:
     r.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     r.add_argument("--out", required=True)
     r.add_argument("--timeout", type=int, default=1800)
+    r.add_argument("--device", default="cpu", help="the probe's device: cpu (emulation) or cuda")
     p = sub.add_parser("report")
     p.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.models, args.out, args.timeout)
+        run(args.models, args.out, args.timeout, args.device)
     else:
         report(args.files)
     return 0
