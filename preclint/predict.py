@@ -332,6 +332,9 @@ def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> 
 # constants from the dtype gets the reduced format's own values under a reduced precision.
 DTYPE_DERIVED = frozenset({FP32.max_finite, FP32.min_normal, 2.0**-23})
 FILL_FNS = frozenset({"masked_fill", "where", "full", "full_like", "new_full", "clamp", "clamp_min", "clamp_max", "clip"})
+# PyTorch converts these ops' scalar to the tensor's dtype with a range check: out of range, it raises
+# "value cannot be converted to type c10::Half without overflow" instead of storing inf.
+CHECKED_CONVERSION = frozenset({"masked_fill", "full", "full_like", "new_full", "clamp", "clip", "clamp_min", "clamp_max"})
 
 
 def dtype_derived(value: float) -> bool:
@@ -350,6 +353,8 @@ def reaching_absmax(node: Node) -> float:
 def _overflows(node: Node, fmt: str, mode: Mode, input_nodes: List[Node]) -> bool:
     limit = FORMATS[fmt].max_finite if fmt in FORMATS else math.inf
     out = node.out
+    if node.fn in CHECKED_CONVERSION and any(limit < abs(v) < math.inf and not dtype_derived(v) for v in node.scalars.values()):
+        return True  # converting its constant raises: the run fails, whichever elements it fills
     if out is not None and out.is_float and out.finite and reaching_absmax(node) > limit:
         derived = node.fn in FILL_FNS and any(dtype_derived(v) for v in node.scalars.values())
         return not (derived and out.absmax >= FP32.max_finite)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from preclint.findings import ErrorFigure, sci
 from preclint.ir import Kind
 from preclint.numerics import FORMATS, representable, round_to
-from preclint.predict import dtype_derived, reaching_absmax
+from preclint.predict import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import downstream, users_by_input
 
@@ -18,9 +18,6 @@ CONSTANT_ARGS = {
     "full": ("arg1", "fill_value"), "full_like": ("arg1", "fill_value"), "new_full": ("arg2", "fill_value"),
     "normalize": ("eps",), "cosine_similarity": ("eps",), "pairwise_distance": ("eps",),
 }
-# PyTorch converts these ops' scalar to the tensor's dtype with a range check: out of range, it raises
-# "value cannot be converted to type c10::Half without overflow" instead of storing inf.
-CHECKED_CONVERSION = frozenset({"masked_fill", "full", "full_like", "new_full", "clamp", "clip", "clamp_min", "clamp_max"})
 # ops whose eps guards a division inside them
 GUARDING_OPS = frozenset({"normalize", "cosine_similarity", "pairwise_distance"})
 # ops that a guard protects: a zero (or subnormal) argument gives inf, NaN or a huge value
