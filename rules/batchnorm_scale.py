@@ -134,16 +134,20 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
     @staticmethod
     def _amplification(ctx, node, facts):
         """How many times the layer multiplies the relative error of its input: measured by the
-        reference pass's gradients where it ran (for the inputs the model really gets), else
-        estimated from the running statistics, as if the inputs followed them. A layer whose output
-        is 0 (a zero-initialised gamma and beta, as residual branches are initialised) passes
-        nothing on: no factor."""
+        reference pass's gradients for the example inputs, and estimated from the running statistics
+        as if the inputs followed them. The estimate counts where channels collapsed (the data they
+        were gathered on sat at their mean, and deployment data will too, whatever the example
+        input does) or where the reference pass did not run; fresh statistics (mean 0, var 1) say
+        nothing about the data. A layer whose output is 0 (zero-initialised gamma and beta, as
+        residual branches start) passes nothing on: no factor."""
         from preclint.predict import amplification
 
-        if ctx.graph.ran_reference:
-            return amplification(node)
-        factor = facts["amplification"]
-        return factor if factor == factor and factor > 0 else None
+        estimate = facts["amplification"]
+        estimate = estimate if estimate == estimate and estimate > 0 else None
+        measured = amplification(node) if ctx.graph.ran_reference else None
+        if not ctx.graph.ran_reference or facts["var_min"] + facts["eps"] < COLLAPSED_VARIANCE:
+            return max((f for f in (measured, estimate) if f is not None), default=None)
+        return measured
 
     @staticmethod
     def _received_rel(ctx, node, mode, amplification):
