@@ -74,6 +74,9 @@ def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
     if not stack_trace:
         return ()
     frames = _FRAME_RE.findall(stack_trace)  # outermost first
+    # the innermost frames are FX's and the tracer's own (preclint's tracer records the op's region)
+    while frames and not _is_model_code(frames[-1][0]):
+        frames.pop()
     entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
     inner = frames[entered[-1] + 1:] if entered else frames
     return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
