@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import warnings
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.fx as fx
@@ -47,6 +49,8 @@ def is_internal_file(path: str) -> bool:
 
 
 def _is_internal(path: str) -> bool:
+    if path.startswith("<"):  # <frozen runpy>, <string>: no file of the user's
+        return True
     path = os.path.abspath(path)
     dirs = _INTERNAL_DIRS
     if "torchvision" in sys.modules and not any("torchvision" in d for d in dirs):
@@ -63,16 +67,6 @@ def user_location_from_trace(stack_trace: Optional[str]) -> Optional[Location]:
     for path, line, _ in reversed(_FRAME_RE.findall(stack_trace)):
         if not _is_internal(path):
             return Location(path, int(line), 1)
-    return None
-
-
-def _user_location_from_frames() -> Optional[Location]:
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not _is_internal(path):
-            return Location(path, frame.f_lineno, 1)
-        frame = frame.f_back
     return None
 
 
@@ -143,6 +137,21 @@ def _call_attrs(fn: str, kind: str, args, kwargs) -> Dict[str, Any]:
     return attrs
 
 
+_INPLACE_DUNDERS = frozenset({"__setitem__", "setitem", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                              "__ilshift__", "__irshift__", "iadd", "isub", "imul", "itruediv"})
+
+
+def is_inplace_call(callee, kwargs) -> bool:
+    """Whether this call writes into its first argument (a module with inplace=True, add_, setitem)."""
+    if kwargs.get("inplace") is True:
+        return True
+    if isinstance(callee, torch.nn.Module):
+        return getattr(callee, "inplace", None) is True
+    name = callee if isinstance(callee, str) else getattr(callee, "__name__", "")
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+
+
 def _direct_params(module: torch.nn.Module, path: str) -> Tuple[str, ...]:
     names = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
     prefix = f"{path}." if path else ""
@@ -196,7 +205,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     inputs = tuple(a.name for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node))
     location = user_location_from_trace(node.stack_trace)
     stack = node.meta.get("nn_module_stack") or {}
-    owner_path, owner_type = "", ""
+    owner_path, owner_type = "", type(gm).__name__  # the root module's forward, unless a submodule's
     if stack:
         owner_path, owner_cls = list(stack.values())[-1]
         owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
@@ -251,11 +260,12 @@ class _FxRunner(fx.Interpreter):
             callee = None
             if n.op == "call_module":
                 callee = self.fetch_attr(n.target)
-                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                # out of place before the observer sees the call, so that it knows what will run
                 restore = getattr(callee, "inplace", None) is True
                 if restore:
                     callee.inplace = False
                 try:
+                    args, kwargs = self.observer.before(node, args, kwargs, callee)
                     result = callee(*args, **kwargs)
                 finally:
                     if restore:
@@ -300,6 +310,20 @@ def capture_fx(module: torch.nn.Module, inputs: tuple, observer: Optional[Observ
 
 # ------------------------------------------------------------------------------------ function mode
 
+# Tensor properties that compute a value (x.T is a transpose): a property reaches a TorchFunctionMode
+# as its getter, named "__get__"; the node takes the op the property stands for.
+_PROPERTY_OPS = {"T": "t", "mT": "transpose", "H": "t", "mH": "transpose", "data": "detach", "real": "view_as",
+                 "imag": "view_as"}
+
+
+def _property_name(func) -> Optional[str]:
+    """``"T"`` for the getter of ``Tensor.T``; None for anything that is not a property getter."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    name = getattr(getattr(func, "__self__", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
 
 class _Recorder(TorchFunctionMode):
     """Records leaf-module calls and top-level torch calls of one eager run."""
@@ -316,6 +340,7 @@ class _Recorder(TorchFunctionMode):
         self.busy = False
         self.counts: Dict[str, int] = {}
         self.handles = []
+        self.boundary = None  # the frame that runs the model: the frames beyond it are not the model's
         for m in root.modules():
             self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
@@ -323,6 +348,25 @@ class _Recorder(TorchFunctionMode):
     def close(self) -> None:
         for h in self.handles:
             h.remove()
+
+    def _caller(self, owner: bool) -> Tuple[Optional[Location], Optional[Tuple[str, str]]]:
+        """The innermost frame of the user's code that led to this call, and (``owner``) the module
+        whose method made it: a module's helper method called directly (``self.corr.lookup(x)``, no
+        forward hooks fire) makes its ops the helper module's, as its forward would. Frames outside
+        the model's run (preclint's, the caller's of preclint) are never the model's."""
+        location, found = None, None
+        frame = sys._getframe(2)
+        while frame is not None and frame is not self.boundary and (location is None or (owner and found is None)):
+            code = frame.f_code
+            if location is None and not _is_internal(code.co_filename):
+                location = Location(code.co_filename, frame.f_lineno, 1)
+            if owner and found is None and code.co_argcount and code.co_varnames[0] == "self":
+                module = frame.f_locals.get("self")
+                path = self.paths.get(id(module))
+                if path is not None:
+                    found = (path, type(module).__name__)
+            frame = frame.f_back
+        return location, found
 
     def _unique(self, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "op"
@@ -394,7 +438,7 @@ class _Recorder(TorchFunctionMode):
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
-                        module_path=path, module_type=type(module).__name__, location=_user_location_from_frames(),
+                        module_path=path, module_type=type(module).__name__, location=self._caller(owner=False)[0],
                         inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
             self.observer.rename(probe, node.name)
@@ -408,7 +452,8 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.busy or self.leaf_depth > 0:
             return func(*args, **kwargs)
-        fn, inplace = ops.function_name(func)
+        prop = _property_name(func)
+        fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
         kind = ops.classify_function(fn)
         pending = Node("", kind, "", fn=fn)
         self.busy = True
@@ -421,15 +466,21 @@ class _Recorder(TorchFunctionMode):
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output
-        owner_path, owner_type = self.module_stack[-1] if self.module_stack else ("", "")
+        location, owner = self._caller(owner=True)
+        owner_path, owner_type = owner or (self.module_stack[-1] if self.module_stack else ("", ""))
         is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
             getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
         attrs = _call_attrs(fn, kind, args, kwargs)
         if inplace:
             attrs["inplace"] = True
-        target = f"Tensor.{getattr(func, '__name__', fn)}" if is_method else _display_target(func, "call_function")
+        if prop:
+            target = f"Tensor.{prop}"
+        elif is_method:
+            target = f"Tensor.{getattr(func, '__name__', fn)}"
+        else:
+            target = _display_target(func, "call_function")
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
-                    location=_user_location_from_frames(), inputs=self._inputs((args, kwargs)), attrs=attrs,
+                    location=location, inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
@@ -446,6 +497,7 @@ def capture_function_mode(module: torch.nn.Module, inputs: tuple, observer: Obse
         for i, value in enumerate(inputs):
             recorder.add_input(f"input_{i}" if len(inputs) > 1 else "x", value)
             recorded_inputs.append(value)
+        recorder.boundary = sys._getframe()
         try:
             with recorder:
                 output = module(*inputs)
@@ -474,6 +526,18 @@ def capture(
     Returns the graph and the model's output (None when not run). ``force`` picks a path ("fx" or
     "function-mode") instead of trying FX first.
     """
+    keep = set(tensors_with_history(module)) if observer is not None else set()
+    try:
+        with warnings.catch_warnings():
+            # the inputs require gradients because preclint asked: the model's .item() calls would warn
+            warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
+            return _capture(module, inputs, name, observer, source_path, force)
+    finally:
+        if observer is not None:
+            release_autograd_state(module, keep)
+
+
+def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph, Any]:
     notes: List[str] = []
     if force != "function-mode":
         try:
@@ -493,6 +557,70 @@ def capture(
         )
     nodes, output = capture_function_mode(module, inputs, observer)
     return Graph(nodes, name, "function-mode", source_path=source_path, notes=notes), output
+
+
+def _without_history(value, keep: Set[int], depth: int = 0):
+    """``value`` with every tensor that has autograd history in it detached (but those in ``keep``):
+    containers are changed in place (lists, dicts) or rebuilt (tuples); anything else is returned as
+    it is. ``keep`` collects the tensors with history when it is given a fresh set to fill."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.grad_fn is not None and id(value) not in keep else value
+    if depth > 3:
+        return value
+    if type(value) is list:
+        for i, v in enumerate(value):
+            new = _without_history(v, keep, depth + 1)
+            if new is not v:
+                value[i] = new
+    elif type(value) in (dict, OrderedDict):
+        for k, v in list(value.items()):
+            new = _without_history(v, keep, depth + 1)
+            if new is not v:
+                value[k] = new
+    elif type(value) is tuple:
+        items = tuple(_without_history(v, keep, depth + 1) for v in value)
+        if any(a is not b for a, b in zip(items, value)):
+            return items
+    return value
+
+
+def _module_state(module: torch.nn.Module):
+    """(module, attribute name, value) of what a module keeps beside its parameters and submodules."""
+    for m in module.modules():
+        for key, value in list(vars(m).items()):
+            if key not in ("_parameters", "_modules") and not key.startswith("__"):
+                yield m, key, value
+
+
+def tensors_with_history(module: torch.nn.Module) -> Dict[int, torch.Tensor]:
+    """The tensors with autograd history that ``module`` holds beside its parameters, by id."""
+    found: Dict[int, torch.Tensor] = {}
+
+    def visit(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is not None:
+                found[id(value)] = value
+        elif depth <= 3 and type(value) in (list, tuple, dict, OrderedDict):
+            for v in (value.values() if isinstance(value, dict) else value):
+                visit(v, depth + 1)
+
+    for _, _, value in _module_state(module):
+        visit(value)
+    return found
+
+
+def release_autograd_state(module: torch.nn.Module, keep: Set[int] = frozenset()) -> None:
+    """Detach the tensors a model kept from a run with gradients (caches such as a detector's anchors).
+
+    preclint runs the model with inputs that require gradients, and hands it leaves for the constants
+    it computes; what the model stores on itself would then carry autograd history the user's own runs
+    never give it: the graph of the whole run stays alive, and the model can no longer be deep-copied.
+    ``keep``: tensors the model held before the run (tensors_with_history), left as they are.
+    """
+    for m, key, value in _module_state(module):
+        new = _without_history(value, keep)
+        if new is not value:
+            m.__dict__[key] = new
 
 
 class ModelRunError(Exception):
