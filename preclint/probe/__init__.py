@@ -136,13 +136,18 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     result = ProbeResult(env, {}, list(ref.order), timings, notes)
     result.reference_nonfinite = reference_nonfinite
-    # every mode is issued first and read back after: the device never waits for Python in between
+    # On a GPU every mode is issued first and read back after: the device never waits for Python in
+    # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
+    # model (rounded weights) is gone before the next one is made.
     pending = []
     maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
     for mode in modes:
         result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
                                                 model64, tolerance, options, clock, maps)
-        pending.append((mode, state))
+        if device.type == "cuda":
+            pending.append((mode, state))
+        elif state is not None:
+            _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
     if sens is not None:
         sens.close()
     for mode, state in pending:

@@ -35,6 +35,7 @@ from preclint import ops
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import MODES, Mode, autocast_policy
 from preclint.probe.device import tf32
+from preclint.probe.execute import detached_state
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
 
 # Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
@@ -43,6 +44,11 @@ _EMULATED_KINDS = frozenset({
     Kind.CONV, Kind.LINEAR, Kind.MATMUL, Kind.BATCHNORM, Kind.NORM, Kind.SOFTMAX, Kind.REDUCTION, Kind.SCAN,
     Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.POOL, Kind.RESAMPLE,
 })
+
+# Decisions and comparisons compute nothing a format rounds, but they read what the mode computed:
+# with float16/bfloat16 operands they run on the float32 values of those operands (CPU kernels such
+# as torchvision's nms have no float16 version), which decides exactly as the low format would.
+_DECIDING_KINDS = frozenset({Kind.DECISION, Kind.COMPARE})
 
 # Positions of the two multiplied operands of functional dot products (the bias is added in float32).
 _OPERANDS = {
@@ -120,20 +126,20 @@ class ModeRun:
             # parameters and stores a low-format result; dot products round their operands first
             fn = (lambda t: round_to(t.float(), low) if _is_float32ish(t) else t) if node.kind in DOT_PRODUCT_KINDS else up
             return _map_floats(args, fn), _map_floats(kwargs, fn), Decision(low, target)
-        if node.kind not in _EMULATED_KINDS:
-            return args, kwargs, None
         if self.name == "tf32":
             if node.kind in DOT_PRODUCT_KINDS and tf32_kernel(node, callee, args, kwargs):
                 args, kwargs = _map_operands(node, callee, args, kwargs, round_tf32)
             return args, kwargs, None
+        if node.kind not in _EMULATED_KINDS and node.kind not in _DECIDING_KINDS:
+            return args, kwargs, None
         policy = autocast_policy(node.fn)
         rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
         if self.mode.autocast:
-            if policy == "lower":
+            if policy == "lower" and node.kind in _EMULATED_KINDS:
                 return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
-            if policy == "fp32":
+            if policy == "fp32":  # torchvision's nms and roi_align too: autocast runs them in float32
                 return _map_floats(args, up), _map_floats(kwargs, up), Decision(None, target)
-        elif node.kind in DOT_PRODUCT_KINDS or policy == "lower":
+        elif node.kind in DOT_PRODUCT_KINDS or (policy == "lower" and node.kind in _EMULATED_KINDS):
             # -full: operands and parameters already hold low-format values; accumulate in float32
             return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
         out_dtype = _promoted(args, kwargs)
@@ -360,6 +366,8 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
     maps = {} if maps is None else maps
 
     def kept(key, build):
+        if variant is not model32:  # a copy of this mode only: keeping its maps would keep the copy
+            return build()
         if key not in maps:
             maps[key] = build()
         return maps[key]
@@ -373,7 +381,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
 
 def _variant(model: torch.nn.Module, change) -> torch.nn.Module:
     """A copy of ``model`` whose tensors are ``change(module, name, tensor)``, or shared where that is None."""
-    memo: Dict[int, Any] = {}
+    memo = detached_state(model)
     for module in model.modules():
         for pname, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
             if id(t) in memo:
