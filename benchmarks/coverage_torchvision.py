@@ -10,6 +10,7 @@ saying what it could not do.
 
     python benchmarks/coverage_torchvision.py --out benchmarks/results/coverage_torchvision.json
     python benchmarks/coverage_torchvision.py --models resnet18,raft_small --no-probe
+    python benchmarks/coverage_torchvision.py --probe-device cuda --detector-size 0 --models fasterrcnn_resnet50_fpn
 """
 from __future__ import annotations
 
@@ -142,22 +143,23 @@ def outcome(result: Dict) -> Dict:
     return entry
 
 
-def cover(name: str, directory: str, timeout: float, probe: bool, env: Optional[Dict[str, str]] = None) -> Dict:
+def cover(name: str, directory: str, timeout: float, probe: Optional[str], env: Optional[Dict[str, str]] = None,
+          detector_size: Optional[int] = 128) -> Dict:
     fam = family(name)
     inputs = example_inputs(name, fam)
     path = os.path.join(directory, f"{name}.py")
     with open(path, "w") as f:
         # detectors and segmenters would fetch ImageNet weights for their backbone by default
         extra = ", weights_backbone=None" if fam in ("detection", "segmentation") else ""
-        if fam == "detection" and not name.startswith("ssd"):
+        if fam == "detection" and not name.startswith("ssd") and detector_size:
             # R-CNN, RetinaNet and FCOS resize every image to 800 pixels first; SSD's size is fixed
-            extra += ", min_size=128, max_size=128"
+            extra += f", min_size={detector_size}, max_size={detector_size}"
         f.write(MODEL_FILE.format(name=name, inputs=inputs, extra=extra))
     base = [sys.executable, "-m", "preclint", "check", path, "--output-format", "json", "--exit-zero"]
     entry: Dict = {"model": name, "family": fam, "inputs": inputs}
     entry["check"] = outcome(run(base, timeout, env))
     if probe and entry["check"]["status"] == "ok":
-        entry["probe"] = outcome(run(base + ["--probe", "cpu"], timeout, env))
+        entry["probe"] = outcome(run(base + ["--probe", probe], timeout, env))
     return entry
 
 
@@ -206,6 +208,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--skip", help="comma-separated names to leave out")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per command (default 600)")
     parser.add_argument("--no-probe", action="store_true", help="check only")
+    parser.add_argument("--probe-device", default="cpu", choices=("cpu", "cuda"), help="where the probe runs (default cpu)")
+    parser.add_argument("--detector-size", type=int, default=128,
+                        help="min_size and max_size of R-CNN, RetinaNet and FCOS detectors (0: their default, 800)")
     parser.add_argument("--out", help="write the results as JSON here (rewritten after every model)")
     parser.add_argument("--resume", action="store_true", help="keep the models --out already holds, run the rest")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of each command (on a shared machine, 1 "
@@ -227,7 +232,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     done = {e["model"] for e in entries}
     with tempfile.TemporaryDirectory() as directory:
         for name in [n for n in names if n not in done]:
-            entry = cover(name, directory, args.timeout, probe=not args.no_probe, env=env)
+            entry = cover(name, directory, args.timeout, probe=None if args.no_probe else args.probe_device, env=env,
+                          detector_size=args.detector_size)
             entries.append(entry)
             check, probe = entry["check"], entry.get("probe", {})
             print(f"{name:40s} {check.get('capture') or '-':14s} check {check['status']:9s} {check['wall_s']:6.1f}s "
@@ -235,7 +241,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{probe.get('rss_mib') or 0:6d}MiB  {check.get('error') or probe.get('error') or ''}", flush=True)
             if args.out:
                 with open(args.out, "w") as f:
-                    json.dump({"machine": machine(), "threads": args.threads, "summary": summarize(entries),
+                    json.dump({"machine": machine(), "threads": args.threads, "probe_device": args.probe_device,
+                               "detector_size": args.detector_size, "summary": summarize(entries),
                                "models": entries}, f, indent=1)
                     f.write("\n")
     print(json.dumps(summarize(entries), indent=1))

@@ -97,6 +97,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         raise UserError(_failure(name, "in float64", device, exc.cause)) from exc.cause
     except Exception as exc:
         raise UserError(_failure(name, "in float64", device, exc)) from exc
+    if not options.ablate:
+        model64 = None  # only the one-node-at-a-time runs need it again: its memory is twice the model's
 
     # issued while the device still computes the reference: its figures are read after
     sens = None
@@ -143,7 +145,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
     for mode in modes:
         result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                model64, tolerance, options, clock, maps)
+                                                tolerance, options, clock, maps)
         if device.type == "cuda":
             pending.append((mode, state))
         elif state is not None:
@@ -172,8 +174,7 @@ def _sensitivity_autocast(device, program):
     return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
 
 
-def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, tolerance, options,
-                clock, maps):
+def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps):
     """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
     Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
@@ -186,7 +187,7 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
     swept = None
     try:
         with clock(f"{mode}: sweep"):
-            run = build_mode_run(mode, device, emulated, model32, inputs32, model64, graph, maps)
+            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps)
             measure.how = run.how
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)

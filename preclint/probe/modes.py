@@ -79,7 +79,9 @@ class ModeRun:
     how: str  # one line for the report
     originals: Dict[int, torch.nn.Module] = field(default_factory=dict)  # id(variant module) -> float32 module
     original_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)  # id(variant param) -> float32 param
-    reference_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)  # id(variant param) -> float64 param
+    # id(variant param) -> its reference value: the float32 parameter, which the float64 copy holds
+    # exactly (cast to the mode's dtype, the two give the same operand), so that copy is not kept
+    reference_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)
     low_params: frozenset = frozenset()  # ids of parameters that stand for low-format values (emulated -full)
 
     @property
@@ -326,8 +328,8 @@ def _describe(name: str, device: torch.device, emulated: bool) -> str:
 
 
 def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
-                   model64: torch.nn.Module, graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None) -> ModeRun:
-    """The copy of the model and the inputs ``name`` runs on ``device`` (model32 and model64 live there).
+                   graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None) -> ModeRun:
+    """The copy of the model and the inputs ``name`` runs on ``device`` (model32 lives there).
 
     A copy shares every parameter it does not change with ``model32``: only the rounded or cast
     ones are new tensors, so a mode costs the memory of what it changes. ``maps``: where the maps
@@ -375,7 +377,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
     # keyed by the copies themselves (held in the key, so an id is never reused while kept)
     run.originals = kept(("modules", variant, model32), lambda: _module_map(variant, model32))
     run.original_tensors = kept(("tensors", variant, model32), lambda: _tensor_map(variant, model32))
-    run.reference_tensors = kept(("tensors", variant, model64), lambda: _tensor_map(variant, model64))
+    run.reference_tensors = run.original_tensors
     return run
 
 
