@@ -26,7 +26,8 @@ import time
 from typing import Dict, List, Optional
 
 # Inputs by family: small enough for seconds on a CPU, large enough for every architecture.
-# ViT, MaxViT and MViT embed positions for one input size; RAFT needs sides divisible by 8.
+# ViT, MaxViT and MViT embed positions for one input size, S3D pools a fixed window at the end;
+# RAFT needs sides divisible by 8.
 IMAGE = "torch.rand(1, 3, 64, 64)"
 FIXED_224 = "torch.rand(1, 3, 224, 224)"
 SPECIAL_INPUTS = {
@@ -35,7 +36,7 @@ SPECIAL_INPUTS = {
     "maxvit_t": FIXED_224,
     "mvit_v1_b": "torch.rand(1, 3, 16, 224, 224)",
     "mvit_v2_s": "torch.rand(1, 3, 16, 224, 224)",
-    "s3d": "torch.rand(1, 3, 8, 64, 64)",
+    "s3d": "torch.rand(1, 3, 16, 224, 224)",  # its last pooling window is 2x7x7
 }
 VIDEO = "torch.rand(1, 3, 4, 64, 64)"
 DETECTION_IMAGE = "[torch.rand(3, 128, 128)]"

@@ -237,6 +237,21 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
                 scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
 
 
+def _mutable(value):
+    """FX hands a node's list and dict arguments over as immutable_list / immutable_dict; the graph's
+    own code builds a fresh list at each call, which the callee may change (torchvision's swin3d
+    sets shift sizes in the list it gets)."""
+    if isinstance(value, fx.immutable_collections.immutable_list):
+        return [_mutable(v) for v in value]
+    if isinstance(value, fx.immutable_collections.immutable_dict):
+        return {k: _mutable(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_mutable(v) for v in value)
+    if type(value) is dict:
+        return {k: _mutable(v) for k, v in value.items()}
+    return value
+
+
 class _FxRunner(fx.Interpreter):
     """Runs the traced graph, handing each node's values to the observer.
 
@@ -255,7 +270,7 @@ class _FxRunner(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         with self._set_current_node(n):
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            args, kwargs = _mutable(self.fetch_args_kwargs_from_env(n))
             node = self.ir_nodes[n.name]
             callee = None
             if n.op == "call_module":
@@ -549,8 +564,15 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
             if force == "fx":
                 raise UserError(f"torch.fx cannot trace {name}: {_one_line(exc)}") from exc
             if _is_model_error(exc):
-                raise
-            notes.append(f"torch.fx could not trace the model ({_one_line(exc)}); recorded the ops of one run instead")
+                # the traced graph failed where the model itself may not (code that only works
+                # eagerly): the eager run decides, with an observer that forgets the partial run
+                reset = getattr(observer, "reset", None)
+                if reset is None:
+                    raise
+                reset()
+                notes.append(f"running the graph torch.fx traced failed ({exc}); recorded the ops of one run instead")
+            else:
+                notes.append(f"torch.fx could not trace the model ({_one_line(exc)}); recorded the ops of one run instead")
     if observer is None:
         raise UserError(
             f"torch.fx cannot trace {name} and --no-run forbids recording a run; drop --no-run to capture it"

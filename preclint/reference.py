@@ -328,10 +328,11 @@ class _Sink:
 
 
 # Operands autograd refuses to differentiate (a batch norm's running statistics, read by F.batch_norm
-# in modules FX looks into): the model gets them without gradient. (fn -> positions, keywords)
+# in modules FX looks into): the model gets them without gradient. fn -> positions in
+# torch.nn.functional's signature, positions in torch's (weight and bias come first there), keywords.
 _NO_GRADIENT_OPERANDS = {
-    "batch_norm": ((1, 2), ("running_mean", "running_var")),
-    "instance_norm": ((1, 2), ("running_mean", "running_var")),
+    "batch_norm": ((1, 2), (3, 4), ("running_mean", "running_var")),
+    "instance_norm": ((1, 2), (3, 4), ("running_mean", "running_var")),
 }
 
 
@@ -363,6 +364,12 @@ class ReferenceObserver:
         self.input_names: List[str] = []
         self.failures: List[str] = []  # "node: error" of statistics that could not be computed
         self.unknown_values: set = set()
+
+    def reset(self) -> None:
+        """Forget a run that failed part-way, for another run from the start."""
+        for h in self.handles:
+            h.remove()
+        self.__init__(self.with_sensitivity)
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -444,7 +451,8 @@ class ReferenceObserver:
         if isinstance(kwargs.get("out"), torch.Tensor):
             self._protect(kwargs["out"])
         if node.fn in _NO_GRADIENT_OPERANDS:
-            positions, keywords = _NO_GRADIENT_OPERANDS[node.fn]
+            functional, native, keywords = _NO_GRADIENT_OPERANDS[node.fn]
+            positions = functional if getattr(callee, "__module__", "") == "torch.nn.functional" else native
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
             args = tuple(detach(a) if i in positions else a for i, a in enumerate(args))
             kwargs = {k: detach(v) if k in keywords else v for k, v in kwargs.items()}

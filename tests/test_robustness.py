@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,9 +113,18 @@ class _BatchNormAct(nn.BatchNorm2d):
         return F.relu(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps))
 
 
-def test_running_statistics_read_as_values_reach_batch_norm_without_gradient():
+class _NativeBatchNormAct(nn.BatchNorm2d):
+    """The same through torch.batch_norm, whose signature puts weight and bias first."""
+
+    def forward(self, x):
+        return F.relu(torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, False, 0.0,
+                                       self.eps, False))
+
+
+@pytest.mark.parametrize("norm", [_BatchNormAct, _NativeBatchNormAct])
+def test_running_statistics_read_as_values_reach_batch_norm_without_gradient(norm):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), _BatchNormAct(8), nn.Conv2d(8, 4, 1)).eval()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), norm(8), nn.Conv2d(8, 4, 1)).eval()
     _, graph, _ = check(model, (torch.rand(1, 3, 16, 16),))  # raised: not differentiable w.r.t. running_mean
     assert graph.capture == "fx"
     assert not any("without gradients" in n for n in graph.notes), graph.notes
@@ -168,6 +178,33 @@ def test_the_probe_copies_a_model_that_keeps_tensors_with_history():
     assert result.modes["bf16"].error is None and result.modes["bf16"].output is not None
     assert model.cache[0].grad_fn is None  # what the reference pass left in the model is released
     assert model.scale.grad_fn is not None  # what the user put there is not touched
+
+
+# ------------------------------------------------------------------ running the traced graph
+
+
+def _rolled(x, shifts):  # FX keeps it as one call; it changes the list it is given, as swin3d's window code does
+    if x.shape[-1] <= shifts[0]:
+        shifts[0] = 0
+    return x.roll(shifts[0], dims=-1)
+
+
+torch.fx.wrap("_rolled")
+
+
+class _ShiftsWindows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(_rolled(x, [8]))
+
+
+def test_the_traced_graph_hands_lists_to_the_code_it_calls_as_lists():
+    torch.manual_seed(0)
+    _, graph, _ = check(_ShiftsWindows(), (torch.randn(2, 4),))  # raised: 'immutable_list' does not support mutation
+    assert graph.capture == "fx" and not graph.notes
 
 
 # ------------------------------------------------------------------ function mode: whose op is it
@@ -253,3 +290,47 @@ def test_a_torchvision_detector_is_probed():
     measure = result.modes["bf16"]
     assert measure.error is None, measure.error
     assert measure.detections.reference == 20 and measure.detections.measured == 20
+
+
+# ------------------------------------------------------------------ the float64 reference
+
+
+class _MakesFloat32(nn.Module):
+    """Builds float32 values of its own (a sampling grid, a cast before a layer), as RAFT does."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+        grid = torch.stack([xs, ys], dim=-1)[None].float()
+        y = F.grid_sample(x, grid * 0.9, align_corners=True)
+        return self.conv(y.float())
+
+
+class _Float32Only(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.dtype != torch.float32:
+            raise TypeError("float32 inputs only")
+        return self.fc(x)
+
+
+def test_a_model_that_makes_float32_values_is_measured_against_float64():
+    torch.manual_seed(0)
+    _, _, result = probe(_MakesFloat32().eval(), (torch.rand(1, 2, 8, 8),))  # raised: Double but found Float
+    assert result.environment["reference"]["dtype"] == "float64"
+    assert result.modes["bf16"].error is None and result.modes["bf16"].output.rel_error > 0
+
+
+def test_a_model_that_refuses_float64_is_measured_against_float32():
+    torch.manual_seed(0)
+    report, _, result = probe(_Float32Only().eval(), (torch.randn(2, 4),))
+    assert result.environment["reference"]["dtype"] == "float32"
+    assert any("reference ran in float32" in n for n in report.notes)
+    assert result.modes["bf16"].output.rel_error > 1e-4  # bfloat16's error, far above float32's

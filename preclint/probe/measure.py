@@ -204,6 +204,24 @@ class ReferenceStore:
                 self.finite_norms[key] = float(torch.linalg.vector_norm(torch.where(torch.isfinite(t), t, t.new_zeros(()))))
 
 
+def _widened(args, kwargs, callee=None, skip_first: bool = False):
+    """Operands of a call that mixes float64 with lower floats, all in float64.
+
+    A model that makes some values float32 itself (``coords.float()``, a float32 table) hands ops a
+    float64 value from the reference's copy beside a float32 one, which ops that want one dtype (grid
+    sampling, index_put) refuse. Widened, they run as the float32 model runs them, and more exactly.
+    The target of an in-place op keeps its dtype: the op must write into it."""
+    flat, rebuild = flatten(args, kwargs)
+    floats = [v.dtype for v in flat if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if isinstance(callee, torch.nn.Module):  # a layer's own weights are operands too
+        floats += [p.dtype for p in callee.parameters(recurse=False) if p.is_floating_point()]
+    if torch.float64 not in floats or all(d == torch.float64 for d in floats):
+        return args, kwargs
+    widened = [v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() and not (skip_first and i == 0)
+               else v for i, v in enumerate(flat)]
+    return rebuild(widened)
+
+
 class _ReferenceObserver:
     def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
         self.store = store
@@ -211,15 +229,16 @@ class _ReferenceObserver:
         self.producers = Producers()
 
     def before(self, node, args, kwargs, callee):
+        inplace = args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs)
         # An eager in-place op (ReLU(inplace=True) in a recorded model) would overwrite the value
         # kept for the node that produced its input: keep a copy of that one first.
-        if self.protect_inplace and args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs):
+        if self.protect_inplace and inplace:
             source = self.producers.get(args[0])
             if source is not None:
                 kept = self.store.values[source[0]]
                 if kept[source[1]] is args[0]:
                     kept[source[1]] = args[0].detach().clone()
-        return args, kwargs
+        return _widened(args, kwargs, callee, skip_first=inplace)
 
     def rename(self, node, name) -> None:
         pass

@@ -181,14 +181,15 @@ def probe_notes(result: ProbeResult, display) -> List[str]:
             if env["device"] == "cpu" else f"emulated on {env['device']}"
     else:
         where = f"measured on {env.get('gpu', env['device'])} (CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')})"
-    notes = [f"probe: {where}, torch {env['torch']}, against a float64 reference on the same device"]
+    reference = env.get("reference", {}).get("dtype", "float64")
+    notes = [f"probe: {where}, torch {env['torch']}, against a {reference} reference on the same device"]
     notes += [f"probe: {n}" for n in result.notes]
     for mode, measure in result.modes.items():
         if measure.error is not None:
             notes.append(f"probe: {mode} could not be measured: {measure.error}")
             continue
         if measure.detections is not None:
-            notes.append(f"probe: {mode} detections against the float64 reference: {measure.detections.describe()}")
+            notes.append(f"probe: {mode} detections against the {reference} reference: {measure.detections.describe()}")
         if measure.first_nonfinite is not None:
             notes.append(f"probe: under {mode} the values first become inf/NaN at {display(measure.first_nonfinite)}")
         if measure.diverged_at is not None:
