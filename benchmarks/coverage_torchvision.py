@@ -229,7 +229,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     entries: List[Dict] = []
     if args.resume and args.out and os.path.exists(args.out):
         with open(args.out) as f:
-            entries = [e for e in json.load(f)["models"] if e["model"] in names]
+            entries = json.load(f)["models"]
     done = {e["model"] for e in entries}
     with tempfile.TemporaryDirectory() as directory:
         for name in [n for n in names if n not in done]:
