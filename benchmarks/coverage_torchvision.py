@@ -141,6 +141,11 @@ def outcome(result: Dict) -> Dict:
                       if "error" in s.get("measured_output", {})}
         if unmeasured:
             entry["modes_not_measured"] = unmeasured
+        detections = {mode: {k: v for k, v in s["measured_output"]["detections"].items()
+                             if k in ("reference", "kept", "moved", "relabelled", "lost", "added", "flip_fraction")}
+                      for mode, s in report.get("summary", {}).items() if "detections" in s.get("measured_output", {})}
+        if detections:
+            entry["detections"] = detections
     return entry
 
 
