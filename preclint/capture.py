@@ -49,8 +49,6 @@ def is_internal_file(path: str) -> bool:
 
 
 def _is_internal(path: str) -> bool:
-    if path.startswith("<"):  # <frozen runpy>, <string>: no file of the user's
-        return True
     path = os.path.abspath(path)
     dirs = _INTERNAL_DIRS
     if "torchvision" in sys.modules and not any("torchvision" in d for d in dirs):
@@ -67,6 +65,16 @@ def user_location_from_trace(stack_trace: Optional[str]) -> Optional[Location]:
     for path, line, _ in reversed(_FRAME_RE.findall(stack_trace)):
         if not _is_internal(path):
             return Location(path, int(line), 1)
+    return None
+
+
+def _user_location_from_frames() -> Optional[Location]:
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not _is_internal(path):
+            return Location(path, frame.f_lineno, 1)
+        frame = frame.f_back
     return None
 
 
@@ -355,7 +363,6 @@ class _Recorder(TorchFunctionMode):
         self.busy = False
         self.counts: Dict[str, int] = {}
         self.handles = []
-        self.boundary = None  # the frame that runs the model: the frames beyond it are not the model's
         for m in root.modules():
             self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
@@ -364,24 +371,20 @@ class _Recorder(TorchFunctionMode):
         for h in self.handles:
             h.remove()
 
-    def _caller(self, owner: bool) -> Tuple[Optional[Location], Optional[Tuple[str, str]]]:
-        """The innermost frame of the user's code that led to this call, and (``owner``) the module
-        whose method made it: a module's helper method called directly (``self.corr.lookup(x)``, no
-        forward hooks fire) makes its ops the helper module's, as its forward would. Frames outside
-        the model's run (preclint's, the caller's of preclint) are never the model's."""
-        location, found = None, None
+    def _calling_module(self) -> Tuple[str, str]:
+        """(path, class) of the module whose method makes the running call: the innermost frame
+        whose ``self`` is one of the model's modules. A helper method called directly
+        (``self.corr.lookup(x)``: no forward hooks fire) makes its ops the helper module's, as its
+        forward would; the module stack of forward calls is the answer otherwise."""
         frame = sys._getframe(2)
-        while frame is not None and frame is not self.boundary and (location is None or (owner and found is None)):
+        while frame is not None:
             code = frame.f_code
-            if location is None and not _is_internal(code.co_filename):
-                location = Location(code.co_filename, frame.f_lineno, 1)
-            if owner and found is None and code.co_argcount and code.co_varnames[0] == "self":
-                module = frame.f_locals.get("self")
-                path = self.paths.get(id(module))
+            if code.co_argcount and code.co_varnames[0] == "self":
+                path = self.paths.get(id(frame.f_locals.get("self")))
                 if path is not None:
-                    found = (path, type(module).__name__)
+                    return path, type(frame.f_locals["self"]).__name__
             frame = frame.f_back
-        return location, found
+        return self.module_stack[-1] if self.module_stack else ("", "")
 
     def _unique(self, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "op"
@@ -453,7 +456,7 @@ class _Recorder(TorchFunctionMode):
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
-                        module_path=path, module_type=type(module).__name__, location=self._caller(owner=False)[0],
+                        module_path=path, module_type=type(module).__name__, location=_user_location_from_frames(),
                         inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
             self.observer.rename(probe, node.name)
@@ -481,8 +484,7 @@ class _Recorder(TorchFunctionMode):
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output
-        location, owner = self._caller(owner=True)
-        owner_path, owner_type = owner or (self.module_stack[-1] if self.module_stack else ("", ""))
+        owner_path, owner_type = self._calling_module()
         is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
             getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
         attrs = _call_attrs(fn, kind, args, kwargs)
@@ -495,7 +497,7 @@ class _Recorder(TorchFunctionMode):
         else:
             target = _display_target(func, "call_function")
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
-                    location=location, inputs=self._inputs((args, kwargs)), attrs=attrs,
+                    location=_user_location_from_frames(), inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
@@ -512,7 +514,6 @@ def capture_function_mode(module: torch.nn.Module, inputs: tuple, observer: Obse
         for i, value in enumerate(inputs):
             recorder.add_input(f"input_{i}" if len(inputs) > 1 else "x", value)
             recorded_inputs.append(value)
-        recorder.boundary = sys._getframe()
         try:
             with recorder:
                 output = module(*inputs)

@@ -94,17 +94,17 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
             graph, output = capture(loaded.module, inputs, loaded.name, observer, loaded.source_path, options.capture)
             if observer is not None:
                 observer.finish(graph, output)
-        return graph, observer
+        return graph, observer, output
 
     try:
-        graph, observer = run(with_gradients=True)
+        graph, observer, output = run(with_gradients=True)
     except ModelRunError as exc:
         if not options.run:
             raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
         # Some models fail only when their values require gradients (a .numpy() call, an in-place
         # write into an input, an op autograd refuses): run them as users run inference, without.
         try:
-            graph, observer = run(with_gradients=False)
+            graph, observer, output = run(with_gradients=False)
         except ModelRunError:
             raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
         graph.notes.append(f"error propagation estimated without gradients: the model fails when its values require "
