@@ -200,6 +200,33 @@ def summarize(entries: List[Dict]) -> Dict:
     }
 
 
+def compare(paths: List[str]) -> str:
+    """A markdown table of result files side by side (e.g. before and after a change), then every
+    model that is not ok in the last of them."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    rows = [("models", lambda s: s["models"]),
+            ("captured by fx / function-mode", lambda s: f"{s['captured'].get('fx', 0)} / {s['captured'].get('function-mode', 0)}"),
+            ("check ok", lambda s: s["check_ok"]),
+            ("probe (cpu) ok / run", lambda s: f"{s['probe_ok']} / {s['probe_run']}" if s["probe_run"] else "not run"),
+            ("failures", lambda s: ", ".join(f"{k} {v}" for k, v in s["failures"].items()) or "none"),
+            ("check wall s: median / max / total", lambda s: "{median} / {max} / {total}".format(**s["check_wall_s"])),
+            ("probe wall s: median / max / total",
+             lambda s: "{median} / {max} / {total}".format(**s["probe_wall_s"]) if s["probe_run"] else "-"),
+            ("largest peak RSS (MiB)", lambda s: s["max_rss_mib"])]
+    lines = ["| | " + " | ".join(os.path.basename(p) for p in paths) + " |", "|---" * (len(paths) + 1) + "|"]
+    for label, value in rows:
+        lines.append(f"| {label} | " + " | ".join(str(value(r["summary"])) for r in runs) + " |")
+    failing = [e for e in runs[-1]["models"] if any(e.get(k, {}).get("status") not in (None, "ok") for k in ("check", "probe"))]
+    for e in failing:
+        for key in ("check", "probe"):
+            if e.get(key, {}).get("status") not in (None, "ok"):
+                lines.append(f"- {e['model']}: {key} {e[key]['status']}: {e[key].get('error', '')}")
+    return "\n".join(lines)
+
+
 def machine() -> Dict:
     import torch
     import torchvision
@@ -219,9 +246,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="min_size and max_size of R-CNN, RetinaNet and FCOS detectors (0: their default, 800)")
     parser.add_argument("--out", help="write the results as JSON here (rewritten after every model)")
     parser.add_argument("--resume", action="store_true", help="keep the models --out already holds, run the rest")
+    parser.add_argument("--compare", nargs="+", metavar="FILE", help="print result files side by side and exit")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of each command (on a shared machine, 1 "
                         "avoids threads waiting on each other)")
     args = parser.parse_args(argv)
+    if args.compare:
+        print(compare(args.compare))
+        return 0
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)

@@ -223,7 +223,7 @@ class _CallsHelpers(nn.Module):
 
     def forward(self, x):
         if float(x.sum()) > -1e9:
-            x = self.fc(x)
+            x = self.fc(x.T.T)
         return self.corr.lookup(x) - x  # the last sub is the root module's own
 
 
@@ -233,6 +233,8 @@ def test_function_mode_ops_carry_the_module_whose_code_calls_them():
     subs = [n for n in graph.nodes if n.fn == "sub"]
     assert [(n.module_path, n.module_type) for n in subs] == [("corr", "_Lookup"), ("", "_CallsHelpers")]
     assert ctx.display(subs[1].name) == "Tensor.sub in _CallsHelpers"
+    # a property that computes (x.T) is named for what it is, not for its getter (__get__)
+    assert [(n.target, n.kind) for n in graph.nodes if n.fn == "t"] == [("Tensor.T", "shape")] * 2
     # the line in the model's code, never a frame outside the model's run (the caller of preclint)
     assert subs[0].location.path == os.path.abspath(__file__)
     assert "return x - x.mean()" in open(__file__).read().splitlines()[subs[0].location.line - 1]
