@@ -85,7 +85,12 @@ def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfi
             return _detections_figure(measure)
         units = sum(x.units or 0 for x in flips)
         changed = sum(x.flips or 0 for x in flips)
-        figure = ErrorFigure(m.received.rel_error if m.received else None, m.received.max_abs_error if m.received else None,
+        # the error is that of what the decision reads (as PCL301 predicts it): an NMS's or argmax's
+        # own result is indices, which carry no relative error
+        node = graph[f.node]
+        source = m if m.received is not None else measure.nodes.get(node.inputs[0]) if node.inputs else None
+        received = source.received if source is not None else None
+        figure = ErrorFigure(received.rel_error if received else None, received.max_abs_error if received else None,
                              flip_fraction=changed / units if units else 0.0)
         figure.status = "confirmed" if changed > 0 else "refuted"
         return figure
