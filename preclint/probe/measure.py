@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -81,6 +82,15 @@ class Scalars:
         """Slots of ||t||_2 and ||t||_inf."""
         slot = self._size
         self._size += 2
+        if t.device.type == "cpu":
+            # nothing to overlap on the CPU: the two figures now, and the tensor is free (a pass
+            # queues one difference per node, as much memory as the model's activations)
+            t = t.detach()
+            wide = torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else None
+            if t.numel():
+                pair = torch.stack([torch.linalg.vector_norm(t, dtype=wide), torch.linalg.vector_norm(t, float("inf"), dtype=wide)])
+                self._values.append(([slot, slot + 1], pair))
+            return slot, slot + 1
         self._queued.append((t.detach(), slot))
         return slot, slot + 1
 
@@ -186,6 +196,25 @@ class ReferenceStore:
         self.downcasts: List[str] = []  # nodes whose float result is not float64 (the model casts down)
         self.nonfinite: set = set()  # (node, output index) whose reference holds inf or NaN
         self.finite_norms: Dict[Tuple[str, int], float] = {}
+        # id of a float64 value that owns its memory -> (weak reference, its version, its float32 copy)
+        self._copies: Dict[int, Tuple[Any, int, torch.Tensor]] = {}
+
+    def as_float32(self, t: torch.Tensor) -> torch.Tensor:
+        """A node's value (as the model made it, not detached: views know their base) for keeping,
+        a float64 one rounded to float32. A view of a value kept already (reshape,
+        permute, slicing: a transformer's shape ops) is the same view of that value's copy, so that
+        the store holds each float64 tensor's memory once."""
+        if t.dtype != torch.float64:
+            return t.detach()
+        owner = t if t._base is None else t._base
+        known = self._copies.get(id(owner))
+        if known is not None and known[0]() is owner and known[1] == t._version:
+            return known[2] if t is owner else known[2].as_strided(t.size(), t.stride(), t.storage_offset())
+        copy = t.to(torch.float32)
+        if (t._base is None and t.is_contiguous() and t.storage_offset() == 0
+                and t.numel() * t.element_size() == t.untyped_storage().nbytes()):
+            self._copies[id(t)] = (weakref.ref(t), t._version, copy)
+        return copy
 
     def norm(self, name: str, index: int) -> Optional[float]:
         """||value|| over its finite elements (a mask's -inf is no size)."""
@@ -256,7 +285,7 @@ class _ReferenceObserver:
             store.values[node.name] = outs
             store.raw[node.name] = output
         else:
-            store.values[node.name] = [t.to(torch.float32) if t.dtype == torch.float64 else t for t in outs]
+            store.values[node.name] = [store.as_float32(t) for t in tensors(output)]
         if self.protect_inplace:
             self.producers.add(node.name, tensors(output))
         return output
