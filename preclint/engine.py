@@ -6,53 +6,16 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
 from preclint.errors import UserError
-from preclint.findings import ErrorFigure, Finding, Location, sci
-from preclint.ir import Graph, Node
+from preclint.findings import Finding, Location, sci
+from preclint.ir import Graph
 from preclint.numerics import MODES
-from preclint.predict import ModePrediction
 from preclint.report import Report
-
-
-@dataclass
-class Context:
-    """What a rule sees: the graph, the predictions per mode, and the options of this run."""
-
-    graph: Graph
-    modes: Tuple[str, ...]
-    predictions: Dict[str, ModePrediction]
-    rtol: Optional[float] = None
-    atol: Optional[float] = None
-    model_location: Optional[Location] = None
-
-    def node_figure(self, node: Node, mode: str) -> ErrorFigure:
-        """The node's own (local) predicted error under ``mode``: relative to its RMS, and max-abs."""
-        from preclint.numerics import gaussian_max_factor
-
-        local = self.predictions[mode].nodes[node.name].local
-        out = node.out
-        if out is None or out.rms == 0:
-            return ErrorFigure(None, None)
-        return ErrorFigure(local / out.rms, local * gaussian_max_factor(out.numel))
-
-    def output_figure(self, mode: str) -> ErrorFigure:
-        p = self.predictions[mode]
-        return ErrorFigure(p.rel_error, p.max_abs_error)
-
-    def display(self, name: str) -> str:
-        """A node as users know it: its module path, else its op and the module that calls it."""
-        node = self.graph.get(name)
-        if node is None:
-            return name
-        if node.module_path and node.target.startswith("nn."):
-            return node.module_path
-        # an op of the root module's own forward is named with the root's class
-        where = f" in {node.module_path}" if node.module_path else (f" in {node.module_type}" if node.module_type else "")
-        return f"{node.target}{where}" if node.kind != "input" else f"the input {name}"
+from preclint.rulebase import Rule, RuleContext
 
 
 @dataclass
@@ -170,14 +133,21 @@ def _top_level_definition(path: str, name: str) -> Optional[int]:
     return None
 
 
-def run_rules(ctx: Context, config: Config) -> List[Finding]:
+def rules_to_run(ctx: RuleContext, config: Optional[Config]) -> Iterator[Tuple[Rule, RuleContext]]:
+    """Each graph rule the configuration selects (every one without a configuration) that concerns
+    a checked mode, with the context it sees: only the modes among its ``precisions``."""
     from preclint.rules import graph_rules
 
-    findings: List[Finding] = []
     for rule_cls in graph_rules():
-        if not config.is_selected(rule_cls.code):
-            continue
-        for finding in rule_cls().check_graph(ctx):
+        rule_ctx = ctx.for_rule(rule_cls)
+        if (config is None or config.is_selected(rule_cls.code)) and rule_ctx.modes:
+            yield rule_cls(), rule_ctx
+
+
+def run_rules(ctx: RuleContext, config: Config) -> List[Finding]:
+    findings: List[Finding] = []
+    for rule, rule_ctx in rules_to_run(ctx, config):
+        for finding in rule.check_graph(rule_ctx):
             if finding.location is None:
                 finding.location = ctx.model_location
             findings.append(finding)
@@ -261,7 +231,7 @@ def degenerate_note(found: Sequence[DegenerateOutput], display) -> str:
             "weights with --weights FILE (a state dict); relative errors of such an output are not reported.")
 
 
-def summarize(ctx: Context, degenerate: bool = False) -> Dict[str, Dict]:
+def summarize(ctx: RuleContext, degenerate: bool = False) -> Dict[str, Dict]:
     """Per mode, the predicted output error and the layers that hold most of it; ``degenerate``: every
     float output is all zero or rounding residue, and its relative error is not reported (None)."""
     summary: Dict[str, Dict] = {}
@@ -281,7 +251,7 @@ def summarize(ctx: Context, degenerate: bool = False) -> Dict[str, Dict]:
     return summary
 
 
-def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, Context]:
+def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     from preclint.predict import predict
 
     for mode in options.modes:
@@ -289,7 +259,7 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
             raise UserError(f"unknown precision '{mode}' (known: {', '.join(MODES)})")
     graph = build_graph(loaded, options)
     predictions = predict(graph, options.modes)
-    ctx = Context(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
+    ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
     attach_source_locations(findings, loaded, graph)
     relativize(findings)

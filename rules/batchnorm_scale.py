@@ -81,9 +81,7 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
             Example(_zero_init_residual, "fresh batch norms (running_var 1), gamma 0 in residual branches"))
 
     def check_graph(self, ctx):
-        modes = [m for m in ctx.modes if m in self.precisions]
-        if not modes:
-            return
+        modes = list(ctx.modes)
         fp16_modes = [m for m in modes if m.startswith("fp16")]
         full_fp16 = [m for m in modes if m == "fp16-full"]
         for node in ctx.graph.nodes:

@@ -121,7 +121,9 @@ class UnrepresentableConstant(Rule):
     name = "unrepresentable-constant"
     summary = "An eps, mask-fill or clamp constant becomes 0, subnormal or inf in the dtype its op computes in."
     severity = "warning"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    # every mode: what decides is the format a value is computed in, and a model that sets autocast
+    # itself computes in float16 or bfloat16 under tf32 too
+    precisions = ()
     why = """
 A constant meets the tensor in the tensor's dtype. In float16, 1e-8 and 1e-12 are 0, anything below
 6.1e-5 is subnormal (a few bits, flushed to zero by some kernels and engines), and -1e9 is beyond

@@ -53,6 +53,7 @@ def _confident_classifier():
 
 class DecisionFlip(Rule):
     code = "PCL301"
+    measured_as = "flips"
     name = "decision-flip"
     summary = "An argmax, top-k, sort, NMS or threshold decides on values whose margins are within the predicted error."
     severity = "warning"

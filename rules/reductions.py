@@ -48,7 +48,9 @@ class LowPrecisionReduction(Rule):
     name = "low-precision-reduction"
     summary = "A sum, mean, product or scan over a long axis computed in float16 or bfloat16, whose error grows with the length."
     severity = "warning"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    # every mode: what decides is the format a value is computed in, and a model that sets autocast
+    # itself computes in float16 or bfloat16 under tf32 too
+    precisions = ()
     why = """
 A product of n factors carries the rounding of every factor: its relative error grows as sqrt(n)
 times the unit roundoff (more when the factors are alike and round the same way): 2% after 256

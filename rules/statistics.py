@@ -78,7 +78,9 @@ class LowPrecisionStatistics(Rule):
     summary = ("Normalization statistics (mean, variance, mean square) computed by hand in float16 or bfloat16 "
                "overflow or underflow.")
     severity = "error"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    # every mode: what decides is the format a value is computed in, and a model that sets autocast
+    # itself computes in float16 or bfloat16 under tf32 too
+    precisions = ()
     why = """
 `F.layer_norm`, `F.group_norm` and `F.rms_norm` compute their statistics in float32 whatever the input
 dtype. A normalization written by hand (`x.mean()`, `x.var()`, `(x - u) * (x - u)`, `x * x`) computes

@@ -142,11 +142,9 @@ amplified error.
         Example(_float32_only, "LayerNorm and GELU under TF32: nothing rounds", {"precisions": ("tf32",)}),
     )
 
-    def check_graph(self, ctx):
-        return iter(())  # needs measured contributions: the probe calls from_probe()
-
-    def from_probe(self, ctx, result, flagged, tolerance_missed=frozenset()):
+    def check_probe(self, ctx, result, flagged):
         """Findings for the measured hot spots that no finding in ``flagged`` (node names) covers."""
+        tolerance_missed = {mode for mode, m in result.modes.items() if m.tolerance is not None and m.tolerance.failing}
         hot = {}  # node -> mode -> (measure, ordinary local error)
         for mode, measure in result.modes.items():
             if measure.error is not None or not measure.output or not measure.output_finite:

@@ -30,7 +30,7 @@ def test_rule_example(rule, kind, index, example):
 
 def test_every_graph_rule_has_examples_and_docs():
     for rule in graph_rules():
-        if not getattr(rule, "needs_probe", False):
+        if not rule.needs_probe:
             assert rule.bad and rule.good, rule.code
         for section in (rule.why, rule.example, rule.fix, rule.summary):
             assert section.strip(), rule.code

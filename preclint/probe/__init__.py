@@ -3,8 +3,8 @@
 On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (modes.py). Per
 mode and node it measures the local and received error, the amplification and the contribution to
 the output error (ledger.py), against a float64 reference on the same device; then every finding
-is confirmed or refuted (verdict.py) and layers that hold much of the error without a finding are
-reported as PCL900.
+is confirmed or refuted (verdict.py), and the rules that judge measurements (such as layers that
+hold much of the error without a finding) add theirs.
 
     result = measure_model(module, inputs, graph, modes, ProbeOptions(device="auto"))
     apply(report, loaded, graph, ctx, config, result, ledger=True)
@@ -309,20 +309,19 @@ def _failure(name: str, what: str, device, exc: BaseException) -> str:
 
 
 def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> None:
-    """Put the measurements into ``report``: measured figures and statuses, PCL900, notes, environment."""
-    from preclint.engine import all_outputs_degenerate, attach_source_locations, relativize
+    """Put the measurements into ``report``: measured figures and statuses, the findings of the rules
+    that judge measurements (Rule.check_probe), notes, environment."""
+    from preclint.engine import all_outputs_degenerate, attach_source_locations, relativize, rules_to_run
     from preclint.findings import Finding
     from preclint.probe.ledger import node_row
     from preclint.probe.verdict import judge, probe_notes, summary_entries
 
     degenerate = all_outputs_degenerate(graph)
     judge(report.findings, graph, result, set(result.reference_nonfinite), degenerate)
-    if not degenerate and (config is None or config.is_selected("PCL900")):  # shares of rounding residue: none
-        from preclint.rules.unflagged_hotspot import UnflaggedHotspot
-
-        flagged = {f.node for f in report.findings if f.node}
-        missed = {mode for mode, m in result.modes.items() if m.tolerance is not None and m.tolerance.failing}
-        hot = list(UnflaggedHotspot().from_probe(ctx, result, flagged, missed))
+    if not degenerate:  # shares of rounding residue tell nothing
+        flagged = frozenset(f.node for f in report.findings if f.node)
+        hot = [finding for rule, rule_ctx in rules_to_run(ctx, config)
+               for finding in rule.check_probe(rule_ctx, result, flagged)]
         for finding in hot:
             if finding.location is None:
                 finding.location = ctx.model_location

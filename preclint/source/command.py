@@ -87,6 +87,7 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     """Suppressions (and per-file-ignores) for the findings of a graph check: the codes judged for
     unused suppressions are the graph rules that ran; ``model_files`` are searched for them too."""
     from preclint.rules import graph_rules
+    from preclint.source.run import reports_unused
     from preclint.source.suppress import apply_suppressions
 
     findings = list(findings)
@@ -98,7 +99,7 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
         f for f in findings
         if f.location is None or not config.ignored_for_file(f.location.path, f.code)
     ]
-    return apply_suppressions(kept, config.is_selected("PCL500"), checked, files=files)
+    return apply_suppressions(kept, reports_unused(config), checked, files=files)
 
 
 def exit_code(findings: Iterable[Finding], fail_on: str, exit_zero: bool) -> int:
