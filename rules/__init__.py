@@ -36,6 +36,12 @@ def _discover() -> Tuple[type, ...]:
     return tuple(sorted(found, key=lambda rule: rule.code))
 
 
+def rediscover() -> None:
+    """Forget the rules found, so that the next look walks the pack again (after a module is added)."""
+    importlib.invalidate_caches()
+    _discover.cache_clear()
+
+
 def graph_rules() -> List[Type]:
     from preclint.rulebase import Rule
 

@@ -17,6 +17,11 @@ CASES = [
 
 @pytest.mark.parametrize("rule, kind, index, example", CASES)
 def test_rule_example(rule, kind, index, example):
+    assert_example(rule, kind, example)
+
+
+def assert_example(rule, kind, example):
+    """A bad example raises ``rule`` with a message, a fix and its precisions; a good one does not."""
     report, _graph, _ctx = check_example(example)
     found = [f for f in report.findings if f.code == rule.code]
     if kind == "bad":
