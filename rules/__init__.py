@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from typing import Dict, List, Tuple, Type
+from typing import Dict, Iterator, List, Tuple, Type
 
 
 def rule_modules() -> List[str]:
@@ -56,6 +56,16 @@ def source_rules() -> List[Type]:
 
 def all_rules() -> Dict[str, Type]:
     return {rule.code: rule for rule in _discover()}
+
+
+def rules_to_run(ctx, config=None) -> Iterator[tuple]:
+    """(rule, the context it sees) for each graph rule the configuration selects (every one without
+    a configuration) that concerns a checked mode of ``ctx`` (a RuleContext): it sees only the modes
+    among its ``precisions``."""
+    for rule_cls in graph_rules():
+        rule_ctx = ctx.for_rule(rule_cls)
+        if (config is None or config.is_selected(rule_cls.code)) and rule_ctx.modes:
+            yield rule_cls(), rule_ctx
 
 
 def unreadable_file_rule() -> Type:

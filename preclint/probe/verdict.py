@@ -13,7 +13,7 @@ A finding predicts one of a few things, which its rule declares (``Rule.measured
 | received | the error the node's value carries | its received error | measured >= predicted / 3 |
 
 A third, because the error model's measured/predicted ratios over whole layers of ten torchvision
-and timm models lie within a factor of 3 (NUMERICS.md): below a third, the prediction was wrong in
+and timm models lie within a factor of 3 (docs/error-model.md): below a third, the prediction was wrong in
 kind, not in degree. Each measured mode gets a status; the finding is ``confirmed`` when at least
 one mode it names is, ``refuted`` when every measured one is, and keeps no status when none of its
 modes could be measured.
@@ -32,7 +32,7 @@ CONFIRM_FRACTION = 1.0 / 3.0
 def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str],
           degenerate: bool = False) -> None:
     """Fill ``measured`` and ``status`` of each finding the probe can measure. ``degenerate``: the
-    output is all zero or rounding residue (engine.degenerate_outputs), and its relative error is
+    output is all zero or rounding residue (preclint.degenerate), and its relative error is
     noise over noise: not reported."""
     from preclint.rulebase import Rule
     from preclint.rules import all_rules

@@ -10,10 +10,9 @@ from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
 from preclint.errors import UserError
-from preclint.findings import Finding, severity_rank
+from preclint.exitcodes import EXIT_FINDINGS, EXIT_OK, exit_code
+from preclint.findings import Finding
 from preclint.source.paths import display_path
-
-EXIT_OK, EXIT_FINDINGS = 0, 1
 
 
 def apply_baseline(
@@ -102,13 +101,6 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     return apply_suppressions(kept, reports_unused(config), checked, files=files)
 
 
-def exit_code(findings: Iterable[Finding], fail_on: str, exit_zero: bool) -> int:
-    if exit_zero:
-        return EXIT_OK
-    threshold = severity_rank(fail_on)
-    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in findings) else EXIT_OK
-
-
 def run_source_only(
     paths: Sequence[str],
     config: Config,
@@ -172,8 +164,8 @@ def _baseline_keep(findings: List[Finding], baseline: Optional[str]):
     """A predicate that is False for findings the baseline accepts: those are not fixed either."""
     if not baseline:
         return lambda finding: True
-    from preclint.source.baseline import _key, filter_baseline
+    from preclint.source.baseline import finding_key, filter_baseline
 
     kept, _ = filter_baseline(findings, baseline)
-    new_keys = {_key(f) for f in kept}
-    return lambda finding: _key(finding) in new_keys
+    new_keys = {finding_key(f) for f in kept}
+    return lambda finding: finding_key(finding) in new_keys
