@@ -114,10 +114,6 @@ class Node:
     def out(self) -> Optional[TensorStats]:
         return self.outputs[0] if self.outputs else None
 
-    @property
-    def op(self) -> str:
-        return self.target
-
 
 @dataclass
 class Graph:

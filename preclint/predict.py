@@ -1,7 +1,7 @@
 """The error model: per node and precision mode, the dtype it computes in, its local rounding error,
 whether it leaves the format's range, and the error that reaches the output.
 
-Local error (RMS, absolute) of a node, from NUMERICS.md:
+Local error (RMS, absolute) of a node, from docs/error-model.md:
 
 * dot products (conv, linear, matmul) with inputs rounded to u_in and fp32 accumulation:
   C_INPUT * u_in * RMS(sqrt(sum_k (a_k b_k)^2)), plus C_OUTPUT * u_out * RMS(y) when the result is
@@ -31,7 +31,8 @@ EXACT_FNS = frozenset(
 )
 VALUE_FREE_KINDS = frozenset({Kind.SHAPE, Kind.DECISION, Kind.COMPARE, Kind.OUTPUT})
 
-
+# The most error an output can carry: a real error saturates where the output no longer resembles the
+# reference, and an unrelated output of the same RMS differs from it by sqrt(2) of that RMS.
 SATURATION = math.sqrt(2.0)
 
 
@@ -43,10 +44,6 @@ class NodePrediction:
     pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
-
-    @property
-    def rel_local(self) -> float:
-        return self.local
 
 
 @dataclass
@@ -249,7 +246,6 @@ LOW_PRECISION_ACCUMULATION: Dict[str, tuple] = {"cumsum": (0.163, 0.37), "cumpro
 # float16 GEMMs with torch.backends.cuda.matmul.allow_fp16_accumulation = True, same form over the
 # reduction length K (H200, K = 64 ... 16384: 0.66, 1.33, 2.62 u in all against 0.43 u without).
 FP16_GEMM_ACCUMULATION = (0.15, 0.29)
-SUMS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 PRODUCTS = frozenset({"prod", "cumprod"})
 
 
@@ -458,8 +454,7 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
             continue
         terms[node.name] = term
         variance = variance + term if have_gains else max(variance, term)
-    # The model is linear in the errors; a real error saturates where the output no longer resembles the
-    # reference: an unrelated output of the same size differs by sqrt(2) of its RMS.
+    # The model is linear in the errors, the real error is not: it saturates (SATURATION).
     prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
     if variance > 0 and have_gains:
         prediction.contributions = {name: term / variance for name, term in terms.items()}

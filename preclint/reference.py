@@ -32,9 +32,11 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 from preclint.capture import is_inplace_call
+from preclint.errors import one_line
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
 from preclint.modelio import output_tensors
 from preclint.numerics import FP16
+from preclint.ops import SUMS
 from preclint.poison import PoisonTracker
 
 # Decisions whose input is checked for flips by a backward pass of its own; more would make the
@@ -46,7 +48,6 @@ MAX_MARGINS = 4096  # margins kept per decision node (subsampled deterministical
 # gradients (shape ops move values and amplify nothing; decisions and comparisons are judged by margins).
 AMPLIFYING_KINDS = frozenset({Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.SOFTMAX, Kind.NORM, Kind.REDUCTION,
                               Kind.SCAN, Kind.POOL, Kind.RESAMPLE, Kind.BATCHNORM})
-SUMMING_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 
 
@@ -396,7 +397,7 @@ class ReferenceObserver:
         return self.view_origin.get(id(tensor), tensor)
 
     def _failed(self, node: Node, what: str, exc: Exception) -> None:
-        self.failures.append(f"{node.name or node.fn} ({what}): {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        self.failures.append(f"{node.name or node.fn} ({what}): {one_line(exc)}")
 
     # ------------------------------------------------------------------ values as they were made
 
@@ -549,7 +550,7 @@ class ReferenceObserver:
                     }
             if node.fn == "einsum" and args and isinstance(args[0], str):
                 node.attrs["contracted"] = _einsum_contracts(args[0])
-            if node.fn in SUMMING_FNS and outputs and outputs[0].is_floating_point():
+            if node.fn in SUMS and outputs and outputs[0].is_floating_point():
                 terms = _sum_terms(node, args, kwargs, callee, outputs[0])
                 if terms is not None:
                     y = outputs[0].detach().double().abs()

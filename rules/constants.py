@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
 from preclint.ir import Kind
-from preclint.numerics import FORMATS, representable, round_to
+from preclint.numerics import FORMATS, dtype_name, representable, round_to
 from preclint.predict import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import downstream, users_by_input
@@ -183,7 +183,7 @@ statistic in float32 (`h.float()`, `pow` instead of `h * h` under autocast).
         stored = round_to(value, FORMATS[fmt])
         what = {"zero": "0", "overflow": "-inf" if value < 0 else "inf",
                 "subnormal": f"the subnormal {sci(stored)}"}[worst]
-        dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(fmt, fmt)
+        dtype = dtype_name(fmt)
         where = f"{ctx.display(node.name)}"
         message = f"The constant {sci(value)} of {where} is {what} in {dtype}, the dtype it computes in under {', '.join(modes)}"
         raises = worst == "overflow" and node.fn in CHECKED_CONVERSION

@@ -5,13 +5,12 @@ import math
 
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
-from preclint.numerics import FORMATS, FP32, MODES, gaussian_max_factor
+from preclint.numerics import FORMATS, FP32, MODES, dtype_name, gaussian_max_factor
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import users_by_input
 from preclint.rules._norun import undecided
 from preclint.rules.decision_flip import MIN_EXPECTED_FLIPS, MIN_FLIP_FRACTION
 
-DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "TF32"}
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 # ops that turn positions into an angle table on the way to its sin and cos: t * inv_freq, an einsum or
 # matmul of positions and frequencies, a concatenation of the two halves
@@ -251,11 +250,11 @@ float32.
             if worst is None or step > worst[2]:
                 worst = (mode, fmt, step, value, role)
         mode, fmt, step, value, role = worst
-        formats = ", ".join(f"{DTYPE_NAMES.get(per_mode[m][0], per_mode[m][0])} under {m}" for m in per_mode)
+        formats = ", ".join(f"{dtype_name(per_mode[m][0])} under {m}" for m in per_mode)
         what = "reads whole numbers" if role == "operand" else "holds whole numbers"
         how = "rounds them to" if role == "operand" else "stores them in"
         message = (f"{ctx.display(node.name)} {what} up to {sci(value)} and {how} {formats}; "
-                   f"{DTYPE_NAMES.get(fmt, fmt)} is exact only to {FORMATS[fmt].exact_integers_to}, so values near "
+                   f"{dtype_name(fmt)} is exact only to {FORMATS[fmt].exact_integers_to}, so values near "
                    f"{sci(value)} round to multiples of {sci(step)} (off by up to {sci(step / 2)}) and neighbouring "
                    "values collapse.")
         return self.finding(node, message, fix=fix, predicted=predicted, precisions=tuple(per_mode))
