@@ -448,7 +448,7 @@ def _output_decisions(graph) -> List[Any]:
         if node is None or name in seen:
             continue
         seen.add(name)
-        if node.margins is not None or node.attrs.get("rounding_margins") is not None:
+        if node.margins is not None or node.rounding_margins is not None:
             found.append(node)
             if node.out is not None and node.out.is_float:
                 continue  # round/floor: the decision was taken here

@@ -10,8 +10,8 @@ Local error (RMS, absolute) of a node, from docs/error-model.md:
   that only select or move values (relu, max-pool, reshapes), which are exact.
 
 The output error adds, over nodes, each rounding's relative RMS squared times its gain to the
-output (reference.py: ``gain_out`` for rounding a result, ``gain_operands`` for rounding the operands
-of a dot product), assuming independent rounding errors. One operand rounding has relative RMS
+output (ir.Gains from reference.py: ``out`` for rounding a result, ``operands`` for rounding the
+operands of a dot product), assuming independent rounding errors. One operand rounding has relative RMS
 C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT * u.
 """
 from __future__ import annotations
@@ -201,7 +201,7 @@ def tensor_core_tf32(node: Node) -> bool:
     if node.kind == Kind.CONV and len(shape) >= 3:
         rows = out.numel // max(1, shape[1])  # batch x output positions
         in_channels = node.attrs.get("in_channels")
-        groups = node.groups or node.attrs.get("groups") or 1
+        groups = node.groups or 1
         if in_channels is None and len(node.input_stats) > 0 and node.input_stats[0] is not None:
             in_channels = node.input_stats[0].shape[1] if len(node.input_stats[0].shape) > 1 else None
         if in_channels is not None and (in_channels // groups < 4 or (groups > 1 and groups == in_channels)):
@@ -295,7 +295,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
         terms["result"] = _result_rounding(node, fmt, stored)
-        exact = node.attrs.get("gain_rounding", {}).get(fmt)
+        exact = node.gains.rounding.get(fmt) if node.gains is not None else None
         if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
             terms["result_to_output"] = exact
     return terms
@@ -303,7 +303,9 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
 
 def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
     """Mean-square error this node's roundings put on a downstream value with the given gains."""
-    gain_out, gain_operands = gains if gains is not None else (node.sensitivity or 0.0, node.attrs.get("gain_operands"))
+    if gains is None:
+        gains = (node.gains.out, node.gains.operands) if node.gains is not None else (0.0, None)
+    gain_out, gain_operands = gains
     total = 0.0
     if "operands" in terms:
         if gain_operands is not None:
@@ -437,7 +439,7 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
     prediction.output_rms = math.sqrt(sum(s.rms**2 * s.numel for s in outputs) / numel) if numel else 0.0
     prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
 
-    have_gains = any(n.sensitivity is not None for n in graph.nodes)
+    have_gains = any(n.gains is not None for n in graph.nodes)
     variance = 0.0
     terms: Dict[str, float] = {}
     for node in graph.nodes:
@@ -479,8 +481,9 @@ def amplification(node: Node) -> Optional[float]:
     output: sqrt(gain of its inputs through it / gain of its result). 1 for ops that pass relative
     error through (a product, a division, a random conv); large for a subtraction of nearly equal
     values or exp/softmax of large arguments. None where the reference pass has no gradients."""
-    gain_in = node.attrs.get("gain_inputs")
-    gain_out = node.sensitivity
+    if node.gains is None:
+        return None
+    gain_in, gain_out = node.gains.inputs, node.gains.out
     if gain_in is None or not gain_out or gain_out <= 0 or not math.isfinite(gain_in / gain_out):
         return None
     return math.sqrt(gain_in / gain_out)
@@ -507,7 +510,7 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
     fallback: Optional[Dict[str, float]] = None
     for node in graph.nodes:
         gains = node.attrs.get("upstream_gain")
-        margins = node.margins if node.margins is not None else node.attrs.get("rounding_margins")
+        margins = node.margins if node.margins is not None else node.rounding_margins
         if margins is None:
             continue
         if gains:

@@ -24,7 +24,7 @@ _FACTS = {
 def conv_family(node):
     """'depthwise', 'grouped', 'patch-embedding' or None for a conv node."""
     attrs = node.attrs
-    groups = node.groups or attrs.get("groups") or 1
+    groups = node.groups or 1
     in_channels = attrs.get("in_channels")
     if groups > 1:
         return "depthwise" if in_channels is not None and groups == in_channels else "grouped"

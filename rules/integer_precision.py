@@ -264,7 +264,7 @@ float32.
     def _roundings(self, ctx):
         sites = {}
         for node in ctx.graph.nodes:
-            if node.attrs.get("rounding_margins") is not None:
+            if node.rounding_margins is not None:
                 sites.setdefault((node.module_path, node.fn, node.location), []).append(node)
         for nodes in sites.values():
             finding = self._rounding_finding(ctx, nodes)
@@ -272,14 +272,14 @@ float32.
                 yield finding
 
     def _rounding_finding(self, ctx, nodes):
-        units = sum(n.attrs.get("rounding_units", len(n.attrs["rounding_margins"])) for n in nodes)
+        units = sum((n.rounding_units or len(n.rounding_margins)) for n in nodes)
         per_mode = {}
         for mode in ctx.modes:
             preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
             preds = [(n, p) for n, p in preds if p.flip_fraction is not None and p.received]
             if not preds:
                 continue
-            expected = sum(p.flip_fraction * n.attrs.get("rounding_units", len(n.attrs["rounding_margins"]))
+            expected = sum(p.flip_fraction * (n.rounding_units or len(n.rounding_margins))
                            for n, p in preds)
             per_mode[mode] = (expected, max(p.received for _, p in preds))
         flagged = [m for m, (expected, _) in per_mode.items()
