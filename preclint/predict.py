@@ -303,9 +303,12 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
 
 def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
     """Mean-square error this node's roundings put on a downstream value with the given gains."""
-    if gains is None:
-        gains = (node.gains.out, node.gains.operands) if node.gains is not None else (0.0, None)
-    gain_out, gain_operands = gains
+    if gains is not None:
+        gain_out, gain_operands = gains
+    elif node.gains is not None:
+        gain_out, gain_operands = node.gains.out, node.gains.operands
+    else:
+        gain_out, gain_operands = 0.0, None
     total = 0.0
     if "operands" in terms:
         if gain_operands is not None:
