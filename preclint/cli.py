@@ -15,12 +15,10 @@ import traceback
 from typing import List, Optional, Sequence
 
 from preclint import __version__
-from preclint.errors import UserError
-from preclint.findings import severity_rank
+from preclint.errors import UserError, one_line
+from preclint.exitcodes import EXIT_ERROR, EXIT_OK, exit_code
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
-
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -173,15 +171,6 @@ def _config(args):
                              output_format=args.output_format, timeout=args.timeout)
 
 
-def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
-    """1 when a finding at or above ``fail_on`` stands; one the probe measured and refuted does not."""
-    if exit_zero:
-        return EXIT_OK
-    threshold = severity_rank(fail_on)
-    failing = (f for f in findings if f.status != "refuted")
-    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in failing) else EXIT_OK
-
-
 def _use_color(args) -> bool:
     if args.color == "always":
         return True
@@ -225,7 +214,7 @@ def cmd_check(args) -> int:
     write_report(render_reports(reports, config.output_format, color=_use_color(args)))
     if failed:
         return EXIT_ERROR
-    return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
+    return exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
 
 
 def _check_one(path: str, args, config, options, probe):
@@ -311,8 +300,7 @@ def _report_error(exc: Exception, debug: bool) -> str:
         message = str(exc)
         sys.stderr.write(f"preclint: error: {message}\n")
     else:  # a bug in preclint: still one line unless --debug
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        message = f"internal error: {type(exc).__name__}: {first}"
+        message = f"internal error: {one_line(exc)}"
         sys.stderr.write(f"preclint: {message} (run with --debug for the traceback)\n")
     return message
 

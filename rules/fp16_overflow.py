@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
-from preclint.numerics import MODES
 from preclint.predict import reaching_absmax
 from preclint.rulebase import Example, Rule
 
@@ -82,6 +81,7 @@ def _additive_mask(whole_row_masked: bool):
 
 class Fp16Overflow(Rule):
     code = "PCL101"
+    measured_as = "overflow"
     name = "fp16-overflow"
     summary = "A value leaves float16's finite range (|x| > 65504) under a precision that stores it in float16."
     severity = "error"
@@ -113,8 +113,6 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
         order = {node.name: i for i, node in enumerate(graph.nodes)}
         origins = {}  # node name -> {mode: number of later values that overflow with it}
         for mode in ctx.modes:
-            if MODES[mode].low is None or MODES[mode].low.name != "fp16":
-                continue
             overflowing = {n for n, pred in ctx.predictions[mode].nodes.items() if pred.overflow}
             for name in overflowing:
                 if self._is_written_constant(graph[name]):
