@@ -24,7 +24,7 @@ where its integer changes (``rounding_margins``), so their flips can be predicte
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -277,6 +277,7 @@ class ReferenceObserver:
         self.input_names: List[str] = []
         self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
         self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
+        self.on_node: Callable[[], None] = lambda: None  # called once a node ran (a progress bar)
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -327,6 +328,7 @@ class ReferenceObserver:
         return args, kwargs
 
     def __call__(self, node: Node, args, kwargs, callee, output):
+        self.on_node()
         node.input_stats = []
         for v in tree_flatten((args, kwargs))[0]:
             if isinstance(v, torch.Tensor):

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preclint.findings import Finding, Location
 
-FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
+FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "html")
 
 
 @dataclass
@@ -35,6 +35,9 @@ class Report:
     tolerance: Optional[Dict[str, float]] = None  # {"rtol", "atol"} when given
     environment: Optional[Dict[str, Any]] = None  # probe only
     ledger: Optional[List[Dict[str, Any]]] = None  # probe only: per-node measured errors
+    # per node in execution order, the predicted errors: {"node", "module", "op", "kind", "location",
+    # "modes": {mode: {"local", "received", "share"}}} (relative RMS; share of the output error)
+    profile: Optional[List[Dict[str, Any]]] = None
     ledger_top: Optional[int] = None  # show only the N nodes with the largest share per mode (--top)
     error: Optional[str] = None  # the model could not be checked: why (one line)
 
@@ -102,6 +105,8 @@ def _format_module(fmt: str):
         from preclint.report import github as module
     elif fmt == "rdjson":
         from preclint.report import rdjson as module
+    elif fmt == "html":
+        from preclint.report import html as module
     else:
         raise ValueError(fmt)
     return module
