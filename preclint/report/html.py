@@ -526,13 +526,13 @@ _JS = r"""
     traces.push({type: "scatter", mode: "markers", name: "findings", x: fx, y: fy, customdata: fid, text: ftext,
                  marker: {symbol: "x", size: 11, color: COLORS.finding}, hovertemplate: "%{text}<br>click: open<extra></extra>"});
     const ticks = items.length <= 60;
-    const layout = {margin: {l: 70, r: 20, t: 10, b: ticks ? 140 : 40}, hovermode: "closest",
+    const layout = {margin: {l: 70, r: 20, t: 60, b: ticks ? 140 : 40}, hovermode: "closest",
                     xaxis: {anchor: "y2", tickmode: ticks ? "array" : "auto", tickvals: ticks ? x : undefined,
                             ticktext: ticks ? items.map(it => it.label.length > 28 ? "…" + it.label.slice(-27) : it.label) : undefined,
                             tickangle: -45, title: ticks ? undefined : {text: "position in execution order"}},
                     yaxis: {type: "log", domain: [0.4, 1], title: {text: "relative RMS error"}, exponentformat: "power"},
                     yaxis2: {type: "log", domain: [0, 0.33], title: {text: "share of output error"}, exponentformat: "power"},
-                    legend: {orientation: "h", y: 1.08}};
+                    legend: {orientation: "h", x: 0, y: 1.01, yanchor: "bottom"}};
     const self = this;
     Plotly.react(this.el, traces, layout, config).then(() => {
       if (self.bound) return;
