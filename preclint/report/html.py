@@ -165,15 +165,23 @@ def _outputs(report: Report) -> List[Dict[str, Any]]:
 
 
 def _top(report: Report, nodes: Dict[str, Any], count: int = 10) -> Dict[str, List[Dict[str, Any]]]:
-    """Per mode, the nodes with the largest share of the output error, measured where the probe ran
-    (else predicted), each with both shares."""
+    """Per mode, the layers with the largest share of the output error, measured where the probe ran
+    (else predicted), each with both shares: a module called several times is one layer, its calls'
+    shares added up (as the text report counts them). ``i``: the layer's first node."""
     top = {}
     for mode in report.precisions:
         columns = nodes["series"][mode]
-        key = "ms" if nodes["measured"] else "ps"
-        ranked = sorted((i for i, share in enumerate(columns[key]) if share), key=lambda i: -abs(columns[key][i]))
-        top[mode] = [{"i": i, "label": nodes["labels"][i], "predicted": columns["ps"][i], "measured": columns["ms"][i]}
-                     for i in ranked[:count]]
+        layers: Dict[str, Dict[str, Any]] = {}
+        for i, label in enumerate(nodes["labels"]):
+            if columns["ps"][i] is None and columns["ms"][i] is None:
+                continue
+            layer = layers.setdefault(label, {"i": i, "label": label, "predicted": None, "measured": None})
+            for key, column in (("predicted", "ps"), ("measured", "ms")):
+                if columns[column][i] is not None:
+                    layer[key] = _num((layer[key] or 0.0) + columns[column][i])
+        key = "measured" if nodes["measured"] else "predicted"
+        ranked = sorted((layer for layer in layers.values() if layer[key]), key=lambda layer: -abs(layer[key]))
+        top[mode] = ranked[:count]
     return top
 
 
