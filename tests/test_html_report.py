@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,12 @@ def test_output_file_holds_what_stdout_would_for_every_format(net, capsys):
         main(["check", "net.py", *ARGS, "--output-format", fmt, "--exit-zero", "--output", f"out.{fmt}"])
         assert capsys.readouterr().out == ""
         assert (net / f"out.{fmt}").read_text() == printed, fmt
+
+
+def test_a_page_is_not_printed_on_a_terminal(net, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["check", "net.py", *ARGS, "--output-format", "html"]) == 2
+    assert "write it to a file with --output FILE" in capsys.readouterr().err
 
 
 def test_output_mistakes_end_in_one_line(net, capsys):
