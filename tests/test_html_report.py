@@ -183,8 +183,10 @@ const along = document.getElementById("m0-along");
 const before = document.querySelector("#m0-controls .help").textContent;
 along.emit("plotly_click", {points: [{x: 0, data: {name: "local, predicted"}}]});
 const expanded = document.querySelector("#m0-controls .help").textContent;
+[...document.querySelectorAll("#m0-controls button")].find(b => b.textContent === "collapse the last expanded").click();
+const collapsed = document.querySelector("#m0-controls .help").textContent;
 document.querySelector("a.show-node").click();
-document.body.dataset.clicks = JSON.stringify([before, expanded, document.querySelector("#m0-controls select").value]);
+document.body.dataset.clicks = JSON.stringify([before, expanded, collapsed, document.querySelector("#m0-controls select").value]);
 </script>"""
 
 
@@ -195,7 +197,8 @@ def test_a_click_expands_a_module_and_a_finding_shows_its_node(tmp_path):
     page.write_text(render(large_report(), "html").replace("</body>", CLICK + "</body>"))
     dom, console, _ = open_in_browser(page, tmp_path, screenshot=False)
     assert console == []
-    before, expanded, mode = json.loads(html.unescape(re.search(r'data-clicks="([^"]*)"', dom).group(1)))
+    before, expanded, collapsed, mode = json.loads(html.unescape(re.search(r'data-clicks="([^"]*)"', dom).group(1)))
     count = lambda text: int(text.split()[0])  # noqa: E731
     assert count(expanded) > count(before)  # the module opened into its parts
+    assert collapsed == before  # and closed again
     assert mode == "fp16"  # the finding's precision, with its node shown

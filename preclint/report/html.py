@@ -438,6 +438,7 @@ _JS = r"""
     this.el = document.getElementById(data.anchor + "-along");
     this.mode = data.precisions[0];
     this.expanded = new Set();
+    this.opened = [];  // the modules a click expanded, last last: what "collapse the last expanded" closes
     this.findingAt = data.findings;
     // expand level by level while the chart stays readable
     const all = new Set();
@@ -488,7 +489,11 @@ _JS = r"""
     label.appendChild(select);
     box.appendChild(label);
     [["expand all", () => { self.expanded = new Set(self.allPrefixes); }],
-     ["collapse all", () => { self.expanded = new Set(); }]].forEach(([text, act]) => {
+     ["collapse all", () => { self.expanded = new Set(); }],
+     ["collapse the last expanded", () => {
+       const last = self.opened.pop();
+       if (last !== undefined) [...self.expanded].filter(p => p === last || p.startsWith(last + ".")).forEach(p => self.expanded.delete(p));
+     }]].forEach(([text, act]) => {
       const b = document.createElement("button"); b.textContent = text;
       b.onclick = () => { act(); self.draw(); };
       box.appendChild(b);
@@ -549,7 +554,7 @@ _JS = r"""
         const point = ev.points[0];
         if (point.data.name === "findings") { location.hash = point.customdata; return; }
         const item = self.shown[point.x];
-        if (item && item.group) { self.expanded.add(item.id); self.draw(); }
+        if (item && item.group) { self.expanded.add(item.id); self.opened.push(item.id); self.draw(); }
       });
     });
     const groups = items.filter(it => it.group).length;
