@@ -14,7 +14,7 @@ from preclint.errors import UserError
 from preclint.findings import Finding
 from preclint.ir import Graph
 from preclint.numerics import MODES
-from preclint.placement import attach_source_locations, model_location, relativize
+from preclint.placement import attach_source_locations, display_location, model_location, relativize
 from preclint.report import Report
 from preclint.rulebase import RuleContext
 
@@ -49,15 +49,20 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
 
     from preclint.capture import ModelRunError, capture
     from preclint.modelio import output_notes
+    from preclint.progress import task
     from preclint.reference import ReferenceObserver
     from preclint.weights import annotate_weights
 
     def run(with_gradients: bool):
         observer = ReferenceObserver(with_sensitivity=with_gradients) if options.run else None
         inputs = prepare_inputs(loaded.inputs, track=options.run and with_gradients)
-        with torch.set_grad_enabled(with_gradients):
+        doing = "reference pass: ops run" if observer else "capturing the graph"
+        with torch.set_grad_enabled(with_gradients), task(doing) as bar:
+            if observer is not None:
+                observer.on_node = bar.advance
             graph, output = capture(loaded.module, inputs, loaded.name, observer, loaded.source_path, options.capture)
             if observer is not None:
+                bar.describe("reference pass: gradients" if with_gradients else "reference pass: statistics")
                 observer.finish(graph, output)
         return graph, observer, output
 
@@ -125,6 +130,29 @@ def summarize(ctx: RuleContext, degenerate: bool = False) -> Dict[str, Dict]:
     return summary
 
 
+def predicted_profile(ctx: RuleContext) -> List[Dict]:
+    """Every node's predicted errors in execution order (the picture of the whole model the HTML
+    report draws): local and received relative RMS error and share of the output error, per mode."""
+    from preclint.predict import relative_errors
+
+    received = {mode: relative_errors(ctx.graph, ctx.predictions[mode]) for mode in ctx.modes}
+    rows = []
+    for node in ctx.graph.nodes:
+        if node.kind == "output":
+            continue
+        rms = node.out.rms if node.out is not None else 0.0
+        modes = {}
+        for mode in ctx.modes:
+            p = ctx.predictions[mode]
+            local = p.nodes[node.name].local
+            modes[mode] = {"local": local / rms if rms > 0 else None, "received": received[mode].get(node.name),
+                           "share": p.contributions.get(node.name)}
+        rows.append({"node": node.name, "module": node.module_path, "op": node.target, "kind": node.kind,
+                     "location": display_location(node.location).as_dict() if node.location else None,
+                     "modes": modes})
+    return rows
+
+
 def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     from preclint.predict import predict
 
@@ -150,5 +178,6 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         notes=notes,
         caveats=[degenerate_note(degenerate, ctx.display)] if degenerate else [],
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
+        profile=predicted_profile(ctx) if graph.ran_reference else None,
     )
     return report, graph, ctx

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -371,12 +371,15 @@ class ReferenceObserver:
         self.unknown_values: set = set()
         self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
         self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
+        self.on_node: Callable[[], None] = lambda: None  # called once a node ran (a progress bar)
 
     def reset(self) -> None:
         """Forget a run that failed part-way, for another run from the start."""
         for h in self.handles:
             h.remove()
+        on_node = self.on_node
         self.__init__(self.with_sensitivity)
+        self.on_node = on_node
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -503,6 +506,7 @@ class ReferenceObserver:
         return args, kwargs
 
     def __call__(self, node: Node, args, kwargs, callee, output):
+        self.on_node()
         try:
             self._record(node, args, kwargs, callee, output)
         except Exception as exc:  # noqa: BLE001 - this node's statistics are lost, not the run

@@ -40,10 +40,11 @@ class ProbeOptions:
 class _Clock:
     """Wall time per stage, with the device synchronised at each boundary so that the time is real."""
 
-    def __init__(self, device, timings: Dict[str, float], sync: bool = True) -> None:
+    def __init__(self, device, timings: Dict[str, float], sync: bool = True, bar=None) -> None:
         self.device = device
         self.timings = timings
         self.sync = sync
+        self.bar = bar  # a progress bar (preclint.progress) that shows the stage
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -51,6 +52,8 @@ class _Clock:
 
         if self.sync:
             synchronize(self.device)
+        if self.bar is not None:
+            self.bar.describe(f"probe: {stage}")
         start = time.perf_counter()
         try:
             yield
@@ -58,12 +61,15 @@ class _Clock:
             if self.sync:
                 synchronize(self.device)
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+            if self.bar is not None:
+                self.bar.advance()
 
 
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
-                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
+                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model", bar=None):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
-    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords)."""
+    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords); ``bar``, a progress
+    bar (preclint.progress), follows the stages."""
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
@@ -76,7 +82,9 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     emulated = device.type == "cpu" if options.emulate is None else options.emulate
     env = environment(device, emulated)
     timings: Dict[str, float] = {}
-    clock = _Clock(device, timings, sync=options.sync_stages)
+    clock = _Clock(device, timings, sync=options.sync_stages, bar=bar)
+    if bar is not None:  # setup, reference, sensitivity, read back; per mode sweep, contributions, figures, read back
+        bar.set_total(4 + len(modes) * (4 + (not emulated) + options.ablate))
     notes: List[str] = []
     try:
         with clock("setup"):
@@ -348,7 +356,10 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions):
     tolerance = None
     if ctx.rtol is not None or ctx.atol is not None:
         tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
-    result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    from preclint.progress import task
+
+    with task("probe") as bar:
+        result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name, bar)
     apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
     return result
 

@@ -114,11 +114,9 @@ def precision_flags() -> Dict[str, Any]:
     return {key: _read(getter) for key, getter in sorted(getters.items())}
 
 
-def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
-    """The record a reader needs to trust the reference: software, hardware and flags."""
+def software() -> Dict[str, Any]:
+    """The versions of what computes the numbers: torch, Python, CUDA, cuDNN, torchvision."""
     env: Dict[str, Any] = {
-        "device": str(device),
-        "emulated": emulated,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cuda": torch.version.cuda,
@@ -130,6 +128,17 @@ def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
         env["torchvision"] = torchvision.__version__
     except ImportError:
         pass
+    return env
+
+
+def check_environment() -> Dict[str, Any]:
+    """The record of a check without a probe: the predictions ran on this CPU, with these flags."""
+    return {**software(), "cpu": platform.processor() or platform.machine(), "flags": precision_flags()}
+
+
+def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
+    """The record a reader needs to trust the reference: software, hardware and flags."""
+    env: Dict[str, Any] = {"device": str(device), "emulated": emulated, **software()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu"] = props.name

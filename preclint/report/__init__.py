@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from preclint.config import OUTPUT_FORMATS as FORMATS  # one list, which the config validates
 from preclint.report.model import Report, review_place
 
 __all__ = ["FORMATS", "Report", "render", "render_reports", "review_place"]
 
-FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
 
 
 def _format_module(fmt: str):
@@ -28,6 +28,8 @@ def _format_module(fmt: str):
         from preclint.report import github as module
     elif fmt == "rdjson":
         from preclint.report import rdjson as module
+    elif fmt == "html":
+        from preclint.report import html as module
     else:
         raise ValueError(fmt)
     return module

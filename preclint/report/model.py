@@ -29,6 +29,9 @@ class Report:
     tolerance: Optional[Dict[str, float]] = None  # {"rtol", "atol"} when given
     environment: Optional[Dict[str, Any]] = None  # probe only
     ledger: Optional[List[Dict[str, Any]]] = None  # probe only: per-node measured errors
+    # per node in execution order, the predicted errors: {"node", "module", "op", "kind", "location",
+    # "modes": {mode: {"local", "received", "share"}}} (relative RMS; share of the output error)
+    profile: Optional[List[Dict[str, Any]]] = None
     ledger_top: Optional[int] = None  # show only the N nodes with the largest share per mode (--top)
     error: Optional[str] = None  # the model could not be checked: why (one line)
 
