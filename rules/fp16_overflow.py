@@ -21,6 +21,21 @@ def _deep_residual_stack():
     return torch.nn.Sequential(*[Block() for _ in range(16)]), (torch.randn(2, 32),)
 
 
+def _scaled_activations():
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)) * 1e6)  # a unit change: |h| ~ 1 becomes 1e6
+
+    torch.manual_seed(0)
+    return Scaled(), (torch.randn(2, 16),)
+
+
 def _normalized_stack():
     import torch
 
@@ -104,6 +119,7 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
 """
     bad = (Example(_deep_residual_stack, "16 residual blocks that triple the scale, no normalization"),
            Example(_squares, "x*x of values around 400"),
+           Example(_scaled_activations, "activations below 1 multiplied by 1e6"),
            Example(_additive_mask(True), "the same mask over every key of a sequence: a row of -inf in float16"))
     good = (Example(_normalized_stack, "the same stack with LayerNorm in each block"),
             Example(_additive_mask(False), "a finfo(float32).min attention mask that softmax turns into zeros"))
@@ -140,11 +156,14 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
 
     @staticmethod
     def _is_written_constant(node) -> bool:
-        """Whether the value beyond the range is a constant the code writes (masked_fill(-1e9), full)."""
+        """Whether the value beyond the range is a constant the code writes (masked_fill(-1e9), full,
+        a 0/1 mask times finfo.min): the output's largest magnitude is the constant itself. A large
+        factor applied to smaller values (``h * 1e6`` with |h| < 1) is an overflow of the result."""
         out = node.out
         if out is None or not node.scalars:
             return False
-        return any(abs(value) >= 65504 and abs(value) >= out.absmax * (1 - 1e-6) for value in node.scalars.values())
+        return any(abs(value) >= 65504 and abs(abs(value) - out.absmax) <= 1e-6 * abs(value)
+                   for value in node.scalars.values())
 
     @staticmethod
     def _downstream(graph, origin, overflowing):
