@@ -25,7 +25,7 @@ from preclint.source.guard import run_with_deep_stack
 from preclint.source.paths import display_path
 from preclint.source.safe_io import NotRegularFile
 from preclint.source.sourcefile import ParseFailure, SourceFile
-from preclint.source.suppress import apply_suppressions
+from preclint.source.suppress import Directive, apply_suppressions, file_directives
 
 
 @dataclass
@@ -220,6 +220,7 @@ def check_paths(
 
         store = Cache.open(config.root or cwd, codes)
     raw: Dict[str, List[Finding]] = {}
+    known: Dict[str, Dict[int, List[Directive]]] = {}  # suppression directives, by printed path
     jobs_to_run: List[Tuple[str, bytes, Tuple[str, ...]]] = []
     digests: Dict[str, str] = {}
     for filename in files:
@@ -242,13 +243,11 @@ def check_paths(
             digests[shown] = content_digest(source.data or b"")
             hit = store.get(filename, shown, digests[shown])
             if hit is not None:
-                raw[shown] = hit
+                raw[shown], known[shown] = hit
                 run.cached += 1
                 continue
         if source.decode_failure is None and not _active(rules, source):
             raw[shown] = []
-            if store is not None:
-                store.put(filename, shown, digests[shown], [])
             continue
         jobs_to_run.append((shown, source.data or b"", codes))
     results = map_checked(_check_one, jobs_to_run, [len(job[1]) for job in jobs_to_run],
@@ -256,8 +255,12 @@ def check_paths(
     run.parsed = len(jobs_to_run)
     for (shown, _, _), findings in zip(jobs_to_run, results):
         raw[shown] = findings
-        if store is not None:
-            store.put(run.filenames[shown], shown, digests[shown], findings)
+    for shown, source in run.sources.items():
+        if shown not in known:
+            undecodable = source.decode_failure is not None  # no comments to read
+            known[shown] = {} if undecodable else file_directives(source.text, bool(raw[shown]))
+            if store is not None:
+                store.put(run.filenames[shown], shown, digests[shown], raw[shown], known[shown])
     if store is not None:
         store.save()
 
@@ -269,8 +272,7 @@ def check_paths(
                 continue
             if not config.ignored_for_file(shown, finding.code):
                 findings.append(finding)
-    texts = {path: source.text for path, source in run.sources.items() if source.decode_failure is None}
     report_unused = config.is_selected("PCL500")
-    kept = apply_suppressions(findings, report_unused, run.codes, files=run.files, texts=texts)
+    kept = apply_suppressions(findings, report_unused, run.codes, files=run.files, known=known)
     run.findings = [f for f in kept if f.code != "PCL500" or not config.ignored_for_file(f.location.path, f.code)]
     return run
