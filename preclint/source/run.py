@@ -67,13 +67,27 @@ def _patterns(group: tuple) -> Tuple["re.Pattern[str]", ...]:
     return patterns
 
 
-def wanted(rule, text: str) -> bool:
+def _cheapest_first(rule) -> List[tuple]:
+    """A rule's trigger groups, those of plain words first: a word is found by a literal scan at C
+    speed, a regex such as PCL505's exponent pattern steps through every character. The groups are
+    a conjunction, so their order changes the cost, never the answer."""
+    return sorted((tuple(group) for group in getattr(rule, "triggers", ())),
+                  key=lambda group: any(isinstance(w, re.Pattern) for w in group))
+
+
+def wanted(rule, text: str, seen: Optional[Dict["re.Pattern[str]", bool]] = None) -> bool:
     """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` (words, or
     regexes) matches in the text, a word not inside a longer one. A rule without triggers wants
-    every file."""
-    return all(
-        any(pattern.search(text) for pattern in _patterns(tuple(group))) for group in getattr(rule, "triggers", ())
-    )
+    every file. ``seen``: what each pattern answered on this text before (rules share words)."""
+    seen = {} if seen is None else seen
+
+    def found(pattern) -> bool:
+        answer = seen.get(pattern)
+        if answer is None:
+            answer = seen[pattern] = pattern.search(text) is not None
+        return answer
+
+    return all(any(found(pattern) for pattern in _patterns(group)) for group in _cheapest_first(rule))
 
 
 def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
@@ -89,7 +103,8 @@ def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
 
 
 def _active(rules: Sequence, source: SourceFile) -> List:
-    return [rule for rule in rules if not getattr(rule, "after_suppressions", False) and wanted(rule, source.text)]
+    seen: Dict["re.Pattern[str]", bool] = {}
+    return [rule for rule in rules if not getattr(rule, "after_suppressions", False) and wanted(rule, source.text, seen)]
 
 
 def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
@@ -186,16 +201,26 @@ def _rules_for(codes: Tuple[str, ...]) -> List:
     return rules
 
 
-def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
-    """One file's raw findings, from its printed path and bytes (run in a worker process)."""
+Checked = Tuple[List[Finding], Optional[Dict[int, List[Directive]]], bool]
+
+
+def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
+    """One file, from its printed path and bytes (run in a worker process): its raw findings, the
+    suppression directives they need (``file_directives``; None when the file cannot be decoded)
+    and whether it was parsed (the prefilter answers most files)."""
     shown, data, codes = job
-    return check_source(SourceFile.from_bytes(data, shown), _rules_for(codes), focus=True)
+    source = SourceFile.from_bytes(data, shown)
+    rules = _rules_for(codes)
+    decoded = source.decode_failure is None
+    parsed = not decoded or bool(_active(rules, source))
+    findings = check_source(source, rules, focus=True) if parsed else []
+    return findings, file_directives(source.text, bool(findings)) if decoded else None, parsed
 
 
-def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
+def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
     from preclint.rules.unparsable_file import UnparsableFile
 
-    return [UnparsableFile.finding_for(job[0], "cannot check the file: the parser crashed on it")]
+    return [UnparsableFile.finding_for(job[0], "cannot check the file: the parser crashed on it")], None, True
 
 
 def check_paths(
@@ -246,21 +271,19 @@ def check_paths(
                 raw[shown], known[shown] = hit
                 run.cached += 1
                 continue
-        if source.decode_failure is None and not _active(rules, source):
-            raw[shown] = []
-            continue
+        # the workers screen files too (the prefilter): the pool starts at once, and this process
+        # only reads and hashes
         jobs_to_run.append((shown, source.data or b"", codes))
     results = map_checked(_check_one, jobs_to_run, [len(job[1]) for job in jobs_to_run],
                           jobs if jobs is not None else available_cores(), _crashed)
-    run.parsed = len(jobs_to_run)
-    for (shown, _, _), findings in zip(jobs_to_run, results):
-        raw[shown] = findings
-    for shown, source in run.sources.items():
-        if shown not in known:
-            undecodable = source.decode_failure is not None  # no comments to read
-            known[shown] = {} if undecodable else file_directives(source.text, bool(raw[shown]))
-            if store is not None:
-                store.put(run.filenames[shown], shown, digests[shown], raw[shown], known[shown])
+    for (shown, _, _), (findings, directives, parsed) in zip(jobs_to_run, results):
+        source = run.sources[shown]
+        if directives is None:  # no comments to read in a file that is not text; a crashed worker's file
+            directives = {} if source.decode_failure is not None else file_directives(source.text, bool(findings))
+        raw[shown], known[shown] = findings, directives
+        run.parsed += parsed
+        if store is not None:
+            store.put(run.filenames[shown], shown, digests[shown], findings, directives)
     if store is not None:
         store.save()
 
