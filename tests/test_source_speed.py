@@ -1,6 +1,6 @@
 """What makes source-only runs fast must not change what they report: positions computed for the
 statement around a finding, the prefilter's cheapest-first screen, suppression directives stored in
-the cache, the screen run by the workers."""
+the cache."""
 from __future__ import annotations
 
 import json

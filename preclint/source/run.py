@@ -16,7 +16,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from preclint.config import Config
 from preclint.findings import Finding
@@ -201,26 +201,22 @@ def _rules_for(codes: Tuple[str, ...]) -> List:
     return rules
 
 
-Checked = Tuple[List[Finding], Optional[Dict[int, List[Directive]]], bool]
+Checked = Tuple[List[Finding], Optional[Dict[int, List[Directive]]]]
 
 
 def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
-    """One file, from its printed path and bytes (run in a worker process): its raw findings, the
-    suppression directives they need (``file_directives``; None when the file cannot be decoded)
-    and whether it was parsed (the prefilter answers most files)."""
+    """One file, from its printed path and bytes (run in a worker process): its raw findings and
+    the suppression directives they need (``file_directives``; None when the file is not text)."""
     shown, data, codes = job
     source = SourceFile.from_bytes(data, shown)
-    rules = _rules_for(codes)
-    decoded = source.decode_failure is None
-    parsed = not decoded or bool(_active(rules, source))
-    findings = check_source(source, rules, focus=True) if parsed else []
-    return findings, file_directives(source.text, bool(findings)) if decoded else None, parsed
+    findings = check_source(source, _rules_for(codes), focus=True)
+    return findings, file_directives(source.text, bool(findings)) if source.decode_failure is None else None
 
 
 def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
     from preclint.rules.unparsable_file import UnparsableFile
 
-    return [UnparsableFile.finding_for(job[0], "cannot check the file: the parser crashed on it")], None, True
+    return [UnparsableFile.finding_for(job[0], "cannot check the file: the parser crashed on it")], None
 
 
 def check_paths(
@@ -248,6 +244,7 @@ def check_paths(
     known: Dict[str, Dict[int, List[Directive]]] = {}  # suppression directives, by printed path
     jobs_to_run: List[Tuple[str, bytes, Tuple[str, ...]]] = []
     digests: Dict[str, str] = {}
+    cached: Set[str] = set()  # answered by the cache
     for filename in files:
         shown = display_path(filename, cwd)
         try:
@@ -269,22 +266,23 @@ def check_paths(
             hit = store.get(filename, shown, digests[shown])
             if hit is not None:
                 raw[shown], known[shown] = hit
-                run.cached += 1
+                cached.add(shown)
                 continue
-        # the workers screen files too (the prefilter): the pool starts at once, and this process
-        # only reads and hashes
-        jobs_to_run.append((shown, source.data or b"", codes))
+        if source.decode_failure is None and not _active(rules, source):
+            raw[shown], known[shown] = [], file_directives(source.text, False)
+        else:
+            jobs_to_run.append((shown, source.data or b"", codes))
     results = map_checked(_check_one, jobs_to_run, [len(job[1]) for job in jobs_to_run],
                           jobs if jobs is not None else available_cores(), _crashed)
-    for (shown, _, _), (findings, directives, parsed) in zip(jobs_to_run, results):
+    run.parsed, run.cached = len(jobs_to_run), len(cached)
+    for (shown, _, _), (findings, directives) in zip(jobs_to_run, results):
         source = run.sources[shown]
         if directives is None:  # no comments to read in a file that is not text; a crashed worker's file
             directives = {} if source.decode_failure is not None else file_directives(source.text, bool(findings))
         raw[shown], known[shown] = findings, directives
-        run.parsed += parsed
-        if store is not None:
-            store.put(run.filenames[shown], shown, digests[shown], findings, directives)
     if store is not None:
+        for shown in (shown for shown in known if shown not in cached):
+            store.put(run.filenames[shown], shown, digests[shown], raw[shown], known[shown])
         store.save()
 
     parse_code = "PCL599"
