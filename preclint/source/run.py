@@ -67,12 +67,18 @@ def _patterns(group: tuple) -> Tuple["re.Pattern[str]", ...]:
     return patterns
 
 
+_ORDERED: Dict[tuple, List[tuple]] = {}
+
+
 def _cheapest_first(rule) -> List[tuple]:
     """A rule's trigger groups, those of plain words first: a word is found by a literal scan at C
     speed, a regex such as PCL505's exponent pattern steps through every character. The groups are
     a conjunction, so their order changes the cost, never the answer."""
-    return sorted((tuple(group) for group in getattr(rule, "triggers", ())),
-                  key=lambda group: any(isinstance(w, re.Pattern) for w in group))
+    triggers = tuple(tuple(group) for group in getattr(rule, "triggers", ()))
+    ordered = _ORDERED.get(triggers)
+    if ordered is None:
+        ordered = _ORDERED[triggers] = sorted(triggers, key=lambda group: any(isinstance(w, re.Pattern) for w in group))
+    return ordered
 
 
 def wanted(rule, text: str, seen: Optional[Dict["re.Pattern[str]", bool]] = None) -> bool:
