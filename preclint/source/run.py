@@ -4,8 +4,8 @@ per-file-ignores and suppressions. Never imports torch or the checked code.
 A file is parsed only when its text holds a word one of the selected rules needs (the TorchFix
 trick: most files of a project never mention ``allclose`` or ``allow_tf32``), and each parsed file is
 walked once (preclint.source.index) whatever the number of rules. Files are checked on every core the
-run may use (preclint.source.parallel), and a file that has not changed since the last run is not
-parsed again (preclint.source.cache).
+run may use (preclint.source.parallel), and a file that has not changed since the last run is
+neither parsed nor tokenized for its suppression comments again (preclint.source.cache).
 
 For one file in-process (an editor, a fuzzer): ``check_text(text, path)`` or ``check_file(filename)``.
 Neither can crash or hang on any input: parsing is guarded (preclint.source.guard).
