@@ -16,16 +16,20 @@ preclint's figures are the best of --repeat runs; the TorchFix-style ones run on
 where run-to-run noise is small against the gap). The synthetic tree is checked without the cache.
 
 With --tree DIR (``--tree torch``: the installed torch package) it times a real tree instead, as a
-pre-commit hook or CI meets it, all in one run:
+pre-commit hook or CI meets it, all in one run, back to back, each from the command line
+(`python -m preclint check --source-only --output-format json`, interpreter start-up included):
 
-  cold, 1 process     check_paths(jobs=1), empty cache: the single-core cost
-  cold, N processes   check_paths on every core the run may use, empty cache
-  warm (CLI)          `python -m preclint check --source-only` again, cache filled: start-up included
-  --against CHECKOUT  the same CLI run from another checkout of preclint (PYTHONPATH=CHECKOUT, no
-                      cache flag there): the before figure of a change, for a ratio from this run
+  this, cold           this checkout, empty cache, on every core the run may use
+  this, warm           the same again, cache filled
+  LABEL, cold / warm   the same two runs by another checkout (--against LABEL=PATH, repeatable):
+                       the before figures of a change, for ratios from this run
+  this, cold, 1 process  (--single) check_paths(jobs=1) in this process: the single-core cost
+
+Each run's wall and CPU seconds (workers included), the load average before and after it (the
+machine may be shared), its findings and how many differ from this checkout's cold run.
 
 Usage: python benchmarks/source_only.py [--files N] [--repeat R] [--no-prefilter]
-       python benchmarks/source_only.py --tree torch [--against /path/to/old/checkout]
+       python benchmarks/source_only.py --tree torch [--against before=/path/to/old/checkout] [--out FILE]
 """
 from __future__ import annotations
 
@@ -240,58 +244,103 @@ def best_of(repeat: int, fn, *args) -> float:
     return min(times)
 
 
-def _cli(root: str, env: dict, extra=()) -> tuple:
+# runs the preclint of one checkout: its package first on the path (before the working directory),
+# its rules as preclint.rules, whatever checkout the environment has installed in editable mode
+_BOOTSTRAP = """
+import runpy, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.path.insert(0, sys.argv[1])
+import preclint
+preclint.__path__.append(sys.argv[1])
+sys.argv = ["preclint"] + sys.argv[2:]
+runpy.run_module("preclint", run_name="__main__", alter_sys=True)
+"""
+
+
+def _cpu_of_children() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cli(checkout: str, root: str, cache: str) -> dict:
+    """One `preclint check --source-only` of ``root`` by ``checkout``'s preclint: wall and CPU
+    seconds (the process and its workers), the load average around it, the findings."""
+    import json
+
+    load = os.getloadavg()[0]
+    cpu = _cpu_of_children()
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "preclint", "check", "--source-only", "--isolated", "--output-format", "json", *extra, root],
-        capture_output=True, text=True, env={**os.environ, **env},
+        [sys.executable, "-c", _BOOTSTRAP, checkout, "check", "--source-only", "--isolated", "--output-format", "json", root],
+        capture_output=True, text=True, env={**os.environ, "PRECLINT_CACHE_DIR": cache},
     )
     seconds = time.perf_counter() - start
     if done.returncode not in (0, 1):
         raise RuntimeError(done.stderr[-2000:])
-    import json
+    return {"wall_s": round(seconds, 2), "cpu_s": round(_cpu_of_children() - cpu, 2),
+            "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1),
+            "findings": json.loads(done.stdout)["findings"]}
 
-    return seconds, len(json.loads(done.stdout)["findings"])
 
-
-def tree_benchmark(root: str, against: str = "") -> None:
-    """Cold and warm source-only runs over a real tree (see the module docstring)."""
-    from preclint.config import Config
+def tree_benchmark(root: str, against: list, out: str = "", single: bool = False) -> None:
+    """Cold and warm source-only runs over a real tree, by this checkout and by each of ``against``
+    (LABEL=PATH), back to back in one run (see the module docstring)."""
     from preclint.source.parallel import available_cores
-    from preclint.source.run import check_paths
 
     if root == "torch":
         import importlib.util
 
         root = os.path.dirname(importlib.util.find_spec("torch").origin)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkouts = [("this", here)] + [tuple(item.split("=", 1)) for item in against]
     files = sum(f.endswith(".py") for _, _, fs in os.walk(root) for f in fs)
     cores = available_cores()
+    machine = {"tree": root, "py_files": files, "cores": cores, "cpu": platform.machine(),
+               "python": platform.python_version()}
     print(f"tree: {root}, {files} .py files; machine: {platform.machine()}, {cores} cores, "
           f"Python {platform.python_version()}")
-    results = {}
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["PRECLINT_CACHE_DIR"] = cache
-        config = Config()
-        start = time.perf_counter()
-        single = check_paths([root], config, cache=False, jobs=1)
-        results["cold, 1 process"] = time.perf_counter() - start
-        start = time.perf_counter()
-        cold = check_paths([root], config)
-        results[f"cold, {cores} processes"] = time.perf_counter() - start
-        assert sorted(f.sort_key() for f in cold.findings) == sorted(f.sort_key() for f in single.findings)
-        results["warm (CLI)"], warm_findings = _cli(root, {"PRECLINT_CACHE_DIR": cache})
-        if against:
-            results["before (CLI, --against)"], before_findings = _cli(root, {"PYTHONPATH": against})
-    print(f"findings: {len(cold.findings)} (warm CLI run: {warm_findings}); files parsed cold: {cold.parsed} "
-          f"of {len(cold.files)} (the others hold no word a rule looks for)")
-    for name, seconds in results.items():
-        print(f"{name:32s} {seconds:8.2f} s   {files / seconds:8.1f} files/s")
-    parallel = results[f"cold, {cores} processes"]
-    print(f"cold on {cores} cores vs 1 process: {results['cold, 1 process'] / parallel:.1f}x")
-    if against:
-        before = results["before (CLI, --against)"]
-        print(f"before: {before_findings} findings; before / cold on {cores} cores: {before / parallel:.1f}x; "
-              f"before / warm: {before / results['warm (CLI)']:.0f}x")
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as caches:
+        if single:  # the single-core cost, in this process
+            from preclint.config import Config
+            from preclint.source.run import check_paths
+
+            start = time.perf_counter()
+            check_paths([root], Config(), cache=False, jobs=1)
+            results["this, cold, 1 process"] = {"wall_s": round(time.perf_counter() - start, 2)}
+        for label, checkout in checkouts:
+            cache = os.path.join(caches, label)  # empty: the first run is cold, the second warm
+            for kind in ("cold", "warm"):
+                results[f"{label}, {kind}"] = _cli(checkout, root, cache)
+    reference = results["this, cold"]["findings"]
+    for name, result in results.items():
+        if "findings" in result:
+            findings = result.pop("findings")
+            result["findings"] = len(findings)
+            result["findings_differing_from_this_cold"] = len(
+                [f for f in findings if f not in reference] + [f for f in reference if f not in findings])
+        wall = result["wall_s"]
+        print(f"{name:26s} {wall:8.2f} s wall {result.get('cpu_s', float('nan')):8.2f} s CPU  "
+              f"{files / wall:8.1f} files/s  load {result.get('load_before', '')}->{result.get('load_after', '')}  "
+              f"findings {result.get('findings', '')} (differ: {result.get('findings_differing_from_this_cold', '')})")
+    ratios = {}
+    for label, _ in checkouts[1:]:
+        for kind in ("cold", "warm"):
+            before, after = results[f"{label}, {kind}"], results[f"this, {kind}"]
+            ratios[f"{label} {kind} / this {kind}"] = {"wall": round(before["wall_s"] / after["wall_s"], 1),
+                                                       "cpu": round(before["cpu_s"] / after["cpu_s"], 1)}
+        before = results[f"{label}, cold"]
+        ratios[f"{label} cold / this warm"] = {"wall": round(before["wall_s"] / results["this, warm"]["wall_s"], 1)}
+    for name, ratio in ratios.items():
+        print(f"{name:32s} " + "  ".join(f"{k} {v}x" for k, v in ratio.items()))
+    if out:
+        import json
+
+        with open(out, "w") as handle:
+            json.dump({"machine": machine, "checkouts": dict(checkouts), "runs": results, "ratios": ratios}, handle, indent=1)
+            handle.write("\n")
 
 
 def main() -> None:
@@ -300,10 +349,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-prefilter", action="store_true", help="also time TorchFix-style parsing of every file")
     parser.add_argument("--tree", help="time this directory (torch: the installed torch package) instead")
-    parser.add_argument("--against", default="", help="with --tree: also time the CLI of this preclint checkout")
+    parser.add_argument("--against", action="append", default=[], metavar="LABEL=CHECKOUT",
+                        help="with --tree: also time the CLI of this preclint checkout (repeatable)")
+    parser.add_argument("--single", action="store_true", help="with --tree: also time one process, in-process")
+    parser.add_argument("--out", default="", help="with --tree: write the figures to this JSON file")
     args = parser.parse_args()
     if args.tree:
-        tree_benchmark(args.tree, args.against)
+        tree_benchmark(args.tree, args.against, args.out, args.single)
         return
     with tempfile.TemporaryDirectory() as root:
         counts = make_tree(root, args.files)

@@ -19,7 +19,7 @@ LAYERS: List[Tuple[str, ...]] = [
      "preclint.progress"),
     # reading source files without running them: what source rules and locations build on
     ("preclint.source.safe_io", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
-     "preclint.source.evidence", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
+     "preclint.source.evidence", "preclint.source.positions", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
      "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
     ("preclint.modelio", "preclint.load"),
     ("preclint.ops", "preclint.autocast_regions", "preclint.poison", "preclint.capture", "preclint.usercode"),

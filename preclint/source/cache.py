@@ -7,8 +7,10 @@ repository could ship a ``.preclint_cache`` that claims its files are clean, and
 pull request must not believe it; nor does the cache then need ignoring, or write into a checkout.
 
 What is stored for a file: the raw findings of the source rules that ran (before per-file-ignores,
-suppressions and baselines, which are applied on every run), keyed by the file's absolute path, its
-printed path (rules read it: tests and scripts are judged differently) and a hash of its bytes.
+suppressions and baselines, which are applied on every run) and the suppression directives those
+need (``preclint.source.suppress.file_directives``: a warm run neither reads nor tokenizes a file for
+its comments), keyed by the file's absolute path, its printed path (rules read it: tests and scripts
+are judged differently) and a hash of its bytes.
 
 The settings key covers what else decides those findings: preclint's version and the size and
 modification time of its own source files (an edited rule invalidates the cache), libcst's and
@@ -26,11 +28,12 @@ import json
 import os
 import platform
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.findings import Finding, Location
+from preclint.source.suppress import Directive
 
-FORMAT = 1
+FORMAT = 2
 
 
 def cache_directory() -> str:
@@ -98,12 +101,29 @@ def _decode(record, path: str) -> Finding:
                    location=Location(path, line, column), precisions=tuple(precisions), fixable=fixable)
 
 
+def _encode_directive(directive: Directive) -> list:
+    return [directive.line, directive.column, directive.kind, list(directive.codes), list(directive.unknown)]
+
+
+def _decode_directive(record) -> Directive:
+    line, column, kind, codes, unknown = record
+    if not (isinstance(line, int) and isinstance(column, int) and kind in ("noqa", "preclint")):
+        raise ValueError("not a directive")
+    if not (isinstance(codes, list) and isinstance(unknown, list) and all(isinstance(c, str) for c in codes + unknown)):
+        raise ValueError("not a directive")
+    return Directive(line, column, kind, tuple(codes), tuple(unknown))
+
+
+Directives = Dict[int, List[Directive]]
+
+
 class Cache:
     """The cache of one project root and settings; ``save()`` writes it back if anything changed."""
 
     def __init__(self, filename: Optional[str], entries: Optional[Dict[str, list]] = None):
         self.filename = filename
-        self.entries: Dict[str, list] = entries or {}  # abspath -> [printed path, digest, [finding records]]
+        # abspath -> [printed path, digest, [finding records], [directive records]]
+        self.entries: Dict[str, list] = entries or {}
         self.hits = 0
         self.misses = 0
         self._changed = False
@@ -115,21 +135,27 @@ class Cache:
         filename = os.path.join(cache_directory(), f"v{FORMAT}", root_key, settings_key(codes) + ".json")
         return cls(filename, _load(filename))
 
-    def get(self, filename: str, printed: str, digest: str) -> Optional[List[Finding]]:
+    def get(self, filename: str, printed: str, digest: str) -> Optional[Tuple[List[Finding], Directives]]:
+        """The file's raw findings and suppression directives, if stored for these bytes and path."""
         entry = self.entries.get(os.path.abspath(filename))
         if entry is not None and entry[0] == printed and entry[1] == digest:
             try:
                 findings = [_decode(record, printed) for record in entry[2]]
+                directives: Directives = {}
+                for record in entry[3]:
+                    directive = _decode_directive(record)
+                    directives.setdefault(directive.line, []).append(directive)
             except (ValueError, TypeError):
                 findings = None
             if findings is not None:
                 self.hits += 1
-                return findings
+                return findings, directives
         self.misses += 1
         return None
 
-    def put(self, filename: str, printed: str, digest: str, findings: Sequence[Finding]) -> None:
-        self.entries[os.path.abspath(filename)] = [printed, digest, [_encode(f) for f in findings]]
+    def put(self, filename: str, printed: str, digest: str, findings: Sequence[Finding], directives: Directives) -> None:
+        records = [_encode_directive(d) for line in sorted(directives) for d in directives[line]]
+        self.entries[os.path.abspath(filename)] = [printed, digest, [_encode(f) for f in findings], records]
         self._changed = True
 
     def save(self) -> None:
@@ -157,6 +183,6 @@ def _load(filename: str) -> Dict[str, list]:
         return {}
     return {
         path: entry for path, entry in document["files"].items()
-        if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and isinstance(entry[1], str)
-        and isinstance(entry[2], list)
+        if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and isinstance(entry[1], str)
+        and isinstance(entry[2], list) and isinstance(entry[3], list)
     }

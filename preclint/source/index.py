@@ -218,18 +218,25 @@ def _child_fields(kind: type) -> tuple:
     return fields
 
 
+def children(node: cst.CSTNode) -> List[cst.CSTNode]:
+    """The code right below ``node`` (no whitespace nodes)."""
+    found: List[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return found
+
+
 def descendants(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """``root`` and the code below it (no whitespace nodes), iteratively."""
     stack = [root]
     while stack:
         node = stack.pop()
         yield node
-        for name in _child_fields(type(node)):
-            value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif isinstance(value, (tuple, list)):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+        stack.extend(children(node))
 
 
 def walk(root: cst.CSTNode, visitor) -> None:
@@ -258,14 +265,7 @@ def walk(root: cst.CSTNode, visitor) -> None:
             continue
         if methods[1] is not None:
             stack.append((node, True))
-        children = []
-        for name in _child_fields(kind):
-            value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                children.append(value)
-            elif isinstance(value, (tuple, list)):
-                children.extend(v for v in value if isinstance(v, cst.CSTNode))
-        stack.extend((child, False) for child in reversed(children))
+        stack.extend((child, False) for child in reversed(children(node)))
 
 
 def bound_names(target: cst.CSTNode) -> Iterator[str]:

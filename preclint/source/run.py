@@ -4,8 +4,8 @@ per-file-ignores and suppressions. Never imports torch or the checked code.
 A file is parsed only when its text holds a word one of the selected rules needs (the TorchFix
 trick: most files of a project never mention ``allclose`` or ``allow_tf32``), and each parsed file is
 walked once (preclint.source.index) whatever the number of rules. Files are checked on every core the
-run may use (preclint.source.parallel), and a file that has not changed since the last run is not
-parsed again (preclint.source.cache).
+run may use (preclint.source.parallel), and a file that has not changed since the last run is
+neither parsed nor tokenized for its suppression comments again (preclint.source.cache).
 
 For one file in-process (an editor, a fuzzer): ``check_text(text, path)`` or ``check_file(filename)``.
 Neither can crash or hang on any input: parsing is guarded (preclint.source.guard).
@@ -16,7 +16,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from preclint.config import Config
 from preclint.findings import Finding
@@ -25,7 +25,7 @@ from preclint.source.guard import run_with_deep_stack
 from preclint.source.paths import display_path
 from preclint.source.safe_io import NotRegularFile
 from preclint.source.sourcefile import ParseFailure, SourceFile
-from preclint.source.suppress import apply_suppressions
+from preclint.source.suppress import Directive, apply_suppressions, file_directives
 
 
 @dataclass
@@ -74,13 +74,33 @@ def _patterns(group: tuple) -> Tuple["re.Pattern[str]", ...]:
     return patterns
 
 
-def wanted(rule, text: str) -> bool:
+_ORDERED: Dict[tuple, List[tuple]] = {}
+
+
+def _cheapest_first(rule) -> List[tuple]:
+    """A rule's trigger groups, those of plain words first: a word is found by a literal scan at C
+    speed, a regex such as PCL505's exponent pattern steps through every character. The groups are
+    a conjunction, so their order changes the cost, never the answer."""
+    triggers = tuple(tuple(group) for group in rule.triggers)
+    ordered = _ORDERED.get(triggers)
+    if ordered is None:
+        ordered = _ORDERED[triggers] = sorted(triggers, key=lambda group: any(isinstance(w, re.Pattern) for w in group))
+    return ordered
+
+
+def wanted(rule, text: str, seen: Optional[Dict["re.Pattern[str]", bool]] = None) -> bool:
     """Whether ``text`` can hold a finding of ``rule``: every group of its ``triggers`` (words, or
     regexes) matches in the text, a word not inside a longer one. A rule without triggers wants
-    every file."""
-    return all(
-        any(pattern.search(text) for pattern in _patterns(tuple(group))) for group in rule.triggers
-    )
+    every file. ``seen``: what each pattern answered on this text before (rules share words)."""
+    seen = {} if seen is None else seen
+
+    def found(pattern) -> bool:
+        answer = seen.get(pattern)
+        if answer is None:
+            answer = seen[pattern] = pattern.search(text) is not None
+        return answer
+
+    return all(any(found(pattern) for pattern in _patterns(group)) for group in _cheapest_first(rule))
 
 
 def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
@@ -95,7 +115,8 @@ def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
 
 
 def _active(rules: Sequence, source: SourceFile) -> List:
-    return [rule for rule in rules if not rule.after_suppressions and wanted(rule, source.text)]
+    seen: Dict["re.Pattern[str]", bool] = {}
+    return [rule for rule in rules if not rule.after_suppressions and wanted(rule, source.text, seen)]
 
 
 def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
@@ -197,14 +218,20 @@ def _rules_for(codes: Tuple[str, ...]) -> List:
     return rules
 
 
-def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
-    """One file's raw findings, from its printed path and bytes (run in a worker process)."""
+Checked = Tuple[List[Finding], Optional[Dict[int, List[Directive]]]]
+
+
+def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
+    """One file, from its printed path and bytes (run in a worker process): its raw findings and
+    the suppression directives they need (``file_directives``; None when the file is not text)."""
     shown, data, codes = job
-    return check_source(SourceFile.from_bytes(data, shown), _rules_for(codes), focus=True)
+    source = SourceFile.from_bytes(data, shown)
+    findings = check_source(source, _rules_for(codes), focus=True)
+    return findings, file_directives(source.text, bool(findings)) if source.decode_failure is None else None
 
 
-def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
-    return _unreadable(job[0], "cannot check the file: the parser crashed on it")
+def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
+    return _unreadable(job[0], "cannot check the file: the parser crashed on it"), None
 
 
 def check_paths(
@@ -229,8 +256,10 @@ def check_paths(
 
         store = Cache.open(config.root or cwd, codes)
     raw: Dict[str, List[Finding]] = {}
+    known: Dict[str, Dict[int, List[Directive]]] = {}  # suppression directives, by printed path
     jobs_to_run: List[Tuple[str, bytes, Tuple[str, ...]]] = []
     digests: Dict[str, str] = {}
+    cached: Set[str] = set()  # answered by the cache
     for filename in files:
         shown = display_path(filename, cwd)
         try:
@@ -249,23 +278,24 @@ def check_paths(
             digests[shown] = content_digest(source.data or b"")
             hit = store.get(filename, shown, digests[shown])
             if hit is not None:
-                raw[shown] = hit
-                run.cached += 1
+                raw[shown], known[shown] = hit
+                cached.add(shown)
                 continue
         if source.decode_failure is None and not _active(rules, source):
-            raw[shown] = []
-            if store is not None:
-                store.put(filename, shown, digests[shown], [])
-            continue
-        jobs_to_run.append((shown, source.data or b"", codes))
+            raw[shown], known[shown] = [], file_directives(source.text, False)
+        else:
+            jobs_to_run.append((shown, source.data or b"", codes))
     results = map_checked(_check_one, jobs_to_run, [len(job[1]) for job in jobs_to_run],
                           jobs if jobs is not None else available_cores(), _crashed)
-    run.parsed = len(jobs_to_run)
-    for (shown, _, _), findings in zip(jobs_to_run, results):
-        raw[shown] = findings
-        if store is not None:
-            store.put(run.filenames[shown], shown, digests[shown], findings)
+    run.parsed, run.cached = len(jobs_to_run), len(cached)
+    for (shown, _, _), (findings, directives) in zip(jobs_to_run, results):
+        source = run.sources[shown]
+        if directives is None:  # no comments to read in a file that is not text; a crashed worker's file
+            directives = {} if source.decode_failure is not None else file_directives(source.text, bool(findings))
+        raw[shown], known[shown] = findings, directives
     if store is not None:
+        for shown in (shown for shown in known if shown not in cached):
+            store.put(run.filenames[shown], shown, digests[shown], raw[shown], known[shown])
         store.save()
 
     from preclint.rules import unreadable_file_rule, unused_suppression_rule
@@ -278,8 +308,7 @@ def check_paths(
                 continue
             if not config.ignored_for_file(shown, finding.code):
                 findings.append(finding)
-    texts = {path: source.text for path, source in run.sources.items() if source.decode_failure is None}
     unused_code = unused_suppression_rule().code
-    kept = apply_suppressions(findings, config.is_selected(unused_code), run.codes, files=run.files, texts=texts)
+    kept = apply_suppressions(findings, config.is_selected(unused_code), run.codes, files=run.files, known=known)
     run.findings = [f for f in kept if f.code != unused_code or not config.ignored_for_file(f.location.path, f.code)]
     return run

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from preclint.findings import Finding, Location
 from preclint.source.guard import blank, elide, judge
+from preclint.source.positions import Positions
 from preclint.source.safe_io import read_regular
 
 
@@ -74,8 +74,8 @@ class SourceFile:
         # to libcst (preclint.source.run.check_source(focus=True)); None: parse everything
         self.focus: Optional["re.Pattern[str]"] = None
         self._module: Optional[cst.Module] = None
-        self._wrapper: Optional[MetadataWrapper] = None
-        self._positions = None
+        self._parsed_text = ""  # what libcst parsed: the text, with what focus and the guard blanked
+        self._positions: Optional[Positions] = None
         self._index = None
         self._evidence = None
         # fixes by finding; preclint.source.fix applies those of the findings that survive
@@ -140,6 +140,7 @@ class SourceFile:
             if quiet:
                 text = elide(text, quiet)
                 self.elided = len(quiet)
+        self._parsed_text = text
         try:
             return cst.parse_module(text)
         except cst.ParserSyntaxError as exc:
@@ -175,8 +176,7 @@ class SourceFile:
 
     def _position(self, node: cst.CSTNode):
         if self._positions is None:
-            self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-            self._positions = self._wrapper.resolve(PositionProvider)
+            self._positions = Positions(self.module, self._parsed_text)
         return self._positions[node]
 
     def report(

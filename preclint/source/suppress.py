@@ -69,10 +69,14 @@ def _known():
     return set(rules), {rule.name: code for code, rule in rules.items()}
 
 
+def _may_hold_directives(text: str) -> bool:
+    lowered = text.lower()
+    return "noqa" in lowered or "preclint:" in lowered
+
+
 def parse_directives(text: str) -> Dict[int, List[Directive]]:
     """Suppression directives by line. Cheap on files without any: no tokenizing then."""
-    lowered = text.lower()
-    if "noqa" not in lowered and "preclint:" not in lowered:
+    if not _may_hold_directives(text):
         return {}
     known_codes, names = _known()
     found: Dict[int, List[Directive]] = {}
@@ -98,6 +102,20 @@ def parse_directives(text: str) -> Dict[int, List[Directive]]:
     return found
 
 
+def may_name_preclint(text: str) -> bool:
+    """Whether ``text`` can hold a suppression that names preclint or a PCL code: only such a
+    directive can be reported unused (a bare ``# noqa`` and ``# noqa: E501`` never are)."""
+    return _may_hold_directives(text) and _MAY_NAME_PRECLINT.search(text) is not None
+
+
+def file_directives(text: str, has_findings: bool) -> Dict[int, List[Directive]]:
+    """The directives of a file that ``apply_suppressions`` can use: every one when the file has
+    findings to silence, else those of a file that may name preclint (others cannot be reported
+    unused), else none. Stored with a file's findings in the cache, so that an unchanged file is
+    neither read nor tokenized for its suppressions again."""
+    return parse_directives(text) if has_findings or may_name_preclint(text) else {}
+
+
 def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
     if path in texts:
         return texts[path]
@@ -120,6 +138,7 @@ def apply_suppressions(
     checked_codes: Optional[Iterable[str]] = None,
     files: Iterable[str] = (),
     texts: Optional[Mapping[str, str]] = None,
+    known: Optional[Mapping[str, Dict[int, List[Directive]]]] = None,
 ) -> List[Finding]:
     """``findings`` less the suppressed ones, plus PCL500 findings for unused suppressions when
     ``report_unused``.
@@ -129,10 +148,11 @@ def apply_suppressions(
     is never called unused (a graph code in a source-only run). None means every rule ran.
     ``files``: files to look for unused suppressions in besides those with findings.
     ``texts``: file contents already read, by path.
+    ``known``: directives already found, by path (``file_directives``: a file there is not read).
     """
     findings = list(findings)
     texts = dict(texts or {})
-    directives: Dict[str, Dict[int, List[Directive]]] = {}
+    directives: Dict[str, Dict[int, List[Directive]]] = dict(known or {})
 
     def directives_of(path: str) -> Dict[int, List[Directive]]:
         if path not in directives:
@@ -170,7 +190,7 @@ def apply_suppressions(
             # PCL code (a bare ``# noqa`` and ``# noqa: E501`` are never reported): most files of a
             # project that uses flake8 hold neither, and need no tokenizing
             text = _read(path, texts)
-            if text is None or not _MAY_NAME_PRECLINT.search(text):
+            if text is None or not may_name_preclint(text):
                 continue
         for line, line_directives in sorted(directives_of(path).items()):
             for directive in line_directives:
