@@ -20,14 +20,14 @@ import re
 import sys
 import sysconfig
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from preclint import ops
+from preclint import autocast_regions, ops
 from preclint.errors import UserError
 from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
@@ -74,6 +74,9 @@ def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
     if not stack_trace:
         return ()
     frames = _FRAME_RE.findall(stack_trace)  # outermost first
+    # the innermost frames are FX's and the tracer's own (preclint's tracer records the op's region)
+    while frames and not _is_model_code(frames[-1][0]):
+        frames.pop()
     entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
     inner = frames[entered[-1] + 1:] if entered else frames
     return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
@@ -201,6 +204,11 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return ops.is_leaf_module(m)
 
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta["autocast"] = autocast_regions.current()  # the region the model's code set around it
+        return node
+
     def _filter_traceback_frames(self, user_stack_summary):
         # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
         # model_frames_from_trace picks the model's frames itself, so keep the frames as they are.
@@ -213,7 +221,7 @@ def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
     takes the branch the call takes; the graph's placeholders are the tensor inputs alone."""
     tracer = _Tracer()
     constants = _constant_arguments(module, Inputs.of(inputs)) if inputs is not None else {}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), autocast_regions.recording():
         warnings.simplefilter("ignore")  # FX warns about constants it cannot add an assertion for
         graph = tracer.trace(module, concrete_args=constants or None)
     if constants:
@@ -291,6 +299,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     if node.op == "get_attr":
         return Node(node.name, Kind.CONSTANT, f"parameter:{node.target}", fn="parameter", module_path=owner_path,
                     module_type=owner_type, location=location, stack=frames, params=(str(node.target),))
+    region = node.meta.get("autocast")
     if node.op == "call_module":
         sub = gm.get_submodule(node.target)
         kind, fn = ops.classify_module(sub)
@@ -299,7 +308,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
                     reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
                     module_type=type(sub).__name__, location=location, stack=frames, inputs=inputs, attrs=attrs,
                     params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
-                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"}, autocast=region)
     fn, inplace = ops.function_name(node.target)
     kind = ops.classify_function(fn)
     if _builds_container(node.target):  # FX records a dataclass or named tuple output as its constructor call
@@ -310,7 +319,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
         attrs["inplace"] = True
     return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
                 module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
-                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
 
 
 def _builds_container(target: Any) -> bool:
@@ -334,9 +343,9 @@ class _FxRunner(fx.Interpreter):
         self.record = record
 
     def run_node(self, n: fx.Node) -> Any:
-        with self._set_current_node(n):
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            node = self.ir_nodes[n.name]
+        node = self.ir_nodes[n.name]
+        with self._set_current_node(n), autocast_regions.replaying(
+                node.autocast, *self.fetch_args_kwargs_from_env(n)) as (args, kwargs):
             callee = None
             if n.op == "call_module":
                 callee = self.fetch_attr(n.target)
@@ -456,7 +465,7 @@ class _Recorder(TorchFunctionMode):
         path = self.paths.get(id(module), "")
         if self.leaf_depth == 0 and ops.is_leaf_module(module):
             kind, fn = ops.classify_module(module)
-            probe = Node("", kind, "", fn=fn)
+            probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
             self.busy = True
             try:
                 args, kwargs = self.observer.before(probe, args, kwargs, module)
@@ -488,7 +497,8 @@ class _Recorder(TorchFunctionMode):
                         module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
                         stack=frames,
                         inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
-                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"})
+                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
+                        autocast=autocast_regions.current())
             self.observer.rename(probe, node.name)
             result = self._publish(node, args, kwargs, module, output)
             return result if result is not output else None
@@ -502,7 +512,7 @@ class _Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         fn, inplace = ops.function_name(func)
         kind = ops.classify_function(fn)
-        pending = Node("", kind, "", fn=fn)
+        pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
         self.busy = True
         try:
             args, kwargs = self.observer.before(pending, args, kwargs, func)
@@ -523,7 +533,8 @@ class _Recorder(TorchFunctionMode):
         frames = _model_frames()
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
-                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"))
+                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
+                    autocast=pending.autocast)
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
         if not flat_out and target_tensor is not None:
@@ -539,7 +550,7 @@ def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observ
         for name, value in inputs.named():
             recorder.add_input(recorder._unique(name), value)
         try:
-            with recorder:
+            with recorder, autocast_regions.recording():
                 output = inputs.call(module)
         except Exception as exc:
             raise ModelRunError(exc) from exc

@@ -40,6 +40,28 @@ class Kind:
 DOT_PRODUCT_KINDS = frozenset({Kind.CONV, Kind.LINEAR, Kind.MATMUL})
 
 
+@dataclass(frozen=True)
+class AutocastRegion:
+    """An autocast state the model's own code sets around the ops inside it: ``torch.autocast(...,
+    enabled=False)``, ``torch.autocast(..., dtype=...)``, or the forward of a custom autograd
+    function that ``torch.amp.custom_fwd(cast_inputs=...)`` runs with autocast off. Regions nest
+    (``outer``); a node outside every region has none, and the precision mode alone decides."""
+
+    enabled: bool
+    dtype: Optional[str] = None  # the dtype an enabled region lowers to ("float16"); None: the enclosing one's
+    cast_inputs: Optional[str] = None  # custom_fwd: float inputs from outside are cast to it where autocast is on
+    outer: Optional["AutocastRegion"] = None
+    serial: int = 0  # which region this is, in the order the code entered them
+
+    def encloses(self, other: Optional["AutocastRegion"]) -> bool:
+        """Whether ``other`` is this region or lies inside it."""
+        while other is not None:
+            if other.serial == self.serial:
+                return True
+            other = other.outer
+        return False
+
+
 @dataclass
 class TensorStats:
     """Statistics of one tensor value from the reference pass (fp32 on the CPU)."""
@@ -83,6 +105,10 @@ class Node:
     cancellation: Optional[float] = None  # fraction of outputs with sqrt(sum (a b)^2) > 100 |y|
     margins: Optional[List[float]] = None  # decision margins (top-1 minus top-2 per row, or distance to threshold)
     sensitivity: Optional[float] = None  # ||J^T v||^2 / N_out: gain from this node's error to the output
+    autocast: Optional[AutocastRegion] = None  # the innermost autocast region the model's code set around it
+    # the largest magnitude among the elements the output depends on (nonzero gradient): below absmax
+    # where the model masks or discards large values; None when not known (then absmax stands)
+    reaching_absmax: Optional[float] = None
 
     @property
     def out(self) -> Optional[TensorStats]:

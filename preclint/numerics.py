@@ -82,6 +82,37 @@ AUTOCAST_PROMOTE = frozenset(
 )
 
 
+def autocast_format(region, mode: Mode) -> Optional[Format]:
+    """The format autocast lowers its listed ops to at a node inside ``region`` (an
+    ir.AutocastRegion the model's code set, or None) under ``mode``; None where autocast is off there.
+
+    ``torch.autocast(enabled=False)`` and a ``custom_fwd(cast_inputs=...)`` forward turn it off; an
+    enabled region lowers to its own dtype, or to the enclosing one's (CUDA's default, float16,
+    when nothing encloses it), whatever the mode: a model that enables autocast itself gets it under
+    tf32 and the -full modes too."""
+    if region is None:
+        return mode.low if mode.autocast else None
+    if not region.enabled or region.cast_inputs is not None:
+        return None
+    if region.dtype is not None:
+        return FORMATS.get(DTYPE_FORMATS.get(region.dtype, ""), FP16)
+    return autocast_format(region.outer, mode) or FP16
+
+
+def casting_region(region, mode: Mode):
+    """The innermost ``custom_fwd(cast_inputs=...)`` forward around a node (an ir.AutocastRegion)
+    whose cast takes effect under ``mode``, which is where autocast is on around the forward; else None."""
+    while region is not None and region.cast_inputs is None:
+        region = region.outer
+    return region if region is not None and autocast_format(region.outer, mode) is not None else None
+
+
+# torch dtype names -> the format a value of that dtype is stored in (float64 counts as float32: no
+# precision mode rounds it)
+DTYPE_FORMATS = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32",
+                 "float64": "fp32", "double": "fp32"}
+
+
 def autocast_policy(fn: str) -> str:
     """'lower', 'fp32', 'promote' or 'input' (runs in the dtype of its inputs)."""
     if fn in AUTOCAST_LOWER:

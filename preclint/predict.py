@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
-from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, FP32, MODES, Format, Mode, autocast_policy, gaussian_max_factor
+from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, Format, Mode, autocast_format,
+                                autocast_policy, casting_region, gaussian_max_factor)
 
 # Ops whose result is one of their inputs' values (or a plain function of it with no rounding).
 EXACT_FNS = frozenset(
@@ -57,6 +58,7 @@ class ModePrediction:
     output_error: Optional[float] = None  # RMS absolute error of the output
     finite: bool = True
     contributions: Dict[str, float] = field(default_factory=dict)  # node -> share of output error variance
+    layers: Dict[str, str] = field(default_factory=dict)  # node -> the first node of the layer it is a call of
 
     @property
     def rel_error(self) -> Optional[float]:
@@ -71,7 +73,13 @@ class ModePrediction:
         return self.output_error * gaussian_max_factor(self.output_numel)
 
     def top_contributors(self, n: int = 5) -> List[tuple]:
-        ranked = sorted(self.contributions.items(), key=lambda item: (-item[1], item[0]))
+        """The layers that hold most of the output error, as (first node, share): a module called
+        several times (a shared block, a loop) is one layer, its calls' shares added up."""
+        shares: Dict[str, float] = {}
+        for name, share in self.contributions.items():
+            layer = self.layers.get(name, name)
+            shares[layer] = shares.get(layer, 0.0) + share
+        ranked = sorted(shares.items(), key=lambda item: (-item[1], item[0]))
         return [(name, share) for name, share in ranked[:n] if share > 0]
 
 
@@ -85,63 +93,71 @@ def _widest(formats: Iterable[str]) -> str:
 
 
 def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
+    """The format the node's result is stored in under ``mode``, from the formats of its inputs and
+    the autocast state at the node: the mode's, or the one the model's code set around it
+    (``Node.autocast``: ``torch.autocast(enabled=False)``, a region with its own dtype)."""
     out = node.out
     if out is not None and not out.is_float:
         return "int"
     # a float made from integers (an embedding lookup, a cast of token ids) takes its format from the
     # float inputs it has, else from the mode
     input_formats = [f for f in input_formats if f != "int"]
-    if mode.low is None:
+    low = autocast_format(node.autocast, mode)
+    if mode.low is None and low is None:
         return "fp32"
-    if node.kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX) and node.attrs.get("dtype") in _DTYPE_FORMATS:
-        return _DTYPE_FORMATS[node.attrs["dtype"]]  # sum(x, dtype=torch.float32) accumulates and returns fp32
-    if not mode.autocast:
-        return _cast_model_format(node, mode.low.name, input_formats)
-    if node.kind == Kind.INPUT or node.kind == Kind.CONSTANT:
-        return "fp32"
-    policy = autocast_policy(node.fn)
-    if policy == "lower":
-        return mode.low.name
-    if policy == "fp32":
-        return "fp32"
-    if node.kind == Kind.CAST and "dtype" in node.attrs:
-        return {"float16": "fp16", "bfloat16": "bf16"}.get(node.attrs["dtype"], "fp32")
-    if node.kind == Kind.CAST and node.fn in ("half", "bfloat16"):
-        return "fp16" if node.fn == "half" else "bf16"
-    if node.kind == Kind.CAST and node.fn in ("float", "double"):
-        return "fp32"
-    if node.kind == Kind.CAST and node.fn == "type_as" and len(input_formats) > 1:
-        return input_formats[1]
-    # 'promote' and unlisted ops: the inputs' dtype (type promotion). Parameters enter as fp32, so an
-    # unlisted op with weights (BatchNorm) keeps its activation input's dtype.
-    if node.kind in (Kind.BATCHNORM, Kind.ACTIVATION, Kind.POOL) or node.params:
-        return input_formats[0] if input_formats else "fp32"
-    return _widest(input_formats) if input_formats else "fp32"
-
-
-_DTYPE_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp32"}
-
-
-def _cast_model_format(node: Node, low: str, input_formats: List[str]) -> str:
-    """The format under ``model.to(dtype)``: parameters, buffers and inputs are cast; a tensor the
-    forward creates keeps the dtype it is created with (float32 unless made like another tensor or
-    given a dtype), and ops promote mixed inputs to the wider format, as PyTorch does."""
-    if node.kind == Kind.INPUT or node.params or node.fn == "parameter":
-        return low
-    if node.kind == Kind.CONSTANT:
-        if node.fn.endswith("_like") or node.fn.startswith("new_"):
-            return input_formats[0] if input_formats else low
-        return _DTYPE_FORMATS.get(node.attrs.get("dtype"), "fp32")
-    if node.kind == Kind.CAST:
-        if "dtype" in node.attrs:
-            return _DTYPE_FORMATS.get(node.attrs["dtype"], "fp32")
-        if node.fn in ("half", "bfloat16"):
-            return "fp16" if node.fn == "half" else "bf16"
-        if node.fn in ("float", "double"):
+    if node.kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX) and node.attrs.get("dtype") in DTYPE_FORMATS:
+        return DTYPE_FORMATS[node.attrs["dtype"]]  # sum(x, dtype=torch.float32) accumulates and returns fp32
+    if low is not None and node.kind not in (Kind.INPUT, Kind.CONSTANT):
+        policy = autocast_policy(node.fn)
+        if policy == "lower":
+            return low.name
+        if policy == "fp32":
             return "fp32"
-        if node.fn == "type_as" and len(input_formats) > 1:
-            return input_formats[1]
-    return _widest(input_formats) if input_formats else low
+    cast_model = mode.low is not None and not mode.autocast
+    if cast_model and (node.kind == Kind.INPUT or node.params or node.fn == "parameter"):
+        return mode.low.name  # model.to(dtype): parameters, buffers and inputs are cast
+    if node.kind == Kind.INPUT or node.fn == "parameter":
+        return "fp32"
+    if node.kind == Kind.CONSTANT:
+        # a tensor the forward creates keeps the dtype it is created with: float32 unless made like
+        # another tensor or given a dtype
+        if node.fn.endswith("_like") or node.fn.startswith("new_"):
+            return input_formats[0] if input_formats else (mode.low.name if cast_model else "fp32")
+        return DTYPE_FORMATS.get(node.attrs.get("dtype"), "fp32")
+    cast = _explicit_cast(node, input_formats)
+    if cast is not None:
+        return cast
+    # 'promote' and unlisted ops, and every op where autocast is off: the inputs' dtype (type
+    # promotion). Parameters enter as fp32 under autocast, so an unlisted op with weights
+    # (BatchNorm) keeps its activation input's dtype; in a cast model they hold the low format.
+    if not cast_model and (node.kind in (Kind.BATCHNORM, Kind.ACTIVATION, Kind.POOL) or node.params):
+        return input_formats[0] if input_formats else "fp32"
+    return _widest(input_formats) if input_formats else (mode.low.name if cast_model else "fp32")
+
+
+def _explicit_cast(node: Node, input_formats: List[str]) -> Optional[str]:
+    """The format an explicit cast asks for (.float(), .half(), .to(dtype), .type_as(other))."""
+    if node.kind != Kind.CAST:
+        return None
+    if "dtype" in node.attrs:
+        return DTYPE_FORMATS.get(node.attrs["dtype"], "fp32")
+    if node.fn in ("half", "bfloat16", "float", "double"):
+        return DTYPE_FORMATS[node.fn]
+    if node.fn == "type_as" and len(input_formats) > 1:
+        return input_formats[1]
+    return None
+
+
+def input_formats(graph: Graph, node: Node, mode: Mode, formats: Dict[str, str]) -> List[str]:
+    """The formats the node reads its inputs in: as their producers stored them, except where a
+    ``custom_fwd(cast_inputs=...)`` forward casts what comes from outside it (when autocast is on
+    around the forward)."""
+    region = casting_region(node.autocast, mode)
+    if region is None:
+        return [formats[n] for n in node.inputs if n in formats]
+    cast = DTYPE_FORMATS.get(region.cast_inputs, "fp32")
+    return [cast if formats[n] in FORMATS and not region.encloses(graph[n].autocast) else formats[n]
+            for n in node.inputs if n in formats]
 
 
 # Arithmetic that maps whole numbers to whole numbers; exact in a format while they stay below its
@@ -260,7 +276,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
         terms = node.dot_rms if node.dot_rms is not None else out.rms
-        rounding = math.hypot(operand_rounding(node, mode.dot_format), accumulation_error(node, fmt)) * terms
+        rounding = math.hypot(operand_rounding(node, stored or mode.dot_format), accumulation_error(node, fmt)) * terms
         if stored is not None:
             rounding = math.hypot(rounding, C_OUTPUT * stored.unit_roundoff * out.rms)
         return rounding
@@ -277,7 +293,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
         return terms
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
-        terms["operands"] = operand_rounding(node, mode.dot_format) / math.sqrt(2.0)
+        terms["operands"] = operand_rounding(node, stored or mode.dot_format) / math.sqrt(2.0)
         if accumulation_error(node, fmt):  # an error of the sum itself, relative to its terms
             terms["accumulation"] = accumulation_error(node, fmt)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
@@ -316,22 +332,37 @@ def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> 
 # constants from the dtype gets the reduced format's own values under a reduced precision.
 DTYPE_DERIVED = frozenset({FP32.max_finite, FP32.min_normal, 2.0**-23})
 FILL_FNS = frozenset({"masked_fill", "where", "full", "full_like", "new_full", "clamp", "clamp_min", "clamp_max", "clip"})
+# PyTorch converts these ops' scalar to the tensor's dtype with a range check: out of range, it raises
+# "value cannot be converted to type c10::Half without overflow" instead of storing inf.
+CHECKED_CONVERSION = frozenset({"masked_fill", "full", "full_like", "new_full", "clamp", "clip", "clamp_min", "clamp_max"})
 
 
 def dtype_derived(value: float) -> bool:
     return abs(value) in DTYPE_DERIVED
 
 
+def reaching_absmax(node: Node) -> float:
+    """The largest magnitude of the node's value that the output depends on: what the model masks
+    (``where``, ``masked_fill``) or softmax turns into exact zeros (a finfo.min mask) does not count."""
+    out = node.out
+    if out is None or not out.is_float:
+        return 0.0
+    return node.reaching_absmax if node.reaching_absmax is not None else out.absmax
+
+
 def _overflows(node: Node, fmt: str, mode: Mode, input_nodes: List[Node]) -> bool:
     limit = FORMATS[fmt].max_finite if fmt in FORMATS else math.inf
     out = node.out
-    if out is not None and out.is_float and out.finite and out.absmax > limit:
+    if node.fn in CHECKED_CONVERSION and any(limit < abs(v) < math.inf and not dtype_derived(v) for v in node.scalars.values()):
+        return True  # converting its constant raises: the run fails, whichever elements it fills
+    if out is not None and out.is_float and out.finite and reaching_absmax(node) > limit:
         derived = node.fn in FILL_FNS and any(dtype_derived(v) for v in node.scalars.values())
         return not (derived and out.absmax >= FP32.max_finite)
-    if mode.low is not None and node.kind in DOT_PRODUCT_KINDS and fmt == mode.low.name:
+    if node.kind in DOT_PRODUCT_KINDS and fmt in ("fp16", "bf16"):
         # the operands are cast to the reduced format before the product
-        return any(s is not None and s.is_float and s.finite and s.absmax > mode.low.max_finite
-                   for s in node.input_stats)
+        if input_nodes:
+            return any(n.out is not None and n.out.finite and reaching_absmax(n) > limit for n in input_nodes)
+        return any(s is not None and s.is_float and s.finite and s.absmax > limit for s in node.input_stats)
     return False
 
 
@@ -383,7 +414,7 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
     roundings: Dict[str, Dict[str, float]] = {}
     for node in graph.nodes:
         inputs = [graph[n] for n in node.inputs if graph.get(n) is not None]
-        fmt = node_format(node, mode, [formats[n.name] for n in inputs if n.name in formats])
+        fmt = node_format(node, mode, input_formats(graph, node, mode, formats))
         formats[node.name] = fmt
         roundings[node.name] = rounding_terms(node, mode, fmt)
         prediction.nodes[node.name] = NodePrediction(
@@ -432,9 +463,20 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
     prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
     if variance > 0 and have_gains:
         prediction.contributions = {name: term / variance for name, term in terms.items()}
+        prediction.layers = module_calls(graph)
 
     _predict_decisions(graph, prediction, roundings)
     return prediction
+
+
+def module_calls(graph: Graph) -> Dict[str, str]:
+    """Each node that calls a module -> the first node that calls the same module."""
+    first: Dict[str, str] = {}
+    calls: Dict[str, str] = {}
+    for node in graph.nodes:
+        if node.module_path and node.target.startswith("nn."):
+            calls[node.name] = first.setdefault(node.module_path, node.name)
+    return calls
 
 
 def amplification(node: Node) -> Optional[float]:
@@ -503,4 +545,4 @@ def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:
 
 
 __all__ = ["ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
-           "relative_errors", "exact_integers", "dtype_derived", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]
+           "relative_errors", "exact_integers", "dtype_derived", "reaching_absmax", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]

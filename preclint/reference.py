@@ -32,6 +32,8 @@ from torch.utils._pytree import tree_flatten
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
 from preclint.modelio import output_tensors
+from preclint.numerics import FP16
+from preclint.poison import PoisonTracker
 
 # Decisions whose input is checked for flips by a backward pass of its own; more would make the
 # reference pass slow on detectors, and the riskiest ones (smallest relative margin) come first.
@@ -273,6 +275,8 @@ class ReferenceObserver:
         self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
         self.exact_rounding: Dict[str, Dict[str, float]] = {}
         self.input_names: List[str] = []
+        self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
+        self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -388,7 +392,23 @@ class ReferenceObserver:
             self.values[node.name] = outputs[0]
             if node.kind == Kind.INPUT:
                 self.input_names.append(node.name)
+        self.poison.observe(node, args, kwargs, callee, [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)])
+        if node.outputs and node.outputs[0].is_float and node.outputs[0].absmax > FP16.max_finite:
+            self.large.add(node.name)
         return output
+
+    def _nonfinite_reaches(self, graph: Graph, output: Any) -> bool:
+        """Whether the inf or NaN of the reference run reach the model's output: as infinities the
+        output holds (other than intended masks), or through integers computed from them."""
+        values = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        if any(self.poison.mask(v) is not None for v in values):
+            return True
+        for out in graph.output_nodes:
+            for name in out.inputs:
+                node = graph.get(name)
+                if node is not None and name not in self.masked and any(s.is_float and not s.finite for s in node.outputs):
+                    return True
+        return False
 
     def _as_leaf(self, value: torch.Tensor) -> torch.Tensor:
         """A float value made from constants (a position table from arange, a buffer) has no gradient,
@@ -404,11 +424,15 @@ class ReferenceObserver:
     # ------------------------------------------------------------------ backward passes
 
     def _gains(self, roots: List[torch.Tensor], seed: int, probes: int,
-               cotangents: Optional[List[torch.Tensor]] = None, count: Optional[int] = None) -> Dict[str, Tuple[float, float]]:
+               cotangents: Optional[List[torch.Tensor]] = None, count: Optional[int] = None,
+               reach: Optional[Dict[str, float]] = None) -> Dict[str, Tuple[float, float]]:
         """Per node, E over v of (sum_j (g_j y_j)^2, sum over operands of sum_k (g_k a_k)^2) / N_roots.
 
         With ``cotangents`` (one pass), the gains of those fixed directions, per one of ``count`` units:
-        the error of a decision's margins rather than of its input's elements."""
+        the error of a decision's margins rather than of its input's elements. ``reach`` receives, for
+        the nodes in ``self.large``, the largest magnitude among the elements with a nonzero gradient:
+        the elements the roots depend on. What a ``where`` or ``masked_fill`` drops, or softmax turns
+        into an exact 0 (a finfo.min mask), has gradient 0, so overflowing there reaches nothing."""
         n_out = count or sum(r.numel() for r in roots)
         out_acc: Dict[str, float] = {}
         op_acc: Dict[str, float] = {}
@@ -422,8 +446,15 @@ class ReferenceObserver:
             product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
             acc[name] = acc.get(name, 0.0) + float(product.pow(2).sum())
 
+        def add_reach(name, grad, value):
+            live = value.detach().abs()[(grad.detach() != 0) & torch.isfinite(value.detach())]
+            if live.numel():
+                reach[name] = max(reach.get(name, 0.0), float(live.max()))
+
         for name, value in self.values.items():
             handles.append(value.register_hook(lambda g, name=name, value=value: add(out_acc, name, g, value)))
+            if reach is not None and name in self.large:
+                handles.append(value.register_hook(lambda g, name=name, value=value: add_reach(name, g, value)))
         # Constants (buffers, parameters read as values, tables the forward builds) are rounded once,
         # with errors that are known exactly: weigh those instead of a statistical model of them. A
         # position table's highest frequency is often exactly 1.0, which no format rounds.
@@ -481,6 +512,9 @@ class ReferenceObserver:
     def finish(self, graph: Graph, output: Any) -> None:
         """Backward passes: each node's gains to the output, and to the input of each risky decision
         or rounding to integers."""
+        if self.first_nonfinite is not None and not self._nonfinite_reaches(graph, output):
+            self.first_nonfinite = None  # inf or NaN at elements the model discards before its output
+        self.poison.clear()
         if not self.with_sensitivity:
             return
         roots = [v for v in output_tensors(output) if v.is_floating_point() and v.requires_grad and v.numel()]
@@ -488,7 +522,8 @@ class ReferenceObserver:
             if roots:
                 n_out = sum(r.numel() for r in roots)
                 probes = max(1, min(4, math.ceil(64 / n_out)))
-                for name, (gain_out, gain_operands) in self._gains(roots, seed=0, probes=probes).items():
+                reach: Dict[str, float] = {}
+                for name, (gain_out, gain_operands) in self._gains(roots, seed=0, probes=probes, reach=reach).items():
                     node = graph[name]
                     node.sensitivity = gain_out
                     if name in self.exact_rounding:
@@ -496,6 +531,9 @@ class ReferenceObserver:
                     if name in self.operands:
                         key = "gain_operands" if node.kind in DOT_PRODUCT_KINDS else "gain_inputs"
                         node.attrs[key] = gain_operands
+                # (a value without any nonzero gradient is on a path autograd cannot follow: unknown)
+                for name, largest in reach.items():
+                    graph[name].reaching_absmax = largest
             # One backward pass per decision site (a line run in a loop, like NMS per class, is one
             # site): the riskiest call of the site stands for the others, whose inputs are alike.
             sites: Dict[tuple, List[Tuple[float, Node]]] = {}

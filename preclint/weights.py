@@ -33,7 +33,9 @@ def annotate_weights(graph: Graph, module: torch.nn.Module) -> None:
             # large) maps a constant input to ~beta, so its rounding error is multiplied by a huge scale.
             signal = (scale.pow(2) * (mean.pow(2) + var)).sum()
             output = (gamma.pow(2) * var / (var + eps) + beta.pow(2)).sum()
-            amplification = float((signal / output).sqrt()) if output > 0 else float("inf")
+            # (an output of 0, zero-initialised gamma and beta, passes no error on; 0 from a nonzero
+            # signal is unbounded)
+            amplification = float((signal / output).sqrt()) if output > 0 else (0.0 if signal == 0 else float("inf"))
             facts = {
                 "eps": eps,
                 "channels": int(var.numel()),

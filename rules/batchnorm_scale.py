@@ -1,12 +1,17 @@
 """PCL103 batchnorm-scale."""
 from __future__ import annotations
 
+import math
+
 from preclint.findings import ErrorFigure, sci
 from preclint.rulebase import Example, Rule
 
 # A batch norm that multiplies the relative error of its input by more than this is beyond ordinary
 # rounding: healthy layers sit near 1 (random init: exactly 1).
 AMPLIFICATION_LIMIT = 10.0
+# running_var + eps below this is a collapsed channel: a trained channel's variance is of the order of
+# its activations' (freshly initialised: 1), one that saw a constant input keeps ~0
+COLLAPSED_VARIANCE = 1e-4
 
 
 def _frozen_resnet(dead_channels: bool):
@@ -26,6 +31,26 @@ def _frozen_resnet(dead_channels: bool):
         return model, (torch.rand(1, 3, 64, 64),)
 
     return build
+
+
+def _zero_init_residual():
+    import torch
+
+    class Block(torch.nn.Module):
+        """A residual branch whose last batch norm starts at gamma = 0 (LeViT, ResNet's
+        zero_init_residual), with the running statistics of a fresh layer (mean 0, var 1)."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(16)
+            torch.nn.init.zeros_(self.bn.weight)
+
+        def forward(self, x):
+            return x + self.bn(self.conv(x))
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Block(), Block()).eval(), (torch.randn(1, 16, 8, 8),)
 
 
 class BatchNormScale(Rule):
@@ -52,7 +77,8 @@ Give the batch norm an eps (FrozenBatchNorm2d(..., eps=1e-5), as nn.BatchNorm2d 
 norms into the conv in float32 or float64 before casting, or keep the layer in float32.
 """
     bad = (Example(_frozen_resnet(True), "resnet18 with FrozenBatchNorm2d(eps=0) and collapsed channels"),)
-    good = (Example(_frozen_resnet(False), "the same architecture with healthy statistics"),)
+    good = (Example(_frozen_resnet(False), "the same architecture with healthy statistics"),
+            Example(_zero_init_residual, "fresh batch norms (running_var 1), gamma 0 in residual branches"))
 
     def check_graph(self, ctx):
         modes = [m for m in ctx.modes if m in self.precisions]
@@ -85,20 +111,43 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
             if fp16_modes and folded is not None and folded > 65504:
                 problems.append(f"folded into {facts['folds_into']} its weights reach {sci(folded)}, beyond float16's 65504")
                 concerned = concerned or fp16_modes
-            if facts["amplification"] > AMPLIFICATION_LIMIT:
-                problems.append(f"channels with collapsed variance (min running_var {sci(facts['var_min'])}, eps "
-                                f"{sci(facts['eps'])}) multiply the relative rounding error of the input by "
-                                f"{sci(facts['amplification'])}")
+            factor = self._amplification(ctx, node, facts)
+            if factor is not None and factor > AMPLIFICATION_LIMIT:
+                if facts["var_min"] + facts["eps"] < COLLAPSED_VARIANCE:
+                    cause = (f"channels with collapsed variance (min running_var {sci(facts['var_min'])}, eps "
+                             f"{sci(facts['eps'])})")
+                else:
+                    cause = "its input, large against the spread it normalizes,"
+                amplified = f"by {sci(factor)}" if math.isfinite(factor) else "without bound (an output of 0 from a nonzero input)"
+                problems.append(f"{cause} multiply the relative rounding error of the input {amplified}")
                 concerned = concerned or modes
             if not problems:
                 continue
             predicted = {}
             for mode in concerned:
                 figure = ctx.node_figure(node, mode) if ctx.graph.ran_reference else ErrorFigure(None, None)
-                received = self._received_rel(ctx, node, mode, facts["amplification"])
+                received = self._received_rel(ctx, node, mode, factor)
                 predicted[mode] = ErrorFigure(received if received is not None else figure.rel_error, figure.max_abs_error)
             message = f"{ctx.display(node.name)}: " + "; ".join(problems) + "."
             yield self.finding(node, message, predicted=predicted, severity=severity, precisions=tuple(concerned))
+
+    @staticmethod
+    def _amplification(ctx, node, facts):
+        """How many times the layer multiplies the relative error of its input: measured by the
+        reference pass's gradients for the example inputs, and estimated from the running statistics
+        as if the inputs followed them. The estimate counts where channels collapsed (the data they
+        were gathered on sat at their mean, and deployment data will too, whatever the example
+        input does) or where the reference pass did not run; fresh statistics (mean 0, var 1) say
+        nothing about the data. A layer whose output is 0 (zero-initialised gamma and beta, as
+        residual branches start) passes nothing on: no factor."""
+        from preclint.predict import amplification
+
+        estimate = facts["amplification"]
+        estimate = estimate if estimate == estimate and estimate > 0 else None
+        measured = amplification(node) if ctx.graph.ran_reference else None
+        if not ctx.graph.ran_reference or facts["var_min"] + facts["eps"] < COLLAPSED_VARIANCE:
+            return max((f for f in (measured, estimate) if f is not None), default=None)
+        return measured
 
     @staticmethod
     def _received_rel(ctx, node, mode, amplification):
@@ -106,4 +155,6 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
         from preclint.numerics import C_OUTPUT, MODES
 
         fmt = MODES[mode].low or MODES[mode].dot_format
-        return C_OUTPUT * fmt.unit_roundoff * max(1.0, amplification) if amplification == amplification else None
+        if amplification is None or not math.isfinite(amplification):
+            return None
+        return C_OUTPUT * fmt.unit_roundoff * max(1.0, amplification)

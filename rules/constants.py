@@ -4,7 +4,7 @@ from __future__ import annotations
 from preclint.findings import ErrorFigure, sci
 from preclint.ir import Kind
 from preclint.numerics import FORMATS, representable, round_to
-from preclint.predict import dtype_derived
+from preclint.predict import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import downstream, users_by_input
 
@@ -18,9 +18,6 @@ CONSTANT_ARGS = {
     "full": ("arg1", "fill_value"), "full_like": ("arg1", "fill_value"), "new_full": ("arg2", "fill_value"),
     "normalize": ("eps",), "cosine_similarity": ("eps",), "pairwise_distance": ("eps",),
 }
-# PyTorch converts these ops' scalar to the tensor's dtype with a range check: out of range, it raises
-# "value cannot be converted to type c10::Half without overflow" instead of storing inf.
-CHECKED_CONVERSION = frozenset({"masked_fill", "full", "full_like", "new_full", "clamp", "clip", "clamp_min", "clamp_max"})
 # ops whose eps guards a division inside them
 GUARDING_OPS = frozenset({"normalize", "cosine_similarity", "pairwise_distance"})
 # ops that a guard protects: a zero (or subnormal) argument gives inf, NaN or a huge value
@@ -96,6 +93,29 @@ def _dtype_aware_constants():
     return Safe(), (torch.randn(4, 64),)
 
 
+def _where_fill(whole_row_masked: bool):
+    def build():
+        import torch
+
+        class MaskedScores(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q = torch.nn.Linear(32, 32)
+                self.k = torch.nn.Linear(32, 32)
+
+            def forward(self, x, keep):
+                scores = self.q(x) @ self.k(x).transpose(-2, -1)  # float16 under autocast
+                return torch.softmax(torch.where(keep, scores, -1e9), dim=-1)  # -1e9 is -inf in float16
+
+        torch.manual_seed(0)
+        keep = torch.ones(8, 8, dtype=torch.bool).tril()
+        if whole_row_masked:
+            keep[0] = False
+        return MaskedScores(), (torch.randn(2, 8, 32), keep)
+
+    return build
+
+
 class UnrepresentableConstant(Rule):
     code = "PCL102"
     name = "unrepresentable-constant"
@@ -122,8 +142,10 @@ masks, an eps of at least 6.1e-5 for float16 (or `torch.finfo(x.dtype).tiny`), o
 statistic in float32 (`h.float()`, `pow` instead of `h * h` under autocast).
 """
     bad = (Example(_eps_rms_norm, "hand-written RMS norm whose eps of 1e-8 is 0 in float16"),
-           Example(_mask_fill, "attention scores masked with -1e9 in float16"))
-    good = (Example(_dtype_aware_constants, "the same ops with finfo(dtype).min, pow and eps=1e-5 in float32"),)
+           Example(_mask_fill, "attention scores masked with -1e9 in float16"),
+           Example(_where_fill(True), "where(keep, scores, -1e9) with a row masked whole: -inf everywhere, NaN"))
+    good = (Example(_dtype_aware_constants, "the same ops with finfo(dtype).min, pow and eps=1e-5 in float32"),
+            Example(_where_fill(False), "where(keep, scores, -1e9) under a causal mask: the -inf become softmax's zeros"))
 
     def check_graph(self, ctx):
         graph = ctx.graph
@@ -163,6 +185,8 @@ statistic in float32 (`h.float()`, `pow` instead of `h * h` under autocast).
         where = f"{ctx.display(node.name)}"
         message = f"The constant {sci(value)} of {where} is {what} in {dtype}, the dtype it computes in under {', '.join(modes)}"
         raises = worst == "overflow" and node.fn in CHECKED_CONVERSION
+        if worst == "overflow" and not raises and not guarded and reaching_absmax(node) < abs(value) / 2:
+            return None  # the elements it fills become inf, and the model discards them (softmax, where)
         if raises:
             message += f": {node.fn} raises 'value cannot be converted ... without overflow'."
             severity = "error"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
 from preclint.numerics import MODES
+from preclint.predict import reaching_absmax
 from preclint.rulebase import Example, Rule
 
 
@@ -53,6 +54,32 @@ def _squares():
     return SumOfSquares(), (torch.randn(4, 16),)
 
 
+def _additive_mask(whole_row_masked: bool):
+    def build():
+        import torch
+
+        class MaskedAttention(torch.nn.Module):
+            """An additive attention mask of finfo(float32).min, as T5 and BERT build it: float16
+            holds no such value, and the masked scores become -inf, which softmax turns into 0."""
+
+            def __init__(self):
+                super().__init__()
+                self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+            def forward(self, x, keep):
+                mask = (1.0 - keep[:, None, :].float()) * torch.finfo(torch.float32).min
+                return torch.nn.functional.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), attn_mask=mask)
+
+        torch.manual_seed(0)
+        keep = torch.ones(2, 8, dtype=torch.bool)
+        keep[:, 5:] = False
+        if whole_row_masked:
+            keep[1] = False  # every key of the second sequence masked: all -inf, softmax gives NaN
+        return MaskedAttention(), (torch.randn(2, 8, 32), keep)
+
+    return build
+
+
 class Fp16Overflow(Rule):
     code = "PCL101"
     name = "fp16-overflow"
@@ -76,8 +103,10 @@ Use bfloat16 instead of float16, keep the module that produces the large values 
 QK^T, normalize residual streams), or compute squares with `pow`, which autocast runs in float32.
 """
     bad = (Example(_deep_residual_stack, "16 residual blocks that triple the scale, no normalization"),
-           Example(_squares, "x*x of values around 400"))
-    good = (Example(_normalized_stack, "the same stack with LayerNorm in each block"),)
+           Example(_squares, "x*x of values around 400"),
+           Example(_additive_mask(True), "the same mask over every key of a sequence: a row of -inf in float16"))
+    good = (Example(_normalized_stack, "the same stack with LayerNorm in each block"),
+            Example(_additive_mask(False), "a finfo(float32).min attention mask that softmax turns into zeros"))
 
     def check_graph(self, ctx):
         graph = ctx.graph
@@ -96,9 +125,9 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
             node = graph[name]
             modes = tuple(origins[name])
             downstream = max(origins[name].values())
-            inputs_only = node.out is not None and node.out.absmax <= 65504
-            value = max([node.out.absmax if node.out else 0.0]
-                        + [s.absmax for s in node.input_stats if s is not None and s.is_float and s.finite])
+            inputs_only = reaching_absmax(node) <= 65504
+            value = max([reaching_absmax(node)] + [reaching_absmax(graph[n]) for n in node.inputs if graph.get(n) is not None
+                                                   and graph[n].out is not None and graph[n].out.finite])
             message = (
                 f"{ctx.display(name)} overflows float16 under {', '.join(modes)}: "
                 f"{'its inputs reach' if inputs_only else 'it reaches'} {sci(value)} in the fp32 reference, "

@@ -5,13 +5,46 @@ import math
 
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
-from preclint.numerics import FORMATS, MODES, gaussian_max_factor
+from preclint.numerics import FORMATS, FP32, MODES, gaussian_max_factor
 from preclint.rulebase import Example, Rule
+from preclint.rules._dataflow import users_by_input
 from preclint.rules._norun import undecided
 from preclint.rules.decision_flip import MIN_EXPECTED_FLIPS, MIN_FLIP_FRACTION
 
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "TF32"}
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
+# ops that turn positions into an angle table on the way to its sin and cos: t * inv_freq, an einsum or
+# matmul of positions and frequencies, a concatenation of the two halves
+ANGLE_STEPS = frozenset({Kind.ELEMENTWISE, Kind.MATMUL, Kind.LINEAR, Kind.CAST, Kind.SHAPE})
+ANGLE_HOPS = 4
+ANGLE_FIX = ("Build position and angle tables in float32 with autocast disabled "
+             "(`with torch.autocast(device_type, enabled=False):`) and elementwise (`t[:, None] * inv_freq`).")
+VALUES_FIX = ("Keep these whole numbers in float32 (or int64 for indices and counts): cast with `.float()` and "
+              "compute them where autocast is off (`with torch.autocast(device_type, enabled=False):`).")
+
+
+def whole_numbers(stats) -> bool:
+    """Whether a value holds whole numbers that mean something: positions, coordinates, counts.
+    Beyond float32's own exact-integer range (2^24) values are whole because float32 keeps no
+    fractions there, and so are the sums that cancel between them (activations of 1e11 in a deep
+    random-init network): whole, but not numbers whose every unit counts."""
+    return (stats is not None and stats.is_float and stats.integer_valued
+            and stats.absmax <= FP32.exact_integers_to)
+
+
+def feeds_angles(users, name: str) -> bool:
+    """Whether the value reaches a sin or cos within a few steps of arithmetic: a rotary or
+    sinusoidal position table (a position rounded there becomes a wrong angle)."""
+    frontier, seen = [(name, 0)], {name}
+    while frontier:
+        current, hops = frontier.pop()
+        for user, _ in users.get(current, []):
+            if user.fn in ("sin", "cos"):
+                return True
+            if user.name not in seen and user.kind in ANGLE_STEPS and hops < ANGLE_HOPS:
+                seen.add(user.name)
+                frontier.append((user.name, hops + (user.kind != Kind.SHAPE)))
+    return False
 
 
 def _casts_to_integer(node) -> bool:
@@ -25,22 +58,21 @@ def spacing(value: float, fmt) -> float:
     return 2.0 ** (math.floor(math.log2(max(abs(value), fmt.min_normal))) - mantissa_bits)
 
 
-def _rotary(length: int):
+def _rotary(angle_table, length: int = 4096):
+    """A rotary position embedding: pairs of a projection rotated by the angles of each position,
+    whose cos and sin ``angle_table(x, inv_freq)`` computes."""
+
     def build():
         import torch
 
         class Rotary(torch.nn.Module):
-            """Rotary position embedding whose angle table is an einsum of positions and frequencies."""
-
             def __init__(self, dim: int = 32):
                 super().__init__()
                 self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)))
                 self.proj = torch.nn.Linear(dim, dim)
 
             def forward(self, x):
-                t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
-                angles = torch.einsum("i,j->ij", t, self.inv_freq)  # autocast runs einsum in bf16/fp16
-                cos, sin = angles.cos(), angles.sin()
+                cos, sin = angle_table(x, self.inv_freq)
                 h = self.proj(x)
                 h1, h2 = h[..., 0::2], h[..., 1::2]
                 return torch.cat([h1 * cos - h2 * sin, h1 * sin + h2 * cos], dim=-1)
@@ -51,25 +83,42 @@ def _rotary(length: int):
     return build
 
 
-def _rotary_fp32_angles():
+def _einsum_angles(x, inv_freq):
     import torch
 
-    class Rotary(torch.nn.Module):
-        def __init__(self, dim: int = 32):
-            super().__init__()
-            self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)))
-            self.proj = torch.nn.Linear(dim, dim)
+    t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
+    angles = torch.einsum("i,j->ij", t, inv_freq)  # autocast runs einsum in bf16/fp16
+    return angles.cos(), angles.sin()
 
-        def forward(self, x):
-            t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
-            angles = t[:, None] * self.inv_freq[None, :]  # elementwise: float32 under autocast, no TF32
-            cos, sin = angles.cos(), angles.sin()
-            h = self.proj(x)
-            h1, h2 = h[..., 0::2], h[..., 1::2]
-            return torch.cat([h1 * cos - h2 * sin, h1 * sin + h2 * cos], dim=-1)
+
+def _elementwise_angles(x, inv_freq):
+    import torch
+
+    t = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
+    angles = t[:, None] * inv_freq[None, :]  # elementwise: float32 under autocast, no TF32
+    return angles.cos(), angles.sin()
+
+
+def _angles_autocast_off(x, inv_freq):
+    """As Llama's rotary embedding built them (transformers 4.4x): a matmul of frequencies and
+    positions, in float32, with autocast switched off around it."""
+    import torch
+
+    positions = torch.arange(x.shape[1], device=x.device)[None, None, :].float()
+    device_type = x.device.type if isinstance(x.device.type, str) else "cpu"
+    with torch.autocast(device_type=device_type, enabled=False):
+        angles = (inv_freq[None, :, None].float() @ positions).transpose(1, 2)
+        return angles.cos(), angles.sin()
+
+
+def _huge_activations():
+    import torch
 
     torch.manual_seed(0)
-    return Rotary(), (torch.randn(1, 4096, 32),)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].bias.fill_(3e10)  # outputs near 3e10: whole numbers only because float32 holds no fractions there
+    return model, (torch.randn(1, 3, 16, 16),)
 
 
 def _quantizer():
@@ -133,9 +182,13 @@ Build position and angle tables in float32 with autocast disabled
 coordinates and indices in float32 or int64, and compute values that are rounded to integers in
 float32.
 """
-    bad = (Example(_rotary(4096), "rotary angles from an einsum of positions up to 4095"),
+    bad = (Example(_rotary(_einsum_angles), "rotary angles from an einsum of positions up to 4095"),
            Example(_quantizer, "integer codes round(conv(x) / 0.002) computed in reduced precision"))
-    good = (Example(_rotary_fp32_angles, "the angles as an elementwise product in float32"),
+    good = (Example(_rotary(_elementwise_angles), "the angles as an elementwise product in float32"),
+            Example(_rotary(_angles_autocast_off, length=1024),
+                    "the angles as a matmul where the model switches autocast off", {"precisions": ("fp16", "bf16")}),
+            Example(_huge_activations, "activations near 3e10, not whole numbers that mean anything",
+                    {"precisions": ("bf16",)}),
             Example(_coarse_quantizer, "integers from a sign test and exact integer arithmetic"))
 
     def check_graph(self, ctx):
@@ -152,6 +205,7 @@ float32.
 
     def _beyond_exact_range(self, ctx):
         graph = ctx.graph
+        users = users_by_input(graph)
         reported = set()  # a value reported once is not reported again at each op that carries it on
         for node in graph.nodes:
             per_mode = {}
@@ -166,7 +220,7 @@ float32.
                 reported.add(node.name)
                 continue
             reported.add(node.name)
-            yield self._range_finding(ctx, node, per_mode)
+            yield self._range_finding(ctx, node, per_mode, ANGLE_FIX if feeds_angles(users, node.name) else VALUES_FIX)
 
     @staticmethod
     def _rounded_integers(node, mode, fmt):
@@ -176,17 +230,17 @@ float32.
             dot = mode.dot_format
             if mode.name == "tf32" or fmt in ("fp16", "bf16"):
                 for s in node.input_stats:
-                    if s is not None and s.is_float and s.integer_valued and s.absmax > dot.exact_integers_to:
+                    if whole_numbers(s) and s.absmax > dot.exact_integers_to:
                         yield dot.name, s.absmax, "operand"
             return
         out = node.out
-        if fmt not in ("fp16", "bf16") or out is None or not out.is_float or not out.integer_valued:
+        if fmt not in ("fp16", "bf16") or not whole_numbers(out):
             return
         if node.kind in (Kind.SHAPE, Kind.OUTPUT) or out.absmax <= FORMATS[fmt].exact_integers_to:
             return
         yield fmt, out.absmax, "result"
 
-    def _range_finding(self, ctx, node, per_mode):
+    def _range_finding(self, ctx, node, per_mode, fix):
         predicted = {}
         worst = None
         for mode, (fmt, value, role) in per_mode.items():
@@ -204,7 +258,7 @@ float32.
                    f"{DTYPE_NAMES.get(fmt, fmt)} is exact only to {FORMATS[fmt].exact_integers_to}, so values near "
                    f"{sci(value)} round to multiples of {sci(step)} (off by up to {sci(step / 2)}) and neighbouring "
                    "values collapse.")
-        return self.finding(node, message, predicted=predicted, precisions=tuple(per_mode))
+        return self.finding(node, message, fix=fix, predicted=predicted, precisions=tuple(per_mode))
 
     # ----------------------------------------------------------------- rounding to integers
 

@@ -127,6 +127,31 @@ def _overflowing_reference():
     return Exploding(), (torch.full((2, 4), 10.0),)
 
 
+def _log_buckets(dropped: bool):
+    def build():
+        import torch
+
+        class RelativePositionBias(torch.nn.Module):
+            """Buckets of relative distances as T5 computes them: log of every distance, 0 included
+            (-inf), cast to integers; ``torch.where`` keeps the exact bucket of small distances."""
+
+            def __init__(self):
+                super().__init__()
+                self.bias = torch.nn.Embedding(16, 1)
+
+            def forward(self, x):
+                positions = torch.arange(x.shape[-1])
+                distance = (positions[None, :] - positions[:, None]).abs()
+                large = 4 + (torch.log(distance.float() / 4) * 4).to(torch.long)  # log(0) = -inf
+                buckets = torch.where(distance < 4, distance, large) if dropped else large
+                return x + self.bias(buckets.clamp(0, 15)).squeeze(-1)
+
+        torch.manual_seed(0)
+        return RelativePositionBias(), (torch.randn(2, 16, 16),)
+
+    return build
+
+
 class NonfiniteReference(Rule):
     code = "PCL002"
     name = "nonfinite-reference"
@@ -142,8 +167,10 @@ def forward(self, x):
     return torch.exp(x * 100.0)   # inf in fp32 for x > 0.89
 """
     fix = "Fix the model or its example inputs so that the fp32 run is finite, then run preclint again."
-    bad = (Example(_overflowing_reference, "exp overflows fp32"),)
-    good = (Example(_small_mlp, "a finite model"),)
+    bad = (Example(_overflowing_reference, "exp overflows fp32"),
+           Example(_log_buckets(False), "log(0) cast to an integer bucket that the output reads"))
+    good = (Example(_small_mlp, "a finite model"),
+            Example(_log_buckets(True), "log(0) at elements that torch.where discards"))
 
     def check_graph(self, ctx):
         name = ctx.graph.first_nonfinite

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from preclint import ops
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
-from preclint.numerics import MODES, Mode, autocast_policy
+from preclint.numerics import MODES, Mode, autocast_format, autocast_policy, casting_region
 from preclint.probe.device import tf32
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
 
@@ -128,14 +128,23 @@ class ModeRun:
                 args, kwargs = _map_operands(node, callee, args, kwargs, round_tf32)
             return args, kwargs, None
         policy = autocast_policy(node.fn)
-        rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
-        if self.mode.autocast:
+        casting = casting_region(node.autocast, self.mode)
+        if casting is not None:  # a custom_fwd(cast_inputs=...) forward reads its float inputs in that dtype
+            dtype = getattr(torch, casting.cast_inputs)
+            args, kwargs = _map_floats(args, lambda t: t.to(dtype)), _map_floats(kwargs, lambda t: t.to(dtype))
+        # autocast as the model's code leaves it at this op: off in its autocast(enabled=False)
+        # regions, lowering to a region's own dtype
+        here = autocast_format(node.autocast, self.mode)
+        if here is not None:
+            at = LOW_DTYPES[here.name]
+            lowered = lambda t: round_to(t.float(), at) if _is_float32ish(t) else t  # noqa: E731
             if policy == "lower":
-                return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
+                return _map_floats(args, lowered), _map_floats(kwargs, lowered), Decision(at, target)
             if policy == "fp32":
                 return _map_floats(args, up), _map_floats(kwargs, up), Decision(None, target)
-        elif node.kind in DOT_PRODUCT_KINDS or policy == "lower":
+        elif full and (node.kind in DOT_PRODUCT_KINDS or policy == "lower"):
             # -full: operands and parameters already hold low-format values; accumulate in float32
+            rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
             return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
         out_dtype = _promoted(args, kwargs)
         if out_dtype not in REDUCED_FLOATS and not _any_reduced(args, kwargs):
@@ -349,8 +358,13 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
 
             variant = _variant(model32, to_tf32)
         elif mode.autocast:
-            lower = {id(m) for m in model32.modules()
-                     if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"}
+            # modules the model's code calls with autocast off (or lowering to another dtype) keep
+            # their float32 weights
+            elsewhere = {n.module_path for n in (graph.nodes if graph is not None else ())
+                         if n.target.startswith("nn.") and autocast_format(n.autocast, mode) != mode.low}
+            lower = {id(m) for path, m in model32.named_modules()
+                     if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"
+                     and path not in elsewhere}
             variant = _variant(model32, lambda module, pname, t: round_to(t, low)
                                if id(module) in lower and t.dtype == torch.float32 else None)
         else:
