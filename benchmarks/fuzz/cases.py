@@ -94,7 +94,6 @@ def worker_main() -> None:
     FUZZ_RESULT_FD (stdout belongs to the checked code). It asks to be replaced (``recycle``) after
     FUZZ_RECYCLE cases or past FUZZ_MAX_RSS_MB."""
     import json
-    import resource
 
     out = os.fdopen(int(os.environ["FUZZ_RESULT_FD"]), "w", buffering=1)
     corpus_kind = os.environ.get("FUZZ_CORPUS", "both")
@@ -114,7 +113,6 @@ def worker_main() -> None:
         if entry["recycle"]:
             break
     out.close()
-    del resource
 
 
 def _rss_mb() -> float:

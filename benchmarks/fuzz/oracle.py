@@ -47,6 +47,13 @@ _STDERR_OK = re.compile(
 )
 
 
+# what preclint says it cannot do, by design: a model that runs is refused with these, and rightly
+LIMITATIONS = (
+    "--no-run forbids recording a run",  # a model FX cannot trace needs one run to be captured
+    "there is nothing to measure reduced precision against",  # --probe on a model whose float64 run is not finite
+)
+
+
 @dataclass
 class Run:
     rc: Optional[int]  # None: it did not end in time
@@ -303,12 +310,19 @@ def judge(run: Run, argv: Sequence[str], valid: bool, targets: int = 1, interrup
     stray = [line for line in run.stderr.splitlines() if line.strip() and not _STDERR_OK.match(line)]
     if stray:
         return Verdict("user-error", f"stray stderr line: {stray[0][:160]}", f"user-error: stray {normalise(stray[0])}")
-    if run.stdout.strip() or fmt in ("json", "sarif", "rdjson") and run.rc != 2:
+    if "--diff" in argv:
+        bad = [line for line in run.stdout.splitlines() if not re.match(r"(---|\+\+\+|@@|[ +\-\\]|$)", line)]
+        if bad:
+            return Verdict("invalid-document", f"--diff printed a line that is no diff: {bad[0][:120]!r}",
+                           "invalid-document: diff")
+    elif run.stdout.strip() or fmt in ("json", "sarif", "rdjson") and run.rc != 2:
         problem = document_problem(fmt, run.stdout)
         if problem:
             return Verdict("invalid-document", problem, f"invalid-document: {normalise(problem)}")
     if run.rc == 2 and valid:
-        return Verdict("rejected-valid", errors[0][:240], f"rejected-valid: {normalise(errors[0])}")
+        stated = [line for line in errors if not any(limit in line for limit in LIMITATIONS)]
+        if stated:
+            return Verdict("rejected-valid", stated[0][:240], f"rejected-valid: {normalise(stated[0])}")
     return Verdict()
 
 
