@@ -20,7 +20,8 @@ import re
 import sys
 import sysconfig
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.fx as fx
@@ -167,6 +168,21 @@ def _call_attrs(fn: str, kind: str, args, kwargs) -> Dict[str, Any]:
     return attrs
 
 
+_INPLACE_DUNDERS = frozenset({"__setitem__", "setitem", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                              "__ilshift__", "__irshift__", "iadd", "isub", "imul", "itruediv"})
+
+
+def is_inplace_call(callee, kwargs) -> bool:
+    """Whether this call writes into its first argument (a module with inplace=True, add_, setitem)."""
+    if kwargs.get("inplace") is True:
+        return True
+    if isinstance(callee, torch.nn.Module):
+        return getattr(callee, "inplace", None) is True
+    name = callee if isinstance(callee, str) else getattr(callee, "__name__", "")
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+
+
 def _direct_params(module: torch.nn.Module, path: str) -> Tuple[str, ...]:
     names = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
     prefix = f"{path}." if path else ""
@@ -287,7 +303,7 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     frames = model_frames_from_trace(node.stack_trace)
     location = frames[0] if frames else None
     stack = node.meta.get("nn_module_stack") or {}
-    owner_path, owner_type = "", ""
+    owner_path, owner_type = "", type(gm).__name__  # the root module's forward, unless a submodule's
     if stack:
         owner_path, owner_cls = list(stack.values())[-1]
         owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
@@ -326,6 +342,21 @@ def _builds_container(target: Any) -> bool:
     return isinstance(target, type) and (dataclasses.is_dataclass(target) or issubclass(target, tuple))
 
 
+def _mutable(value):
+    """FX hands a node's list and dict arguments over as immutable_list / immutable_dict; the graph's
+    own code builds a fresh list at each call, which the callee may change (torchvision's swin3d
+    sets shift sizes in the list it gets)."""
+    if isinstance(value, fx.immutable_collections.immutable_list):
+        return [_mutable(v) for v in value]
+    if isinstance(value, fx.immutable_collections.immutable_dict):
+        return {k: _mutable(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_mutable(v) for v in value)
+    if type(value) is dict:
+        return {k: _mutable(v) for k, v in value.items()}
+    return value
+
+
 class _FxRunner(fx.Interpreter):
     """Runs the traced graph, handing each node's values to the observer.
 
@@ -345,15 +376,16 @@ class _FxRunner(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         node = self.ir_nodes[n.name]
         with self._set_current_node(n), autocast_regions.replaying(
-                node.autocast, *self.fetch_args_kwargs_from_env(n)) as (args, kwargs):
+                node.autocast, *_mutable(self.fetch_args_kwargs_from_env(n))) as (args, kwargs):
             callee = None
             if n.op == "call_module":
                 callee = self.fetch_attr(n.target)
-                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                # out of place before the observer sees the call, so that it knows what will run
                 restore = getattr(callee, "inplace", None) is True
                 if restore:
                     callee.inplace = False
                 try:
+                    args, kwargs = self.observer.before(node, args, kwargs, callee)
                     result = callee(*args, **kwargs)
                 finally:
                     if restore:
@@ -399,6 +431,20 @@ def capture_fx(module: torch.nn.Module, inputs: Any, observer: Optional[Observer
 
 # ------------------------------------------------------------------------------------ function mode
 
+# Tensor properties that compute a value (x.T is a transpose): a property reaches a TorchFunctionMode
+# as its getter, named "__get__"; the node takes the op the property stands for.
+_PROPERTY_OPS = {"T": "t", "mT": "transpose", "H": "t", "mH": "transpose", "data": "detach", "real": "view_as",
+                 "imag": "view_as"}
+
+
+def _property_name(func) -> Optional[str]:
+    """``"T"`` for the getter of ``Tensor.T``; None for anything that is not a property getter."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    name = getattr(getattr(func, "__self__", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
 
 class _Recorder(TorchFunctionMode):
     """Records leaf-module calls and top-level torch calls of one eager run."""
@@ -422,6 +468,21 @@ class _Recorder(TorchFunctionMode):
     def close(self) -> None:
         for h in self.handles:
             h.remove()
+
+    def _calling_module(self) -> Tuple[str, str]:
+        """(path, class) of the module whose method makes the running call: the innermost frame
+        whose ``self`` is one of the model's modules. A helper method called directly
+        (``self.corr.lookup(x)``: no forward hooks fire) makes its ops the helper module's, as its
+        forward would; the module stack of forward calls is the answer otherwise."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self":
+                path = self.paths.get(id(frame.f_locals.get("self")))
+                if path is not None:
+                    return path, type(frame.f_locals["self"]).__name__
+            frame = frame.f_back
+        return self.module_stack[-1] if self.module_stack else ("", "")
 
     def _unique(self, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "op"
@@ -510,7 +571,8 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.busy or self.leaf_depth > 0:
             return func(*args, **kwargs)
-        fn, inplace = ops.function_name(func)
+        prop = _property_name(func)
+        fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
         kind = ops.classify_function(fn)
         pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
         self.busy = True
@@ -523,13 +585,18 @@ class _Recorder(TorchFunctionMode):
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output
-        owner_path, owner_type = self.module_stack[-1] if self.module_stack else ("", "")
+        owner_path, owner_type = self._calling_module()
         is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
             getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
         attrs = _call_attrs(fn, kind, args, kwargs)
         if inplace:
             attrs["inplace"] = True
-        target = f"Tensor.{getattr(func, '__name__', fn)}" if is_method else _display_target(func, "call_function")
+        if prop:
+            target = f"Tensor.{prop}"
+        elif is_method:
+            target = f"Tensor.{getattr(func, '__name__', fn)}"
+        else:
+            target = _display_target(func, "call_function")
         frames = _model_frames()
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
@@ -578,6 +645,18 @@ def capture(
     Returns the graph and the model's output (None when not run). ``force`` picks a path ("fx" or
     "function-mode") instead of trying FX first.
     """
+    keep = set(tensors_with_history(module)) if observer is not None else set()
+    try:
+        with warnings.catch_warnings():
+            # the inputs require gradients because preclint asked: the model's .item() calls would warn
+            warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
+            return _capture(module, inputs, name, observer, source_path, force)
+    finally:
+        if observer is not None:
+            release_autograd_state(module, keep)
+
+
+def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph, Any]:
     notes: List[str] = []
     if force != "function-mode":
         try:
@@ -589,14 +668,85 @@ def capture(
             if force == "fx":
                 raise UserError(f"torch.fx cannot trace {name}: {_one_line(exc)}") from exc
             if _is_model_error(exc):
-                raise
-            notes.append(f"torch.fx could not trace the model ({_one_line(exc)}); recorded the ops of one run instead")
+                # the traced graph failed where the model itself may not (code that only works
+                # eagerly): the eager run decides, with an observer that forgets the partial run
+                reset = getattr(observer, "reset", None)
+                if reset is None:
+                    raise
+                reset()
+                notes.append(f"running the graph torch.fx traced failed ({exc}); recorded the ops of one run instead")
+            else:
+                notes.append(f"torch.fx could not trace the model ({_one_line(exc)}); recorded the ops of one run instead")
     if observer is None:
         raise UserError(
             f"torch.fx cannot trace {name} and --no-run forbids recording a run; drop --no-run to capture it"
         )
     nodes, output = capture_function_mode(module, inputs, observer)
     return Graph(nodes, name, "function-mode", source_path=source_path, notes=notes), output
+
+
+def _without_history(value, keep: Set[int], depth: int = 0):
+    """``value`` with every tensor that has autograd history in it detached (but those in ``keep``):
+    containers are changed in place (lists, dicts) or rebuilt (tuples); anything else is returned as
+    it is. ``keep`` collects the tensors with history when it is given a fresh set to fill."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.grad_fn is not None and id(value) not in keep else value
+    if depth > 3:
+        return value
+    if type(value) is list:
+        for i, v in enumerate(value):
+            new = _without_history(v, keep, depth + 1)
+            if new is not v:
+                value[i] = new
+    elif type(value) in (dict, OrderedDict):
+        for k, v in list(value.items()):
+            new = _without_history(v, keep, depth + 1)
+            if new is not v:
+                value[k] = new
+    elif type(value) is tuple:
+        items = tuple(_without_history(v, keep, depth + 1) for v in value)
+        if any(a is not b for a, b in zip(items, value)):
+            return items
+    return value
+
+
+def _module_state(module: torch.nn.Module):
+    """(module, attribute name, value) of what a module keeps beside its parameters and submodules."""
+    for m in module.modules():
+        for key, value in list(vars(m).items()):
+            if key not in ("_parameters", "_modules") and not key.startswith("__"):
+                yield m, key, value
+
+
+def tensors_with_history(module: torch.nn.Module) -> Dict[int, torch.Tensor]:
+    """The tensors with autograd history that ``module`` holds beside its parameters, by id."""
+    found: Dict[int, torch.Tensor] = {}
+
+    def visit(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is not None:
+                found[id(value)] = value
+        elif depth <= 3 and type(value) in (list, tuple, dict, OrderedDict):
+            for v in (value.values() if isinstance(value, dict) else value):
+                visit(v, depth + 1)
+
+    for _, _, value in _module_state(module):
+        visit(value)
+    return found
+
+
+def release_autograd_state(module: torch.nn.Module, keep: Set[int] = frozenset()) -> None:
+    """Detach the tensors a model kept from a run with gradients (caches such as a detector's anchors).
+
+    preclint runs the model with inputs that require gradients, and hands it leaves for the constants
+    it computes; what the model stores on itself would then carry autograd history the user's own runs
+    never give it: the graph of the whole run stays alive, and the model can no longer be deep-copied.
+    ``keep``: tensors the model held before the run (tensors_with_history), left as they are.
+    """
+    for m, key, value in _module_state(module):
+        new = _without_history(value, keep)
+        if new is not value:
+            m.__dict__[key] = new
 
 
 class ModelRunError(Exception):

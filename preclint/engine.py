@@ -50,7 +50,8 @@ class Context:
             return name
         if node.module_path and node.target.startswith("nn."):
             return node.module_path
-        where = f" in {node.module_path}" if node.module_path else ""
+        # an op of the root module's own forward is named with the root's class
+        where = f" in {node.module_path}" if node.module_path else (f" in {node.module_type}" if node.module_type else "")
         return f"{node.target}{where}" if node.kind != "input" else f"the input {name}"
 
 
@@ -87,15 +88,28 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
     from preclint.reference import ReferenceObserver
     from preclint.weights import annotate_weights
 
-    observer = ReferenceObserver(with_sensitivity=True) if options.run else None
-    inputs = prepare_inputs(loaded.inputs, track=options.run)
-    try:
-        with torch.enable_grad():
+    def run(with_gradients: bool):
+        observer = ReferenceObserver(with_sensitivity=with_gradients) if options.run else None
+        inputs = prepare_inputs(loaded.inputs, track=options.run and with_gradients)
+        with torch.set_grad_enabled(with_gradients):
             graph, output = capture(loaded.module, inputs, loaded.name, observer, loaded.source_path, options.capture)
             if observer is not None:
                 observer.finish(graph, output)
+        return graph, observer, output
+
+    try:
+        graph, observer, output = run(with_gradients=True)
     except ModelRunError as exc:
-        raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
+        if not options.run:
+            raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
+        # Some models fail only when their values require gradients (a .numpy() call, an in-place
+        # write into an input, an op autograd refuses): run them as users run inference, without.
+        try:
+            graph, observer, output = run(with_gradients=False)
+        except ModelRunError:
+            raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
+        graph.notes.append(f"error propagation estimated without gradients: the model fails when its values require "
+                           f"gradients ({exc})")
     if inspect.isgenerator(output) or inspect.iscoroutine(output) or inspect.isasyncgen(output):
         if hasattr(output, "close"):
             output.close()  # its body never ran (and a coroutine would warn that it was never awaited)

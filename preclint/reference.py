@@ -24,12 +24,14 @@ where its integer changes (``rounding_margins``), so their flips can be predicte
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
+from preclint.capture import is_inplace_call
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
 from preclint.modelio import output_tensors
 from preclint.numerics import FP16
@@ -61,11 +63,14 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             return TensorStats(shape, dtype, x.numel(), float(a.max()), float(a.pow(2).mean().sqrt()),
                                float(nz.min()) if nz.numel() else math.inf, True, True)
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        finite = bool(torch.isfinite(x).all())
-        a = x.abs() if finite else x[torch.isfinite(x)].abs()
-        if a.numel() == 0:
-            return TensorStats(shape, dtype, x.numel(), math.inf, math.inf, math.inf, False, False)
-        absmax = float(a.max())
+        a = x.abs()
+        absmax = float(a.max())  # inf or NaN (max propagates NaN) exactly when some value is not finite
+        finite = math.isfinite(absmax)
+        if not finite:
+            a = a[torch.isfinite(a)]
+            if a.numel() == 0:
+                return TensorStats(shape, dtype, x.numel(), math.inf, math.inf, math.inf, False, False)
+            absmax = float(a.max())
         # the mean square in float64 so that values near fp32's range do not overflow it
         rms = float(a.double().pow(2).mean().sqrt()) if absmax > 1e18 else float(a.pow(2).mean().sqrt())
         smallest = float(torch.where(a == 0, torch.full_like(a, math.inf), a).min())
@@ -174,7 +179,7 @@ def _rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
 def _decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
     """Per decision unit, how far the deciding values are from changing the outcome."""
     x = _first_tensor(args)
-    if x is None or not x.is_floating_point():
+    if x is None or not x.is_floating_point() or x.numel() == 0:  # nothing to decide (no detections)
         return None
     x = x.detach().double()
     fn = node.fn
@@ -220,7 +225,7 @@ def _gap_direction(node: Node, value: torch.Tensor) -> Optional[Tuple[torch.Tens
     the number of rows, and the dim. A backward pass along it weighs what changes the margin itself: errors
     the two values share (both logits come from the same features) do not flip the decision."""
     dim = node.attrs.get("dim")
-    if node.fn not in ("argmax", "argmin", "max", "min") or not isinstance(dim, int) or value.dim() == 0:
+    if node.fn not in ("argmax", "argmin", "max", "min") or not isinstance(dim, int) or value.dim() == 0 or not value.numel():
         return None
     if value.shape[dim] < 2:
         return None
@@ -256,27 +261,121 @@ def _module_weights(module: torch.nn.Module) -> List[torch.Tensor]:
     return found
 
 
+def hook_gradient(t: torch.Tensor, fn) -> Any:
+    """``t.register_hook(fn)``, safe for views.
+
+    A view whose base was modified in place since the view was made (``y = x.view(...)``, then
+    ``y[:, 0] = 0`` or an in-place op on ``x``) has a stale ``grad_fn`` that autograd regenerates
+    when it is read; ``register_hook`` reaches for the stale one and crashes the process
+    (SIGSEGV, torch 2.4-2.14). Reading ``grad_fn`` first regenerates it."""
+    t.grad_fn  # noqa: B018 - read for its side effect
+    return t.register_hook(fn)
+
+
+def _storage_key(t: torch.Tensor) -> Optional[Tuple[int, torch.device]]:
+    """What tensors that share memory have in common (a view and its base, two views of one buffer)."""
+    try:
+        return t.untyped_storage().data_ptr(), t.device
+    except (RuntimeError, NotImplementedError, TypeError):  # tensors without storage (subclasses, meta)
+        return None
+
+
+class _Watched:
+    """A tensor whose gradient the backward passes weigh, as it was when the forward pass made it.
+
+    The model may write into the tensor later (``y[:, 0] = 0``, an in-place activation on it or on a
+    view of it). A hook registered when the tensor is made sees the gradient of that version (one
+    registered after the write would see the next version's); ``snapshot`` keeps its values from
+    before a write that the observer sees coming, and a write it did not see leaves ``value()`` None
+    rather than the wrong values."""
+
+    __slots__ = ("tensor", "version", "snapshot")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+        self.snapshot: Optional[torch.Tensor] = None
+
+    @property
+    def changed(self) -> bool:
+        return self.tensor._version != self.version
+
+    def value(self) -> Optional[torch.Tensor]:
+        if self.snapshot is not None:
+            return self.snapshot
+        return None if self.changed else self.tensor.detach()
+
+
+class _Sink:
+    """Where the hooks of one backward pass add up their squared products (grad * value)."""
+
+    def __init__(self) -> None:
+        self.out: Dict[str, float] = {}
+        self.operands: Dict[int, float] = {}  # id(_Watched) -> sum
+        self.exact: Dict[str, Dict[str, float]] = {}
+        self.unknown: set = set()  # values written in place where the observer could not see it
+        self.reach: Optional[Dict[str, float]] = None  # see ReferenceObserver._gains
+
+    @staticmethod
+    def add(acc: dict, key, grad: Optional[torch.Tensor], value: torch.Tensor) -> None:
+        if grad is None or grad.shape != value.shape:  # an empty tensor: no gradient, nothing to round
+            return
+        product = (grad.detach() * value).reshape(-1)
+        total = float(torch.dot(product, product)) if product.is_floating_point() else math.nan
+        if not math.isfinite(total):
+            # an intended infinity (a -inf attention mask) has gradient 0 and is exact: no error; and
+            # a sum beyond float32's range is taken in float64
+            product = product.double()
+            product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
+            total = float(torch.dot(product, product))
+        acc[key] = acc.get(key, 0.0) + total
+
+
+# Operands autograd refuses to differentiate (a batch norm's running statistics, read by F.batch_norm
+# in modules FX looks into): the model gets them without gradient. fn -> positions in
+# torch.nn.functional's signature, positions in torch's (weight and bias come first there), keywords.
+_NO_GRADIENT_OPERANDS = {
+    "batch_norm": ((1, 2), (3, 4), ("running_mean", "running_var")),
+    "instance_norm": ((1, 2), (3, 4), ("running_mean", "running_var")),
+}
+
+
 class ReferenceObserver:
     """The observer handed to capture: records statistics as each node runs.
 
     ``before`` may hand the op views of its operands, so that a gradient hook sees the gradient that
     flows through this op alone (an activation read by two convs is rounded separately for each).
+
+    Whatever goes wrong in preclint's own statistics of a node costs that node's statistics (and a
+    note), never the run of the model.
     """
 
     def __init__(self, with_sensitivity: bool = True) -> None:
         self.with_sensitivity = with_sensitivity
         self.by_id: Dict[int, Tuple[TensorStats, torch.Tensor]] = {}
         self.values: Dict[str, torch.Tensor] = {}  # node name -> float output kept for the backward passes
-        self.operands: Dict[str, List[torch.Tensor]] = {}  # node name -> operand views / weights it rounds
+        self.watched: Dict[str, _Watched] = {}  # node name -> its value as the node made it
+        self.operands: Dict[str, List[_Watched]] = {}  # node name -> operand views / weights it rounds
+        self.by_storage: Dict[Any, List[_Watched]] = {}  # what an in-place write may change
         self.view_origin: Dict[int, torch.Tensor] = {}  # id of an operand view -> the tensor it views
+        self.handles: List[Any] = []  # hooks on values made during the run
+        self._sink: Optional[_Sink] = None  # set during a backward pass
         self.first_nonfinite: Optional[str] = None
         self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
         self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
         self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
         self.exact_rounding: Dict[str, Dict[str, float]] = {}
         self.input_names: List[str] = []
+        self.failures: List[str] = []  # "node: error" of statistics that could not be computed
+        self.unknown_values: set = set()
         self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
         self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
+
+    def reset(self) -> None:
+        """Forget a run that failed part-way, for another run from the start."""
+        for h in self.handles:
+            h.remove()
+        self.__init__(self.with_sensitivity)
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -296,37 +395,131 @@ class ReferenceObserver:
         """The tensor an operand view made by before() stands for (the tensor itself otherwise)."""
         return self.view_origin.get(id(tensor), tensor)
 
+    def _failed(self, node: Node, what: str, exc: Exception) -> None:
+        self.failures.append(f"{node.name or node.fn} ({what}): {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+
+    # ------------------------------------------------------------------ values as they were made
+
+    def _watch(self, tensor: torch.Tensor) -> _Watched:
+        entry = _Watched(tensor)
+        key = _storage_key(tensor)
+        if key is not None:
+            self.by_storage.setdefault(key, []).append(entry)
+        return entry
+
+    def _protect(self, target) -> None:
+        """Keep the values of every watched tensor that a write into ``target`` is about to change."""
+        if not isinstance(target, torch.Tensor):
+            return
+        for entry in self.by_storage.get(_storage_key(target), ()):
+            if entry.snapshot is None and not entry.changed:
+                entry.snapshot = entry.tensor.detach().clone()
+
+    def _on_value_grad(self, name: str, entry: _Watched, grad: Optional[torch.Tensor]) -> None:
+        sink = self._sink
+        if sink is None or grad is None:  # a backward pass of the model's own, or nothing to weigh
+            return
+        value = entry.value()
+        if value is None:
+            sink.unknown.add(name)
+            return
+        sink.add(sink.out, name, grad, value)
+        if sink.reach is not None and name in self.large and grad.shape == value.shape:
+            live = value.abs()[(grad.detach() != 0) & torch.isfinite(value)]
+            if live.numel():
+                sink.reach[name] = max(sink.reach.get(name, 0.0), float(live.max()))
+        if name in self.constant_names:
+            # Constants (buffers, parameters read as values, tables the forward builds) are rounded
+            # once, with errors that are known exactly: weigh those instead of a statistical model of
+            # them. A position table's highest frequency is often exactly 1.0, which no format rounds.
+            for fmt, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+                sink.add(sink.exact.setdefault(name, {}), fmt, grad, _rounding_error(value, dtype))
+
+    def _on_operand_grad(self, entry: _Watched, grad: Optional[torch.Tensor]) -> None:
+        sink = self._sink
+        if sink is None or grad is None:
+            return
+        value = entry.value()
+        if value is not None:
+            sink.add(sink.operands, id(entry), grad, value)
+
+    # ------------------------------------------------------------------ observer protocol
+
     def before(self, node: Node, args, kwargs, callee):
+        if not self.with_sensitivity:
+            return args, kwargs
+        try:
+            return self._before(node, args, kwargs, callee)
+        except Exception as exc:  # noqa: BLE001 - the model runs on with its own operands
+            self._failed(node, "operand views", exc)
+            return args, kwargs
+
+    def _before(self, node: Node, args, kwargs, callee):
+        inplace = is_inplace_call(callee, kwargs)
+        if inplace and args:
+            self._protect(args[0])
+        if isinstance(kwargs.get("out"), torch.Tensor):
+            self._protect(kwargs["out"])
+        if node.fn in _NO_GRADIENT_OPERANDS:
+            functional, native, keywords = _NO_GRADIENT_OPERANDS[node.fn]
+            positions = functional if getattr(callee, "__module__", "") == "torch.nn.functional" else native
+            detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
+            args = tuple(detach(a) if i in positions else a for i, a in enumerate(args))
+            kwargs = {k: detach(v) if k in keywords else v for k, v in kwargs.items()}
         dot = node.kind in DOT_PRODUCT_KINDS
         amplifying = node.kind in AMPLIFYING_KINDS
-        if not self.with_sensitivity or not (dot or amplifying):
+        if not (dot or amplifying):
             return args, kwargs
-        views: List[torch.Tensor] = []
+        views: List[_Watched] = []
 
-        def as_view(v):
+        def as_view(v, position=None):
             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
                 if v.is_leaf:  # a weight passed as an argument: hook the parameter itself
                     if dot:  # only a dot product rounds its weights; other ops' inputs are activations
-                        views.append(v)
+                        views.append(_Watched(v))
+                    return v
+                if inplace and position == 0:
+                    # the op writes into it: a view of it would lose its history to the write (autograd
+                    # routes the gradient around the view), so the op gets the tensor itself
                     return v
                 view = v.view_as(v)
-                views.append(view)
+                entry = self._watch(view)
+                views.append(entry)
+                self.handles.append(hook_gradient(view, partial(self._on_operand_grad, entry)))
                 # a view of a view has the root as its _base; remember which tensor this one stands for
                 self.view_origin[id(view)] = v
                 return view
             return v
 
-        args = tuple(as_view(a) for a in args)
+        args = tuple(as_view(a, i) for i, a in enumerate(args))
         kwargs = {k: as_view(v) for k, v in kwargs.items()}
         if dot and isinstance(callee, torch.nn.Module):
             for weight in _module_weights(callee):
                 if weight.requires_grad and weight.is_leaf:
-                    views.append(weight)
+                    views.append(_Watched(weight))
         if views:
             self.operands[node.name] = views
         return args, kwargs
 
     def __call__(self, node: Node, args, kwargs, callee, output):
+        try:
+            self._record(node, args, kwargs, callee, output)
+        except Exception as exc:  # noqa: BLE001 - this node's statistics are lost, not the run
+            self._failed(node, "statistics", exc)
+        if self.with_sensitivity:
+            try:
+                output = self._track(node, output)
+            except Exception as exc:  # noqa: BLE001
+                self._failed(node, "gradient hooks", exc)
+        try:
+            self.poison.observe(node, args, kwargs, callee, output_tensors(output))
+        except Exception as exc:  # noqa: BLE001
+            self._failed(node, "masked values", exc)
+        if node.outputs and node.outputs[0].is_float and node.outputs[0].absmax > FP16.max_finite:
+            self.large.add(node.name)
+        return output
+
+    def _record(self, node: Node, args, kwargs, callee, output) -> None:
         node.input_stats = []
         for v in tree_flatten((args, kwargs))[0]:
             if isinstance(v, torch.Tensor):
@@ -380,35 +573,28 @@ class ReferenceObserver:
                         step = math.ceil(margins.numel() / MAX_MARGINS)
                         margins = margins[::step]
                     node.margins = [float(m) for m in margins]
-        # (not scalars: models turn them into Python numbers with .item(), which warns on a leaf)
-        if (self.with_sensitivity and isinstance(output, torch.Tensor) and output.is_floating_point()
-                and output.numel() > 1 and not output.requires_grad and node.kind not in (Kind.OUTPUT, Kind.SHAPE)):
+
+    def _track(self, node: Node, output):
+        """Watch the node's float value for the backward passes (a constant becomes a leaf first)."""
+        outputs = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        # (not scalars: models turn them into Python numbers with .item(), which warns on a leaf;
+        # nor values the model computes under no_grad, where it wants no gradient)
+        if (isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel() > 1
+                and not output.requires_grad and torch.is_grad_enabled() and node.kind not in (Kind.OUTPUT, Kind.SHAPE)):
             output = self._as_leaf(output)
             outputs = [output]
             self.constant_names.add(node.name)
         elif node.fn == "parameter":
             self.constant_names.add(node.name)
         if outputs and outputs[0].is_floating_point() and outputs[0].requires_grad:
-            self.values[node.name] = outputs[0]
+            value = outputs[0]
+            self.values[node.name] = value
+            entry = self.watched[node.name] = self._watch(value)
+            if not value.is_leaf:  # leaves (inputs, parameters) are hooked per pass, see _gains
+                self.handles.append(hook_gradient(value, partial(self._on_value_grad, node.name, entry)))
             if node.kind == Kind.INPUT:
                 self.input_names.append(node.name)
-        self.poison.observe(node, args, kwargs, callee, [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)])
-        if node.outputs and node.outputs[0].is_float and node.outputs[0].absmax > FP16.max_finite:
-            self.large.add(node.name)
         return output
-
-    def _nonfinite_reaches(self, graph: Graph, output: Any) -> bool:
-        """Whether the inf or NaN of the reference run reach the model's output: as infinities the
-        output holds (other than intended masks), or through integers computed from them."""
-        values = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
-        if any(self.poison.mask(v) is not None for v in values):
-            return True
-        for out in graph.output_nodes:
-            for name in out.inputs:
-                node = graph.get(name)
-                if node is not None and name not in self.masked and any(s.is_float and not s.finite for s in node.outputs):
-                    return True
-        return False
 
     def _as_leaf(self, value: torch.Tensor) -> torch.Tensor:
         """A float value made from constants (a position table from arange, a buffer) has no gradient,
@@ -434,62 +620,41 @@ class ReferenceObserver:
         the elements the roots depend on. What a ``where`` or ``masked_fill`` drops, or softmax turns
         into an exact 0 (a finfo.min mask), has gradient 0, so overflowing there reaches nothing."""
         n_out = count or sum(r.numel() for r in roots)
-        out_acc: Dict[str, float] = {}
-        op_acc: Dict[str, float] = {}
+        sink = _Sink()
+        sink.reach = reach
         handles = []
-
-        def add(acc, name, grad, value):
-            if grad is None:  # an empty tensor: no gradient, nothing to round
-                return
-            product = grad.detach() * value.detach()
-            # an intended infinity (a -inf attention mask) has gradient 0 and is exact: no error
-            product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
-            acc[name] = acc.get(name, 0.0) + float(product.pow(2).sum())
-
-        def add_reach(name, grad, value):
-            live = value.detach().abs()[(grad.detach() != 0) & torch.isfinite(value.detach())]
-            if live.numel():
-                reach[name] = max(reach.get(name, 0.0), float(live.max()))
-
-        for name, value in self.values.items():
-            handles.append(value.register_hook(lambda g, name=name, value=value: add(out_acc, name, g, value)))
-            if reach is not None and name in self.large:
-                handles.append(value.register_hook(lambda g, name=name, value=value: add_reach(name, g, value)))
-        # Constants (buffers, parameters read as values, tables the forward builds) are rounded once,
-        # with errors that are known exactly: weigh those instead of a statistical model of them. A
-        # position table's highest frequency is often exactly 1.0, which no format rounds.
-        exact: Dict[str, Dict[str, float]] = {}
-        for name in self.constant_names & set(self.values):
-            value = self.values[name]
-            errors = {fmt: _rounding_error(value, dtype) for fmt, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))}
-
-            def add_exact(grad, name=name, errors=errors):
-                for fmt, error in errors.items():
-                    add(exact.setdefault(name, {}), fmt, grad, error)
-
-            handles.append(value.register_hook(add_exact))
+        # Leaves (inputs, weights, parameters read as values) are hooked for the pass only: they
+        # belong to the user's model and cannot be written in place while they require gradients.
+        for name, entry in self.watched.items():
+            if entry.tensor.is_leaf:
+                handles.append(entry.tensor.register_hook(partial(self._on_value_grad, name, entry)))
         weights: Dict[int, torch.Tensor] = {}
-        for name, operands in self.operands.items():
-            for t in operands:
-                handles.append(t.register_hook(lambda g, name=name, t=t: add(op_acc, name, g, t)))
-                if t.is_leaf:
-                    weights[id(t)] = t
+        for entries in self.operands.values():
+            for entry in entries:
+                if entry.tensor.is_leaf:
+                    handles.append(entry.tensor.register_hook(partial(self._on_operand_grad, entry)))
+                    weights[id(entry.tensor)] = entry.tensor
         # Asking only for the inputs' and weights' gradients keeps memory flat; the hooks still see
         # every value on the way. Models without float inputs (token ids) ask for all values instead.
         leaves = [self.values[n] for n in self.input_names] or list(self.values.values())
         leaves = leaves + list(weights.values()) + self.constant_leaves
         generator = torch.Generator().manual_seed(seed)
+        self._sink = sink
         try:
             for _ in range(probes if cotangents is None else 1):
                 vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype) for r in roots]
                 torch.autograd.grad(roots, leaves, grad_outputs=vs, retain_graph=True, allow_unused=True)
         finally:
+            self._sink = None
             for h in handles:
                 h.remove()
         scale = 1.0 / (n_out * (probes if cotangents is None else 1))
-        self.exact_rounding = {n: {fmt: v * scale for fmt, v in per.items()} for n, per in exact.items()}
-        names = set(out_acc) | set(op_acc)
-        return {n: (out_acc.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
+        self.exact_rounding = {n: {fmt: v * scale for fmt, v in per.items()} for n, per in sink.exact.items()}
+        self.unknown_values = sink.unknown
+        op_acc = {name: sum(sink.operands.get(id(e), 0.0) for e in entries) for name, entries in self.operands.items()
+                  if any(id(e) in sink.operands for e in entries)}
+        names = (set(sink.out) | set(op_acc)) - sink.unknown
+        return {n: (sink.out.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
 
     def _gap_gains(self, root: torch.Tensor, direction: torch.Tensor, rows: int, dim: int) -> Dict[str, Tuple[float, float]]:
         """Gains of the decisions' margins: backward passes along the winner-minus-runner-up direction
@@ -512,11 +677,28 @@ class ReferenceObserver:
     def finish(self, graph: Graph, output: Any) -> None:
         """Backward passes: each node's gains to the output, and to the input of each risky decision
         or rounding to integers."""
-        if self.first_nonfinite is not None and not self._nonfinite_reaches(graph, output):
-            self.first_nonfinite = None  # inf or NaN at elements the model discards before its output
-        self.poison.clear()
-        if not self.with_sensitivity:
-            return
+        try:
+            if self.first_nonfinite is not None and not self._nonfinite_reaches(graph, output):
+                self.first_nonfinite = None  # inf or NaN at elements the model discards before its output
+            self.poison.clear()
+            if self.with_sensitivity:
+                self._backward_passes(graph, output)
+        finally:
+            if self.failures:
+                shown = "; ".join(self.failures[:2]) + (f" and {len(self.failures) - 2} more" if len(self.failures) > 2 else "")
+                graph.notes.append(f"statistics of {len(self.failures)} node(s) could not be recorded ({shown})")
+            for h in self.handles:
+                h.remove()
+            self.handles.clear()
+            self.values.clear()
+            self.watched.clear()
+            self.operands.clear()
+            self.by_storage.clear()
+            self.view_origin.clear()
+            self.by_id.clear()
+            self.constant_leaves.clear()
+
+    def _backward_passes(self, graph: Graph, output: Any) -> None:
         roots = [v for v in output_tensors(output) if v.is_floating_point() and v.requires_grad and v.numel()]
         try:
             if roots:
@@ -524,7 +706,9 @@ class ReferenceObserver:
                 probes = max(1, min(4, math.ceil(64 / n_out)))
                 reach: Dict[str, float] = {}
                 for name, (gain_out, gain_operands) in self._gains(roots, seed=0, probes=probes, reach=reach).items():
-                    node = graph[name]
+                    node = graph.get(name)
+                    if node is None:  # operands of a call that made no node (it returned no tensor)
+                        continue
                     node.sensitivity = gain_out
                     if name in self.exact_rounding:
                         node.attrs["gain_rounding"] = self.exact_rounding[name]
@@ -533,13 +717,21 @@ class ReferenceObserver:
                         node.attrs[key] = gain_operands
                 # (a value without any nonzero gradient is on a path autograd cannot follow: unknown)
                 for name, largest in reach.items():
-                    graph[name].reaching_absmax = largest
+                    if graph.get(name) is not None:
+                        graph[name].reaching_absmax = largest
+                if self.unknown_values:
+                    graph.notes.append(
+                        f"{len(self.unknown_values)} value(s) were overwritten in place where preclint could not "
+                        f"see it (first: {sorted(self.unknown_values)[0]}); their error propagation is not estimated")
             # One backward pass per decision site (a line run in a loop, like NMS per class, is one
             # site): the riskiest call of the site stands for the others, whose inputs are alike.
             sites: Dict[tuple, List[Tuple[float, Node]]] = {}
             for node in graph.nodes:
                 margins = node.margins or node.attrs.get("rounding_margins")
-                if margins and node.inputs and node.inputs[0] in self.values and node.input_stats:
+                # (a decision input the model overwrote since cannot root a backward pass: its
+                # gradient would be that of the new values)
+                if (margins and node.inputs and node.inputs[0] in self.values and node.input_stats
+                        and not self.watched[node.inputs[0]].changed):
                     rms = node.input_stats[0].rms or 1.0
                     key = (node.module_path, node.fn, node.location)
                     sites.setdefault(key, []).append((min(margins) / rms, node))
@@ -554,14 +746,9 @@ class ReferenceObserver:
                     node.attrs["upstream_gain"] = gains
                     if gap_gains is not None:
                         node.attrs["gap_gain"] = gap_gains
-        except RuntimeError as exc:  # an op without a derivative: predictions fall back to no amplification
-            graph.notes.append(f"error propagation estimated without gradients ({str(exc).splitlines()[0]})")
-        finally:
-            self.values.clear()
-            self.operands.clear()
-            self.view_origin.clear()
-            self.by_id.clear()
-            self.constant_leaves.clear()
+        except Exception as exc:  # noqa: BLE001 - an op without a derivative: predictions fall back to no amplification
+            text = str(exc).strip().splitlines()
+            graph.notes.append(f"error propagation estimated without gradients ({text[0] if text else type(exc).__name__})")
 
 
 def param_stats(module: torch.nn.Module) -> Dict[str, TensorStats]:

@@ -94,10 +94,23 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         # TF32 off: values a model computes below float64 even here are then float32's best
         with clock("reference"), _tf32_on_gpu(device, False):
             ref = reference_pass(program, model64, inputs64, keep_float64=options.ablate)
-    except RunFailed as exc:
-        raise UserError(_failure(name, "in float64", device, exc.cause)) from exc.cause
     except Exception as exc:
-        raise UserError(_failure(name, "in float64", device, exc)) from exc
+        cause = exc.cause if isinstance(exc, RunFailed) else exc
+        if options.ablate or is_out_of_memory(cause):
+            raise UserError(_failure(name, "in float64", device, cause)) from cause
+        # A model that will not run in float64 (it builds float32 values of its own that its layers
+        # then refuse beside float64 ones): float32 with TF32 off is still 2^13 times finer than the
+        # modes measured against it.
+        _release(device)
+        try:
+            with clock("reference"), _tf32_on_gpu(device, False):
+                ref = reference_pass(program, model32, inputs32, keep_float64=False)
+        except Exception:
+            raise UserError(_failure(name, "in float64", device, cause)) from cause
+        notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
+        env["reference"]["dtype"] = "float32"
+    if not options.ablate:
+        model64 = None  # only the one-node-at-a-time runs need it again: its memory is twice the model's
 
     # issued while the device still computes the reference: its figures are read after
     sens = None
@@ -137,13 +150,18 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
 
     result = ProbeResult(env, {}, list(ref.order), timings, notes)
     result.reference_nonfinite = reference_nonfinite
-    # every mode is issued first and read back after: the device never waits for Python in between
+    # On a GPU every mode is issued first and read back after: the device never waits for Python in
+    # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
+    # model (rounded weights) is gone before the next one is made.
     pending = []
     maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
     for mode in modes:
         result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                model64, tolerance, options, clock, maps)
-        pending.append((mode, state))
+                                                tolerance, options, clock, maps)
+        if device.type == "cuda":
+            pending.append((mode, state))
+        elif state is not None:
+            _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
     if sens is not None:
         sens.close()
     for mode, state in pending:
@@ -168,8 +186,7 @@ def _sensitivity_autocast(device, program):
     return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
 
 
-def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, model64, tolerance, options,
-                clock, maps):
+def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps):
     """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
     Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
@@ -182,7 +199,7 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
     swept = None
     try:
         with clock(f"{mode}: sweep"):
-            run = build_mode_run(mode, device, emulated, model32, inputs32, model64, graph, maps)
+            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps)
             measure.how = run.how
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)

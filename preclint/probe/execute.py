@@ -22,7 +22,8 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint import ops
-from preclint.capture import ModelRunError, _FxRunner, capture_function_mode, fx_arguments
+from preclint.capture import (ModelRunError, _FxRunner, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
+                              tensors_with_history)
 from preclint.ir import Graph
 from preclint.modelio import output_tensors
 
@@ -129,17 +130,6 @@ def not_inplace(module: torch.nn.Module):
             module.inplace = True
 
 
-def is_inplace_call(callee, kwargs) -> bool:
-    """Whether this call writes into its first argument (a module with inplace=True, add_, setitem)."""
-    if kwargs.get("inplace") is True:
-        return True
-    if isinstance(callee, torch.nn.Module):
-        return getattr(callee, "inplace", None) is True
-    name = callee if isinstance(callee, str) else getattr(callee, "__name__", "")
-    return name in ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__") or (
-        name.endswith("_") and not name.startswith("_"))
-
-
 class Producers:
     """Which node produced a tensor, by identity: the recorder's bookkeeping, kept by the probe itself
     so that it also knows the index of the tensor among the node's outputs.
@@ -180,17 +170,28 @@ def to_device(t: torch.Tensor, device: torch.device, dtype: Optional[torch.dtype
 def copy_to(module: torch.nn.Module, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
     """A deep copy of ``module`` whose parameters and buffers are made directly on ``device`` (and,
     if floating point, in ``dtype``): deepcopy's memo takes the moved tensors, so no intermediate
-    copy is made on the way."""
-    memo: Dict[int, Any] = {}
+    copy is made on the way. Parameters that need no move are shared."""
+    memo = detached_state(module)
     for t in list(module.parameters()) + list(module.buffers()):
         if id(t) in memo:
             continue
         target = dtype if dtype is not None and t.is_floating_point() else t.dtype
-        moved = to_device(t, device, target)
+        if isinstance(t, torch.nn.Parameter) and t.device == device and t.dtype == target:
+            # a parameter already where and as it is needed: the copy shares its memory (nothing the
+            # probe does writes into parameters, and a model of billions of them fits only once)
+            moved = t.detach()
+        else:
+            moved = to_device(t, device, target)
         if isinstance(t, torch.nn.Parameter):
             moved = torch.nn.Parameter(moved, requires_grad=t.requires_grad)
         memo[id(t)] = moved
     return _clone(module, memo)
+
+
+def detached_state(module: torch.nn.Module) -> Dict[int, Any]:
+    """A deepcopy memo that copies the tensors with autograd history a module holds as attributes
+    (a cache computed from its parameters) without that history: deepcopy refuses such tensors."""
+    return {key: t.detach().clone() for key, t in tensors_with_history(module).items()}
 
 
 def _plain_module(cls) -> bool:

@@ -79,6 +79,7 @@ class ModeMeasure:
     output_finite: Optional[bool] = None
     output_flips: Optional[int] = None  # integer outputs (labels): elements that changed
     output_units: Optional[int] = None
+    detections: Optional[Any] = None  # detections.DetectionChanges: the output's detection sets against the reference
     first_nonfinite: Optional[str] = None  # the first node whose value became inf/NaN
     explained: Optional[float] = None  # sum of contributions
     observer_delta: Optional[float] = None  # max |output of the observed run - output of the plain model|

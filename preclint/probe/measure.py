@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -28,9 +29,12 @@ from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
 from preclint.numerics import C_INPUT
 from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, one_line, tensors
+from preclint.probe.detections import changed_decisions, detection_tensor_ids
+from preclint.probe.detections import compare as compare_detections
 from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.modes import ModeRun
 from preclint.probe.rounding import REDUCED_FLOATS
+from preclint.reference import hook_gradient
 
 # A conv or matmul ran in TF32 when its local error is nearer (on a log scale) to TF32's size
 # C_INPUT * 2^-11 * RMS(sqrt(sum (a b)^2)) than to float32's C_INPUT * 2^-24 * ...: the geometric
@@ -78,6 +82,15 @@ class Scalars:
         """Slots of ||t||_2 and ||t||_inf."""
         slot = self._size
         self._size += 2
+        if t.device.type == "cpu":
+            # nothing to overlap on the CPU: the two figures now, and the tensor is free (a pass
+            # queues one difference per node, as much memory as the model's activations)
+            t = t.detach()
+            wide = torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else None
+            if t.numel():
+                pair = torch.stack([torch.linalg.vector_norm(t, dtype=wide), torch.linalg.vector_norm(t, float("inf"), dtype=wide)])
+                self._values.append(([slot, slot + 1], pair))
+            return slot, slot + 1
         self._queued.append((t.detach(), slot))
         return slot, slot + 1
 
@@ -183,6 +196,25 @@ class ReferenceStore:
         self.downcasts: List[str] = []  # nodes whose float result is not float64 (the model casts down)
         self.nonfinite: set = set()  # (node, output index) whose reference holds inf or NaN
         self.finite_norms: Dict[Tuple[str, int], float] = {}
+        # id of a float64 value that owns its memory -> (weak reference, its version, its float32 copy)
+        self._copies: Dict[int, Tuple[Any, int, torch.Tensor]] = {}
+
+    def as_float32(self, t: torch.Tensor) -> torch.Tensor:
+        """A node's value (as the model made it, not detached: views know their base) for keeping,
+        a float64 one rounded to float32. A view of a value kept already (reshape,
+        permute, slicing: a transformer's shape ops) is the same view of that value's copy, so that
+        the store holds each float64 tensor's memory once."""
+        if t.dtype != torch.float64:
+            return t.detach()
+        owner = t if t._base is None else t._base
+        known = self._copies.get(id(owner))
+        if known is not None and known[0]() is owner and known[1] == t._version:
+            return known[2] if t is owner else known[2].as_strided(t.size(), t.stride(), t.storage_offset())
+        copy = t.to(torch.float32)
+        if (t._base is None and t.is_contiguous() and t.storage_offset() == 0
+                and t.numel() * t.element_size() == t.untyped_storage().nbytes()):
+            self._copies[id(t)] = (weakref.ref(t), t._version, copy)
+        return copy
 
     def norm(self, name: str, index: int) -> Optional[float]:
         """||value|| over its finite elements (a mask's -inf is no size)."""
@@ -201,6 +233,24 @@ class ReferenceStore:
                 self.finite_norms[key] = float(torch.linalg.vector_norm(torch.where(torch.isfinite(t), t, t.new_zeros(()))))
 
 
+def _widened(args, kwargs, callee=None, skip_first: bool = False):
+    """Operands of a call that mixes float64 with lower floats, all in float64.
+
+    A model that makes some values float32 itself (``coords.float()``, a float32 table) hands ops a
+    float64 value from the reference's copy beside a float32 one, which ops that want one dtype (grid
+    sampling, index_put) refuse. Widened, they run as the float32 model runs them, and more exactly.
+    The target of an in-place op keeps its dtype: the op must write into it."""
+    flat, rebuild = flatten(args, kwargs)
+    floats = [v.dtype for v in flat if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if isinstance(callee, torch.nn.Module):  # a layer's own weights are operands too
+        floats += [p.dtype for p in callee.parameters(recurse=False) if p.is_floating_point()]
+    if torch.float64 not in floats or all(d == torch.float64 for d in floats):
+        return args, kwargs
+    widened = [v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() and not (skip_first and i == 0)
+               else v for i, v in enumerate(flat)]
+    return rebuild(widened)
+
+
 class _ReferenceObserver:
     def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
         self.store = store
@@ -208,15 +258,16 @@ class _ReferenceObserver:
         self.producers = Producers()
 
     def before(self, node, args, kwargs, callee):
+        inplace = args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs)
         # An eager in-place op (ReLU(inplace=True) in a recorded model) would overwrite the value
         # kept for the node that produced its input: keep a copy of that one first.
-        if self.protect_inplace and args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs):
+        if self.protect_inplace and inplace:
             source = self.producers.get(args[0])
             if source is not None:
                 kept = self.store.values[source[0]]
                 if kept[source[1]] is args[0]:
                     kept[source[1]] = args[0].detach().clone()
-        return args, kwargs
+        return _widened(args, kwargs, callee, skip_first=inplace)
 
     def rename(self, node, name) -> None:
         pass
@@ -234,7 +285,7 @@ class _ReferenceObserver:
             store.values[node.name] = outs
             store.raw[node.name] = output
         else:
-            store.values[node.name] = [t.to(torch.float32) if t.dtype == torch.float64 else t for t in outs]
+            store.values[node.name] = [store.as_float32(t) for t in tensors(output)]
         if self.protect_inplace:
             self.producers.add(node.name, tensors(output))
         return output
@@ -287,7 +338,7 @@ class Sensitivity:
             return output
         for j, t in enumerate(tensors(output)):
             if t.is_floating_point() and t.requires_grad:
-                self.handles.append(t.register_hook(partial(self._on_grad, node.name, j)))
+                self.handles.append(hook_gradient(t, partial(self._on_grad, node.name, j)))
         return output
 
     def _on_grad(self, name: str, index: int, grad: torch.Tensor):
@@ -456,7 +507,7 @@ class _SweepObserver:
             slots = self.slots[node.name] = _Slots()
             self._received(node.name, outs, slots)
             if node.kind in (Kind.DECISION, Kind.COMPARE) or self._has_margins(node.name):
-                self._flips(node, outs, slots)
+                self._flips(node, outs, slots, orig_args)
             slots.inputs = self._input_producers(orig_args, orig_kwargs)
             self._local(node, orig_args, orig_kwargs, callee, outs, slots)
         self.producers.add(node.name, outs)
@@ -492,13 +543,30 @@ class _SweepObserver:
             n2, ninf = self.scalars.norms(d)
             slots.received.append((j, n2, ninf))
 
-    def _flips(self, node, outs: List[torch.Tensor], slots: _Slots) -> None:
+    def _flips(self, node, outs: List[torch.Tensor], slots: _Slots, args) -> None:
         refs = self.ref.values[node.name]
         for o, r in zip(outs, refs):
             if o.is_floating_point() or r.is_floating_point():
                 continue
-            flipped, units = decision_changes(node, o, r)
-            slots.flips.append((self.scalars.add(flipped), self.scalars.add(units)))
+            changes = self._nms_changes(node, o, r, args) if node.fn in ("nms", "batched_nms") else None
+            if changes is None:
+                changes = decision_changes(node, o, r)
+            if changes is None:  # not comparable (another number of candidates): no figure rather than a wrong one
+                continue
+            flipped, units = changes
+            slots.flips.append((self.scalars.add(torch.as_tensor(flipped)), self.scalars.add(torch.as_tensor(units))))
+
+    def _nms_changes(self, node, kept: torch.Tensor, reference_kept: torch.Tensor, args):
+        """An NMS's changed decisions by the boxes it kept (not their indices into its candidates)."""
+        boxes = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        reference = self._reference_of(boxes) if boxes is not None else None
+        if reference is None or kept.dim() != 1 or reference_kept.dim() != 1 or boxes.dim() != 2:
+            return None
+        labels = args[2] if node.fn == "batched_nms" and len(args) > 2 and isinstance(args[2], torch.Tensor) else None
+        reference_labels = self._reference_of(labels) if labels is not None else None
+        if labels is not None and (reference_labels is None or reference_labels.shape[0] != reference.shape[0]):
+            labels = reference_labels = None
+        return changed_decisions(kept, reference_kept, boxes, reference, labels, reference_labels)
 
     def _input_producers(self, args, kwargs) -> List[Tuple[str, int]]:
         found = []
@@ -609,27 +677,30 @@ def _keeps_dtype(args, kwargs, outs: List[torch.Tensor]) -> bool:
     return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
 
 
-def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(units whose decision changed, units) for an integer/boolean result of a decision.
+def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(units whose decision changed, units) for an integer/boolean result of a decision (None when the
+    two results cannot be compared unit by unit).
 
     Units are what PCL301 counts: elements for thresholds and argmax, rows for top-k and sort
     (a row changes when its index set or order does), and for variable-length results (NMS) the
-    union of the kept indices, of which the symmetric difference changed.
+    union of the kept indices, of which the symmetric difference changed (the sweep compares an
+    NMS by the boxes it kept where it knows them: detections.changed_decisions).
     """
     device = reference.device
     value = value.to(device)
+    fn = node.fn
+    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1 and reference.dim() == 1:
+        a, b = value.long(), reference.long()
+        missing = (~torch.isin(b, a)).sum()
+        extra = (~torch.isin(a, b)).sum()
+        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
     if value.shape != reference.shape:
-        if value.dim() == 1 and reference.dim() == 1:
-            a, b = value.long(), reference.long()
-            missing = (~torch.isin(b, a)).sum()
-            extra = (~torch.isin(a, b)).sum()
-            return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
-        units = max(value.numel(), reference.numel())
-        return torch.as_tensor(units, device=device), torch.as_tensor(units, device=device)
+        # a mask or a ranking over another number of candidates: the units of the two runs do not
+        # correspond, so no count of flips would be a measurement
+        return None
     if value.numel() == 0:
         zero = torch.zeros((), device=device)
         return zero, zero
-    fn = node.fn
     dim = node.attrs.get("dim", -1)
     if fn in ("topk", "sort", "argsort", "msort") and value.dim() > 0 and isinstance(dim, int):
         a, b = value, reference
@@ -637,11 +708,6 @@ def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Tupl
             a, b = a.sort(dim=dim).values, b.sort(dim=dim).values
         changed = (a != b).any(dim=dim)
         return changed.sum(), torch.as_tensor(changed.numel(), device=device)
-    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1:
-        a, b = value.long(), reference.long()
-        missing = (~torch.isin(b, a)).sum()
-        extra = (~torch.isin(a, b)).sum()
-        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
     changed = value != reference
     return changed.sum(), torch.as_tensor(changed.numel(), device=device)
 
@@ -671,14 +737,17 @@ def output_error(output: Any, ref: ReferenceStore) -> Tuple[List[Optional[torch.
     """(float errors, float reference values) of the model's outputs, in pytree order."""
     outs = [t for t in tensors(output) if t.is_floating_point()]
     refs = [t for t in tensors(ref.output) if t.is_floating_point()]
-    errors = [o.detach().double() - r if o.shape == r.shape else None for o, r in zip(outs, refs)]
+    matched = detection_tensor_ids(output)  # detections are compared by matching (queue_figures)
+    errors = [o.detach().double() - r if o.shape == r.shape and id(o) not in matched else None
+              for o, r in zip(outs, refs)]
     return errors, refs
 
 
 def integer_outputs(output: Any, ref: ReferenceStore) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    matched = detection_tensor_ids(output)
     outs = [t for t in tensors(output) if not t.is_floating_point()]
     refs = [t for t in tensors(ref.output) if not t.is_floating_point()]
-    return list(zip(outs, refs))
+    return [(o, r) for o, r in zip(outs, refs) if id(o) not in matched]
 
 
 # --------------------------------------------------------------------------------------- finish
@@ -688,8 +757,9 @@ class Pending:
     """A mode's figures issued on the device and not yet read back (``queue_figures``)."""
 
     def __init__(self, swept: Sweep, contribution_slots: Dict[str, int], norm_slot: Optional[int], out_slots,
-                 tol_slots, flip_slots, tolerance, delta) -> None:
+                 tol_slots, flip_slots, tolerance, delta, detections=None) -> None:
         self.swept = swept
+        self.detections = detections  # detections.Comparison of the output's detection sets, or None
         self.contribution_slots = contribution_slots
         self.norm_slot = norm_slot
         self.out_slots = out_slots
@@ -713,6 +783,10 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         first = scalars.add_vector(values)
         contribution_slots = {name: first + i for i, name in enumerate(names)}
         norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in errors if e is not None)))
+    # detection sets: their matched boxes and scores count as output values (detections.py)
+    detections = compare_detections(swept.output, swept.observer.ref.output)
+    if detections is not None:
+        errors, ref_outputs = errors + detections.errors, ref_outputs + detections.references
     out_slots = []
     for e, r in zip(errors, ref_outputs):
         if e is None:
@@ -727,7 +801,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         flip_slots.append((scalars.add(changed.sum()), changed.numel()))
     delta = None if plain is None else _difference_slots(plain, swept.output, scalars)
     scalars.compute()
-    return Pending(swept, contribution_slots, norm_slot, out_slots, tol_slots, flip_slots, tolerance, delta)
+    return Pending(swept, contribution_slots, norm_slot, out_slots, tol_slots, flip_slots, tolerance, delta, detections)
 
 
 def _difference_slots(plain: Any, observed: Any, scalars: Scalars):
@@ -791,6 +865,15 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
         measure.output_units = int(sum(n for _, n in flip_slots))
         if measure.output_finite is None:
             measure.output_finite = True
+    if pending.detections is not None:
+        changes = measure.detections = pending.detections.changes
+        measure.output_flips = (measure.output_flips or 0) + changes.changed
+        measure.output_units = (measure.output_units or 0) + changes.units
+        if measure.output_finite is None:
+            measure.output_finite = True
+        if not contributions:
+            measure.notes.append("contributions not measured: a detector's boxes are compared by matching, "
+                                 "not element by element")
     if tol_slots is not None:
         rtol, atol = tolerance
         failing, numel, min_atol, min_rtol = tol_slots

@@ -36,6 +36,7 @@ from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
 from preclint.numerics import MODES, Mode, autocast_format, autocast_policy, casting_region
 from preclint.probe.device import tf32
+from preclint.probe.execute import detached_state
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
 
 # Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
@@ -44,6 +45,11 @@ _EMULATED_KINDS = frozenset({
     Kind.CONV, Kind.LINEAR, Kind.MATMUL, Kind.BATCHNORM, Kind.NORM, Kind.SOFTMAX, Kind.REDUCTION, Kind.SCAN,
     Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.POOL, Kind.RESAMPLE,
 })
+
+# Decisions and comparisons compute nothing a format rounds, but they read what the mode computed:
+# with float16/bfloat16 operands they run on the float32 values of those operands (CPU kernels such
+# as torchvision's nms have no float16 version), which decides exactly as the low format would.
+_DECIDING_KINDS = frozenset({Kind.DECISION, Kind.COMPARE})
 
 # Positions of the two multiplied operands of functional dot products (the bias is added in float32).
 _OPERANDS = {
@@ -74,7 +80,9 @@ class ModeRun:
     how: str  # one line for the report
     originals: Dict[int, torch.nn.Module] = field(default_factory=dict)  # id(variant module) -> float32 module
     original_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)  # id(variant param) -> float32 param
-    reference_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)  # id(variant param) -> float64 param
+    # id(variant param) -> its reference value: the float32 parameter, which the float64 copy holds
+    # exactly (cast to the mode's dtype, the two give the same operand), so that copy is not kept
+    reference_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)
     low_params: frozenset = frozenset()  # ids of parameters that stand for low-format values (emulated -full)
 
     @property
@@ -121,11 +129,11 @@ class ModeRun:
             # parameters and stores a low-format result; dot products round their operands first
             fn = (lambda t: round_to(t.float(), low) if _is_float32ish(t) else t) if node.kind in DOT_PRODUCT_KINDS else up
             return _map_floats(args, fn), _map_floats(kwargs, fn), Decision(low, target)
-        if node.kind not in _EMULATED_KINDS:
-            return args, kwargs, None
         if self.name == "tf32":
             if node.kind in DOT_PRODUCT_KINDS and tf32_kernel(node, callee, args, kwargs):
                 args, kwargs = _map_operands(node, callee, args, kwargs, round_tf32)
+            return args, kwargs, None
+        if node.kind not in _EMULATED_KINDS and node.kind not in _DECIDING_KINDS:
             return args, kwargs, None
         policy = autocast_policy(node.fn)
         casting = casting_region(node.autocast, self.mode)
@@ -138,11 +146,11 @@ class ModeRun:
         if here is not None:
             at = LOW_DTYPES[here.name]
             lowered = lambda t: round_to(t.float(), at) if _is_float32ish(t) else t  # noqa: E731
-            if policy == "lower":
+            if policy == "lower" and node.kind in _EMULATED_KINDS:
                 return _map_floats(args, lowered), _map_floats(kwargs, lowered), Decision(at, target)
-            if policy == "fp32":
+            if policy == "fp32":  # torchvision's nms and roi_align too: autocast runs them in float32
                 return _map_floats(args, up), _map_floats(kwargs, up), Decision(None, target)
-        elif full and (node.kind in DOT_PRODUCT_KINDS or policy == "lower"):
+        elif full and (node.kind in DOT_PRODUCT_KINDS or (policy == "lower" and node.kind in _EMULATED_KINDS)):
             # -full: operands and parameters already hold low-format values; accumulate in float32
             rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
             return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
@@ -330,8 +338,8 @@ def _describe(name: str, device: torch.device, emulated: bool) -> str:
 
 
 def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
-                   model64: torch.nn.Module, graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None) -> ModeRun:
-    """The copy of the model and the inputs ``name`` runs on ``device`` (model32 and model64 live there).
+                   graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None) -> ModeRun:
+    """The copy of the model and the inputs ``name`` runs on ``device`` (model32 lives there).
 
     A copy shares every parameter it does not change with ``model32``: only the rounded or cast
     ones are new tensors, so a mode costs the memory of what it changes. ``maps``: where the maps
@@ -375,6 +383,8 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
     maps = {} if maps is None else maps
 
     def kept(key, build):
+        if variant is not model32:  # a copy of this mode only: keeping its maps would keep the copy
+            return build()
         if key not in maps:
             maps[key] = build()
         return maps[key]
@@ -382,13 +392,13 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
     # keyed by the copies themselves (held in the key, so an id is never reused while kept)
     run.originals = kept(("modules", variant, model32), lambda: _module_map(variant, model32))
     run.original_tensors = kept(("tensors", variant, model32), lambda: _tensor_map(variant, model32))
-    run.reference_tensors = kept(("tensors", variant, model64), lambda: _tensor_map(variant, model64))
+    run.reference_tensors = run.original_tensors
     return run
 
 
 def _variant(model: torch.nn.Module, change) -> torch.nn.Module:
     """A copy of ``model`` whose tensors are ``change(module, name, tensor)``, or shared where that is None."""
-    memo: Dict[int, Any] = {}
+    memo = detached_state(model)
     for module in model.modules():
         for pname, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
             if id(t) in memo:

@@ -8,7 +8,7 @@ A finding predicts one of a few things; the probe compares it with the matching 
 | PCL002 | a non-finite fp32 value | the node in float64 and in each mode | it is inf/NaN there too |
 | PCL101 | a float16 overflow | the node in the mode's run | it is inf/NaN there (the reference is finite) |
 | PCL205 | the conv's own (local) error | its local error | measured >= predicted / 3 |
-| PCL301 | decisions flip | the decisions of the mode's run | at least one flipped |
+| PCL301 | decisions flip | the decisions of the mode's run (else its detections) | at least one flipped |
 | others | the error the node's value carries | its received error | measured >= predicted / 3 |
 
 A third, because the error model's measured/predicted ratios over whole layers of ten torchvision
@@ -82,15 +82,20 @@ def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfi
         return figure
     m = measure.nodes.get(f.node)
     if m is None:
-        return None
+        return _detections_figure(measure) if kind == "flips" else None
     if kind == "flips":
         site = [n for n in graph.nodes if _same_site(graph[f.node], n)]
         flips = [measure.nodes[n.name] for n in site if n.name in measure.nodes and measure.nodes[n.name].flips is not None]
         if not flips:
-            return None
+            return _detections_figure(measure)
         units = sum(x.units or 0 for x in flips)
         changed = sum(x.flips or 0 for x in flips)
-        figure = ErrorFigure(m.received.rel_error if m.received else None, m.received.max_abs_error if m.received else None,
+        # the error is that of what the decision reads (as PCL301 predicts it): an NMS's or argmax's
+        # own result is indices, which carry no relative error
+        node = graph[f.node]
+        source = m if m.received is not None else measure.nodes.get(node.inputs[0]) if node.inputs else None
+        received = source.received if source is not None else None
+        figure = ErrorFigure(received.rel_error if received else None, received.max_abs_error if received else None,
                              flip_fraction=changed / units if units else 0.0)
         figure.status = "confirmed" if changed > 0 else "refuted"
         return figure
@@ -107,6 +112,19 @@ def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfi
         return None
     figure = ErrorFigure(source.rel_error, source.max_abs_error)
     figure.status = _by_size(predicted, source.rel_error, m.nonfinite)
+    return figure
+
+
+def _detections_figure(measure: ModeMeasure) -> Optional[ErrorFigure]:
+    """A decision the mode's run did not reach on the reference's path (an earlier flip sent it
+    elsewhere), or could not compare unit by unit, is judged by what the decisions did to the
+    detections the model returns, when it returns detections."""
+    changes = measure.detections
+    if changes is None or not changes.units:
+        return None
+    figure = ErrorFigure(measure.output.rel_error if measure.output else None,
+                         measure.output.max_abs_error if measure.output else None, flip_fraction=changes.flip_fraction)
+    figure.status = "confirmed" if changes.changed else "refuted"
     return figure
 
 
@@ -156,6 +174,8 @@ def summary_entries(result: ProbeResult, degenerate: bool = False) -> Dict[str, 
         entry["finite"] = measure.output_finite
         if measure.output_units:
             entry["flip_fraction"] = measure.output_flips / measure.output_units
+        if measure.detections is not None:
+            entry["detections"] = measure.detections.as_dict()
         if measure.explained is not None:
             entry["explained_by_contributions"] = round(measure.explained, 4)
         if measure.tolerance is not None:
@@ -172,12 +192,15 @@ def probe_notes(result: ProbeResult, display) -> List[str]:
             if env["device"] == "cpu" else f"emulated on {env['device']}"
     else:
         where = f"measured on {env.get('gpu', env['device'])} (CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')})"
-    notes = [f"probe: {where}, torch {env['torch']}, against a float64 reference on the same device"]
+    reference = env.get("reference", {}).get("dtype", "float64")
+    notes = [f"probe: {where}, torch {env['torch']}, against a {reference} reference on the same device"]
     notes += [f"probe: {n}" for n in result.notes]
     for mode, measure in result.modes.items():
         if measure.error is not None:
             notes.append(f"probe: {mode} could not be measured: {measure.error}")
             continue
+        if measure.detections is not None:
+            notes.append(f"probe: {mode} detections against the {reference} reference: {measure.detections.describe()}")
         if measure.first_nonfinite is not None:
             notes.append(f"probe: under {mode} the values first become inf/NaN at {display(measure.first_nonfinite)}")
         if measure.diverged_at is not None:
