@@ -245,6 +245,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                       timeouts={"model": args.model_timeout, "source": args.source_timeout})
     counts = collections.Counter()
     start = time.monotonic()
+    # a run in the background (nohup, &) ignores SIGINT: SIGTERM stops it as cleanly
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with open(log_path, "a") as log:
         def on_result(entry):
             if args.recheck:
