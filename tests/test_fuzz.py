@@ -1,22 +1,31 @@
-"""A fixed, seeded sample of the fuzz cases (benchmarks/fuzz): generated model files through ``preclint
-check`` and mutated Python files through ``--source-only``, ``--fix`` and ``--diff``, each judged by the
-fuzz oracle (no traceback, internal error, signal, hang or invalid document; a mistake is one line and
-exit 2; a fix never breaks a file that compiled nor touches one it was not asked to).
+"""Fuzzing preclint (benchmarks/fuzz): a fixed, seeded sample of generated model files through
+``preclint check`` and mutated Python files through ``--source-only``, ``--fix`` and ``--diff``, each
+judged by the fuzz oracle (no traceback, internal error, signal, hang or invalid document; a mistake
+is one line and exit 2; a fix never breaks a file that compiled nor touches one it was not asked to).
+The oracle itself is tested on planted failures, and each failure the long run found is reproduced
+here as a user met it.
 
 The same cases run every time. ``PRECLINT_FUZZ_N=K`` runs K times as many (new seeds after the fixed
 ones); ``python -m benchmarks.fuzz --models 10000 --sources 10000`` is the long run.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 from benchmarks.fuzz import cases
+from benchmarks.fuzz.minimize import minimize_text
+from benchmarks.fuzz.oracle import Run, judge, run_in_child, run_in_process
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALE = max(1, int(os.environ.get("PRECLINT_FUZZ_N", "1")))
-MODELS = 30 * SCALE
-SOURCES = 300 * SCALE
+MODELS = 6 * SCALE
+SOURCES = 60 * SCALE
 SOURCE_BATCH = 30
 
 
@@ -27,11 +36,13 @@ def _failure(name: str, checked) -> str:
     return f"{name}: {v.failure}: {v.detail}\n(rebuild it with benchmarks.fuzz.cases.build({name!r})){tail}"
 
 
+# ------------------------------------------------------------------ the seeded sample
+
+
 @pytest.mark.parametrize("seed", range(MODELS))
 def test_generated_model(seed, tmp_path):
     name = f"model-{seed}"
-    case = cases.build(name)
-    checked = cases.check(case, str(tmp_path))
+    checked = cases.check(cases.build(name), str(tmp_path))
     assert checked.verdict.ok, _failure(name, checked)
 
 
@@ -45,3 +56,155 @@ def test_mutated_sources(first, tmp_path, monkeypatch):
         if not checked.verdict.ok:
             failures.append(_failure(name, checked))
     assert not failures, "\n\n".join(failures)
+
+
+def test_cases_are_reproducible():
+    a, b = cases.build("model-11"), cases.build("model-11")
+    assert (a.files, a.argv, a.tags) == (b.files, b.argv, b.tags)
+    s, t = cases.build("source-7", "own"), cases.build("source-7", "own")
+    assert (s.data, s.argv, s.mode) == (t.data, t.argv, t.mode)
+
+
+# ------------------------------------------------------------------ the oracle on planted failures
+
+_MODEL = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        {body}
+        return self.fc(x)
+
+model = Net()
+example_inputs = (torch.randn(2, 4),)
+"""
+
+
+def _model(tmp_path, body: str) -> str:
+    (tmp_path / "m.py").write_text(_MODEL.replace("{body}", body))
+    return str(tmp_path)
+
+
+def test_the_oracle_passes_a_clean_run(tmp_path):
+    argv = ["check", "m.py", "--output-format", "json"]
+    run = run_in_process(argv, _model(tmp_path, "pass"))
+    assert run.rc in (0, 1), run.stderr
+    assert judge(run, argv, valid=True).ok
+
+
+def test_the_oracle_sees_a_process_killed_by_a_signal(tmp_path):
+    argv = ["check", "m.py"]
+    run = run_in_child(argv, _model(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"), timeout=120)
+    verdict = judge(run, argv, valid=True)
+    assert verdict.failure == "crash" and "SIGSEGV" in verdict.signature, verdict
+
+
+def test_the_oracle_sees_a_hang(tmp_path):
+    argv = ["check", "m.py"]
+    (tmp_path / "m.py").write_text("while True:\n    pass\n")
+    run = run_in_child(argv, str(tmp_path), timeout=3)
+    assert judge(run, argv, valid=True).failure == "hang"
+
+
+def test_the_oracle_sees_an_internal_error_and_a_traceback():
+    argv = ["check", "m.py"]
+    internal = Run(2, "", "preclint: internal error: KeyError: 'x' (run with --debug for the traceback)\n", 0.1)
+    assert judge(internal, argv, valid=True).failure == "crash"
+    traceback = Run(1, "", 'Traceback (most recent call last):\n  File "/x/preclint/cli.py", line 1, in main\nValueError: y\n', 0.1)
+    verdict = judge(traceback, argv, valid=True)
+    assert verdict.failure == "crash" and "ValueError at cli.py:main" in verdict.signature
+    assert judge(Run(3, "", "", 0.1), argv, valid=True).failure == "exit-status"
+
+
+@pytest.mark.parametrize("fmt, stdout", [
+    ("json", '{"findings": ['),  # cut short
+    ("json", '{"findings": [], "x": NaN}'),  # not JSON, though Python's json reads it
+    ("sarif", '{"version": "2.1.0", "runs": "none"}'),  # parses, fails the schema
+    ("sarif", '{"version": "2.1.0", "runs": []}{"version": "2.1.0", "runs": []}'),  # two documents
+    ("rdjson", '{"diagnostics": [{"message": "m", "location": {"path": "a.py", "range": {"start": {"line": 0}}}}]}'),
+    ("github", "::error file=a.py,line=x::message\n"),
+])
+def test_the_oracle_sees_an_invalid_document(fmt, stdout):
+    argv = ["check", "m.py", "--output-format", fmt]
+    assert judge(Run(1, stdout, "", 0.1), argv, valid=True).failure == "invalid-document"
+
+
+def test_the_oracle_sees_a_model_file_preclint_modified(tmp_path, monkeypatch):
+    """A planted bug: the check writes into the model file it was given."""
+    import preclint.cli
+
+    original = preclint.cli.main
+
+    def writes_back(argv):
+        for name in argv:
+            if name.split(":")[0].endswith(".py"):
+                with open(name.split(":")[0], "a") as f:
+                    f.write("# touched\n")
+        return original(argv)
+
+    monkeypatch.setattr(preclint.cli, "main", writes_back)
+    case = cases.build("model-0")
+    assert not case.process
+    checked = cases.check(case, str(tmp_path))
+    assert checked.verdict.failure == "modified-input", checked.verdict
+
+
+def test_the_oracle_sees_a_user_error_with_a_traceback_or_a_silent_exit():
+    argv = ["check", "m.py", "--input-shape", "x"]
+    assert judge(Run(2, "", "", 0.1), argv, valid=False).failure == "user-error"
+    two = Run(2, "", "preclint: error: bad shape\nsomething else\n", 0.1)
+    assert judge(two, argv, valid=False).failure == "user-error"
+    assert judge(Run(2, "", "preclint: error: bad shape\n", 0.1), argv, valid=False).ok
+
+
+def test_the_minimizer_keeps_the_failure():
+    text = "\n".join(f"a{i} = {i}" for i in range(40)) + "\nboom = 1\n" + "\n".join(f"b{i} = {i}" for i in range(40))
+    small = minimize_text(text, lambda t: "boom" in t)
+    assert "boom" in small and len(small) < 10
+
+
+# ------------------------------------------------------------------ failures the long run found
+
+
+def _preclint(args, cwd):
+    return subprocess.run([sys.executable, "-m", "preclint", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def test_a_model_whose_output_holds_inf_or_nan_is_reported_not_crashed(tmp_path):
+    """The check of a model whose float32 run makes inf or NaN ended in an internal error."""
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+
+            def forward(self, x):
+                y = self.fc(x)
+                dropped = torch.where(y > 0, torch.log(-y.abs() - 1), y)  # NaN where the where keeps y
+                return y / 0.0, dropped
+        model = Net()
+        example_inputs = (torch.randn(2, 4),)
+    """))
+    result = _preclint(["check", "m.py", "--output-format", "json"], tmp_path)
+    assert "internal error" not in result.stderr and result.returncode == 1, result.stderr
+    codes = {f["code"] for f in json.loads(result.stdout)["findings"]}
+    assert "PCL002" in codes  # the infinities reach the output
+
+
+def test_a_source_file_with_a_literal_python_cannot_evaluate_is_checked(tmp_path):
+    """A 5,000-digit integer (beyond Python's int-to-str limit) ended a --source-only run in an
+    internal error; libcst parses it, Python does not evaluate it."""
+    (tmp_path / "t.py").write_text("import torch\nx = " + "9" * 5000 + "\ny = 1e" + "9" * 5000
+                                   + "\ntorch.testing.assert_allclose(x, x, rtol=" + "1" * 5000 + ")\n")
+    result = _preclint(["check", "--source-only", "t.py", "--output-format", "json"], tmp_path)
+    assert result.returncode == 1 and "error" not in result.stderr, result.stderr
+    assert [f["code"] for f in json.loads(result.stdout)["findings"]] == ["PCL503"]

@@ -781,8 +781,11 @@ class ModelGenerator:
         if form == "attribute":
             return form, "ATTRIBUTE(" + "".join(f"{e}, " for e in exprs) + ")", []
         flags: List[str] = []
+        named = False  # positional inputs first, then keywords (as in a call)
         for name, spec in zip(names, flag_inputs):
-            flags += ["--input", spec if r.random() < 0.5 else f"{name}={spec}"]
+            draw = r.random()  # drawn for every input, so that other seeds' cases stay as they were
+            named = named or draw >= 0.5
+            flags += ["--input", f"{name}={spec}" if named else spec]
         return "flags", "", flags
 
     @staticmethod
