@@ -208,3 +208,33 @@ def test_a_source_file_with_a_literal_python_cannot_evaluate_is_checked(tmp_path
     result = _preclint(["check", "--source-only", "t.py", "--output-format", "json"], tmp_path)
     assert result.returncode == 1 and "error" not in result.stderr, result.stderr
     assert [f["code"] for f in json.loads(result.stdout)["findings"]] == ["PCL503"]
+
+
+def test_a_submodule_that_never_called_module_init_is_one_line_and_exit_2(tmp_path):
+    """A block whose __init__ forgets super().__init__() ended in an internal error (AttributeError:
+    '_modules') while preclint looked for the model."""
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self):
+                self.scale = 2.0
+
+            def forward(self, x):
+                return x * self.scale
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.block = Block()
+
+            def forward(self, x):
+                return self.block(x)
+
+        example_inputs = (torch.randn(2, 4),)
+    """))
+    result = _preclint(["check", "m.py"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("preclint: error: m.py: Block was never initialised as an nn.Module "
+                                     "(its __init__ does not call super().__init__())")

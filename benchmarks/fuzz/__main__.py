@@ -221,7 +221,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--recheck", action="store_true", help="run the cases that failed again")
     parser.add_argument("--summary-only", action="store_true", help="write the summary from the log and stop")
     parser.add_argument("--recycle", type=int, default=200, help="cases a worker checks before it is replaced")
+    parser.add_argument("--minimize", metavar="CASE", help="shrink one failing case (model-N, source-N) to a reproducer")
     args = parser.parse_args(argv)
+    if args.minimize:
+        return minimize(args.minimize, args.corpus, args.state / "minimized" / args.minimize,
+                        args.model_timeout if args.minimize.startswith("model") else args.source_timeout)
 
     args.state.mkdir(parents=True, exist_ok=True)
     log_path = args.state / f"log-{args.corpus}.jsonl"
@@ -273,6 +277,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     import shutil
 
     shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def minimize(name: str, corpus: str, out: Path, timeout: float) -> int:
+    """Shrink case ``name`` and write the reproducer (its files and command line) under ``out``."""
+    import torch
+
+    from benchmarks.fuzz import cases
+    from benchmarks.fuzz.minimize import shrink_case, signature_in_fork
+
+    torch.set_num_threads(1)  # the candidates run in forked children
+    small = shrink_case(cases.build(name, corpus), timeout)
+    if small is None:
+        print(f"{name} passes: nothing to shrink")
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    files = dict(getattr(small, "files", {})) or {"proj/target.py": small.data, **small.extra}
+    for rel, content in {**files, **getattr(small, "binary", {})}.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogateescape"))
+    argv = small.argv or ["check", "--source-only", "proj/target.py"]  # an api case: check_file on the file
+    (out / "command.txt").write_text("preclint " + " ".join(argv) + "\n" + signature_in_fork(small, timeout) + "\n")
+    print(f"{name}: reproducer in {out} ({sum(len(v) for v in files.values())} bytes): preclint {' '.join(argv)}")
     return 0
 
 

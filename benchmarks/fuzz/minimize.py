@@ -149,3 +149,74 @@ def run_forked(argv: Sequence[str], files: "dict", timeout: float = 120.0):
 
     shutil.rmtree(directory, ignore_errors=True)
     return Run(rc, out_text, err_text, time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------------ whole cases
+
+def signature_in_fork(case, timeout: float = 120.0) -> str:
+    """The oracle's signature for ``case`` ("" when it passes), checked in a forked child, so that a
+    case that kills or hangs its process is seen as the long run sees it (a signal, a time limit)."""
+    import os
+    import signal
+    import time
+
+    from benchmarks.fuzz import cases
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: check, report the signature, leave without the parent's clean-up
+        try:
+            os.close(read)
+            os.setsid()
+            verdict = cases.check(case).verdict
+            os.write(write, (verdict.signature if not verdict.ok else "").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    start = time.monotonic()
+    status = None
+    while time.monotonic() - start < timeout:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+        status = None
+    if status is None:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+        return "hang: harness time limit"
+    with os.fdopen(read, "rb") as f:
+        answer = f.read().decode()
+    if os.WIFSIGNALED(status):
+        return f"crash: signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return answer
+
+
+def shrink_case(case, timeout: float = 120.0, budget: int = 300):
+    """``case`` made small (its largest file, then its flags), failing with the same signature; None
+    when it does not fail."""
+    import dataclasses
+
+    wanted = signature_in_fork(case, timeout)
+    if not wanted:
+        return None
+
+    def fails(candidate) -> bool:
+        return signature_in_fork(candidate, timeout) == wanted
+
+    if hasattr(case, "files"):  # a model case: its largest file, then its flags
+        name = max(case.files, key=lambda n: len(case.files[n]))
+        text = minimize_text(case.files[name], lambda t: fails(dataclasses.replace(case, files={**case.files, name: t})),
+                             budget)
+        case = dataclasses.replace(case, files={**case.files, name: text})
+        argv = minimize_argv(case.argv, lambda a: fails(dataclasses.replace(case, argv=a)), keep=2)
+        return dataclasses.replace(case, argv=argv)
+    if case.mode != "many":  # a source case: the mutated file, then the flags
+        text = case.data.decode("utf-8", "surrogateescape")
+        text = minimize_text(text, lambda t: fails(dataclasses.replace(case, data=t.encode("utf-8", "surrogateescape"))),
+                             budget)
+        case = dataclasses.replace(case, data=text.encode("utf-8", "surrogateescape"))
+    if case.argv:
+        case = dataclasses.replace(case, argv=minimize_argv(case.argv, lambda a: fails(dataclasses.replace(case, argv=a))))
+    return case

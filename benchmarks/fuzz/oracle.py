@@ -261,9 +261,10 @@ def _innermost(text: str) -> str:
     return f"{exc} at {where}"
 
 
-def normalise(message: str) -> str:
-    """A message without its particulars (numbers, names, paths), for grouping failures."""
-    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
+def normalise(message: str, keep_names: bool = False) -> str:
+    """A message without its particulars (numbers, names, paths), for grouping failures; with
+    ``keep_names`` the quoted names stay (in an internal error they say which bug it is)."""
+    text = message if keep_names else re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
     text = re.sub(r"\S+\.py(:\w+)?(:\d+)?", "FILE", text)
     text = re.sub(r"\b\d[\d.e+-]*\b", "N", text)
     text = re.sub(r"\b(torch\.)?(float|int|bfloat|uint|complex)\d*\b|\bbool\b", "DTYPE", text)
@@ -289,7 +290,7 @@ def judge(run: Run, argv: Sequence[str], valid: bool, targets: int = 1, interrup
                            f"crash: traceback {_innermost(text)}")
     internal = [line for line in run.stderr.splitlines() if "internal error" in line]
     if internal:
-        return Verdict("crash", internal[0][:200], f"crash: {normalise(internal[0])}")
+        return Verdict("crash", internal[0][:200], f"crash: {normalise(internal[0], keep_names=True)}")
     allowed = {0, 1, 2} | ({130} if run.interrupted or interrupted_ok else set())
     if run.rc not in allowed:
         return Verdict("exit-status", f"exit {run.rc}", f"exit-status: {run.rc}")
