@@ -238,3 +238,27 @@ def test_a_submodule_that_never_called_module_init_is_one_line_and_exit_2(tmp_pa
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == ("preclint: error: m.py: Block was never initialised as an nn.Module "
                                      "(its __init__ does not call super().__init__())")
+
+
+def test_a_weight_read_by_f_linear_under_tf32_is_ordinary_rounding_in_the_probe(tmp_path):
+    """``--probe`` on F.linear(x, self.lin.weight) ended in an internal error (ZeroDivisionError): the
+    weight, stored in float32, was taken to round nothing under TF32, though the matmul rounds it."""
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(8, 16)
+
+            def forward(self, z):
+                return F.linear(F.normalize(z, dim=-1), self.lin.weight)
+
+        model = Net()
+        example_inputs = (torch.randn(4, 8),)
+    """))
+    result = _preclint(["check", "m.py", "--probe", "cpu", "--output-format", "json"], tmp_path)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert [f["code"] for f in json.loads(result.stdout)["findings"]] == []
