@@ -262,3 +262,30 @@ def test_a_weight_read_by_f_linear_under_tf32_is_ordinary_rounding_in_the_probe(
     result = _preclint(["check", "m.py", "--probe", "cpu", "--output-format", "json"], tmp_path)
     assert result.returncode == 0 and not result.stderr, result.stderr
     assert [f["code"] for f in json.loads(result.stdout)["findings"]] == []
+
+
+def test_fix_keeps_the_comments_above_an_import_it_removes(tmp_path):
+    """--fix replaced @autocast(...) from torch.cuda.amp and removed the import, and with it the
+    comment above the import."""
+    (tmp_path / "t.py").write_text(textwrap.dedent("""\
+        import torch
+
+
+        # Ensure returned array dtype is correct for platform
+
+        from torch.cuda.amp import autocast
+
+        @autocast(enabled=False)
+        def forward(x):
+            return x
+
+
+        # mixed precision for the tail
+        from torch.cuda.amp import autocast as ac
+    """))
+    result = _preclint(["check", "--source-only", "--fix", "--unsafe-fixes", "t.py"], tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    text = (tmp_path / "t.py").read_text()
+    assert "from torch.cuda.amp import autocast\n" not in text  # the fix was made
+    assert "# Ensure returned array dtype is correct for platform\n\n@torch.autocast(" in text, text
+    compile(text, "t.py", "exec")

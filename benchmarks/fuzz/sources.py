@@ -392,10 +392,26 @@ def _encoding_of(data: bytes) -> Optional[str]:
         return None
 
 
+def _comments(data: bytes) -> "collections.Counter[str]":
+    """The comments of a file, counted (none when it does not tokenize)."""
+    import collections
+    import io
+    import tokenize
+
+    try:
+        return collections.Counter(t.string for t in tokenize.tokenize(io.BytesIO(data).readline)
+                                   if t.type == tokenize.COMMENT)
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError, ValueError):
+        return collections.Counter()
+
+
 def fix_problem(before: bytes, after: bytes) -> Optional[str]:
     """What a fix broke in a file: compiling, encoding, BOM, line endings."""
     if compiles(before) and not compiles(after):
         return "the fixed file no longer compiles"
+    lost = _comments(before) - _comments(after)
+    if lost:
+        return f"the fix deleted a comment: {next(iter(lost))[:60]!r}"
     if before.startswith(b"\xef\xbb\xbf") != after.startswith(b"\xef\xbb\xbf"):
         return "the fix added or removed the BOM"
     if _encoding_of(before) != _encoding_of(after):
@@ -473,7 +489,7 @@ def check_cli(case: SourceCase, directory: str) -> Checked:
 
 
 def normalise_problem(problem: str) -> str:
-    return re.sub(r"from \S+ to \S+", "from A to B", problem)
+    return re.sub(r"from \S+ to \S+", "from A to B", problem.split(": '")[0])
 
 
 def check_source_case(case: SourceCase, directory: str) -> Checked:
