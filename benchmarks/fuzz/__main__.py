@@ -38,6 +38,7 @@ class Worker:
     case: Optional[str] = None
     started: float = 0.0
     done: int = 0
+    cpu_start: float = 0.0
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Harness:
     log_path: Path
     recycle: int = 200
     max_rss_mb: int = 2500
+    slack: float = 5.0  # wall time may be this many times the CPU limit
     workers: List[Worker] = field(default_factory=list)
 
     def start_worker(self) -> Worker:
@@ -79,9 +81,20 @@ class Harness:
                 pass
         return code
 
+    def over_time(self, worker: Worker) -> bool:
+        """Past the case's limit in CPU time (of the worker and the processes it started), or in wall
+        time ``slack`` times over (a process blocked on a read uses no CPU). On a machine shared
+        with other work, wall time alone calls a slow case a hang."""
+        limit = self.timeouts[worker.case.rpartition("-")[0]]
+        wall = time.monotonic() - worker.started
+        if wall > limit * self.slack:
+            return True
+        return wall > limit and session_cpu(worker.proc.pid) - worker.cpu_start > limit
+
     def send(self, worker: Worker, name: str) -> None:
         worker.case = name
         worker.started = time.monotonic()
+        worker.cpu_start = session_cpu(worker.proc.pid)
         assert worker.proc.stdin is not None
         worker.proc.stdin.write((name + "\n").encode())
         worker.proc.stdin.flush()
@@ -95,7 +108,7 @@ class Harness:
         while any(w.case for w in self.workers):
             busy = [w for w in self.workers if w.case]
             now = time.monotonic()
-            wait = min(self.timeouts[w.case.rpartition("-")[0]] - (now - w.started) for w in busy)
+            wait = min(self.timeouts[w.case.rpartition("-")[0]] - (now - w.started) for w in busy) / self.slack
             ready, _, _ = select.select([w.results for w in busy], [], [], max(0.05, min(wait, 5.0)))
             for w in list(busy):
                 replace = False
@@ -115,9 +128,10 @@ class Harness:
                         on_result(_died(w.case, code, time.monotonic() - w.started))
                         w.case = None
                         replace = True
-                elif time.monotonic() - w.started > self.timeouts[w.case.rpartition("-")[0]]:
+                elif self.over_time(w):
+                    limit = self.timeouts[w.case.rpartition("-")[0]]
                     on_result({"case": w.case, "kind": w.case.rpartition("-")[0], "tags": [], "failure": "hang",
-                               "detail": f"no result within {self.timeouts[w.case.rpartition('-')[0]]:.0f} s",
+                               "detail": f"no result within {limit:.0f} s of CPU time ({self.slack:.0f}x that of wall time)",
                                "signature": "hang: harness time limit", "seconds": time.monotonic() - w.started})
                     w.case = None
                     replace = True
@@ -129,6 +143,23 @@ class Harness:
                     self.send(w, pending.popleft())
         for w in self.workers:
             self.stop(w)
+
+
+def session_cpu(session: int) -> float:
+    """CPU seconds used so far by the processes of a session (a worker and the pool it starts)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # fields after the name: state, ppid, pgrp, session, ...
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def _died(name: str, code: int, seconds: float) -> Dict[str, object]:
@@ -216,10 +247,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="the files source cases start from (default both)")
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE, help="where the log of results is kept")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the summary (JSON)")
-    parser.add_argument("--model-timeout", type=float, default=300.0, help="seconds for one model case")
-    parser.add_argument("--source-timeout", type=float, default=120.0, help="seconds for one source case")
+    parser.add_argument("--model-timeout", type=float, default=300.0, help="CPU seconds for one model case")
+    parser.add_argument("--source-timeout", type=float, default=120.0, help="CPU seconds for one source case")
     parser.add_argument("--recheck", action="store_true", help="run the cases that failed again")
     parser.add_argument("--summary-only", action="store_true", help="write the summary from the log and stop")
+    parser.add_argument("--slack", type=float, default=5.0,
+                        help="a case is a hang past its time limit in CPU time, or this many times it in wall time")
     parser.add_argument("--recycle", type=int, default=200, help="cases a worker checks before it is replaced")
     parser.add_argument("--minimize", metavar="CASE", help="shrink one failing case (model-N, source-N) to a reproducer")
     args = parser.parse_args(argv)
@@ -246,6 +279,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{len(names)} cases to run ({len(state)} in the log)", flush=True)
     scratch = tempfile.mkdtemp(prefix="preclint-fuzz-")
     harness = Harness(jobs=args.jobs, corpus=args.corpus, scratch=scratch, log_path=log_path, recycle=args.recycle,
+                      slack=args.slack,
                       timeouts={"model": args.model_timeout, "source": args.source_timeout})
     counts = collections.Counter()
     start = time.monotonic()
