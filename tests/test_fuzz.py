@@ -289,3 +289,31 @@ def test_fix_keeps_the_comments_above_an_import_it_removes(tmp_path):
     assert "from torch.cuda.amp import autocast\n" not in text  # the fix was made
     assert "# Ensure returned array dtype is correct for platform\n\n@torch.autocast(" in text, text
     compile(text, "t.py", "exec")
+
+
+def test_a_view_made_in_inference_mode_then_written_through_its_base_is_checked(tmp_path):
+    """torch refuses to read the grad_fn of a view made in inference mode whose base the model then
+    writes in place; the check ended in an internal error."""
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+
+            def forward(self, x):
+                h = F.layer_norm(x, (4,))
+                with torch.inference_mode():
+                    wide = h.expand(2, *h.shape)
+                h.clamp_(-1, 1)
+                return self.fc(wide), self.fc(h)
+
+        model = Net()
+        example_inputs = (torch.randn(3, 4),)
+    """))
+    result = _preclint(["check", "m.py", "--output-format", "json"], tmp_path)
+    assert result.returncode in (0, 1) and not result.stderr, result.stderr
+    assert json.loads(result.stdout)["capture"] == "function-mode"
