@@ -317,3 +317,10 @@ def test_a_view_made_in_inference_mode_then_written_through_its_base_is_checked(
     result = _preclint(["check", "m.py", "--output-format", "json"], tmp_path)
     assert result.returncode in (0, 1) and not result.stderr, result.stderr
     assert json.loads(result.stdout)["capture"] == "function-mode"
+
+
+def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
+    """Compiling a checked file printed its SyntaxWarnings (``1for``, ``"\\d"``) on preclint's stderr."""
+    (tmp_path / "t.py").write_text('import torch\nx = [1for i in range(3)]\ny = "\\d"\ntorch.testing.assert_allclose(x, x)\n')
+    result = _preclint(["check", "--source-only", "--no-cache", "t.py"], tmp_path)
+    assert result.returncode == 1 and result.stderr == "", result.stderr

@@ -32,6 +32,7 @@ import re
 import sys
 import threading
 import tokenize
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple, TypeVar
 
@@ -105,7 +106,9 @@ def judge(text: str, filename: str = "<file>") -> Verdict:
     """CPython's verdict on ``text`` and its expressions deeper than ``DEPTH_BUDGET``. Run it with
     ``run_with_deep_stack``: CPython's own limits on nesting then are those of the running Python."""
     try:
-        tree = compile(text, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        with warnings.catch_warnings():  # the checked file's SyntaxWarnings are not preclint's to print
+            warnings.simplefilter("ignore")
+            tree = compile(text, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as exc:
         message = exc.msg or "invalid syntax"
         nesting = "nested" in message or "too complex" in message
