@@ -324,3 +324,12 @@ def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
     (tmp_path / "t.py").write_text('import torch\nx = [1for i in range(3)]\ny = "\\d"\ntorch.testing.assert_allclose(x, x)\n')
     result = _preclint(["check", "--source-only", "--no-cache", "t.py"], tmp_path)
     assert result.returncode == 1 and result.stderr == "", result.stderr
+
+
+def test_a_name_with_a_zero_width_joiner_is_a_file_that_cannot_be_parsed(tmp_path):
+    """libcst builds a Name node that refuses 'x\\u200d' (CSTValidationError), which ended the run in
+    an internal error; CPython refuses the character too."""
+    (tmp_path / "t.py").write_bytes("import torch\nx\u200d = 1\ntorch.testing.assert_allclose(1, 1)\n".encode())
+    result = _preclint(["check", "--source-only", "--no-cache", "t.py", "--output-format", "concise"], tmp_path)
+    assert result.returncode == 1 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("t.py:2:2: PCL599 Cannot parse the file: invalid non-printable character U+200D")

@@ -142,10 +142,14 @@ class SourceFile:
                 self.elided = len(quiet)
         try:
             return cst.parse_module(text)
-        except cst.ParserSyntaxError as exc:
+        except (cst.ParserSyntaxError, cst.CSTValidationError) as exc:
+            # (libcst's parser builds nodes that refuse what CPython refuses too: a name with a
+            # character no identifier may hold)
             if verdict.error is not None:  # CPython names the error and its place more precisely
                 message, line, column = verdict.error
                 raise ParseFailure(f"cannot parse the file: {message}", line, column) from None
+            if isinstance(exc, cst.CSTValidationError):
+                raise ParseFailure(f"cannot parse the file: {exc}") from None
             raise ParseFailure(f"cannot parse the file: {exc.message}", exc.raw_line, exc.raw_column + 1) from None
         except (RecursionError, MemoryError, ValueError) as exc:  # libcst's native parser's limits
             raise ParseFailure(f"cannot parse the file: {exc}") from None
