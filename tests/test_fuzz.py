@@ -333,3 +333,27 @@ def test_a_name_with_a_zero_width_joiner_is_a_file_that_cannot_be_parsed(tmp_pat
     result = _preclint(["check", "--source-only", "--no-cache", "t.py", "--output-format", "concise"], tmp_path)
     assert result.returncode == 1 and result.stderr == "", result.stderr
     assert result.stdout.startswith("t.py:2:2: PCL599 Cannot parse the file: invalid non-printable character U+200D")
+
+
+def test_a_model_that_fails_with_and_without_gradients_shows_the_failure_users_meet(tmp_path):
+    """A model that writes into its input (refused with gradients) and then fails as users run it
+    was reported with the gradient error, which sends its author the wrong way."""
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(5, 4)
+
+            def forward(self, x):
+                x.clamp_(-1, 1)
+                return self.fc(x)
+
+        model = Net()
+        example_inputs = (torch.randn(2, 4),)
+    """))
+    result = _preclint(["check", "m.py"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr and "leaf" not in result.stderr, result.stderr

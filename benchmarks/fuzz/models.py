@@ -213,7 +213,7 @@ TEMPLATES: List[Tuple[str, Callable[[torch.Tensor], bool], Tuple[str, ...]]] = [
     ("discrete", lambda t: t.dim() >= 1 and t.numel() > 0 and not t.is_complex(), (
         "{a}.argmax(dim={d})", "torch.topk({a}, k={k}, dim={d}).values", "torch.topk({a}.float(), k={k}, dim={d}).indices",
         "{a}.sort(dim={d}).values", "{a}.sort(dim={d}, descending=True).indices", "torch.max({a}, dim={d})[0]",
-        "{a}.argsort(dim={d})", "torch.argmin({a})", "torch.unique({a})", "{a}.argmax(-1, keepdim=True)",
+        "{a}.argsort(dim={d})", "torch.argmin({a})", "torch.unique({a}).sum()", "{a}.argmax(-1, keepdim=True)",
         "torch.gather({a}, {d}, {a}.argsort(dim={d}))", "torch.searchsorted({a}.flatten().sort().values, {a}.flatten())",
         "torch.kthvalue({a}.float(), 1, dim={d}).values", "torch.mode({a}, dim={d}).values",
     )),
@@ -224,7 +224,7 @@ TEMPLATES: List[Tuple[str, Callable[[torch.Tensor], bool], Tuple[str, ...]]] = [
     )),
     ("integer", _int, (
         "{a} // 3", "{a} % 7", "{a} & 1", "{a} * 2 + 1", "torch.div({a}, 2, rounding_mode='floor')", "{a}.float() / 3",
-        "{a} >> 1", "{a} ^ {b}", "{a}.sum()", "torch.bincount({a}.flatten().clamp(min=0))", "{a}.abs() % 1000",
+        "{a} >> 1", "{a} ^ {b}", "{a}.sum()", "torch.bincount({a}.flatten().clamp(min=0)).sum()", "{a}.abs() % 1000",
         "F.one_hot({a}.clamp(0, 9).long(), 10)", "{a} * 1000003", "{a}.cumsum(0)", "({a} * 65537).float()",
         "{a}.double() * 2 ** 60", "torch.div({a}, 3)",
     )),
@@ -233,10 +233,10 @@ TEMPLATES: List[Tuple[str, Callable[[torch.Tensor], bool], Tuple[str, ...]]] = [
         "{a}.unsqueeze(0)", "{a}.squeeze()", "{a}.contiguous()", "torch.cat([{a}, {a}], dim={d})",
         "torch.stack([{a}, {b}], dim=0)", "{a}[..., :{k}]", "{a}[:, None]", "{a}[0]", "{a}.chunk(2, dim={d})[0]",
         "{a}.split(1, dim={d})[-1]", "{a}.flip(0)", "{a}.roll(1, 0)", "torch.repeat_interleave({a}, 2, dim=0)",
-        "{a}.narrow({d}, 0, {k})", "{a}.expand(2, *{a}.shape)", "{a}.view(-1)", "{a}[{a} > 0]", "{a}.mT",
+        "{a}.narrow({d}, 0, {k})", "{a}.expand(2, *{a}.shape)", "{a}.view(-1)", "{a}[{a} > 0].sum()", "{a}.mT",
         "{a}.unflatten(-1, ({a}.shape[-1], 1))", "{a}.reshape({a}.shape[0], -1)", "{a}[::2]", "{a}[-1:]",
         "{a}.movedim(0, -1)", "torch.tensor({a}.flatten()[:4].tolist())", "{a}.detach()", "{a}.clone()",
-        "{a}.new_zeros({a}.shape)", "torch.zeros_like({a})", "{a}.masked_select({a} > 0)",
+        "{a}.new_zeros({a}.shape)", "torch.zeros_like({a})", "{a}.masked_select({a} > 0).sum()",
     )),
     ("random", _float, (
         "torch.randn_like({a})", "{a} + torch.rand_like({a}) * 1e-3", "F.dropout({a}, 0.1, training=True)",
@@ -253,6 +253,9 @@ TEMPLATES: List[Tuple[str, Callable[[torch.Tensor], bool], Tuple[str, ...]]] = [
         "F.avg_pool2d({a}, 2, ceil_mode=True)", "F.pixel_shuffle({a}, 1)", "F.unfold({a}, 2)",
     )),
 ]
+
+# (ops whose result's shape depends on values, unique, boolean indexing, masked_select, bincount, are
+# summed: the checked run draws other values than this process, and a shape must not follow them)
 
 # In-place statements: no new variable; the operand changes.
 INPLACE = (
