@@ -254,6 +254,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--slack", type=float, default=5.0,
                         help="a case is a hang past its time limit in CPU time, or this many times it in wall time")
     parser.add_argument("--recycle", type=int, default=200, help="cases a worker checks before it is replaced")
+    parser.add_argument("--note", action="append", default=[], help="a line the summary keeps (what a figure means)")
     parser.add_argument("--minimize", metavar="CASE", help="shrink one failing case (model-N, source-N) to a reproducer")
     args = parser.parse_args(argv)
     if args.minimize:
@@ -272,7 +273,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # interleaved, so that both kinds progress together
         names = [n for pair in _zip_longest(wanted, wanted_sources) for n in pair if n and n not in state]
     meta = {"command": "python -m benchmarks.fuzz " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "corpus": args.corpus}
+            "corpus": args.corpus, **({"notes": args.note} if args.note else {})}
     if args.summary_only or not names:
         _write_summary(args.out, entries, meta)
         return 0
