@@ -357,3 +357,15 @@ def test_a_model_that_fails_with_and_without_gradients_shows_the_failure_users_m
     result = _preclint(["check", "m.py"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr and "leaf" not in result.stderr, result.stderr
+
+
+def test_a_huge_expression_the_rules_would_read_is_named_not_parsed_for_minutes(tmp_path):
+    """A 10,000-term sum of ``torch.tensor(1e-8)`` holds words the rules look for, so it was kept for
+    libcst, whose time grows faster than quadratically with it: minutes for one file."""
+    (tmp_path / "t.py").write_text("import torch\nx = " + " + ".join(["torch.tensor(1e-8)"] * 10_000)
+                                   + "\nwith torch.cuda.amp.autocast():\n    pass\n")
+    result = _preclint(["check", "--source-only", "--no-cache", "t.py", "--output-format", "json"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    found = {(f["code"], f["location"]["line"]): f["message"] for f in json.loads(result.stdout)["findings"]}
+    assert "cannot check the expression at line 2: it nests 100" in found[("PCL599", 2)].lower()
+    assert ("PCL502", 3) in found  # the rest of the file is checked

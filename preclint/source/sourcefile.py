@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from preclint.findings import Finding, Location
-from preclint.source.guard import blank, elide, judge
+from preclint.source.guard import MAX_DEPTH, blank, elide, judge
 from preclint.source.safe_io import read_regular
 
 
@@ -70,6 +70,8 @@ class SourceFile:
         # expression matters
         self.words: Optional["re.Pattern[str]"] = None
         self.elided = 0  # how many expressions were elided: the file then offers no fixes
+        # (line, depth) of expressions elided although the rules look inside: too deep for libcst's time
+        self.unchecked: List[Tuple[int, int]] = []
         # where findings can be: a top-level function or class that holds none of this is not given
         # to libcst (preclint.source.run.check_source(focus=True)); None: parse everything
         self.focus: Optional["re.Pattern[str]"] = None
@@ -132,11 +134,14 @@ class SourceFile:
             quiet = [(start, end) for start, end in verdict.definitions if not focus.search(text, start, end)]
             if quiet:
                 text = blank(text, quiet)
-        if verdict.deep and self.words is not None:
+        if verdict.deep:
             quiet = [
                 deep for deep in verdict.deep
-                if deep.elidable and not self.words.search(text, deep.start, deep.end)
+                if deep.elidable and (deep.depth > MAX_DEPTH or self.words is not None
+                                      and not self.words.search(text, deep.start, deep.end))
             ]
+            self.unchecked = [(text.count("\n", 0, deep.start) + 1, deep.depth) for deep in quiet
+                              if deep.depth > MAX_DEPTH and (self.words is None or self.words.search(text, deep.start, deep.end))]
             if quiet:
                 text = elide(text, quiet)
                 self.elided = len(quiet)
