@@ -67,39 +67,26 @@ def test_cases_are_reproducible():
 
 # ------------------------------------------------------------------ the oracle on planted failures
 
-_MODEL = """
-import torch
-from torch import nn
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x):
-        {body}
-        return self.fc(x)
-
-model = Net()
-example_inputs = (torch.randn(2, 4),)
-"""
-
-
-def _model(tmp_path, body: str) -> str:
-    (tmp_path / "m.py").write_text(_MODEL.replace("{body}", body))
+def _model(tmp_path, forward: str, layer: str = "nn.Linear(4, 4)", inputs: str = "torch.randn(2, 4)") -> str:
+    """Write m.py: a model ``Net`` with one layer ``self.fc`` and the given forward body (over ``x``)."""
+    body = textwrap.indent(textwrap.dedent(forward).strip(), " " * 8)
+    (tmp_path / "m.py").write_text(
+        "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+        f"    def __init__(self):\n        super().__init__()\n        self.fc = {layer}\n\n"
+        f"    def forward(self, x):\n{body}\n\n\nmodel = Net()\nexample_inputs = ({inputs},)\n")
     return str(tmp_path)
 
 
 def test_the_oracle_passes_a_clean_run(tmp_path):
     argv = ["check", "m.py", "--output-format", "json"]
-    run = run_in_process(argv, _model(tmp_path, "pass"))
+    run = run_in_process(argv, _model(tmp_path, "return self.fc(x)"))
     assert run.rc in (0, 1), run.stderr
     assert judge(run, argv, valid=True).ok
 
 
 def test_the_oracle_sees_a_process_killed_by_a_signal(tmp_path):
     argv = ["check", "m.py"]
-    run = run_in_child(argv, _model(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"), timeout=120)
+    run = run_in_child(argv, _model(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"), timeout=120)
     verdict = judge(run, argv, valid=True)
     assert verdict.failure == "crash" and "SIGSEGV" in verdict.signature, verdict
 
@@ -178,22 +165,11 @@ def _preclint(args, cwd):
 
 def test_a_model_whose_output_holds_inf_or_nan_is_reported_not_crashed(tmp_path):
     """The check of a model whose float32 run makes inf or NaN ended in an internal error."""
-    (tmp_path / "m.py").write_text(textwrap.dedent("""
-        import torch
-        from torch import nn
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = nn.Linear(4, 4)
-
-            def forward(self, x):
-                y = self.fc(x)
-                dropped = torch.where(y > 0, torch.log(-y.abs() - 1), y)  # NaN where the where keeps y
-                return y / 0.0, dropped
-        model = Net()
-        example_inputs = (torch.randn(2, 4),)
-    """))
+    _model(tmp_path, """
+        y = self.fc(x)
+        dropped = torch.where(y > 0, torch.log(-y.abs() - 1), y)  # NaN where the where keeps y
+        return y / 0.0, dropped
+    """)
     result = _preclint(["check", "m.py", "--output-format", "json"], tmp_path)
     assert "internal error" not in result.stderr and result.returncode == 1, result.stderr
     codes = {f["code"] for f in json.loads(result.stdout)["findings"]}
@@ -241,24 +217,9 @@ def test_a_submodule_that_never_called_module_init_is_one_line_and_exit_2(tmp_pa
 
 
 def test_a_weight_read_by_f_linear_under_tf32_is_ordinary_rounding_in_the_probe(tmp_path):
-    """``--probe`` on F.linear(x, self.lin.weight) ended in an internal error (ZeroDivisionError): the
+    """``--probe`` on F.linear(x, self.fc.weight) ended in an internal error (ZeroDivisionError): the
     weight, stored in float32, was taken to round nothing under TF32, though the matmul rounds it."""
-    (tmp_path / "m.py").write_text(textwrap.dedent("""
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lin = nn.Linear(8, 16)
-
-            def forward(self, z):
-                return F.linear(F.normalize(z, dim=-1), self.lin.weight)
-
-        model = Net()
-        example_inputs = (torch.randn(4, 8),)
-    """))
+    _model(tmp_path, "return F.linear(F.normalize(x, dim=-1), self.fc.weight)", "nn.Linear(8, 16)", "torch.randn(4, 8)")
     result = _preclint(["check", "m.py", "--probe", "cpu", "--output-format", "json"], tmp_path)
     assert result.returncode == 0 and not result.stderr, result.stderr
     assert [f["code"] for f in json.loads(result.stdout)["findings"]] == []
@@ -294,26 +255,13 @@ def test_fix_keeps_the_comments_above_an_import_it_removes(tmp_path):
 def test_a_view_made_in_inference_mode_then_written_through_its_base_is_checked(tmp_path):
     """torch refuses to read the grad_fn of a view made in inference mode whose base the model then
     writes in place; the check ended in an internal error."""
-    (tmp_path / "m.py").write_text(textwrap.dedent("""
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = nn.Linear(4, 4)
-
-            def forward(self, x):
-                h = F.layer_norm(x, (4,))
-                with torch.inference_mode():
-                    wide = h.expand(2, *h.shape)
-                h.clamp_(-1, 1)
-                return self.fc(wide), self.fc(h)
-
-        model = Net()
-        example_inputs = (torch.randn(3, 4),)
-    """))
+    _model(tmp_path, """
+        h = F.layer_norm(x, (4,))
+        with torch.inference_mode():
+            wide = h.expand(2, *h.shape)
+        h.clamp_(-1, 1)
+        return self.fc(wide), self.fc(h)
+    """, inputs="torch.randn(3, 4)")
     result = _preclint(["check", "m.py", "--output-format", "json"], tmp_path)
     assert result.returncode in (0, 1) and not result.stderr, result.stderr
     assert json.loads(result.stdout)["capture"] == "function-mode"
@@ -338,22 +286,10 @@ def test_a_name_with_a_zero_width_joiner_is_a_file_that_cannot_be_parsed(tmp_pat
 def test_a_model_that_fails_with_and_without_gradients_shows_the_failure_users_meet(tmp_path):
     """A model that writes into its input (refused with gradients) and then fails as users run it
     was reported with the gradient error, which sends its author the wrong way."""
-    (tmp_path / "m.py").write_text(textwrap.dedent("""
-        import torch
-        from torch import nn
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = nn.Linear(5, 4)
-
-            def forward(self, x):
-                x.clamp_(-1, 1)
-                return self.fc(x)
-
-        model = Net()
-        example_inputs = (torch.randn(2, 4),)
-    """))
+    _model(tmp_path, """
+        x.clamp_(-1, 1)
+        return self.fc(x)
+    """, layer="nn.Linear(5, 4)")
     result = _preclint(["check", "m.py"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr and "leaf" not in result.stderr, result.stderr
