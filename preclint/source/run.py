@@ -156,9 +156,8 @@ def _check_source(source: SourceFile, active: Sequence) -> List[Finding]:
         for finding in findings:
             finding.fixable = False
     for line, depth in source.unchecked:
-        findings.append(UnparsableFile.finding_for(
-            source.path, f"cannot check the expression at line {line}: it nests {depth} levels deep (the limit is "
-                         f"{MAX_DEPTH}); the rest of the file is checked", line))
+        findings += _unreadable(source.path, f"cannot check the expression at line {line}: it nests {depth} levels "
+                                             f"deep (the limit is {MAX_DEPTH}); the rest of the file is checked", line)
     return findings
 
 
