@@ -685,12 +685,22 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
     return Graph(nodes, name, "function-mode", source_path=source_path, notes=notes), output
 
 
+def has_history(t: torch.Tensor) -> bool:
+    """Whether ``t`` has autograd history. torch refuses to read the ``grad_fn`` of a view made in
+    inference mode whose base was written in place since (RuntimeError): whether it requires grad
+    answers for it."""
+    try:
+        return t.grad_fn is not None
+    except RuntimeError:
+        return t.requires_grad
+
+
 def _without_history(value, keep: Set[int], depth: int = 0):
     """``value`` with every tensor that has autograd history in it detached (but those in ``keep``):
     containers are changed in place (lists, dicts) or rebuilt (tuples); anything else is returned as
     it is. ``keep`` collects the tensors with history when it is given a fresh set to fill."""
     if isinstance(value, torch.Tensor):
-        return value.detach() if value.grad_fn is not None and id(value) not in keep else value
+        return value.detach() if has_history(value) and id(value) not in keep else value
     if depth > 3:
         return value
     if type(value) is list:
@@ -724,7 +734,7 @@ def tensors_with_history(module: torch.nn.Module) -> Dict[int, torch.Tensor]:
 
     def visit(value, depth=0):
         if isinstance(value, torch.Tensor):
-            if value.grad_fn is not None:
+            if has_history(value):
                 found[id(value)] = value
         elif depth <= 3 and type(value) in (list, tuple, dict, OrderedDict):
             for v in (value.values() if isinstance(value, dict) else value):

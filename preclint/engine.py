@@ -75,8 +75,8 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
         # write into an input, an op autograd refuses): run them as users run inference, without.
         try:
             graph, observer, output = run(with_gradients=False)
-        except ModelRunError:
-            raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {exc}") from exc
+        except ModelRunError as plain:  # it fails as users run it too: that failure is the one to show
+            raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {plain}") from plain
         graph.notes.append(f"error propagation estimated without gradients: the model fails when its values require "
                            f"gradients ({exc})")
     if inspect.isgenerator(output) or inspect.iscoroutine(output) or inspect.isasyncgen(output):

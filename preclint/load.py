@@ -115,6 +115,7 @@ def load_model(
         else:
             display_attr, module = _find_model(origin, seed)
 
+        _require_initialised(origin.label, module)
         module.eval()
         notes: List[str] = []
         if specs is not None:
@@ -324,6 +325,8 @@ def _find_model(origin: _Origin, seed: int) -> tuple[str, nn.Module]:
     # Build every candidate; one that appears inside another (Block inside Net) is not the model.
     instances = {name: _build(origin, name, cls, seed, several=len(buildable) > 1)
                  for name, cls in buildable.items()}
+    for name, instance in instances.items():
+        _require_initialised(origin.label, instance)
     contained_types = {
         type(sub)
         for instance in instances.values()
@@ -339,6 +342,22 @@ def _find_model(origin: _Origin, seed: int) -> tuple[str, nn.Module]:
         f"{origin.label}: several candidate models ({', '.join(roots)}); "
         "pass --model NAME to choose one"
     )
+
+
+def _require_initialised(label: str, module: nn.Module) -> None:
+    """A module whose ``__init__`` never ran ``nn.Module.__init__`` has no registry of submodules,
+    so every walk of the model (``modules()``, ``eval()``) fails on it: say which one."""
+    stack, seen = [module], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        children = vars(current).get("_modules")
+        if children is None:
+            raise UserError(f"{label}: {type(current).__name__} was never initialised as an nn.Module "
+                            "(its __init__ does not call super().__init__())")
+        stack.extend(child for child in children.values() if child is not None)
 
 
 def _module_classes_defined_in(namespace: ModuleType) -> dict[str, type]:

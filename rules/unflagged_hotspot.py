@@ -35,7 +35,7 @@ def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float
     stored in a reduced format, and for a dot product at least C_INPUT * u_in * sqrt(sum (a b)^2)
     plus the stored result's rounding, as if the backend rounded its operands (TF32 included), so that
     a backend's choice between kernels never reads as an excess. None without reference statistics."""
-    from preclint.ir import DOT_PRODUCT_KINDS
+    from preclint.ir import DOT_PRODUCT_KINDS, Kind
     from preclint.numerics import C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, MODES
     from preclint.predict import local_error
 
@@ -46,6 +46,9 @@ def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float
     fmt = DTYPE_FORMATS.get(dtype or "", "fp32")
     stored = C_OUTPUT * FORMATS[fmt].unit_roundoff if fmt != "fp32" else 0.0
     ordinary = max(local_error(node, mode, fmt) / out.rms, stored)
+    if node.kind == Kind.INPUT or node.fn == "parameter":
+        # a weight or input stored in float32 is still rounded where a conv or matmul reads it (TF32)
+        ordinary = max(ordinary, C_OUTPUT * mode.dot_format.unit_roundoff)
     if node.kind in DOT_PRODUCT_KINDS:
         terms = (node.dot_rms or out.rms) / out.rms
         ordinary = max(ordinary, math.hypot(C_INPUT * mode.dot_format.unit_roundoff * terms, stored))
@@ -174,8 +177,11 @@ amplified error.
         if missed:
             reasons.append(f"the {', '.join(missed)} output misses the tolerance")
         for mode, m, ordinary in excess[:1]:
-            reasons.append(f"its own {mode} error {sci(m.local.rel_error)} is {m.local.rel_error / ordinary:.1f}x "
-                           f"what ordinary rounding gives this op ({sci(ordinary)})")
+            if ordinary > 0:
+                reasons.append(f"its own {mode} error {sci(m.local.rel_error)} is {m.local.rel_error / ordinary:.1f}x "
+                               f"what ordinary rounding gives this op ({sci(ordinary)})")
+            else:  # an op that rounds nothing ordinarily (a copy, a max) and still has an error of its own
+                reasons.append(f"its own {mode} error {sci(m.local.rel_error)} where ordinary rounding gives this op none")
         message = f"{ctx.display(node.name)} holds {', '.join(parts)}, measured: {'; '.join(reasons)}; no rule flagged it."
         measured = {mode: ErrorFigure(m.local.rel_error if m.local else None, m.local.max_abs_error if m.local else None)
                     for mode, (m, _) in modes.items()}

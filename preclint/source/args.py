@@ -33,7 +33,9 @@ def has_star(call: cst.Call) -> bool:
 
 def string(node: Optional[cst.BaseExpression]) -> Optional[str]:
     if isinstance(node, cst.SimpleString):
-        value = node.evaluated_value
+        from preclint.source.index import literal
+
+        value = literal(node)
         return value if isinstance(value, str) else None
     return None
 

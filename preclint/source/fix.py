@@ -54,8 +54,39 @@ def apply_fixes(source: SourceFile, fixes: Sequence[Fix]) -> str:
         module = AddImportsVisitor(context).transform_module(module)
         for module_name, name in unused:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name)
-        module = RemoveImportsVisitor(context).transform_module(module)
+        module = _remover(RemoveImportsVisitor)(context).transform_module(module)
     return module.code
+
+
+def _remover(base):
+    """libcst's RemoveImportsVisitor, except that the comments above an import it removes move to the
+    statement that follows (to the end of the block or file when none does) instead of going with it."""
+
+    class KeepComments(base):
+        def __init__(self, context):
+            super().__init__(context)
+            self.pending: List[cst.EmptyLine] = []
+            self.moved: Dict[int, List[cst.EmptyLine]] = {}  # id of the statement -> comments it receives
+
+        def on_visit(self, node) -> bool:
+            if self.pending and isinstance(node, cst.BaseStatement):
+                self.moved[id(node)], self.pending = self.pending, []
+            return super().on_visit(node)
+
+        def on_leave(self, original, updated):
+            result = super().on_leave(original, updated)
+            if isinstance(original, cst.SimpleStatementLine) and (
+                    isinstance(result, cst.RemovalSentinel) or isinstance(result, cst.SimpleStatementLine) and not result.body):
+                lines = list(original.leading_lines)
+                comments = [i for i, line in enumerate(lines) if line.comment]
+                self.pending.extend(self.moved.pop(id(original), []) + (lines[:comments[-1] + 1] if comments else []))
+            elif id(original) in self.moved and isinstance(result, cst.BaseStatement):
+                result = result.with_changes(leading_lines=[*self.moved.pop(id(original)), *result.leading_lines])
+            elif self.pending and isinstance(result, (cst.IndentedBlock, cst.Module)):
+                result, self.pending = result.with_changes(footer=[*result.footer, *self.pending]), []
+            return result
+
+    return KeepComments
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -138,15 +138,25 @@ def dotted_name(node: cst.BaseExpression) -> Optional[str]:
     return ".".join(reversed(parts))
 
 
+def literal(node: Union[cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString]) -> object:
+    """A literal's value, or None where Python cannot evaluate it although libcst parses it (an
+    integer of more than 4,300 digits, an unknown ``\\N{...}`` name in a string)."""
+    try:
+        return node.evaluated_value
+    except (SyntaxError, ValueError, OverflowError, MemoryError):
+        return None
+
+
 def number(node: Optional[cst.BaseExpression], constants: Optional[Dict[str, float]] = None, depth: int = 0) -> Optional[float]:
     """The value of a numeric constant expression (``1e-3``, ``-2``, ``2 ** -10``, ``4 * 2.0 ** -11``,
     a module-level constant), or None. Expressions nested deeper than a literal needs are not evaluated."""
     if node is None or depth > 20:
         return None
     if isinstance(node, (cst.Integer, cst.Float)):
+        value = literal(node)
         try:
-            return float(node.evaluated_value)
-        except (ValueError, OverflowError):
+            return None if value is None else float(value)
+        except OverflowError:
             return None
     if isinstance(node, cst.Name):
         return (constants or {}).get(node.value)
@@ -188,7 +198,7 @@ def _is_main_guard(test: cst.BaseExpression) -> bool:
         return False
     sides = (test.left, target.comparator)
     names = [s for s in sides if isinstance(s, cst.Name) and s.value == "__name__"]
-    strings = [s for s in sides if isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__"]
+    strings = [s for s in sides if isinstance(s, cst.SimpleString) and literal(s) == "__main__"]
     return len(names) == 1 and len(strings) == 1
 
 

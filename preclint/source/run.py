@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from preclint.config import Config
 from preclint.findings import Finding
 from preclint.source.discover import discover
-from preclint.source.guard import run_with_deep_stack
+from preclint.source.guard import MAX_DEPTH, run_with_deep_stack
 from preclint.source.paths import display_path
 from preclint.source.safe_io import NotRegularFile
 from preclint.source.sourcefile import ParseFailure, SourceFile
@@ -176,6 +176,9 @@ def _check_source(source: SourceFile, active: Sequence) -> List[Finding]:
         source.fixes.clear()
         for finding in findings:
             finding.fixable = False
+    for line, depth in source.unchecked:
+        findings += _unreadable(source.path, f"cannot check the expression at line {line}: it nests {depth} levels "
+                                             f"deep (the limit is {MAX_DEPTH}); the rest of the file is checked", line)
     return findings
 
 

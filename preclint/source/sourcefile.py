@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import libcst as cst
 
 from preclint.findings import Finding, Location
-from preclint.source.guard import blank, elide, judge
+from preclint.source.guard import MAX_DEPTH, blank, elide, judge
 from preclint.source.positions import Positions
 from preclint.source.safe_io import read_regular
 
@@ -70,6 +70,8 @@ class SourceFile:
         # expression matters
         self.words: Optional["re.Pattern[str]"] = None
         self.elided = 0  # how many expressions were elided: the file then offers no fixes
+        # (line, depth) of expressions elided although the rules look inside: too deep for libcst's time
+        self.unchecked: List[Tuple[int, int]] = []
         # where findings can be: a top-level function or class that holds none of this is not given
         # to libcst (preclint.source.run.check_source(focus=True)); None: parse everything
         self.focus: Optional["re.Pattern[str]"] = None
@@ -132,21 +134,28 @@ class SourceFile:
             quiet = [(start, end) for start, end in verdict.definitions if not focus.search(text, start, end)]
             if quiet:
                 text = blank(text, quiet)
-        if verdict.deep and self.words is not None:
+        if verdict.deep:
             quiet = [
                 deep for deep in verdict.deep
-                if deep.elidable and not self.words.search(text, deep.start, deep.end)
+                if deep.elidable and (deep.depth > MAX_DEPTH or self.words is not None
+                                      and not self.words.search(text, deep.start, deep.end))
             ]
+            self.unchecked = [(text.count("\n", 0, deep.start) + 1, deep.depth) for deep in quiet
+                              if deep.depth > MAX_DEPTH and (self.words is None or self.words.search(text, deep.start, deep.end))]
             if quiet:
                 text = elide(text, quiet)
                 self.elided = len(quiet)
         self._parsed_text = text
         try:
             return cst.parse_module(text)
-        except cst.ParserSyntaxError as exc:
+        except (cst.ParserSyntaxError, cst.CSTValidationError) as exc:
+            # (libcst's parser builds nodes that refuse what CPython refuses too: a name with a
+            # character no identifier may hold)
             if verdict.error is not None:  # CPython names the error and its place more precisely
                 message, line, column = verdict.error
                 raise ParseFailure(f"cannot parse the file: {message}", line, column) from None
+            if isinstance(exc, cst.CSTValidationError):
+                raise ParseFailure(f"cannot parse the file: {exc}") from None
             raise ParseFailure(f"cannot parse the file: {exc.message}", exc.raw_line, exc.raw_column + 1) from None
         except (RecursionError, MemoryError, ValueError) as exc:  # libcst's native parser's limits
             raise ParseFailure(f"cannot parse the file: {exc}") from None
