@@ -18,7 +18,9 @@ a read per mode would leave it idle while Python issues the next one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import re
 import weakref
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
@@ -41,6 +43,16 @@ from preclint.reference import hook_gradient
 # midpoint is 2^-17.5. Measured TF32 layers sit within 3x of their size and float32 kernels within
 # ~10x of theirs (longer sums), so the two never come near the threshold (a factor of 90 away).
 TF32_THRESHOLD = 2.0 ** -17.5
+
+# ops that keep the value they are given (casts, clamps to a format's range): a precision may add them
+_VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone",
+                            "detach", "clamp", "clip", "clamp_min", "clamp_max", "nan_to_num"})
+
+
+def _name_base(fn: str) -> str:
+    """The base of the names function-mode capture gives ops of kind ``fn`` (_Recorder._unique)."""
+    return re.sub(r"\W", "_", fn) or "op"
+
 
 _NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE, Kind.DECISION, Kind.COMPARE})
 
@@ -475,6 +487,7 @@ class _SweepObserver:
         self.pending: Optional[list] = None
         self.position = 0
         self.diverged_at: Optional[str] = None
+        self.added: Dict[str, int] = {}  # ops a precision added to the reference's path, by name base
         self.scalars = Scalars()
         self.slots: Dict[str, _Slots] = {}
         self.errors: Dict[str, List[Optional[torch.Tensor]]] = {}
@@ -502,7 +515,14 @@ class _SweepObserver:
         if node.kind == Kind.OUTPUT:
             return output
         outs = tensors(output)
+        node = self._as_in_reference(node)
         aligned = self._aligned(node)
+        if not aligned and self.diverged_at is None:
+            if self._added_by_precision(node, orig_args, orig_kwargs, outs):
+                return output
+            # where the paths split: the reference's node this run did not reach
+            order = self.ref.order
+            self.diverged_at = order[self.position] if self.position < len(order) else node.name
         if aligned:
             slots = self.slots[node.name] = _Slots()
             self._received(node.name, outs, slots)
@@ -526,8 +546,39 @@ class _SweepObserver:
         if self.position < len(order) and order[self.position] == node.name and self.ref.fns[node.name] == node.fn:
             self.position += 1
             return True
-        self.diverged_at = node.name
         return False
+
+    def _added_by_precision(self, node, args, kwargs, outs: List[torch.Tensor]) -> bool:
+        """An op the reference did not run that keeps the value it is given (code that casts or
+        clamps only when a value is not float32: T5's ``hidden_states.to(self.wo.weight.dtype)``) or
+        only computes a condition: the run stays on the reference's path. Its result stands for its
+        operand's reference value, and the names the recorder gives later ops of its kind are
+        counted as if it had not run (_as_in_reference)."""
+        floats = [t for t in outs if t.is_floating_point() and t.dim() > 0]
+        if floats and node.fn not in _VALUE_KEEPING:
+            return False
+        if floats:
+            operands = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
+            source = self.producers.get(operands[0]) if operands and operands[0].shape == floats[0].shape else None
+            if source is None or len(floats) != 1:
+                return False
+            self.producers.alias(floats[0], source)
+        base = _name_base(node.fn)
+        self.added[base] = self.added.get(base, 0) + 1
+        return True
+
+    def _as_in_reference(self, node):
+        """The node under the name the reference gave it: the recorder numbers ops by kind, so each op
+        a precision added (_added_by_precision) shifts the numbers of the later ones of its kind."""
+        base = _name_base(node.fn)
+        shift = self.added.get(base)
+        if not shift:
+            return node
+        number = 0 if node.name == base else node.name[len(base) + 1:]
+        if number != 0 and not (node.name.startswith(base + "_") and number.isdigit()):
+            return node
+        number = int(number) - shift
+        return dataclasses.replace(node, name=base if number == 0 else f"{base}_{number}")
 
     def _received(self, name: str, outs: List[torch.Tensor], slots: _Slots) -> None:
         refs = self.ref.values[name]
