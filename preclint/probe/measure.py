@@ -994,6 +994,8 @@ def _amplification(m: NodeMeasure, slots: _Slots, received: Dict[Tuple[str, int]
     if sq_r <= 0 or sq_e <= 0 or not _finite(sq_e) or not _finite(m.received.rel_error):
         return None
     incoming = (sq_e / sq_r) ** 0.5
+    if incoming == 0.0:  # the operands' norm overflows (a finfo.min mask in a float32 reference): no ratio
+        return None
     passed_on = max(m.received.rel_error ** 2 - (m.local.rel_error or 0.0) ** 2, 0.0) ** 0.5
     return passed_on / incoming
 
