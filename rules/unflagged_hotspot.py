@@ -177,8 +177,12 @@ amplified error.
         if missed:
             reasons.append(f"the {', '.join(missed)} output misses the tolerance")
         for mode, m, ordinary in excess[:1]:
-            reasons.append(f"its own {mode} error {sci(m.local.rel_error)} is {m.local.rel_error / ordinary:.1f}x "
-                           f"what ordinary rounding gives this op ({sci(ordinary)})")
+            if ordinary > 0:
+                reasons.append(f"its own {mode} error {sci(m.local.rel_error)} is {m.local.rel_error / ordinary:.1f}x "
+                               f"what ordinary rounding gives this op ({sci(ordinary)})")
+            else:  # an op that runs in float32 under this precision, or is exact in it
+                reasons.append(f"its own {mode} error is {sci(m.local.rel_error)} where ordinary rounding gives "
+                               "this op none")
         message = f"{ctx.display(node.name)} holds {', '.join(parts)}, measured: {'; '.join(reasons)}; no rule flagged it."
         measured = {mode: ErrorFigure(m.local.rel_error if m.local else None, m.local.max_abs_error if m.local else None)
                     for mode, (m, _) in modes.items()}

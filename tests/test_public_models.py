@@ -1,7 +1,11 @@
 """Public model families as a user brings them (random weights, tiny configs): the failures the coverage
 benchmark (benchmarks/coverage.py) found, each reproduced on the model that showed it."""
+import json
+
 import pytest
 import torch
+
+from preclint.cli import main
 
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
@@ -34,3 +38,30 @@ def test_gpt2_with_upcast_attention_is_measured():
     for mode, measure in result.modes.items():
         assert measure.error is None, (mode, measure.error)
         assert 0 < measure.output.rel_error < 0.05, (mode, measure.output)
+
+
+MIXTRAL = '''
+import torch
+import transformers
+
+torch.manual_seed(0)
+config = transformers.MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                    num_experts_per_tok=2)
+model = transformers.MixtralForCausalLM(config).eval()
+example_inputs = {"input_ids": torch.randint(0, 256, (2, 32))}
+'''
+
+
+def test_mixture_of_experts_is_checked_and_probed(tmp_path, capsys):
+    # the router normalises its float32 top-k weights in place after summing them: the reference kept
+    # for the sum's operand was overwritten, its local error read as 0.84 and PCL900, dividing it by
+    # the ordinary error of a float32 op (zero), ended in an internal error
+    path = tmp_path / "mixtral.py"
+    path.write_text(MIXTRAL)
+    code = main(["check", str(path), "--probe", "cpu", "--output-format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1), err
+    report = json.loads(out)
+    for mode, entry in report["summary"].items():
+        assert "error" not in entry["measured_output"], (mode, entry["measured_output"])

@@ -267,18 +267,20 @@ class _ReferenceObserver:
     def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
         self.store = store
         self.protect_inplace = protect_inplace
-        self.producers = Producers()
+        # storage -> kept values that share it (a value the store did not copy: one the model computes
+        # below float64, or any with keep_float64), the views of one another among them
+        self.sharing: Dict[int, List[Tuple[str, int]]] = {}
 
     def before(self, node, args, kwargs, callee):
         inplace = args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs)
-        # An eager in-place op (ReLU(inplace=True) in a recorded model) would overwrite the value
-        # kept for the node that produced its input: keep a copy of that one first.
+        # An eager in-place op (ReLU(inplace=True), Mixtral's `router_top_value /= ...`) would
+        # overwrite the values kept for the nodes whose results share its operand's memory (that
+        # operand, its base, its views): keep copies of those first.
         if self.protect_inplace and inplace:
-            source = self.producers.get(args[0])
-            if source is not None:
-                kept = self.store.values[source[0]]
-                if kept[source[1]] is args[0]:
-                    kept[source[1]] = args[0].detach().clone()
+            for name, j in self.sharing.pop(_storage(args[0]), []):
+                kept = self.store.values[name]
+                if _same_storage(kept[j], args[0]):
+                    kept[j] = kept[j].clone()
         return _widened(args, kwargs, callee, skip_first=inplace)
 
     def rename(self, node, name) -> None:
@@ -299,8 +301,21 @@ class _ReferenceObserver:
         else:
             store.values[node.name] = [store.as_float32(t) for t in tensors(output)]
         if self.protect_inplace:
-            self.producers.add(node.name, tensors(output))
+            for j, (kept, made) in enumerate(zip(store.values[node.name], tensors(output))):
+                if _same_storage(kept, made):
+                    self.sharing.setdefault(_storage(kept), []).append((node.name, j))
         return output
+
+
+def _storage(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage().data_ptr() if t.numel() else None
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+        return None
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return _storage(a) is not None and _storage(a) == _storage(b) and a.device == b.device
 
 
 def reference_pass(program: Program, model64: torch.nn.Module, inputs64: tuple, keep_float64: bool) -> ReferenceStore:
