@@ -587,6 +587,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     probes = [] if args.no_probe else (args.probe.split(",") if args.probe else
                                        ["cpu"] + (["cuda"] if args.device == "cuda" else []))
     env = dict(os.environ)
+    # the children check with the preclint beside this script, installed or not
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = str(args.threads or max(1, (os.cpu_count() or 1) // args.jobs))
     out = args.out
     if out and os.path.isdir(out):
