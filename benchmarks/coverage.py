@@ -325,14 +325,17 @@ def outcome(result: Dict, cut: bool = False) -> Dict:
         entry["error"] = lines[-1][:300] if lines else ""
     if report is not None:
         entry.update(report_figures(report))
-        unmeasured = entry.get("modes_not_measured")
-        if unmeasured:
-            # a precision the probe could not measure: the model's own failure (or memory) is a
-            # degraded result; any other exception is preclint's
-            first = next(iter(unmeasured.values()))
-            own = first.startswith(("the model failed", "out of memory"))
-            entry["status"] = "partial" if own else "internal error"
-            entry["error"] = "; ".join(f"{mode}: {error}" for mode, error in unmeasured.items())[:300]
+    return settle(entry)
+
+
+def settle(entry: Dict) -> Dict:
+    """A run that printed its report but could not measure a precision: the model's own failure (or
+    memory) is a degraded result, any other exception preclint's internal error."""
+    unmeasured = entry.get("modes_not_measured")
+    if entry.get("status") == "ok" and unmeasured:
+        own = all(error.startswith(("the model failed", "out of memory")) for error in unmeasured.values())
+        entry["status"] = "partial" if own else "internal error"
+        entry["error"] = "; ".join(f"{mode}: {error}" for mode, error in unmeasured.items())[:300]
     return entry
 
 
@@ -433,6 +436,11 @@ def summarize_group(entries: List[Dict], probes: List[str]) -> Dict:
     def count(key, status="ok"):
         return sum(1 for e in entries if e.get(key, {}).get("status") == status)
 
+    for e in entries:
+        for key in keys:
+            if key in e:
+                settle(e[key])
+
     captures: Dict[str, int] = {}
     failures: Dict[str, int] = {}
     static: Dict[str, int] = {}
@@ -471,6 +479,14 @@ def summarize_group(entries: List[Dict], probes: List[str]) -> Dict:
     }
 
 
+def load(path: str) -> Dict:
+    """A result file, its summary computed again from its models (as this script now classifies them)."""
+    with open(path) as f:
+        data = json.load(f)
+    data["summary"] = summarize(data["models"], data.get("probes", []))
+    return data
+
+
 def pct(n: int, d: int) -> str:
     return f"{n}/{d} ({100.0 * n / d:.0f}%)" if d else "-"
 
@@ -481,8 +497,7 @@ def markdown(paths: List[str]) -> str:
              "static findings (refuted) | median / max s | peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
+        data = load(path)
         probes = data.get("probes", [])
         for suite, s in list(data["summary"]["suites"].items()) + [("all", data["summary"]["all"])]:
             probed = "; ".join(f"{p}: {pct(s[f'probe_{p}_ok'], s[f'probe_{p}_run'])}" for p in probes) or "not run"
@@ -500,10 +515,7 @@ def markdown(paths: List[str]) -> str:
 def compare(paths: List[str]) -> str:
     """Result files side by side (e.g. before and after a change), then every model that is not ok
     in the last of them."""
-    runs = []
-    for path in paths:
-        with open(path) as f:
-            runs.append(json.load(f))
+    runs = [load(path) for path in paths]
     keys = sorted({k for r in runs for k in r["summary"]["all"] if k.endswith("_ok") or k.endswith("_run")})
     rows = [("models", lambda s: s["models"]),
             ("captured by fx / function-mode",
@@ -574,6 +586,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", help="write the results as JSON here, or into this folder if it is one "
                         "(rewritten after every model)")
     parser.add_argument("--resume", action="store_true", help="keep the models --out already holds, run the rest")
+    parser.add_argument("--retry", action="store_true", help="with --resume, run again the models that were not ok")
     parser.add_argument("--compare", nargs="+", metavar="FILE", help="print result files side by side and exit")
     parser.add_argument("--markdown", nargs="+", metavar="FILE", help="print the README's coverage table and exit")
     args = parser.parse_args(argv)
@@ -602,8 +615,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     entries: List[Dict] = []
     if args.resume and out and os.path.exists(out):
         with open(out) as f:
+            again = ("cut", "not reached") if not args.retry else None
             entries = [e for e in json.load(f)["models"]
-                       if all(e[k]["status"] not in ("cut", "not reached") for k in e if k == "check" or k.startswith("probe_"))]
+                       if all(e[k]["status"] not in again if again else e[k]["status"] == "ok"
+                              for k in e if k == "check" or k.startswith("probe_"))]
     done = {e["model"] for e in entries}
     todo = [n for n in names if n not in done]
     info = machine()
