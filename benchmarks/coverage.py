@@ -184,6 +184,20 @@ HF_MODELS: Dict[str, Tuple[str, str, Dict, str]] = {
              PIXELS),
 }
 
+# A subset that runs in minutes, for the probe on a GPU: each torchvision task (every detector kind),
+# and the timm and transformers families with their own precision decisions or past failures.
+REPRESENTATIVE = [
+    "resnet50", "efficientnet_b0", "mobilenet_v3_large", "convnext_tiny", "vit_b_16", "swin_t", "inception_v3",
+    "fasterrcnn_resnet50_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "maskrcnn_resnet50_fpn",
+    "keypointrcnn_resnet50_fpn", "retinanet_resnet50_fpn", "fcos_resnet50_fpn", "ssd300_vgg16",
+    "ssdlite320_mobilenet_v3_large", "deeplabv3_resnet50", "fcn_resnet50", "lraspp_mobilenet_v3_large", "r3d_18",
+    "s3d", "raft_small", "regnet_y_400mf",
+    "timm/efficientnet_b0", "timm/levit_128s", "timm/vit_tiny_patch16_224", "timm/swin_tiny_patch4_window7_224",
+    "timm/convnext_atto", "timm/mixer_s16_224",
+    "hf/bert", "hf/gpt2", "hf/gpt2_upcast", "hf/llama", "hf/mixtral", "hf/t5", "hf/bart", "hf/whisper",
+    "hf/wav2vec2", "hf/clip", "hf/detr", "hf/vit",
+]
+
 HF_FILE = """\
 import torch
 import transformers
@@ -570,7 +584,8 @@ def line(entry: Dict) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, of {', '.join(SUITES)} (default all)")
-    parser.add_argument("--models", help="comma-separated names: torchvision's, timm/NAME, hf/NAME (default: the suites' lists)")
+    parser.add_argument("--models", help="comma-separated names: torchvision's, timm/NAME, hf/NAME (default: the "
+                        "suites' lists); 'representative': a subset of every task and family, for the GPU")
     parser.add_argument("--skip", help="comma-separated names to leave out")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per command (default 600)")
     parser.add_argument("--time-budget", type=float, help="seconds for the whole run: no command starts after it, "
@@ -609,7 +624,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = os.path.join(out, "coverage.json")
 
     suites = args.suites.split(",")
-    names = args.models.split(",") if args.models else all_models(suites)
+    if args.models == "representative":
+        names = REPRESENTATIVE
+    else:
+        names = args.models.split(",") if args.models else all_models(suites)
     skip = set(args.skip.split(",")) if args.skip else set()
     names = [n for n in names if n not in skip]
     entries: List[Dict] = []
