@@ -634,8 +634,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.resume and out and os.path.exists(out):
         with open(out) as f:
             again = ("cut", "not reached") if not args.retry else None
-            entries = [e for e in json.load(f)["models"]
-                       if all(e[k]["status"] not in again if again else settle(e[k])["status"] == "ok"
+            entries = [e for e in json.load(f)["models"] if e["model"] not in names
+                       or all(e[k]["status"] not in again if again else settle(e[k])["status"] == "ok"
                               for k in e if k == "check" or k.startswith("probe_"))]
     done = {e["model"] for e in entries}
     todo = [n for n in names if n not in done]
