@@ -65,3 +65,27 @@ def test_mixture_of_experts_is_checked_and_probed(tmp_path, capsys):
     report = json.loads(out)
     for mode, entry in report["summary"].items():
         assert "error" not in entry["measured_output"], (mode, entry["measured_output"])
+
+
+PEGASUS = '''
+import torch
+import transformers
+
+torch.manual_seed(0)
+config = transformers.PegasusConfig(vocab_size=256, d_model=64, encoder_layers=1, decoder_layers=1,
+                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                    decoder_ffn_dim=128, max_position_embeddings=64)
+model = transformers.PegasusForConditionalGeneration(config).eval()
+example_inputs = {"input_ids": torch.randint(0, 256, (2, 16)), "decoder_input_ids": torch.randint(0, 256, (2, 8))}
+'''
+
+
+def test_a_weight_the_model_takes_out_of_autograd_is_no_gradient_leaf(tmp_path, capsys):
+    # Pegasus's sinusoidal position table stops requiring gradients as the model runs
+    path = tmp_path / "pegasus.py"
+    path.write_text(PEGASUS)
+    code = main(["check", str(path), "--probe", "cpu", "--output-format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1), err
+    for mode, entry in json.loads(out)["summary"].items():
+        assert "error" not in entry["measured_output"], (mode, entry["measured_output"])

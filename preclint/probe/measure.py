@@ -393,11 +393,13 @@ class Sensitivity:
                 continue
             roots.append(root)
             cotangents.append((e / norm).to(root.dtype))
-        if not roots:
+        # a model's code may switch a weight's gradient off as it runs (Pegasus's sinusoidal positions)
+        leaves = [leaf for leaf in self.leaves if leaf.requires_grad]
+        if not roots or not leaves:
             return [], None
         self._errors, self._acc = errors, {}
         try:
-            torch.autograd.grad(roots, self.leaves, cotangents, retain_graph=True, allow_unused=True)
+            torch.autograd.grad(roots, leaves, cotangents, retain_graph=True, allow_unused=True)
         finally:
             self._errors = {}
         if not self._acc:
