@@ -18,6 +18,17 @@ def probe(model, inputs, modes=("fp16", "bf16")):
     return report, measure_model(model, inputs, graph, modes, ProbeOptions(device="cpu"), None)
 
 
+def assert_every_precision_measured(tmp_path, capsys, name, source):
+    """`preclint check FILE --probe cpu` on a model file: a report, with every precision measured."""
+    path = tmp_path / name
+    path.write_text(source)
+    code = main(["check", str(path), "--probe", "cpu", "--output-format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1), err
+    for mode, entry in json.loads(out)["summary"].items():
+        assert "error" not in entry["measured_output"], (mode, entry["measured_output"])
+
+
 class Logits(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
@@ -57,14 +68,7 @@ def test_mixture_of_experts_is_checked_and_probed(tmp_path, capsys):
     # the router normalises its float32 top-k weights in place after summing them: the reference kept
     # for the sum's operand was overwritten, its local error read as 0.84 and PCL900, dividing it by
     # the ordinary error of a float32 op (zero), ended in an internal error
-    path = tmp_path / "mixtral.py"
-    path.write_text(MIXTRAL)
-    code = main(["check", str(path), "--probe", "cpu", "--output-format", "json"])
-    out, err = capsys.readouterr()
-    assert code in (0, 1), err
-    report = json.loads(out)
-    for mode, entry in report["summary"].items():
-        assert "error" not in entry["measured_output"], (mode, entry["measured_output"])
+    assert_every_precision_measured(tmp_path, capsys, "mixtral.py", MIXTRAL)
 
 
 PEGASUS = '''
@@ -82,10 +86,4 @@ example_inputs = {"input_ids": torch.randint(0, 256, (2, 16)), "decoder_input_id
 
 def test_a_weight_the_model_takes_out_of_autograd_is_no_gradient_leaf(tmp_path, capsys):
     # Pegasus's sinusoidal position table stops requiring gradients as the model runs
-    path = tmp_path / "pegasus.py"
-    path.write_text(PEGASUS)
-    code = main(["check", str(path), "--probe", "cpu", "--output-format", "json"])
-    out, err = capsys.readouterr()
-    assert code in (0, 1), err
-    for mode, entry in json.loads(out)["summary"].items():
-        assert "error" not in entry["measured_output"], (mode, entry["measured_output"])
+    assert_every_precision_measured(tmp_path, capsys, "pegasus.py", PEGASUS)
