@@ -67,3 +67,14 @@ def test_the_hotspot_message_gives_the_factor_over_ordinary():
     (finding,) = [f for f in report.findings if f.code == "PCL900"]
     assert finding.module == "attn" and finding.severity == "info"
     assert "x what ordinary rounding gives this op" in finding.message
+
+
+def test_an_op_ordinary_rounding_leaves_exact_gets_a_message_without_a_factor():
+    # an op that runs in float32 under the precision (or is exact in it) has no ordinary error to divide by
+    (bad,) = [e for e in UnflaggedHotspot.probe_bad if "attention" in e.description]
+    model, inputs = bad.build()
+    report, graph, ctx = check(model.eval(), inputs, precisions=("bf16",))
+    result = measure_model(model, inputs, graph, ("bf16",), ProbeOptions(device="cpu"))
+    name, m = max(result.modes["bf16"].nodes.items(), key=lambda item: item[1].contribution or 0.0)
+    finding = UnflaggedHotspot()._finding(ctx, graph[name], {"bf16": (m, 0.0)}, frozenset())
+    assert "where ordinary rounding gives this op none" in finding.message

@@ -422,6 +422,59 @@ def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops(ablat
         assert measure.explained == pytest.approx(1.0, abs=0.15), (mode, measure.explained)
 
 
+def test_casts_a_precision_adds_keep_the_run_on_the_reference_path():
+    # T5's feed-forward casts its activations to the weight's dtype only when they differ, which
+    # happens under autocast and never in the reference; the ops after it (another cast among them,
+    # whose recorded name the added one shifts) are still compared node by node
+    class CastsWhenReduced(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wi = nn.Linear(16, 32)
+            self.wo = nn.Linear(32, 16)
+
+        def forward(self, x):
+            h = torch.relu(self.wi(x.to(torch.float32)))
+            if h.dtype != self.wo.weight.dtype:
+                h = h.to(self.wo.weight.dtype)
+            return self.wo(h).to(torch.float32) * 2.0
+
+    torch.manual_seed(0)
+    _r, graph, _c, result = probe(CastsWhenReduced().eval(), (torch.randn(4, 16),), modes=("fp16", "bf16"))
+    assert graph.capture == "function-mode"
+    later_cast = [n.name for n in graph.nodes if n.fn == "to"][-1]
+    for mode, measure in result.modes.items():
+        assert measure.error is None and measure.diverged_at is None, (mode, measure.diverged_at)
+        # wo reads the added cast's result: its operand is the reference's ReLU output
+        assert measure.nodes["wo"].local is not None and measure.nodes["wo"].local.rel_error > 0, mode
+        assert measure.nodes[later_cast].received is not None, mode
+
+
+@pytest.mark.parametrize("traceable", [True, False], ids=["fx", "function-mode"])
+def test_values_an_in_place_op_overwrites_are_kept_as_they_were(traceable):
+    # Mixtral's router: top-k weights computed in float32 (in the float64 reference too, so the store
+    # keeps them uncopied), normalised in place after their sum was taken
+    class Router(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(16, 8)
+
+        def forward(self, x):
+            weights = torch.softmax(self.gate(x), dim=-1, dtype=torch.float)
+            if not traceable and x.mean() > 100:  # FX cannot trace this
+                weights = weights * 2.0
+            top, _ = torch.topk(weights, 2, dim=-1)
+            top /= top.sum(dim=-1, keepdim=True)
+            return top
+
+    torch.manual_seed(0)
+    _r, graph, _c, result = probe(Router().eval(), (torch.randn(64, 16),), modes=("fp16", "bf16"))
+    assert graph.capture == ("fx" if traceable else "function-mode")
+    total = next(n.name for n in graph.nodes if n.fn == "sum")
+    for mode, measure in result.modes.items():
+        # the sum's own rounding, replayed on the reference's top-k values (not on the normalised ones)
+        assert measure.nodes[total].local.rel_error < 1e-3, (mode, measure.nodes[total].local)
+
+
 def test_a_mask_of_minus_inf_is_no_error():
     # causal attention: the scores hold -inf in float64 too; the same -inf in a reduced run is no error
     class Causal(nn.Module):

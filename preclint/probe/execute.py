@@ -139,6 +139,10 @@ class Producers:
         for index, t in enumerate(outputs):
             self._by_id[id(t)] = (weakref.ref(t), name, index)
 
+    def alias(self, t: torch.Tensor, source: Tuple[str, int]) -> None:
+        """``t`` stands for the value of another node's output."""
+        self._by_id[id(t)] = (weakref.ref(t), source[0], source[1])
+
     def get(self, t: torch.Tensor) -> Optional[Tuple[str, int]]:
         entry = self._by_id.get(id(t))
         if entry is None or entry[0]() is not t:

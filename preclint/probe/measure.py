@@ -18,7 +18,9 @@ a read per mode would leave it idle while Python issues the next one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import re
 import weakref
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
@@ -42,6 +44,16 @@ from preclint.reference import hook_gradient
 # midpoint is 2^-17.5. Measured TF32 layers sit within 3x of their size and float32 kernels within
 # ~10x of theirs (longer sums), so the two never come near the threshold (a factor of 90 away).
 TF32_THRESHOLD = 2.0 ** -17.5
+
+# ops that keep the value they are given (casts, clamps to a format's range): a precision may add them
+_VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone",
+                            "detach", "clamp", "clip", "clamp_min", "clamp_max", "nan_to_num"})
+
+
+def _name_base(fn: str) -> str:
+    """The base of the names function-mode capture gives ops of kind ``fn`` (_Recorder._unique)."""
+    return re.sub(r"\W", "_", fn) or "op"
+
 
 _NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE, Kind.DECISION, Kind.COMPARE})
 
@@ -256,18 +268,20 @@ class _ReferenceObserver:
     def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
         self.store = store
         self.protect_inplace = protect_inplace
-        self.producers = Producers()
+        # storage -> kept values that share it (a value the store did not copy: one the model computes
+        # below float64, or any with keep_float64), the views of one another among them
+        self.sharing: Dict[int, List[Tuple[str, int]]] = {}
 
     def before(self, node, args, kwargs, callee):
         inplace = args and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs)
-        # An eager in-place op (ReLU(inplace=True) in a recorded model) would overwrite the value
-        # kept for the node that produced its input: keep a copy of that one first.
+        # An eager in-place op (ReLU(inplace=True), Mixtral's `router_top_value /= ...`) would
+        # overwrite the values kept for the nodes whose results share its operand's memory (that
+        # operand, its base, its views): keep copies of those first.
         if self.protect_inplace and inplace:
-            source = self.producers.get(args[0])
-            if source is not None:
-                kept = self.store.values[source[0]]
-                if kept[source[1]] is args[0]:
-                    kept[source[1]] = args[0].detach().clone()
+            for name, j in self.sharing.pop(_storage(args[0]), []):
+                kept = self.store.values[name]
+                if _same_storage(kept[j], args[0]):
+                    kept[j] = kept[j].clone()
         return _widened(args, kwargs, callee, skip_first=inplace)
 
     def rename(self, node, name) -> None:
@@ -288,8 +302,21 @@ class _ReferenceObserver:
         else:
             store.values[node.name] = [store.as_float32(t) for t in tensors(output)]
         if self.protect_inplace:
-            self.producers.add(node.name, tensors(output))
+            for j, (kept, made) in enumerate(zip(store.values[node.name], tensors(output))):
+                if _same_storage(kept, made):
+                    self.sharing.setdefault(_storage(kept), []).append((node.name, j))
         return output
+
+
+def _storage(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage().data_ptr() if t.numel() else None
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+        return None
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return _storage(a) is not None and _storage(a) == _storage(b) and a.device == b.device
 
 
 def reference_pass(program: Program, model64: torch.nn.Module, inputs64: tuple, keep_float64: bool) -> ReferenceStore:
@@ -367,11 +394,13 @@ class Sensitivity:
                 continue
             roots.append(root)
             cotangents.append((e / norm).to(root.dtype))
-        if not roots:
+        # a model's code may switch a weight's gradient off as it runs (Pegasus's sinusoidal positions)
+        leaves = [leaf for leaf in self.leaves if leaf.requires_grad]
+        if not roots or not leaves:
             return [], None
         self._errors, self._acc = errors, {}
         try:
-            torch.autograd.grad(roots, self.leaves, cotangents, retain_graph=True, allow_unused=True)
+            torch.autograd.grad(roots, leaves, cotangents, retain_graph=True, allow_unused=True)
         finally:
             self._errors = {}
         if not self._acc:
@@ -476,6 +505,7 @@ class _SweepObserver:
         self.pending: Optional[list] = None
         self.position = 0
         self.diverged_at: Optional[str] = None
+        self.added: Dict[str, int] = {}  # ops a precision added to the reference's path, by name base
         self.scalars = Scalars()
         self.slots: Dict[str, _Slots] = {}
         self.errors: Dict[str, List[Optional[torch.Tensor]]] = {}
@@ -503,7 +533,14 @@ class _SweepObserver:
         if node.kind == Kind.OUTPUT:
             return output
         outs = tensors(output)
+        node = self._as_in_reference(node)
         aligned = self._aligned(node)
+        if not aligned and self.diverged_at is None:
+            if self._added_by_precision(node, orig_args, orig_kwargs, outs):
+                return output
+            # where the paths split: the reference's node this run did not reach
+            order = self.ref.order
+            self.diverged_at = order[self.position] if self.position < len(order) else node.name
         if aligned:
             slots = self.slots[node.name] = _Slots()
             self._received(node.name, outs, slots)
@@ -527,8 +564,39 @@ class _SweepObserver:
         if self.position < len(order) and order[self.position] == node.name and self.ref.fns[node.name] == node.fn:
             self.position += 1
             return True
-        self.diverged_at = node.name
         return False
+
+    def _added_by_precision(self, node, args, kwargs, outs: List[torch.Tensor]) -> bool:
+        """An op the reference did not run that keeps the value it is given (code that casts or
+        clamps only when a value is not float32: T5's ``hidden_states.to(self.wo.weight.dtype)``) or
+        only computes a condition: the run stays on the reference's path. Its result stands for its
+        operand's reference value, and the names the recorder gives later ops of its kind are
+        counted as if it had not run (_as_in_reference)."""
+        floats = [t for t in outs if t.is_floating_point() and t.dim() > 0]
+        if floats and node.fn not in _VALUE_KEEPING:
+            return False
+        if floats:
+            operands = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
+            source = self.producers.get(operands[0]) if operands and operands[0].shape == floats[0].shape else None
+            if source is None or len(floats) != 1:
+                return False
+            self.producers.alias(floats[0], source)
+        base = _name_base(node.fn)
+        self.added[base] = self.added.get(base, 0) + 1
+        return True
+
+    def _as_in_reference(self, node):
+        """The node under the name the reference gave it: the recorder numbers ops by kind, so each op
+        a precision added (_added_by_precision) shifts the numbers of the later ones of its kind."""
+        base = _name_base(node.fn)
+        shift = self.added.get(base)
+        if not shift:
+            return node
+        number = 0 if node.name == base else node.name[len(base) + 1:]
+        if number != 0 and not (node.name.startswith(base + "_") and number.isdigit()):
+            return node
+        number = int(number) - shift
+        return dataclasses.replace(node, name=base if number == 0 else f"{base}_{number}")
 
     def _received(self, name: str, outs: List[torch.Tensor], slots: _Slots) -> None:
         refs = self.ref.values[name]
@@ -944,6 +1012,8 @@ def _amplification(m: NodeMeasure, slots: _Slots, received: Dict[Tuple[str, int]
     if sq_r <= 0 or sq_e <= 0 or not _finite(sq_e) or not _finite(m.received.rel_error):
         return None
     incoming = (sq_e / sq_r) ** 0.5
+    if incoming == 0.0:  # the operands' norm overflows (a finfo.min mask in a float32 reference): no ratio
+        return None
     passed_on = max(m.received.rel_error ** 2 - (m.local.rel_error or 0.0) ** 2, 0.0) ** 0.5
     return passed_on / incoming
 
