@@ -11,6 +11,7 @@ reported as PCL900.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ class ProbeOptions:
     # wait for the device at each stage's end, so that the timings are each stage's own (benchmarks):
     # otherwise the device works on while Python issues the next stage, and the probe is faster
     sync_stages: bool = False
+    # one block of the model on the device at a time (stream.py): None streams exactly when the
+    # float64 and float32 copies would not fit the device
+    stream: Optional[bool] = None
 
 
 class _Clock:
@@ -74,12 +78,21 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     timings: Dict[str, float] = {}
     clock = _Clock(device, timings, sync=options.sync_stages)
     notes: List[str] = []
+    stream = None
     try:
         with clock("setup"):
             program = Program(graph, module)
-            with torch.no_grad():
-                model32 = copy_to(module, device)
-                model64 = copy_to(model32, device, torch.float64)
+            if streams(options, module, device):
+                from preclint.probe.stream import WeightStream
+
+                stream = program.stream = WeightStream(module, device)
+                model32 = stream.copy()
+                model64 = stream.copy(torch.float64)
+                env["streamed"] = {"blocks": len(stream.blocks), "filled_at_once": stream.capacity}
+            else:
+                with torch.no_grad():
+                    model32 = copy_to(module, device)
+                    model64 = copy_to(model32, device, torch.float64)
             inputs32 = _move(inputs, device, None)
             inputs64 = _move(inputs32, device, torch.float64)  # from the device's copy: one transfer
     except Exception as exc:
@@ -89,6 +102,20 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         raise UserError(f"{name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
     if program.note:
         notes.append(program.note)
+
+    with stream.active() if stream is not None else contextlib.nullcontext():
+        return _measure(program, graph, modes, options, tolerance, name, device, emulated, env, clock, timings,
+                        notes, stream, model32, model64, inputs32, inputs64)
+
+
+def _measure(program, graph, modes, options, tolerance, name, device, emulated, env, clock, timings, notes,
+             stream, model32, model64, inputs32, inputs64):
+    """The passes of ``measure_model`` over the copies it made."""
+    import torch
+
+    from preclint.probe.device import is_out_of_memory
+    from preclint.probe.execute import RunFailed, one_line
+    from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
 
     try:
         # TF32 off: values a model computes below float64 even here are then float32's best
@@ -110,6 +137,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
         env["reference"]["dtype"] = "float32"
     if not options.ablate:
+        if stream is not None:
+            stream.forget(model64)
         model64 = None  # only the one-node-at-a-time runs need it again: its memory is twice the model's
 
     # issued while the device still computes the reference: its figures are read after
@@ -118,7 +147,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
         try:
             with clock("sensitivity"), _tf32_on_gpu(device, True):
-                sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
+                sens = sensitivity_pass(program, graph, model32, inputs32, attempt, weight_leaves=stream is None)
             autocast = attempt
             break
         except Exception as exc:  # contributions are lost, the rest of the probe is not
@@ -157,7 +186,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
     for mode in modes:
         result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                tolerance, options, clock, maps)
+                                                tolerance, options, clock, maps, stream)
         if device.type == "cuda":
             pending.append((mode, state))
         elif state is not None:
@@ -177,6 +206,21 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     return result
 
 
+def streams(options: ProbeOptions, module, device) -> bool:
+    """Whether the probe streams the model's blocks (``options.stream``; by default when the float64
+    and float32 copies and a mode's cast copy would take more than 80% of the device's free memory)."""
+    if options.stream is not None:
+        return options.stream
+    if device.type != "cuda":
+        return False
+    import torch
+
+    from preclint.probe.stream import model_bytes
+
+    free, _ = torch.cuda.mem_get_info(device)
+    return 3.5 * model_bytes(module) > 0.8 * free  # float64 + float32 + a half-precision copy
+
+
 def _sensitivity_autocast(device, program):
     """On a GPU the backward passes run in bfloat16: half the memory traffic of float32. Only for
     a traced graph: a model recorded eagerly names its values in the order it runs them, and a
@@ -186,7 +230,8 @@ def _sensitivity_autocast(device, program):
     return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
 
 
-def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps):
+def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps,
+                stream=None):
     """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
     Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
@@ -199,7 +244,7 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
     swept = None
     try:
         with clock(f"{mode}: sweep"):
-            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps)
+            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps, stream)
             measure.how = run.how
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)
@@ -219,6 +264,8 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
                                   integer_outputs(swept.output, ref), plain)
         state.errors = errors
         state.ablate = options.ablate and sens is not None
+        if stream is not None and run.variant is not model32:
+            stream.forget(run.variant)
         if not state.ablate:
             swept.observer.errors = {}
         return measure, state

@@ -52,6 +52,7 @@ class Program:
         self.order = [n.name for n in graph.nodes]
         self.fx_graph: Optional[fx.Graph] = None
         self.note: Optional[str] = None
+        self.stream = None  # the WeightStream the copies' blocks are filled from, when streamed
         if graph.capture == "fx":
             traced = graph.fx_graph if graph.fx_graph is not None else _Tracer().trace(module)
             if [n.name for n in traced.nodes] == self.order:
@@ -67,6 +68,8 @@ class Program:
     def run(self, root: torch.nn.Module, inputs, observer, initial_env: Optional[Dict[str, Any]] = None):
         """The model's output on ``inputs`` (a tuple, or Inputs with keywords); ``initial_env`` (FX
         only) maps node names to values not to recompute."""
+        if self.stream is not None:
+            observer = self.stream.observing(observer, root)
         try:
             if self.fx_graph is None:
                 return capture_function_mode(root, inputs, observer)[1]
