@@ -29,8 +29,8 @@ from torch import nn
 from preclint.ir import Kind
 from preclint.modelio import output_tensors as tensors
 
-# A container of layers is always split into its layers; any other module is split into its children
-# while it holds more than this share of the model's bytes (a wrapper around the real model).
+# A container of layers (not of single ops) is split into its layers; any other module is split into
+# its children while it holds more than this share of the model's bytes (a wrapper around the model).
 DOMINANT_SHARE = 0.5
 
 
@@ -44,7 +44,8 @@ def find_blocks(model: nn.Module) -> List[str]:
     def visit(path: str, module: nn.Module) -> None:
         children = [(f"{path}.{name}" if path else name, child) for name, child in module.named_children()]
         holding = [(p, c) for p, c in children if sizes.get(p, 0)]
-        container = isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict))
+        container = isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) and any(
+            next(c.children(), None) is not None for _, c in holding)
         if holding and (container or sizes[path] > DOMINANT_SHARE * total or not path):
             for p, c in holding:
                 visit(p, c)
