@@ -7,6 +7,7 @@ went away.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import signal
@@ -240,11 +241,16 @@ def _check_one(path: str, args, config, options, probe):
     try:
         with guard(path, config.timeout) as guarded:
             loaded = _load(path, args)
-            report, graph, ctx = check_model(loaded, config, options)
+            placement = None
+            if probe is not None:
+                from preclint.probe import place_for_probe
+
+                placement = place_for_probe(loaded, probe)
+            report, graph, ctx = check_model(loaded, config, dataclasses.replace(options, placement=placement))
             if probe is not None:
                 from preclint.probe import probe_report
 
-                probe_report(loaded, report, graph, ctx, config, probe)
+                probe_report(loaded, report, graph, ctx, config, probe, placement)
     except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
         return Report(model=path, precisions=tuple(config.precisions), error=_report_error(exc, args.debug))
     finally:

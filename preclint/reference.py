@@ -642,7 +642,8 @@ class ReferenceObserver:
         self._sink = sink
         try:
             for _ in range(probes if cotangents is None else 1):
-                vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype) for r in roots]
+                # drawn on the CPU whatever the device: the same directions, so the same gains, everywhere
+                vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype).to(r.device) for r in roots]
                 torch.autograd.grad(roots, leaves, grad_outputs=vs, retain_graph=True, allow_unused=True)
         finally:
             self._sink = None
@@ -666,7 +667,7 @@ class ReferenceObserver:
         for _ in range(probes):
             shape = list(direction.shape)
             shape[dim] = 1
-            signs = torch.randint(0, 2, shape, generator=generator).to(direction.dtype) * 2 - 1
+            signs = torch.randint(0, 2, shape, generator=generator).to(direction.device, direction.dtype) * 2 - 1
             for name, (gain_out, gain_operands) in self._gains([root], seed=1, probes=1, cotangents=[direction * signs],
                                                                 count=rows).items():
                 acc = total.setdefault(name, [0.0, 0.0])

@@ -82,11 +82,14 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     try:
         with clock("setup"):
             program = Program(graph, module)
-            if streams(options, module, device):
+            # (the user's own model on the CPU is copied as ever: streaming on the CPU is for tests)
+            resident = device.type != "cpu" and _whole_on(module, device)
+            if streams(options, module, device, resident):
                 from preclint.probe.stream import WeightStream
 
                 stream = program.stream = WeightStream(module, device)
-                model32 = stream.copy()
+                # a float32 model on the device already (placement.py) is measured as it is
+                model32 = module if resident else stream.copy()
                 model64 = stream.copy(torch.float64)
                 env["streamed"] = {"blocks": len(stream.blocks), "filled_at_once": stream.capacity}
             else:
@@ -206,9 +209,10 @@ def _measure(program, graph, modes, options, tolerance, name, device, emulated, 
     return result
 
 
-def streams(options: ProbeOptions, module, device) -> bool:
-    """Whether the probe streams the model's blocks (``options.stream``; by default when the float64
-    and float32 copies and a mode's cast copy would take more than 80% of the device's free memory)."""
+def streams(options: ProbeOptions, module, device, resident: bool = False) -> bool:
+    """Whether the probe streams the model's blocks (``options.stream``; by default when its float64
+    copy, its float32 copy (unless ``resident`` there already) and a half-precision copy would take
+    more than 80% of the device's free memory)."""
     if options.stream is not None:
         return options.stream
     if device.type != "cuda":
@@ -218,7 +222,13 @@ def streams(options: ProbeOptions, module, device) -> bool:
     from preclint.probe.stream import model_bytes
 
     free, _ = torch.cuda.mem_get_info(device)
-    return 3.5 * model_bytes(module) > 0.8 * free  # float64 + float32 + a half-precision copy
+    return (2.5 if resident else 3.5) * model_bytes(module) > 0.8 * free
+
+
+def _whole_on(module, device) -> bool:
+    """Every parameter and buffer of ``module`` on ``device``."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return bool(tensors) and all(t.device == device for t in tensors)
 
 
 def _sensitivity_autocast(device, program):
@@ -386,14 +396,35 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
         report.ledger = [node_row(graph, ctx, result, n.name) for n in graph.nodes if n.kind != "output"]
 
 
-def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions):
-    """``check --probe`` and ``probe``: measure ``loaded`` and put the results into ``report``."""
+def place_for_probe(loaded, options: ProbeOptions):
+    """The model's float32 copy on the probe's device, which the check's reference pass then runs
+    (placement.py); None where the reference pass stays on the CPU."""
+    from preclint.probe.device import is_out_of_memory, select_device
+    from preclint.probe.execute import one_line
+    from preclint.probe.placement import place
+
+    device = select_device(options.device)
+    try:
+        return place(loaded.module, loaded.inputs, device)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            _release(device)
+            return None  # the reference pass on the CPU; the probe streams
+        raise UserError(f"{loaded.name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
+
+
+def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None):
+    """``check --probe`` and ``probe``: measure ``loaded`` (its copy on the probe's device, where
+    ``placement`` made one) and put the results into ``report``."""
     tolerance = None
     if ctx.rtol is not None or ctx.atol is not None:
         tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
-    result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
+    result = measure_model(module, inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    if placement is not None:
+        result.environment["reference"]["statistics_on"] = str(placement.device)
     apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "apply", "probe_report", "DEVICE_CHOICES"]
+__all__ = ["ProbeOptions", "measure_model", "apply", "place_for_probe", "probe_report", "DEVICE_CHOICES"]
