@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "DEVICE) picks the GPU when there is one")
     check.add_argument("--ablate", action="store_true",
                        help="with --probe: check the measured contributions against one-layer-at-a-time runs (small models)")
+    check.add_argument("--stream", action="store_true",
+                       help="with --probe: bring the model to the device one block (layer, stage) at a time; the default "
+                            "when its copies do not fit there")
     _add_output_arguments(check)
 
     probe = sub.add_parser("probe", help="measure every layer's error per precision: the full per-layer ledger")
@@ -142,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cuda runs the precisions on the GPU, cpu emulates them; auto (default) picks the GPU if any")
     probe.add_argument("--ablate", action="store_true",
                        help="check the measured contributions against one-layer-at-a-time runs (small models)")
+    probe.add_argument("--stream", action="store_true",
+                       help="bring the model to the device one block (layer, stage) at a time; the default when its "
+                            "copies do not fit there")
     probe.add_argument("--top", type=_positive, metavar="N",
                        help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
@@ -269,12 +275,15 @@ def _probe_options(args):
     if device is None:
         if args.ablate:
             raise UserError("--ablate checks the probe's measured contributions: use it with --probe")
+        if args.stream:
+            raise UserError("--stream streams the model through the probe's device: use it with --probe")
         return None
     if args.no_run:
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
     from preclint.probe import ProbeOptions
 
-    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False))
+    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False),
+                        stream=True if args.stream else None)
 
 
 def cmd_rule(args) -> int:

@@ -5,6 +5,7 @@ kernels on the same values, so every figure of the ledger is equal, not merely c
 emulation streams through the same code as a GPU does.
 """
 import copy as copy_module
+import json
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from preclint.probe import ProbeOptions, measure_model
 from preclint.probe.stream import WeightStream, find_blocks
 from tests.helpers import check
 from tests.test_hotspots import llama
+from tests.test_probe_cli import tiny  # noqa: F401  (a fixture: the model file)
 
 
 class Scaled(nn.Module):
@@ -95,3 +97,19 @@ def test_blocks_are_layers_and_stages():
     assert find_blocks(model) == ["0", "1.0", "1.1", "2", "5"]
     gpt_layers = [b for b in find_blocks(llama()[0]) if b.startswith("model.model.layers.")]
     assert gpt_layers == ["model.model.layers.0", "model.model.layers.1"]
+
+
+def test_probe_stream_prints_the_same_ledger(capsys, tiny):
+    from tests.test_probe_cli import run
+
+    docs = []
+    for extra in ([], ["--stream"]):
+        code, out, err = run(capsys, "probe", tiny, "--device", "cpu", "--precision", "bf16", "--output-format", "json",
+                             "--exit-zero", *extra)
+        assert code == 0, err
+        docs.append(json.loads(out))
+    whole, streamed = docs
+    assert streamed["environment"].pop("streamed")["blocks"] >= 2
+    assert whole["nodes"] == streamed["nodes"] and whole["findings"] == streamed["findings"]
+    code, out, err = run(capsys, "check", tiny, "--stream")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--probe" in err
