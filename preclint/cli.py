@@ -198,8 +198,7 @@ def _use_color(args) -> bool:
 
 
 def cmd_check(args) -> int:
-    from preclint.report import render_reports
-    from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments, write_report
+    from preclint.source.command import check_baseline_arguments
 
     config = _config(args)
     if args.source_only:
@@ -215,11 +214,40 @@ def cmd_check(args) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UserError("the graph check needs torch in this environment (pip install torch torchvision); "
                         "--source-only works without it")
-    from preclint.engine import CheckOptions
     from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
 
     probe = _probe_options(args)
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
+    from preclint.probe.distributed import launched
+
+    if launched():  # torchrun: the ranks share the modes, rank 0 writes the report
+        return _check_distributed(args, config, probe)
+    return _check_all(args, config, probe)
+
+
+def _check_distributed(args, config, probe) -> int:
+    from preclint.probe.distributed import join, leave
+
+    if probe is None:
+        raise UserError("under torchrun preclint measures with the probe: run `probe`, or `check --probe`")
+    if args.baseline or args.write_baseline:
+        raise UserError("--baseline and --write-baseline are for one process: run them without torchrun")
+    probe.ranks = join(probe.device, config.timeout)
+    try:
+        if not probe.ranks.leader:
+            _silence_stdout()  # every rank builds the report; one writes it
+            _check_all(args, config, probe)
+            return EXIT_OK
+        return _check_all(args, config, probe)
+    finally:
+        leave()
+
+
+def _check_all(args, config, probe) -> int:
+    from preclint.engine import CheckOptions
+    from preclint.report import render_reports
+    from preclint.source.command import apply_baseline_to_reports, write_report
+
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     reports = [_check_one(path, args, config, options, probe) for path in args.paths]

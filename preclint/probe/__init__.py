@@ -35,6 +35,7 @@ class ProbeOptions:
     # one block of the model on the device at a time (stream.py): None streams exactly when the
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
+    ranks: Any = None  # distributed.Ranks under torchrun: this process measures its share of the modes
 
 
 class _Clock:
@@ -420,7 +421,13 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
     if ctx.rtol is not None or ctx.atol is not None:
         tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
     module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
-    result = measure_model(module, inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    if options.ranks is None:
+        result = measure_model(module, inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    else:
+        from preclint.probe.distributed import gather, share
+
+        result = measure_model(module, inputs, graph, share(ctx.modes, options.ranks), options, tolerance, loaded.name)
+        result = gather(result, ctx.modes, options.ranks)
     if placement is not None:
         result.environment["reference"]["statistics_on"] = str(placement.device)
     apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
