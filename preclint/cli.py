@@ -280,7 +280,7 @@ def _check_one(path: str, args, config, options, probe):
                 from preclint.probe import place_for_probe
 
                 placement = place_for_probe(loaded, probe)
-            report, graph, ctx = check_model(loaded, config, dataclasses.replace(options, placement=placement))
+            report, graph, ctx, placement = _check_placed(loaded, config, options, placement)
             if probe is not None:
                 from preclint.probe import probe_report
 
@@ -295,6 +295,27 @@ def _check_one(path: str, args, config, options, probe):
     report.findings = suppress_graph_findings(report.findings, config, [path])
     report.ledger_top = getattr(args, "top", None)
     return report
+
+
+def _check_placed(loaded, config, options, placement):
+    """check_model with its reference pass on the probe's device; where that runs out of memory
+    (the pass keeps gradients too), on the CPU, as without a GPU."""
+    from preclint.engine import check_model
+    from preclint.probe.device import is_out_of_memory
+
+    try:
+        return (*check_model(loaded, config, dataclasses.replace(options, placement=placement)), placement)
+    except Exception as exc:
+        if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
+            raise
+    import torch
+
+    device = placement.device
+    placement = None
+    torch.cuda.empty_cache()
+    report, graph, ctx = check_model(loaded, config, options)
+    report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
+    return report, graph, ctx, None
 
 
 def _probe_options(args):
