@@ -14,7 +14,7 @@ from torch import nn
 from preclint.probe import ProbeOptions, measure_model
 from preclint.probe.stream import WeightStream, find_blocks
 from tests.helpers import check
-from tests.test_hotspots import llama
+from tests.test_hotspots import gpt2, llama
 from tests.test_probe_cli import tiny  # noqa: F401  (a fixture: the model file)
 
 
@@ -95,8 +95,10 @@ def test_blocks_are_layers_and_stages():
     model, _ = sequential()
     # stages; the one holding most of the weights is split further, a parameter-free stage is none
     assert find_blocks(model) == ["0", "1.0", "1.1", "2", "5"]
-    gpt_layers = [b for b in find_blocks(llama()[0]) if b.startswith("model.model.layers.")]
-    assert gpt_layers == ["model.model.layers.0", "model.model.layers.1"]
+    llama_layers = [b for b in find_blocks(llama()[0]) if b.startswith("model.model.layers.")]
+    assert llama_layers == ["model.model.layers.0", "model.model.layers.1"]
+    # a head tied to the embedding is a block of its own: its weight is filled where it runs too
+    assert "model.lm_head" in find_blocks(gpt2()[0])
 
 
 def test_probe_stream_prints_the_same_ledger(capsys, tiny):

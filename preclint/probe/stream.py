@@ -57,18 +57,12 @@ def find_blocks(model: nn.Module) -> List[str]:
 
 
 def _subtree_bytes(model: nn.Module) -> Dict[str, int]:
+    """Bytes of the tensors under each module path: a tensor two modules share (tied embeddings)
+    counts in each, so that the module using it is a block of its own."""
     sizes: Dict[str, int] = {}
-    seen: Set[int] = set()
     for path, module in model.named_modules(remove_duplicate=False):
-        own = 0
-        for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
-            if t is not None and id(t) not in seen:
-                seen.add(id(t))
-                own += t.numel() * t.element_size()
-        parts = path.split(".") if path else []
-        for depth in range(len(parts) + 1):
-            key = ".".join(parts[:depth])
-            sizes[key] = sizes.get(key, 0) + own
+        tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers()) if t is not None}
+        sizes[path] = sum(t.numel() * t.element_size() for t in tensors.values())
     return sizes
 
 
@@ -272,6 +266,19 @@ class WeightStream:
             storage.resize_(0)
             self.filled_bytes -= entry.nbytes
 
+    def fill_operands(self, args, kwargs, callee) -> None:
+        """Fill (for the rest of the run) any empty streamed tensor an op is about to read outside
+        its block: a weight the model's code reads from elsewhere."""
+        from preclint.probe.execute import flatten
+
+        with _unseen():
+            operands = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor)]
+            if isinstance(callee, nn.Module):
+                operands += list(callee.parameters(recurse=False)) + list(callee.buffers(recurse=False))
+            for t in operands:
+                if t.numel() and t.untyped_storage().nbytes() == 0:
+                    self.pin(t)
+
     def pin(self, t: torch.Tensor) -> None:
         """Keep ``t`` filled until ``empty_all`` (a parameter FX reads as a value of its own)."""
         entry = self._key(t)
@@ -353,6 +360,7 @@ class _FillingObserver:
                 self.stream.leave(self.copy_id, self.current)
             self.stream.enter(self.copy_id, block)
             self.current = block
+        self.stream.fill_operands(args, kwargs, callee)
         return self.inner.before(node, args, kwargs, callee)
 
     def rename(self, node, name) -> None:
