@@ -39,3 +39,16 @@ def test_the_probe_measures_the_placed_copy_without_another():
     result = probe_report(loaded, report, graph, ctx, Config(precisions=MODES), ProbeOptions(device="cpu"), placement)
     assert result.environment["reference"]["statistics_on"] == "cpu"
     assert all(result.modes[m].output.rel_error > 0 for m in MODES)
+
+
+def test_the_backward_passes_leave_the_models_gradients_as_they_were():
+    # weight gradients are dropped as they are made (never all at once: a large model's worth of
+    # memory on the device); a .grad the user's model holds is kept
+    model, inputs = sequential()
+    first = next(model.parameters())
+    first.grad = torch.full_like(first, 7.0)
+    loaded = LoadedModel(model, inputs, "model", None)
+    _, graph, _ = check_model(loaded, Config(precisions=MODES), CheckOptions(modes=MODES))
+    assert torch.equal(first.grad, torch.full_like(first, 7.0))
+    assert all(p.grad is None for p in list(model.parameters())[1:])
+    assert any(n.attrs.get("gain_operands") for n in graph.nodes)
