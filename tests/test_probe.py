@@ -368,11 +368,11 @@ def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(
     real = measure_module.sensitivity_pass
     calls = []
 
-    def sensitivity_pass(program, graph, model32, inputs32, autocast=None, **options):
+    def sensitivity_pass(program, graph, model32, inputs32, autocast=None):
         calls.append(autocast)
         if autocast is not None:
             raise RuntimeError("no bfloat16 kernel for this op")
-        return real(program, graph, model32, inputs32, autocast, **options)
+        return real(program, graph, model32, inputs32, autocast)
 
     monkeypatch.setattr(measure_module, "sensitivity_pass", sensitivity_pass)
     monkeypatch.setattr(probe_module, "_sensitivity_autocast", lambda device, program: torch.bfloat16)

@@ -151,7 +151,7 @@ def _measure(program, graph, modes, options, tolerance, name, device, emulated, 
     for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
         try:
             with clock("sensitivity"), _tf32_on_gpu(device, True):
-                sens = sensitivity_pass(program, graph, model32, inputs32, attempt, weight_leaves=stream is None)
+                sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
             autocast = attempt
             break
         except Exception as exc:  # contributions are lost, the rest of the probe is not

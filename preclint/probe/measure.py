@@ -396,7 +396,7 @@ class Sensitivity:
 
 
 def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32,
-                     autocast: Optional[torch.dtype] = None, weight_leaves: bool = True) -> Sensitivity:
+                     autocast: Optional[torch.dtype] = None) -> Sensitivity:
     """Run the float32 model with autograd, hooks on every value. Parameters get no gradient unless
     nothing else reaches the output (token-id models), so each backward costs about one forward.
 
@@ -404,9 +404,9 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
     do, and on a GPU a bfloat16 backward pass costs half a float32 one (its time is in moving
     activations). benchmarks/README.md measures the contributions against exact one-node runs.
 
-    ``weight_leaves`` False: a model whose gradient must go through its weights (token ids in) stops
-    its backward passes at the values its weights first make instead (the gradients of every value
-    are the same; a gradient per weight, as large as the model, is never made)."""
+    A model whose gradient must go through its weights (token ids in) has its backward passes stop at
+    the values its weights first make (an embedding's output): every value gets the same gradient as
+    with the weights as leaves, and no gradient per weight (as large as the model) is made."""
     sens = Sensitivity()
     inputs = Inputs.of(inputs32).map(_with_grad)
     leaves = [v for v in inputs.tensors() if v.requires_grad]
@@ -433,8 +433,7 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
                 with _autocast(inputs, autocast):
                     output = program.run(model32, inputs, sens)
                 floats = [t for t in tensors(output) if t.is_floating_point()]
-                if not weight_leaves:
-                    leaves = sens.entries
+                leaves = sens.entries or leaves
         sens.roots = [t for t in floats if t.requires_grad]
         sens.root_index = [i for i, t in enumerate(floats) if t.requires_grad]
         sens.leaves = leaves
