@@ -197,14 +197,20 @@ def run(args) -> Dict[str, Any]:
         "errors": {mode: m.error for mode, m in result.modes.items() if m.error},
         "output_rel_error": {mode: m.output.rel_error if m.output else None for mode, m in result.modes.items()},
     }
+    ledger = digest(result)
+    del report, result
+    import gc
+
+    gc.collect()
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     bare = bare_work(model, ids, device, modes)
     figures["bare"] = dict(bare, build_s=build_s, gpu_peak_gib=gpu_peak_gib(device))
     bare_total = build_s + sum(bare.values())
     figures["bare_s"] = bare_total
     figures["over_bare"] = (build_s + check_s + probe_s) / bare_total
-    figures["ledger"] = digest(result)
+    figures["ledger"] = ledger
     if ranks is not None:
         from preclint.probe.distributed import leave
 
