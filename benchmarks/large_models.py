@@ -58,17 +58,6 @@ SIZES: Dict[str, Dict[str, Any]] = {
 }
 
 
-class TokenModel(torch.nn.Module):
-    """A causal LM called with input_ids, returning its logits (what a user's model file exports)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids).logits
-
-
 def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -89,10 +78,10 @@ def build(size: str, device, seed: int = 0):
     shape = dict(SIZES[size])
     tokens = shape.pop("tokens")
     config = LlamaConfig(**shape, max_position_embeddings=max(tokens, 64), bos_token_id=0, eos_token_id=0,
-                         attn_implementation="sdpa")
+                         attn_implementation="sdpa", use_cache=False)  # the output: the logits alone
     torch.manual_seed(seed)
     with torch.device(device):
-        model = TokenModel(LlamaForCausalLM(config)).eval()
+        model = LlamaForCausalLM(config).eval()
     ids = torch.randint(0, shape["vocab_size"], (1, tokens), generator=torch.Generator().manual_seed(seed)).to(device)
     return model, ids
 
