@@ -115,3 +115,22 @@ def test_probe_stream_prints_the_same_ledger(capsys, tiny):
     assert whole["nodes"] == streamed["nodes"] and whole["findings"] == streamed["findings"]
     code, out, err = run(capsys, "check", tiny, "--stream")
     assert code == 2 and out == "" and err.count("\n") == 1 and "--probe" in err
+
+
+def test_a_backward_pass_refills_the_weights_and_their_autocast_copies():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    x = torch.randn(4, 8)
+    grads = []
+    for streamed in (False, True):
+        stream = WeightStream(model, torch.device("cpu")) if streamed else None
+        copy = stream.copy() if streamed else copy_module.deepcopy(model)
+        with stream.active() if streamed else torch.enable_grad():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = copy(x.requires_grad_(True))
+            if streamed:
+                assert stream.filled_bytes <= 2 * 32 * 33 * 4  # two blocks at most, even with autograd
+        grads.append(torch.autograd.grad(out.float().sum(), x)[0])
+    assert torch.equal(grads[0], grads[1])
+    # each weight's bfloat16 copy was saved as a reference and made again, not kept
+    assert stream.remade >= sum(m.weight.numel() * 4 for m in model if isinstance(m, nn.Linear))

@@ -104,6 +104,7 @@ class WeightStream:
         self._active: Dict[Tuple[int, str], int] = {}
         self._pinned: List[_Entry] = []
         self.transferred = 0  # bytes filled so far
+        self.remade = 0  # bytes made again for backward passes
         self.filled_bytes = 0  # bytes of the streamed tensors filled now, and at most
         self.peak_filled_bytes = 0
 
@@ -313,15 +314,32 @@ class WeightStream:
             self.empty_all()
 
     def _pack(self, t: torch.Tensor):
-        entry = self._key(t) if isinstance(t, torch.Tensor) else None
-        if entry is None:
+        if not isinstance(t, torch.Tensor):
             return t
+        entry = self._key(t)
+        if entry is None:
+            entry = self._cast_of(t)
+            if entry is None:
+                return t
         with _unseen():
             return _Saved(entry, t.size(), t.stride(), t.storage_offset(), t.dtype)
+
+    def _cast_of(self, t: torch.Tensor) -> Optional[_Entry]:
+        """The entry a tensor is a plain cast of, or a view of such a cast (autocast's bfloat16 copy
+        of a weight that requires gradients, transposed for a matmul): saved as the same view of the
+        cast of the refilled weight, not kept (half the model's memory)."""
+        fn = t.grad_fn
+        while fn is not None and type(fn).__name__ in _VIEW_BACKWARDS and t._is_view():
+            fn = fn.next_functions[0][0] if len(fn.next_functions) == 1 else None
+        if fn is None or type(fn).__name__ != "ToCopyBackward0" or len(fn.next_functions) != 1:
+            return None
+        source = getattr(fn.next_functions[0][0], "variable", None)
+        return None if source is None else self._key(source)
 
     def _unpack(self, saved):
         if not isinstance(saved, _Saved):
             return saved
+        self.remade += saved.entry.nbytes
         with _unseen():
             value = saved.entry.make().to(saved.dtype)
             return value.reshape(-1).as_strided(saved.size, saved.stride, saved.offset)
@@ -329,6 +347,11 @@ class WeightStream:
     def observing(self, observer, root: nn.Module):
         """``observer`` for a run of ``root`` (a registered copy) whose blocks the graph's nodes fill."""
         return _FillingObserver(self, observer, id(root))
+
+
+# backward nodes of ops that return a view of their only tensor operand
+_VIEW_BACKWARDS = frozenset({"TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
+                             "UnsafeViewBackward0", "ExpandBackward0", "AliasBackward0"})
 
 
 class _Saved:
