@@ -317,7 +317,7 @@ def _module_uses_tf32(node, module) -> bool:
 # --------------------------------------------------------------------------------------- building
 
 
-def _describe(name: str, device: torch.device, emulated: bool) -> str:
+def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
     mode = MODES[name]
     if emulated:
         if name == "tf32":
@@ -382,7 +382,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
             inputs = _cast_inputs(inputs32, low)
     if stream is not None:
         stream.register(variant, base=model32)
-    run = ModeRun(name, mode, device, emulated, variant, inputs, _describe(name, device, emulated), low_params=low_params)
+    run = ModeRun(name, mode, device, emulated, variant, inputs, describe_mode(name, device, emulated), low_params=low_params)
     maps = {} if maps is None else maps
 
     def kept(key, build):
