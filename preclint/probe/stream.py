@@ -120,7 +120,7 @@ class WeightStream:
     def copy(self, dtype: Optional[torch.dtype] = None) -> nn.Module:
         """A copy of the source on the device whose floating tensors are ``dtype``: streamed tensors
         empty, the rest (tensors outside every block) filled now."""
-        from preclint.probe.execute import _clone, detached_state
+        from preclint.probe.execute import clone_module, detached_state
 
         memo = detached_state(self.source)
         for path, t in self._source_tensors.items():
@@ -136,7 +136,7 @@ class WeightStream:
             if isinstance(t, nn.Parameter):
                 moved = nn.Parameter(moved, requires_grad=t.requires_grad)
             memo[id(t)] = moved
-        copy = _clone(self.source, memo)
+        copy = clone_module(self.source, memo)
         self.register(copy)
         return copy
 
