@@ -27,8 +27,7 @@ def test_statistics_from_the_device_copy_are_the_host_ones():
     assert placement.model is not loaded.module
     assert [n.name for n in graph.nodes] == [n.name for n in placed_graph.nodes]
     for a, b in zip(graph.nodes, placed_graph.nodes):
-        assert (a.outputs, a.sensitivity, a.dot_rms, a.attrs.get("gain_operands")) == (
-            b.outputs, b.sensitivity, b.dot_rms, b.attrs.get("gain_operands")), a.name
+        assert (a.outputs, a.gains, a.dot_rms) == (b.outputs, b.gains, b.dot_rms), a.name
     assert report.summary == placed_report.summary
     assert [f.message for f in report.findings] == [f.message for f in placed_report.findings]
 
@@ -51,4 +50,4 @@ def test_the_backward_passes_leave_the_models_gradients_as_they_were():
     _, graph, _ = check_model(loaded, Config(precisions=MODES), CheckOptions(modes=MODES))
     assert torch.equal(first.grad, torch.full_like(first, 7.0))
     assert all(p.grad is None for p in list(model.parameters())[1:])
-    assert any(n.attrs.get("gain_operands") for n in graph.nodes)
+    assert any(n.gains is not None and n.gains.operands for n in graph.nodes)
