@@ -7,6 +7,7 @@ went away.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import math
 import os
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "DEVICE) picks the GPU when there is one")
     check.add_argument("--ablate", action="store_true",
                        help="with --probe: check the measured contributions against one-layer-at-a-time runs (small models)")
+    check.add_argument("--stream", action="store_true",
+                       help="with --probe: bring the model to the device one block (layer, stage) at a time; the default "
+                            "when its copies do not fit there")
     _add_output_arguments(check)
 
     probe = sub.add_parser("probe", help="measure every layer's error per precision: the full per-layer ledger")
@@ -143,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cuda runs the precisions on the GPU, cpu emulates them; auto (default) picks the GPU if any")
     probe.add_argument("--ablate", action="store_true",
                        help="check the measured contributions against one-layer-at-a-time runs (small models)")
+    probe.add_argument("--stream", action="store_true",
+                       help="bring the model to the device one block (layer, stage) at a time; the default when its "
+                            "copies do not fit there")
     probe.add_argument("--top", type=_positive, metavar="N",
                        help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
@@ -184,8 +191,7 @@ def _use_color(args) -> bool:
 
 
 def cmd_check(args) -> int:
-    from preclint.report import render_reports
-    from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments, write_report
+    from preclint.source.command import check_baseline_arguments
 
     config = _config(args)
     _check_output(args, config.output_format)
@@ -207,11 +213,41 @@ def cmd_check(args) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UserError("the graph check needs torch in this environment (pip install torch torchvision); "
                         "--source-only works without it")
-    from preclint.engine import CheckOptions
     from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
 
     probe = _probe_options(args, every_node=config.output_format == "html")
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
+    from preclint.probe.distributed import launched
+
+    if launched():  # torchrun: the ranks share the modes, rank 0 writes the report
+        return _check_distributed(args, config, probe)
+    return _check_all(args, config, probe)
+
+
+def _check_distributed(args, config, probe) -> int:
+    from preclint.probe.distributed import join, leave
+
+    if probe is None:
+        raise UserError("under torchrun preclint measures with the probe: run `probe`, or `check --probe`")
+    if args.baseline or args.write_baseline:
+        raise UserError("--baseline and --write-baseline are for one process: run them without torchrun")
+    probe.ranks = join(probe.device, config.timeout)
+    try:
+        if not probe.ranks.leader:
+            _silence_stdout()  # every rank builds the report; one writes it
+            args.output = None
+            _check_all(args, config, probe)
+            return EXIT_OK
+        return _check_all(args, config, probe)
+    finally:
+        leave()
+
+
+def _check_all(args, config, probe) -> int:
+    from preclint.engine import CheckOptions
+    from preclint.report import render_reports
+    from preclint.source.command import apply_baseline_to_reports, write_report
+
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     reports = [_check_one(path, args, config, options, probe) for path in args.paths]
@@ -263,11 +299,16 @@ def _check_one(path: str, args, config, options, probe):
     try:
         with guard(path, config.timeout) as guarded:
             loaded = _load(path, args)
-            report, graph, ctx = check_model(loaded, config, options)
+            placement = None
+            if probe is not None:
+                from preclint.probe import place_for_probe
+
+                placement = place_for_probe(loaded, probe)
+            report, graph, ctx, placement = _check_placed(loaded, config, options, placement)
             if probe is not None:
                 from preclint.probe import probe_report
 
-                probe_report(loaded, report, graph, ctx, config, probe)
+                probe_report(loaded, report, graph, ctx, config, probe, placement)
             elif config.output_format == "html":  # the page's header records where the predictions ran
                 from preclint.probe.device import check_environment
 
@@ -284,6 +325,26 @@ def _check_one(path: str, args, config, options, probe):
     return report
 
 
+def _check_placed(loaded, config, options, placement):
+    """check_model with its reference pass on the probe's device; where that runs out of memory
+    (the pass keeps gradients too), on the CPU, as without a GPU."""
+    from preclint.engine import check_model
+    from preclint.probe.device import is_out_of_memory
+
+    try:
+        return (*check_model(loaded, config, dataclasses.replace(options, placement=placement)), placement)
+    except Exception as exc:
+        if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
+            raise
+    import torch
+
+    device = placement.device
+    torch.cuda.empty_cache()
+    report, graph, ctx = check_model(loaded, config, options)
+    report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
+    return report, graph, ctx, None
+
+
 def _probe_options(args, every_node: bool = False):
     """The probe's options for `check --probe` and `probe`, or None without a probe; ``every_node``:
     the report shows every node's measurements (the ledger), as `probe` and the HTML page do."""
@@ -291,12 +352,15 @@ def _probe_options(args, every_node: bool = False):
     if device is None:
         if args.ablate:
             raise UserError("--ablate checks the probe's measured contributions: use it with --probe")
+        if args.stream:
+            raise UserError("--stream streams the model through the probe's device: use it with --probe")
         return None
     if args.no_run:
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
     from preclint.probe import ProbeOptions
 
-    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node)
+    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node,
+                        stream=True if args.stream else None)
 
 
 def cmd_rule(args) -> int:

@@ -26,6 +26,9 @@ class CheckOptions:
     rtol: Optional[float] = None
     atol: Optional[float] = None
     capture: Optional[str] = None  # force "fx" or "function-mode"
+    # the model's float32 copy on the probe's device (probe/placement.py): the reference pass runs
+    # there, and the probe measures the same copy; None: on the CPU, on the user's model
+    placement: Optional[object] = None
 
 
 def prepare_inputs(inputs, track: bool):
@@ -44,7 +47,8 @@ def prepare_inputs(inputs, track: bool):
 
 
 def build_graph(loaded, options: CheckOptions) -> Graph:
-    """Capture the model and, unless --no-run, run the reference pass on the CPU."""
+    """Capture the model and, unless --no-run, run the reference pass (on the CPU, or on the
+    probe's device with ``options.placement``)."""
     import torch
 
     from preclint.capture import ModelRunError, capture
@@ -53,14 +57,18 @@ def build_graph(loaded, options: CheckOptions) -> Graph:
     from preclint.reference import ReferenceObserver
     from preclint.weights import annotate_weights
 
+    placed = options.placement
+    module = loaded.module if placed is None else placed.model
+    example = loaded.inputs if placed is None else placed.inputs
+
     def run(with_gradients: bool):
         observer = ReferenceObserver(with_sensitivity=with_gradients) if options.run else None
-        inputs = prepare_inputs(loaded.inputs, track=options.run and with_gradients)
+        inputs = prepare_inputs(example, track=options.run and with_gradients)
         doing = "reference pass: ops run" if observer else "capturing the graph"
         with torch.set_grad_enabled(with_gradients), task(doing) as bar:
             if observer is not None:
                 observer.on_node = bar.advance
-            graph, output = capture(loaded.module, inputs, loaded.name, observer, loaded.source_path, options.capture)
+            graph, output = capture(module, inputs, loaded.name, observer, loaded.source_path, options.capture)
             if observer is not None:
                 bar.describe("reference pass: gradients" if with_gradients else "reference pass: statistics")
                 observer.finish(graph, output)

@@ -31,6 +31,7 @@ import torch.hub
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from preclint.checkpoints import CheckpointError, assign_state_dict, meta_tensors, read_checkpoint
 from preclint.errors import UserError, first_line
 from preclint.modelio import Inputs
 
@@ -117,6 +118,13 @@ def load_model(
 
         _require_initialised(origin.label, module)
         module.eval()
+        if meta_tensors(module):
+            # weights built on the meta device are the weights file's to give, before any run
+            if weights is None:
+                raise UserError(f"{origin.label}: {_first_few(meta_tensors(module))} are on the meta device (no values); "
+                                "give the weights with --weights FILE (safetensors or a torch.save state dict)")
+            _load_weights(module, weights)
+            weights = None
         notes: List[str] = []
         if specs is not None:
             call = _drawn_inputs(module, specs, seed, notes)
@@ -827,9 +835,13 @@ def _bytes(count: int) -> str:
 
 
 def _load_weights(module: nn.Module, path: str) -> None:
+    """Load the weights file at ``path`` (safetensors, or a torch.save state dict) into ``module``,
+    memory-mapped; a module built on the meta device takes the file's tensors (checkpoints.py)."""
     label = _display_path(path)
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise UserError(f"{label}: cannot be read as safetensors: {exc}") from None
     except Exception as exc:
         raise UserError(
             f"{label}: cannot be loaded with weights_only=True ({_weights_load_reason(exc)}); "
@@ -845,10 +857,17 @@ def _load_weights(module: nn.Module, path: str) -> None:
     state_dict = _strip_data_parallel_prefix(state_dict, module)
 
     try:
-        module.load_state_dict(state_dict, strict=True)
+        if meta_tensors(module):
+            assign_state_dict(module, state_dict)
+        else:
+            module.load_state_dict(state_dict, strict=True)
     except Exception as exc:
         # The module is partly loaded now; raising means it never reaches the caller.
         raise UserError(f"{label}: weights do not match the model: {_mismatch(module, state_dict, exc)}") from None
+    left = meta_tensors(module)
+    if left:
+        raise UserError(f"{label}: {_first_few(left)} stay on the meta device: the weights file does not hold them "
+                        "(buffers a model computes, not saves); build those on the CPU and only the weights on meta")
 
 
 def _state_dict_in(checkpoint: Any) -> Optional[dict]:

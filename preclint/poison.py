@@ -53,7 +53,7 @@ class PoisonTracker:
                 if out.shape == result.shape:
                     self.masks[id(out)] = (result, out)
                 else:  # further outputs (indices of a max, chunks) are all suspect
-                    self.masks[id(out)] = (torch.ones(out.shape, dtype=torch.bool), out)
+                    self.masks[id(out)] = (torch.ones(out.shape, dtype=torch.bool, device=out.device), out)
 
     def _propagate(self, node: Node, args, kwargs, callee, out: torch.Tensor) -> Optional[torch.Tensor]:
         tensors = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
@@ -65,21 +65,21 @@ class PoisonTracker:
         if all(m is None for _, m in masks) or node.kind == Kind.CONSTANT:
             return None  # (zeros_like, full_like and the like read a tensor's shape, not its values)
         shape = out.shape
-        everything = torch.ones(shape, dtype=torch.bool)
+        everything = torch.ones(shape, dtype=torch.bool, device=out.device)
         if node.fn == "where" and len(args) >= 3:
             cond, a, b = args[0], args[1], args[2]
             picked = torch.where(cond if isinstance(cond, torch.Tensor) else torch.tensor(bool(cond)),
-                                 self._or_none(a, shape), self._or_none(b, shape))
-            return picked | self._or_none(cond, shape)
+                                 self._or_none(a, shape, out.device), self._or_none(b, shape, out.device))
+            return picked | self._or_none(cond, shape, out.device)
         if node.fn == "masked_fill" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
-            kept = self._or_none(args[0], shape) & ~torch.broadcast_to(args[1], shape)
-            return kept | self._or_none(args[1], shape)
+            kept = self._or_none(args[0], shape, out.device) & ~torch.broadcast_to(args[1], shape)
+            return kept | self._or_none(args[1], shape, out.device)
         if node.kind == Kind.SHAPE and args and callee is not None:
             # moved, not computed: the same op moves the masks (views, reshapes, slices, concatenation)
             moved = self._moved(args, kwargs, callee)
             return moved if isinstance(moved, torch.Tensor) and moved.shape == shape else everything
         if node.kind in ELEMENTWISE_KINDS:
-            combined = torch.zeros(shape, dtype=torch.bool)
+            combined = torch.zeros(shape, dtype=torch.bool, device=out.device)
             for t, m in masks:
                 if m is None:
                     continue
@@ -94,7 +94,7 @@ class PoisonTracker:
         """The op applied to the masks of its data operand (the first argument, or the tensors of a
         list there), its other arguments (dims, indices) as they were; None where a poisoned tensor
         is one of those other arguments."""
-        as_mask = lambda t: self.mask(t) if self.mask(t) is not None else torch.zeros(t.shape, dtype=torch.bool)  # noqa: E731
+        as_mask = lambda t: self.mask(t) if self.mask(t) is not None else torch.zeros(t.shape, dtype=torch.bool, device=t.device)  # noqa: E731
         first = args[0]
         if isinstance(first, torch.Tensor):
             data = as_mask(first)
@@ -112,12 +112,12 @@ class PoisonTracker:
         except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):
             return None
 
-    def _or_none(self, value, shape) -> torch.Tensor:
+    def _or_none(self, value, shape, device) -> torch.Tensor:
         mask = self.mask(value)
         if mask is None:
-            return torch.zeros(shape, dtype=torch.bool)
+            return torch.zeros(shape, dtype=torch.bool, device=device)
         spread = _broadcast(mask, shape)
-        return spread if spread is not None else torch.ones(shape, dtype=torch.bool)
+        return spread if spread is not None else torch.ones(shape, dtype=torch.bool, device=device)
 
     def clear(self) -> None:
         self.masks.clear()

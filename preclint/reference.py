@@ -660,8 +660,9 @@ class ReferenceObserver:
         self._sink = sink
         try:
             for _ in range(probes if cotangents is None else 1):
-                vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype) for r in roots]
-                torch.autograd.grad(roots, leaves, grad_outputs=vs, retain_graph=True, allow_unused=True)
+                # drawn on the CPU whatever the device: the same directions, so the same gains, everywhere
+                vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype).to(r.device) for r in roots]
+                backward_for_hooks(roots, leaves, vs)
         finally:
             self._sink = None
             for h in handles:
@@ -684,7 +685,7 @@ class ReferenceObserver:
         for _ in range(probes):
             shape = list(direction.shape)
             shape[dim] = 1
-            signs = torch.randint(0, 2, shape, generator=generator).to(direction.dtype) * 2 - 1
+            signs = torch.randint(0, 2, shape, generator=generator).to(direction.device, direction.dtype) * 2 - 1
             for name, (gain_out, gain_operands) in self._gains([root], seed=1, probes=1, cotangents=[direction * signs],
                                                                 count=rows).items():
                 acc = total.setdefault(name, [0.0, 0.0])
@@ -767,6 +768,36 @@ class ReferenceObserver:
         except Exception as exc:  # noqa: BLE001 - an op without a derivative: predictions fall back to no amplification
             text = str(exc).strip().splitlines()
             graph.notes.append(f"error propagation estimated without gradients ({text[0] if text else type(exc).__name__})")
+
+
+def backward_for_hooks(roots: List[torch.Tensor], leaves: List[torch.Tensor], cotangents: List[torch.Tensor]) -> None:
+    """One backward pass from ``roots`` to ``leaves`` whose gradients only the hooks read.
+
+    ``torch.autograd.grad`` would return every leaf's gradient at once: for a model's weights, as much
+    memory as the weights (52 GB for a 13B model in float32). Here each leaf's gradient is dropped as
+    soon as it is made (the hooks have seen it by then); the leaves' own ``.grad`` is left as it was."""
+    post = getattr(torch.Tensor, "register_post_accumulate_grad_hook", None)
+    if post is None:  # torch before 2.1
+        torch.autograd.grad(roots, leaves, grad_outputs=cotangents, retain_graph=True, allow_unused=True)
+        return
+    unique = list({id(t): t for t in leaves}.values())
+    saved = {id(t): t.grad for t in unique if t.is_leaf}
+    handles = []
+    for t in unique:
+        if t.is_leaf:
+            t.grad = None
+            handles.append(t.register_post_accumulate_grad_hook(_drop_grad))
+    try:
+        torch.autograd.backward(roots, grad_tensors=cotangents, retain_graph=True, inputs=unique)
+    finally:
+        for h in handles:
+            h.remove()
+        for t in unique:
+            t.grad = saved.get(id(t)) if t.is_leaf else None
+
+
+def _drop_grad(t: torch.Tensor) -> None:
+    t.grad = None
 
 
 def param_stats(module: torch.nn.Module) -> Dict[str, TensorStats]:

@@ -11,6 +11,7 @@ hold much of the error without a finding) add theirs.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from contextlib import contextmanager
@@ -31,6 +32,10 @@ class ProbeOptions:
     # wait for the device at each stage's end, so that the timings are each stage's own (benchmarks):
     # otherwise the device works on while Python issues the next stage, and the probe is faster
     sync_stages: bool = False
+    # one block of the model on the device at a time (stream.py): None streams exactly when the
+    # float64 and float32 copies would not fit the device
+    stream: Optional[bool] = None
+    ranks: Any = None  # distributed.Ranks under torchrun: this process measures its share of the modes
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
@@ -86,12 +91,24 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     if bar is not None:  # setup, reference, sensitivity, read back; per mode sweep, contributions, figures, read back
         bar.set_total(4 + len(modes) * (4 + (not emulated) + options.ablate))
     notes: List[str] = []
+    stream = None
     try:
         with clock("setup"):
             program = Program(graph, module)
-            with torch.no_grad():
-                model32 = copy_to(module, device)
-                model64 = copy_to(model32, device, torch.float64)
+            # (the user's own model on the CPU is copied as ever: streaming on the CPU is for tests)
+            resident = device.type != "cpu" and _whole_on(module, device)
+            if streams(options, module, device, resident):
+                from preclint.probe.stream import WeightStream
+
+                stream = program.stream = WeightStream(module, device)
+                # a float32 model on the device already (placement.py) is measured as it is
+                model32 = module if resident else stream.copy()
+                model64 = stream.copy(torch.float64)
+                env["streamed"] = {"blocks": len(stream.blocks), "filled_at_once": stream.capacity}
+            else:
+                with torch.no_grad():
+                    model32 = copy_to(module, device)
+                    model64 = copy_to(model32, device, torch.float64)
             inputs32 = _move(inputs, device, None)
             inputs64 = _move(inputs32, device, torch.float64)  # from the device's copy: one transfer
     except Exception as exc:
@@ -101,6 +118,20 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         raise UserError(f"{name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
     if program.note:
         notes.append(program.note)
+
+    with stream.active() if stream is not None else contextlib.nullcontext():
+        return _measure(program, graph, modes, options, tolerance, name, device, emulated, env, clock, timings,
+                        notes, stream, model32, model64, inputs32, inputs64)
+
+
+def _measure(program, graph, modes, options, tolerance, name, device, emulated, env, clock, timings, notes,
+             stream, model32, model64, inputs32, inputs64):
+    """The passes of ``measure_model`` over the copies it made."""
+    import torch
+
+    from preclint.probe.device import is_out_of_memory
+    from preclint.probe.execute import RunFailed, one_line
+    from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
 
     try:
         # TF32 off: values a model computes below float64 even here are then float32's best
@@ -122,6 +153,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
         env["reference"]["dtype"] = "float32"
     if not options.ablate:
+        if stream is not None:
+            stream.forget(model64)
         model64 = None  # only the one-node-at-a-time runs need it again: its memory is twice the model's
 
     # issued while the device still computes the reference: its figures are read after
@@ -169,7 +202,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
     for mode in modes:
         result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                tolerance, options, clock, maps)
+                                                tolerance, options, clock, maps, stream)
         if device.type == "cuda":
             pending.append((mode, state))
         elif state is not None:
@@ -189,6 +222,28 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     return result
 
 
+def streams(options: ProbeOptions, module, device, resident: bool = False) -> bool:
+    """Whether the probe streams the model's blocks (``options.stream``; by default when its float64
+    copy, its float32 copy (unless ``resident`` there already) and a half-precision copy would take
+    more than 80% of the device's free memory)."""
+    if options.stream is not None:
+        return options.stream
+    if device.type != "cuda":
+        return False
+    import torch
+
+    from preclint.probe.stream import model_bytes
+
+    free, _ = torch.cuda.mem_get_info(device)
+    return (2.5 if resident else 3.5) * model_bytes(module) > 0.8 * free
+
+
+def _whole_on(module, device) -> bool:
+    """Every parameter and buffer of ``module`` on ``device``."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return bool(tensors) and all(t.device == device for t in tensors)
+
+
 def _sensitivity_autocast(device, program):
     """On a GPU the backward passes run in bfloat16: half the memory traffic of float32. Only for
     a traced graph: a model recorded eagerly names its values in the order it runs them, and a
@@ -198,7 +253,8 @@ def _sensitivity_autocast(device, program):
     return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
 
 
-def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps):
+def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps,
+                stream=None):
     """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
     Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
     import torch
@@ -211,7 +267,7 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
     swept = None
     try:
         with clock(f"{mode}: sweep"):
-            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps)
+            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps, stream)
             measure.how = run.how
             swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
         errors, ref_outputs = output_error(swept.output, ref)
@@ -231,6 +287,8 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
                                   integer_outputs(swept.output, ref), plain)
         state.errors = errors
         state.ablate = options.ablate and sens is not None
+        if stream is not None and run.variant is not model32:
+            stream.forget(run.variant)
         if not state.ablate:
             swept.observer.errors = {}
         return measure, state
@@ -351,17 +409,45 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
         report.ledger = [node_row(graph, ctx, result, n.name) for n in graph.nodes if n.kind != "output"]
 
 
-def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions):
-    """``check --probe`` and ``probe``: measure ``loaded`` and put the results into ``report``."""
+def place_for_probe(loaded, options: ProbeOptions):
+    """The model's float32 copy on the probe's device, which the check's reference pass then runs
+    (placement.py); None where the reference pass stays on the CPU."""
+    from preclint.probe.device import is_out_of_memory, select_device
+    from preclint.probe.execute import one_line
+    from preclint.probe.placement import place
+
+    device = select_device(options.device)
+    try:
+        return place(loaded.module, loaded.inputs, device)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            _release(device)
+            return None  # the reference pass on the CPU; the probe streams
+        raise UserError(f"{loaded.name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
+
+
+def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None):
+    """``check --probe`` and ``probe``: measure ``loaded`` (its copy on the probe's device, where
+    ``placement`` made one) and put the results into ``report``."""
     tolerance = None
     if ctx.rtol is not None or ctx.atol is not None:
         tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
     from preclint.progress import task
 
+    module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
     with task("probe") as bar:
-        result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name, bar)
+        if options.ranks is None:
+            result = measure_model(module, inputs, graph, ctx.modes, options, tolerance, loaded.name, bar)
+        else:
+            from preclint.probe.distributed import gather, share
+
+            result = measure_model(module, inputs, graph, share(ctx.modes, options.ranks), options, tolerance,
+                                   loaded.name, bar)
+            result = gather(result, ctx.modes, options.ranks)
+    if placement is not None:
+        result.environment["reference"]["statistics_on"] = str(placement.device)
     apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "apply", "probe_report", "DEVICE_CHOICES"]
+__all__ = ["ProbeOptions", "measure_model", "apply", "place_for_probe", "probe_report", "DEVICE_CHOICES"]

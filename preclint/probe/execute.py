@@ -53,6 +53,7 @@ class Program:
         self.order = [n.name for n in graph.nodes]
         self.fx_graph: Optional[fx.Graph] = None
         self.note: Optional[str] = None
+        self.stream = None  # the WeightStream the copies' blocks are filled from, when streamed
         if graph.capture == "fx":
             traced = graph.fx_graph if graph.fx_graph is not None else _Tracer().trace(module)
             if [n.name for n in traced.nodes] == self.order:
@@ -68,6 +69,8 @@ class Program:
     def run(self, root: torch.nn.Module, inputs, observer, initial_env: Optional[Dict[str, Any]] = None):
         """The model's output on ``inputs`` (a tuple, or Inputs with keywords); ``initial_env`` (FX
         only) maps node names to values not to recompute."""
+        if self.stream is not None:
+            observer = self.stream.observing(observer, root)
         try:
             if self.fx_graph is None:
                 return capture_function_mode(root, inputs, observer)[1]
@@ -184,7 +187,7 @@ def copy_to(module: torch.nn.Module, device: torch.device, dtype: Optional[torch
         if isinstance(t, torch.nn.Parameter):
             moved = torch.nn.Parameter(moved, requires_grad=t.requires_grad)
         memo[id(t)] = moved
-    return _clone(module, memo)
+    return clone_module(module, memo)
 
 
 def detached_state(module: torch.nn.Module) -> Dict[int, Any]:
@@ -211,7 +214,7 @@ def _is_atomic(value) -> bool:
     return type(value) in _ATOMIC
 
 
-def _clone(module: torch.nn.Module, memo: Dict[int, Any]) -> torch.nn.Module:
+def clone_module(module: torch.nn.Module, memo: Dict[int, Any]) -> torch.nn.Module:
     """``copy.deepcopy(module, memo)``, in a fraction of the time for modules that copy as nn.Module
     does: the tree of modules is walked directly, the empty hook tables are made new, parameter and
     buffer tables are filled from the memo (which holds every moved tensor) and values deepcopy
@@ -227,7 +230,7 @@ def _clone(module: torch.nn.Module, memo: Dict[int, Any]) -> torch.nn.Module:
     state: Dict[str, Any] = {}
     for key, value in module.__dict__.items():
         if key == "_modules":
-            state[key] = type(value)((n, None if c is None else _clone(c, memo)) for n, c in value.items())
+            state[key] = type(value)((n, None if c is None else clone_module(c, memo)) for n, c in value.items())
         elif type(value) in (dict, OrderedDict, set) and not value:
             state[key] = type(value)()
         elif key in ("_parameters", "_buffers") and type(value) in (dict, OrderedDict) and all(

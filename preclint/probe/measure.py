@@ -353,6 +353,9 @@ class Sensitivity:
         self.handles: List[Any] = []
         self._errors: Dict[str, List[Optional[torch.Tensor]]] = {}
         self._acc: Dict[str, torch.Tensor] = {}
+        # values whose gradient reaches no earlier value (an embedding's output): where the weights
+        # must not be leaves, the backward passes stop there
+        self.entries: List[torch.Tensor] = []
 
     # observer protocol
     def before(self, node, args, kwargs, callee):
@@ -364,9 +367,15 @@ class Sensitivity:
     def __call__(self, node, args, kwargs, callee, output):
         if node.kind == Kind.OUTPUT:
             return output
+        entry = None
         for j, t in enumerate(tensors(output)):
             if t.is_floating_point() and t.requires_grad:
                 self.handles.append(hook_gradient(t, partial(self._on_grad, node.name, j)))
+                if entry is None:
+                    entry = not t.is_leaf and all(v.is_leaf for v in flatten(args, kwargs)[0]
+                                                  if isinstance(v, torch.Tensor) and v.requires_grad)
+                if entry:
+                    self.entries.append(t)
         return output
 
     def _on_grad(self, name: str, index: int, grad: torch.Tensor):
@@ -423,7 +432,11 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
 
     ``autocast``: run it under autocast to that dtype. Gradients only weight errors: a few digits
     do, and on a GPU a bfloat16 backward pass costs half a float32 one (its time is in moving
-    activations). benchmarks/README.md measures the contributions against exact one-node runs."""
+    activations). benchmarks/README.md measures the contributions against exact one-node runs.
+
+    A model whose gradient must go through its weights (token ids in) has its backward passes stop at
+    the values its weights first make (an embedding's output): every value gets the same gradient as
+    with the weights as leaves, and no gradient per weight (as large as the model) is made."""
     sens = Sensitivity()
     inputs = Inputs.of(inputs32).map(_with_grad)
     leaves = [v for v in inputs.tensors() if v.requires_grad]
@@ -450,6 +463,7 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
                 with _autocast(inputs, autocast):
                     output = program.run(model32, inputs, sens)
                 floats = [t for t in tensors(output) if t.is_floating_point()]
+                leaves = sens.entries or leaves
         sens.roots = [t for t in floats if t.requires_grad]
         sens.root_index = [i for i, t in enumerate(floats) if t.requires_grad]
         sens.leaves = leaves

@@ -338,12 +338,13 @@ def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
 
 
 def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
-                   graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None) -> ModeRun:
+                   graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None, stream=None) -> ModeRun:
     """The copy of the model and the inputs ``name`` runs on ``device`` (model32 lives there).
 
     A copy shares every parameter it does not change with ``model32``: only the rounded or cast
     ones are new tensors, so a mode costs the memory of what it changes. ``maps``: where the maps
     between copies are kept for the next mode (the native modes all run ``model32`` itself).
+    ``stream``: the WeightStream ``model32`` streams through; the copy streams beside it.
     """
     mode = MODES[name]
     low = LOW_DTYPES.get(mode.low.name) if mode.low is not None else None
@@ -354,7 +355,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
             if mode.low is None or mode.autocast:
                 variant = model32
             else:
-                variant = _variant(model32, lambda module, pname, t: t.to(low) if t.is_floating_point() else None)
+                variant = _variant(stream, model32, lambda module, pname, t: t.to(low) if t.is_floating_point() else None)
                 inputs = _cast_inputs(inputs32, low)
         elif name == "tf32":
             uses = _tf32_modules(model32, graph)
@@ -364,7 +365,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
                     return round_tf32(t)
                 return None
 
-            variant = _variant(model32, to_tf32)
+            variant = _variant(stream, model32, to_tf32)
         elif mode.autocast:
             # modules the model's code calls with autocast off (or lowering to another dtype) keep
             # their float32 weights
@@ -373,12 +374,14 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
             lower = {id(m) for path, m in model32.named_modules()
                      if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"
                      and path not in elsewhere}
-            variant = _variant(model32, lambda module, pname, t: round_to(t, low)
+            variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low)
                                if id(module) in lower and t.dtype == torch.float32 else None)
         else:
-            variant = _variant(model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
+            variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
+    if stream is not None:
+        stream.register(variant, base=model32)
     run = ModeRun(name, mode, device, emulated, variant, inputs, describe_mode(name, device, emulated), low_params=low_params)
     maps = {} if maps is None else maps
 
@@ -396,14 +399,18 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
     return run
 
 
-def _variant(model: torch.nn.Module, change) -> torch.nn.Module:
-    """A copy of ``model`` whose tensors are ``change(module, name, tensor)``, or shared where that is None."""
+def _variant(stream, model: torch.nn.Module, change) -> torch.nn.Module:
+    """A copy of ``model`` whose tensors are ``change(module, name, tensor)``, or shared where that is
+    None (made as each block is filled, when ``stream`` streams the model)."""
     memo = detached_state(model)
     for module in model.modules():
         for pname, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
             if id(t) in memo:
                 continue
-            new = change(module, pname, t.detach())
+            if stream is None:
+                new = change(module, pname, t.detach())
+            else:
+                new = stream.derived(t.detach(), lambda value, m=module, n=pname: change(m, n, value))
             if new is None:
                 memo[id(t)] = t
             elif isinstance(t, torch.nn.Parameter):
