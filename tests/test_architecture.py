@@ -21,7 +21,7 @@ LAYERS: List[Tuple[str, ...]] = [
      "preclint.source.evidence", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
      "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
     ("preclint.modelio", "preclint.load"),
-    ("preclint.ops", "preclint.autocast_regions", "preclint.poison", "preclint.capture", "preclint.usercode"),
+    ("preclint.observer", "preclint.ops", "preclint.autocast_regions", "preclint.poison", "preclint.capture", "preclint.usercode"),
     ("preclint.reference", "preclint.weights"),
     ("preclint.predict", "preclint.degenerate", "preclint.placement"),
     ("preclint.rulebase", "preclint.rules", "preclint.rules.*"),

@@ -19,23 +19,15 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint.ir import Kind
 from preclint.modelio import Inputs
+from preclint.observer import Observer
 from preclint.probe.execute import Program, tensors
 from preclint.probe.ledger import ModeMeasure
 from preclint.probe.measure import ReferenceStore
 
 
-class _Passive:
-    def before(self, node, args, kwargs, callee):
-        return args, kwargs
+class _Inject(Observer):
+    """Replaces one node's output by ``value``."""
 
-    def rename(self, node, name) -> None:
-        pass
-
-    def __call__(self, node, args, kwargs, callee, output):
-        return output
-
-
-class _Inject(_Passive):
     def __init__(self, name: str, value: Any) -> None:
         self.name = name
         self.value = value
@@ -97,10 +89,10 @@ def ablate(program: Program, graph, ref: ReferenceStore, model64: torch.nn.Modul
                 keep = _descendants(graph, name)
                 env = {n: ref.raw[n] for n in ref.order if n not in keep and n != name}
                 env[name] = value
-                out = program.run(model64, inputs, _Passive(), initial_env=env)
+                out = program.run(model64, inputs, Observer(), initial_env=env)
             elif graph.get(name) is not None and graph[name].kind == Kind.INPUT:
                 inputs = _replace_input(inputs64, ref.values[name][0], value)
-                out = program.run(model64, inputs, _Passive())
+                out = program.run(model64, inputs, Observer())
             else:
                 out = program.run(model64, inputs, _Inject(name, value))
             outs = [t for t in tensors(out) if t.is_floating_point()]

@@ -29,6 +29,7 @@ from preclint.errors import one_line
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
 from preclint.numerics import C_INPUT
+from preclint.observer import Observer
 from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, tensors
 from preclint.probe.detections import changed_decisions, detection_tensor_ids
 from preclint.probe.detections import compare as compare_detections
@@ -252,7 +253,7 @@ def _widened(args, kwargs, callee=None, skip_first: bool = False):
     return rebuild(widened)
 
 
-class _ReferenceObserver:
+class _ReferenceObserver(Observer):
     def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
         self.store = store
         self.protect_inplace = protect_inplace
@@ -269,9 +270,6 @@ class _ReferenceObserver:
                 if kept[source[1]] is args[0]:
                     kept[source[1]] = args[0].detach().clone()
         return _widened(args, kwargs, callee, skip_first=inplace)
-
-    def rename(self, node, name) -> None:
-        pass
 
     def __call__(self, node, args, kwargs, callee, output):
         if node.kind == Kind.OUTPUT:
@@ -316,7 +314,7 @@ def resolve_reference(store: ReferenceStore) -> None:
 # ----------------------------------------------------------------------------------- sensitivity
 
 
-class Sensitivity:
+class Sensitivity(Observer):
     """The float32 run with autograd whose backward passes weight each node's local error."""
 
     def __init__(self) -> None:
@@ -326,13 +324,6 @@ class Sensitivity:
         self.handles: List[Any] = []
         self._errors: Dict[str, List[Optional[torch.Tensor]]] = {}
         self._acc: Dict[str, torch.Tensor] = {}
-
-    # observer protocol
-    def before(self, node, args, kwargs, callee):
-        return args, kwargs
-
-    def rename(self, node, name) -> None:
-        pass
 
     def __call__(self, node, args, kwargs, callee, output):
         if node.kind == Kind.OUTPUT:
@@ -464,7 +455,7 @@ class _Unmatched(Exception):
     pass
 
 
-class _SweepObserver:
+class _SweepObserver(Observer):
     def __init__(self, run: ModeRun, ref: ReferenceStore, graph, inplace_semantics: bool, keep_errors: bool) -> None:
         self.run = run
         self.ref = ref
