@@ -22,7 +22,7 @@ from preclint.modelio import Inputs
 from preclint.observer import Observer
 from preclint.probe.execute import Program, tensors
 from preclint.probe.ledger import ModeMeasure
-from preclint.probe.measure import ReferenceStore
+from preclint.probe.reference_pass import ReferenceStore
 
 
 class _Inject(Observer):
