@@ -22,6 +22,7 @@ from preclint.modelio import Inputs
 from preclint.observer import Observer
 from preclint.probe.execute import Program, tensors
 from preclint.probe.ledger import ModeMeasure
+from preclint.probe.readback import Pending
 from preclint.probe.reference_pass import ReferenceStore
 
 
@@ -65,9 +66,10 @@ def _descendants(graph, name: str) -> set:
 
 
 def ablate(program: Program, graph, ref: ReferenceStore, model64: torch.nn.Module, inputs64: tuple,
-           errors: Dict[str, List[Optional[torch.Tensor]]], output_error: List[Optional[torch.Tensor]],
-           measure: ModeMeasure) -> None:
-    """Fill ``ablation`` of every node with a local error, and ``measure.agreement``."""
+           pending: Pending, measure: ModeMeasure) -> None:
+    """Fill ``ablation`` of every node with a local error (the sweep's error vectors), and
+    ``measure.agreement``."""
+    errors, output_error = pending.swept.observer.errors, pending.outputs.errors
     total = [e for e in output_error if e is not None]
     norm_sq = sum(float(torch.sum(e * e)) for e in total)
     if not total or not math.isfinite(norm_sq) or norm_sq == 0:

@@ -24,8 +24,8 @@ from preclint.probe.readback import Pending, finish, observer_delta, queue_figur
 from preclint.probe.reference_pass import ReferenceStore, reference_pass, resolve_reference
 from preclint.probe.scalars import Scalars, difference, error_dtype, grouped_norms
 from preclint.probe.sensitivity import Sensitivity, sensitivity_pass
-from preclint.probe.sweep import Sweep, decision_changes, integer_outputs, output_error, plain_run, sweep
+from preclint.probe.sweep import OutputError, Sweep, decision_changes, integer_outputs, output_error, plain_run, sweep
 
-__all__ = ["Pending", "ReferenceStore", "Scalars", "Sensitivity", "Sweep", "decision_changes", "difference",
+__all__ = ["OutputError", "Pending", "ReferenceStore", "Scalars", "Sensitivity", "Sweep", "decision_changes", "difference",
            "error_dtype", "finish", "grouped_norms", "integer_outputs", "observer_delta", "output_error",
            "plain_run", "queue_figures", "reference_pass", "resolve_reference", "sensitivity_pass", "sweep"]

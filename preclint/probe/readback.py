@@ -3,18 +3,20 @@ ModeMeasure after every mode has been issued (``finish``)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from preclint.ir import DOT_PRODUCT_KINDS
 from preclint.numerics import C_INPUT
+from preclint.probe.detections import Comparison
 from preclint.probe.detections import compare as compare_detections
 from preclint.probe.execute import tensors
 from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars
-from preclint.probe.sweep import NodeSlots, Sweep
+from preclint.probe.sweep import NodeSlots, OutputError, Sweep, integer_outputs
 
 
 # A conv or matmul ran in TF32 when its local error is nearer (on a log scale) to TF32's size
@@ -24,55 +26,54 @@ from preclint.probe.sweep import NodeSlots, Sweep
 TF32_THRESHOLD = 2.0 ** -17.5
 
 
+@dataclass
 class Pending:
-    """A mode's figures issued on the device and not yet read back (``queue_figures``)."""
+    """A mode's figures issued on the device and not yet read back: where each sits in the sweep's
+    Scalars (``queue_figures`` fills it, ``finish`` reads it)."""
 
-    def __init__(self, swept: Sweep, contribution_slots: Dict[str, int], norm_slot: Optional[int], out_slots,
-                 tol_slots, flip_slots, tolerance, delta, detections=None) -> None:
-        self.swept = swept
-        self.detections = detections  # detections.Comparison of the output's detection sets, or None
-        self.contribution_slots = contribution_slots
-        self.norm_slot = norm_slot
-        self.out_slots = out_slots
-        self.tol_slots = tol_slots
-        self.flip_slots = flip_slots
-        self.tolerance = tolerance
-        self.delta = delta  # the plain run against the observed one: inf, or [(slot, is_label)]
+    swept: Sweep
+    outputs: OutputError
+    tolerance: Optional[Tuple[float, float]]  # (rtol, atol) the outputs are checked against
+    ablate: bool  # the ablation runs after the read-back, on the sweep's error vectors
+    contribution_slots: Dict[str, int] = field(default_factory=dict)
+    norm_slot: Optional[int] = None  # ||E|| the contributions are divided by
+    out_slots: List[Tuple[Tuple[int, int], int]] = field(default_factory=list)  # ((||e||_2, ||e||_inf), ||ref||_2)
+    tol_slots: Optional[Tuple[int, int, int, int]] = None  # (failing, elements, smallest atol, smallest rtol)
+    flip_slots: List[Tuple[int, int]] = field(default_factory=list)  # (changed elements slot, elements)
+    delta: Union[None, float, List[Tuple[int, bool]]] = None  # the plain run against the observed one: inf, or [(slot, is_label)]
+    detections: Optional[Comparison] = None  # the output's detection sets against the reference's
 
 
-def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]],
-                  errors: List[Optional[torch.Tensor]], ref_outputs: List[torch.Tensor],
-                  tolerance: Optional[Tuple[float, float]], int_pairs, plain: Any = None) -> Pending:
+def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputError,
+                  tolerance: Optional[Tuple[float, float]], plain: Any = None, ablate: bool = False) -> Pending:
     """Issue the work of the sweep's figures on the device, without waiting for it (``finish`` reads
     them); ``plain``: the output of the plain run, compared with the observed one."""
     obs = swept.observer
     scalars = obs.scalars
+    pending = Pending(swept, outputs, tolerance, ablate)
+    errors, ref_outputs = outputs.errors, outputs.references
     names, values = contributions
-    contribution_slots: Dict[str, int] = {}
-    norm_slot = None
     if names:
         first = scalars.add_vector(values)
-        contribution_slots = {name: first + i for i, name in enumerate(names)}
-        norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in errors if e is not None)))
+        pending.contribution_slots = {name: first + i for i, name in enumerate(names)}
+        pending.norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in outputs.present())))
     # detection sets: their matched boxes and scores count as output values (detections.py)
-    detections = compare_detections(swept.output, swept.observer.ref.output)
-    if detections is not None:
-        errors, ref_outputs = errors + detections.errors, ref_outputs + detections.references
-    out_slots = []
+    pending.detections = compare_detections(swept.output, obs.ref.output)
+    if pending.detections is not None:
+        errors, ref_outputs = errors + pending.detections.errors, ref_outputs + pending.detections.references
     for e, r in zip(errors, ref_outputs):
         if e is None:
             continue
-        out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
-    tol_slots = None
-    if tolerance is not None and out_slots:
-        tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
-    flip_slots = []
-    for o, r in int_pairs:
+        pending.out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
+    if tolerance is not None and pending.out_slots:
+        pending.tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
+    for o, r in integer_outputs(swept.output, obs.ref):
         changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
-        flip_slots.append((scalars.add(changed.sum()), changed.numel()))
-    delta = None if plain is None else _difference_slots(plain, swept.output, scalars)
+        pending.flip_slots.append((scalars.add(changed.sum()), changed.numel()))
+    if plain is not None:
+        pending.delta = _difference_slots(plain, swept.output, scalars)
     scalars.compute()
-    return Pending(swept, contribution_slots, norm_slot, out_slots, tol_slots, flip_slots, tolerance, delta, detections)
+    return pending
 
 
 def _difference_slots(plain: Any, observed: Any, scalars: Scalars):

@@ -4,6 +4,7 @@ the reference (received) and replays the node on reference inputs (local), keepi
 vector for the contribution. Its figures are queued in the sweep's Scalars (readback.py reads them)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -319,14 +320,24 @@ def plain_run(run: ModeRun):
         return Inputs.of(run.inputs).call(run.variant)
 
 
-def output_error(output: Any, ref: ReferenceStore) -> Tuple[List[Optional[torch.Tensor]], List[torch.Tensor]]:
-    """(float errors, float reference values) of the model's outputs, in pytree order."""
+@dataclass
+class OutputError:
+    """The model's float outputs against the reference's, in pytree order."""
+
+    errors: List[Optional[torch.Tensor]]  # None where an output is not compared element by element
+    references: List[torch.Tensor]
+
+    def present(self) -> List[torch.Tensor]:
+        return [e for e in self.errors if e is not None]
+
+
+def output_error(output: Any, ref: ReferenceStore) -> OutputError:
     outs = [t for t in tensors(output) if t.is_floating_point()]
     refs = [t for t in tensors(ref.output) if t.is_floating_point()]
     matched = detection_tensor_ids(output)  # detections are compared by matching (queue_figures)
     errors = [o.detach().double() - r if o.shape == r.shape and id(o) not in matched else None
               for o, r in zip(outs, refs)]
-    return errors, refs
+    return OutputError(errors, refs)
 
 
 def integer_outputs(output: Any, ref: ReferenceStore) -> List[Tuple[torch.Tensor, torch.Tensor]]:
