@@ -39,7 +39,7 @@ from preclint.probe import ProbeOptions, measure_model  # noqa: E402
 from benchmarks.accuracy import describe_machine as machine  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
-FP32_FLOOR = 2.0 ** -17.5  # below this a local error is float32's, not the mode's (measure.py)
+FP32_FLOOR = 2.0 ** -17.5  # below this a local error is float32's, not the mode's (probe/readback.py)
 
 
 def _sync(device: str) -> None:

@@ -33,10 +33,7 @@ from preclint.errors import UserError, one_line
 from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
 from preclint.modelio import Inputs, output_tensors
-
-# An observer is called as observer(node, args, kwargs, callee, output) -> output to use, after
-# observer.before(node, args, kwargs, callee) -> (args, kwargs) has had its say on the operands.
-Observer = Any
+from preclint.observer import Observer
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rsplit(".", 1)[0]].__file__)) + os.sep
@@ -452,7 +449,7 @@ class _Recorder(TorchFunctionMode):
     def __init__(self, root: torch.nn.Module, observer: Observer) -> None:
         super().__init__()
         self.observer = observer
-        self.origin = getattr(observer, "origin", lambda tensor: tensor)
+        self.origin = observer.origin
         self.nodes: List[Node] = []
         self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
         self.paths = {id(m): p for p, m in root.named_modules()}
@@ -670,10 +667,8 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
             if _is_model_error(exc):
                 # the traced graph failed where the model itself may not (code that only works
                 # eagerly): the eager run decides, with an observer that forgets the partial run
-                reset = getattr(observer, "reset", None)
-                if reset is None:
+                if not observer.reset():
                     raise
-                reset()
                 notes.append(f"running the graph torch.fx traced failed ({exc}); recorded the ops of one run instead")
             else:
                 notes.append(f"torch.fx could not trace the model ({one_line(exc)}); recorded the ops of one run instead")

@@ -36,6 +36,7 @@ from preclint.errors import one_line
 from preclint.ir import DOT_PRODUCT_KINDS, Gains, Graph, Kind, Node, TensorStats
 from preclint.modelio import output_tensors
 from preclint.numerics import FP16
+from preclint.observer import Observer
 from preclint.ops import SUMS
 from preclint.poison import PoisonTracker
 
@@ -341,7 +342,7 @@ _NO_GRADIENT_OPERANDS = {
 }
 
 
-class ReferenceObserver:
+class ReferenceObserver(Observer):
     """The observer handed to capture: records statistics as each node runs.
 
     ``before`` may hand the op views of its operands, so that a gradient hook sees the gradient that
@@ -373,13 +374,14 @@ class ReferenceObserver:
         self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
         self.on_node: Callable[[], None] = lambda: None  # called once a node ran (a progress bar)
 
-    def reset(self) -> None:
+    def reset(self) -> bool:
         """Forget a run that failed part-way, for another run from the start."""
         for h in self.handles:
             h.remove()
         on_node = self.on_node
         self.__init__(self.with_sensitivity)
         self.on_node = on_node
+        return True
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),

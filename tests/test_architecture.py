@@ -22,7 +22,7 @@ LAYERS: List[Tuple[str, ...]] = [
      "preclint.source.evidence", "preclint.source.positions", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
      "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
     ("preclint.modelio", "preclint.load"),
-    ("preclint.ops", "preclint.autocast_regions", "preclint.poison", "preclint.capture", "preclint.usercode"),
+    ("preclint.observer", "preclint.ops", "preclint.autocast_regions", "preclint.poison", "preclint.capture", "preclint.usercode"),
     ("preclint.reference", "preclint.weights"),
     ("preclint.predict", "preclint.degenerate", "preclint.placement"),
     ("preclint.rulebase", "preclint.rules", "preclint.rules.*"),
@@ -186,3 +186,32 @@ def test_no_private_name_is_imported_from_another_module():
         for n in names if n.startswith("_") and not n.startswith("__")
     ]
     assert not found, "private names used across modules: " + "; ".join(found)
+
+
+def parameters(function: ast.AST) -> List[str]:
+    """A function's parameters, ``self`` and ``cls`` left out."""
+    a = function.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    names += [p.arg for p in (a.vararg, a.kwarg) if p is not None]
+    return [n for n in names if n not in ("self", "cls")]
+
+
+def long_parameter_lists(source: str, most: int = 7) -> List[Tuple[str, int, int]]:
+    """(function, line, parameters) of each function in ``source`` that takes more than ``most``."""
+    return [(node.name, node.lineno, len(parameters(node))) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(parameters(node)) > most]
+
+
+def test_no_function_in_the_probe_takes_more_than_seven_parameters():
+    # the probe's state lives in objects (the passes every mode shares, a mode's pending figures, a
+    # sweep): a long positional list is state nobody owns, passed on in an order every caller must keep
+    found = [f"{MODULES[name].relative_to(ROOT)}:{line} {function} takes {count}"
+             for name in MODULES if name == "preclint.probe" or name.startswith("preclint.probe.")
+             for function, line, count in long_parameter_lists(MODULES[name].read_text(encoding="utf-8"))]
+    assert not found, "functions with more than 7 parameters: " + "; ".join(found)
+
+
+def test_the_parameter_count_leaves_out_self_and_counts_the_rest():
+    source = "class A:\n    def m(self, a, b, *c, d, **e): pass\ndef f(a, b, c, d, e, f, g, h): pass\n"
+    assert sorted(long_parameter_lists(source, most=4)) == [("f", 3, 8), ("m", 2, 5)]
+    assert long_parameter_lists(source) == [("f", 3, 8)]

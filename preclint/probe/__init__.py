@@ -12,10 +12,9 @@ hold much of the error without a finding) add theirs.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.errors import UserError, one_line
@@ -36,6 +35,7 @@ class ProbeOptions:
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
     ranks: Any = None  # distributed.Ranks under torchrun: this process measures its share of the modes
+    bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.progress) for the stages
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
@@ -71,15 +71,14 @@ class _Clock:
 
 
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
-                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model", bar=None):
+                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
-    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords); ``bar``, a progress
-    bar (preclint.progress), follows the stages."""
+    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords); ``options.bar``, a
+    progress bar (preclint.progress), follows the stages."""
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
-    from preclint.probe.execute import Program, RunFailed, copy_to
-    from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
+    from preclint.probe.execute import Program, copy_to
 
     if not graph.ran_reference:
         raise UserError("--probe needs the reference pass that --no-run skips; drop --no-run")
@@ -87,6 +86,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     emulated = device.type == "cpu" if options.emulate is None else options.emulate
     env = environment(device, emulated)
     timings: Dict[str, float] = {}
+    bar = options.bar
     clock = _Clock(device, timings, sync=options.sync_stages, bar=bar)
     if bar is not None:  # setup, reference, sensitivity, read back; per mode sweep, contributions, figures, read back
         bar.set_total(4 + len(modes) * (4 + (not emulated) + options.ablate))
@@ -120,14 +120,43 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         notes.append(program.note)
 
     with stream.active() if stream is not None else contextlib.nullcontext():
-        return _measure(program, graph, modes, options, tolerance, name, device, emulated, env, clock, timings,
-                        notes, stream, model32, model64, inputs32, inputs64)
+        return _measure(_Session(program, graph, modes, options, tolerance, name, device, emulated, env, clock,
+                                 timings, notes, stream, model32, model64, inputs32, inputs64))
 
 
-def _measure(program, graph, modes, options, tolerance, name, device, emulated, env, clock, timings, notes,
-             stream, model32, model64, inputs32, inputs64):
+@dataclass
+class _Session:
+    """One probe's setting and the copies of the model and inputs it made on the device."""
+
+    program: Any
+    graph: Any
+    modes: Sequence[str]
+    options: ProbeOptions
+    tolerance: Optional[Tuple[float, float]]
+    name: str
+    device: Any
+    emulated: bool
+    env: Dict[str, Any]
+    clock: _Clock
+    timings: Dict[str, float]
+    notes: List[str]
+    stream: Any  # stream.WeightStream, or None
+    model32: Any
+    model64: Any
+    inputs32: Any
+    inputs64: Any
+
+
+def _measure(session: _Session):
     """The passes of ``measure_model`` over the copies it made."""
     import torch
+
+    program, graph, modes, options, tolerance, name = (session.program, session.graph, session.modes, session.options,
+                                                       session.tolerance, session.name)
+    device, emulated, env, clock, timings, notes = (session.device, session.emulated, session.env, session.clock,
+                                                    session.timings, session.notes)
+    stream, model32, model64, inputs32, inputs64 = (session.stream, session.model32, session.model64,
+                                                    session.inputs32, session.inputs64)
 
     from preclint.probe.device import is_out_of_memory
     from preclint.probe.execute import RunFailed, one_line
@@ -192,26 +221,27 @@ def _measure(program, graph, modes, options, tolerance, name, device, emulated, 
                      "the reference there is as precise as the model makes it")
 
     from preclint.probe.ledger import ProbeResult
+    from preclint.probe.modes import SharedCopies
 
     result = ProbeResult(env, {}, list(ref.order), timings, notes)
     result.reference_nonfinite = reference_nonfinite
     # On a GPU every mode is issued first and read back after: the device never waits for Python in
     # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
     # model (rounded weights) is gone before the next one is made.
-    pending = []
-    maps: Dict[Any, Any] = {}  # between the copies of the model, built once for all modes
+    passes = _ModePasses(program, graph, device, emulated, options, clock, ref, sens, model32, inputs32, model64,
+                         inputs64, tolerance, SharedCopies(stream=stream))
+    issued = []
     for mode in modes:
-        result.modes[mode], state = _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32,
-                                                tolerance, options, clock, maps, stream)
+        result.modes[mode], pending = passes.issue(mode)
         if device.type == "cuda":
-            pending.append((mode, state))
-        elif state is not None:
-            _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
+            issued.append((mode, pending))
+        elif pending is not None:
+            passes.finish(result.modes[mode], pending)
     if sens is not None:
         sens.close()
-    for mode, state in pending:
-        if state is not None:
-            _finish_mode(result.modes[mode], state, program, graph, ref, device, model64, inputs64, options, clock)
+    for mode, pending in issued:
+        if pending is not None:
+            passes.finish(result.modes[mode], pending)
     env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
     how = ""
     if autocast is not None:
@@ -253,68 +283,85 @@ def _sensitivity_autocast(device, program):
     return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
 
 
-def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inputs32, tolerance, options, clock, maps,
-                stream=None):
-    """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read back.
-    Returns (measure, what ``_finish_mode`` needs, or None after a failure)."""
-    import torch
+@dataclass
+class _ModePasses:
+    """What every mode's sweep and read-back share: the program, the copies of the model and inputs
+    on the device, the reference, and the sensitivity pass (None when it failed)."""
 
-    from preclint.probe.ledger import ModeMeasure
-    from preclint.probe.measure import integer_outputs, output_error, plain_run, queue_figures, sweep
-    from preclint.probe.modes import describe_mode, build_mode_run
+    program: Any
+    graph: Any
+    device: Any
+    emulated: bool
+    options: ProbeOptions
+    clock: _Clock
+    ref: Any  # measure.ReferenceStore
+    sens: Any  # measure.Sensitivity, or None
+    model32: Any
+    inputs32: Any
+    model64: Any  # None unless the ablation needs it
+    inputs64: Any
+    tolerance: Optional[Tuple[float, float]]
+    shared: Any  # modes.SharedCopies: the maps between copies and the WeightStream
 
-    measure = ModeMeasure(mode, describe_mode(mode, device, emulated))
-    swept = None
-    try:
-        with clock(f"{mode}: sweep"):
-            run = build_mode_run(mode, device, emulated, model32, inputs32, graph, maps, stream)
-            measure.how = run.how
-            swept = sweep(program, run, ref, graph, keep_errors=sens is not None)
-        errors, ref_outputs = output_error(swept.output, ref)
-        present = [e for e in errors if e is not None]
-        contributions = ([], None)
-        if sens is not None and present:
-            # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
-            norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
-            with clock(f"{mode}: contributions"), _tf32_on_gpu(device, True):
-                contributions = sens.contributions(swept.observer.errors, errors, norm)
-        plain = None
-        if not run.emulated:
-            with clock(f"{mode}: plain run"):
-                plain = plain_run(run)
-        with clock(f"{mode}: figures"):
-            state = queue_figures(swept, contributions, errors, ref_outputs, tolerance,
-                                  integer_outputs(swept.output, ref), plain)
-        state.errors = errors
-        state.ablate = options.ablate and sens is not None
-        if stream is not None and run.variant is not model32:
-            stream.forget(run.variant)
-        if not state.ablate:
+    def issue(self, mode: str):
+        """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read
+        back. Returns (measure, what ``finish`` needs, or None after a failure)."""
+        import torch
+
+        from preclint.probe.ledger import ModeMeasure
+        from preclint.probe.measure import output_error, plain_run, queue_figures, sweep
+        from preclint.probe.modes import describe_mode, build_mode_run
+
+        device, clock, sens = self.device, self.clock, self.sens
+        measure = ModeMeasure(mode, describe_mode(mode, device, self.emulated))
+        swept = None
+        try:
+            with clock(f"{mode}: sweep"):
+                run = build_mode_run(mode, device, self.emulated, self.model32, self.inputs32, self.graph, self.shared)
+                measure.how = run.how
+                swept = sweep(self.program, run, self.ref, self.graph, keep_errors=sens is not None)
+            outputs = output_error(swept.output, self.ref)
+            present = outputs.present()
+            contributions = ([], None)
+            if sens is not None and present:
+                # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
+                norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
+                with clock(f"{mode}: contributions"), _tf32_on_gpu(device, True):
+                    contributions = sens.contributions(swept.observer.errors, outputs.errors, norm)
+            plain = None
+            if not run.emulated:
+                with clock(f"{mode}: plain run"):
+                    plain = plain_run(run)
+            with clock(f"{mode}: figures"):
+                pending = queue_figures(swept, contributions, outputs, self.tolerance, plain,
+                                        ablate=self.options.ablate and sens is not None)
+            if self.shared.stream is not None and run.variant is not self.model32:
+                self.shared.stream.forget(run.variant)
+            if not pending.ablate:
+                swept.observer.errors = {}
+            return measure, pending
+        except Exception as exc:
+            _failed(measure, mode, device, exc)
+            if swept is not None:
+                swept.observer.errors = {}
+            return measure, None
+
+    def finish(self, measure, pending) -> None:
+        """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
+        from preclint.probe.ablate import ablate
+        from preclint.probe.measure import finish
+
+        swept = pending.swept
+        try:
+            with self.clock(f"{measure.mode}: read back"):
+                finish(measure, pending, self.ref, self.graph)
+            if pending.ablate:
+                with self.clock(f"{measure.mode}: ablation"):
+                    ablate(self.program, self.graph, self.ref, self.model64, self.inputs64, pending, measure)
+        except Exception as exc:
+            _failed(measure, measure.mode, self.device, exc)
+        finally:
             swept.observer.errors = {}
-        return measure, state
-    except Exception as exc:
-        _failed(measure, mode, device, exc)
-        if swept is not None:
-            swept.observer.errors = {}
-        return measure, None
-
-
-def _finish_mode(measure, state, program, graph, ref, device, model64, inputs64, options, clock) -> None:
-    """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
-    from preclint.probe.ablate import ablate
-    from preclint.probe.measure import finish
-
-    swept = state.swept
-    try:
-        with clock(f"{measure.mode}: read back"):
-            finish(measure, state, ref, graph)
-        if state.ablate:
-            with clock(f"{measure.mode}: ablation"):
-                ablate(program, graph, ref, model64, inputs64, swept.observer.errors, state.errors, measure)
-    except Exception as exc:
-        _failed(measure, measure.mode, device, exc)
-    finally:
-        swept.observer.errors = {}
 
 
 def _failed(measure, mode, device, exc) -> None:
@@ -437,12 +484,12 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
     module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
     with task("probe") as bar:
         if options.ranks is None:
-            result = measure_model(module, inputs, graph, ctx.modes, options, tolerance, loaded.name, bar)
+            result = measure_model(module, inputs, graph, ctx.modes, replace(options, bar=bar), tolerance, loaded.name)
         else:
             from preclint.probe.distributed import gather, share
 
-            result = measure_model(module, inputs, graph, share(ctx.modes, options.ranks), options, tolerance,
-                                   loaded.name, bar)
+            result = measure_model(module, inputs, graph, share(ctx.modes, options.ranks), replace(options, bar=bar),
+                                   tolerance, loaded.name)
             result = gather(result, ctx.modes, options.ranks)
     if placement is not None:
         result.environment["reference"]["statistics_on"] = str(placement.device)

@@ -19,23 +19,16 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint.ir import Kind
 from preclint.modelio import Inputs
+from preclint.observer import Observer
 from preclint.probe.execute import Program, tensors
 from preclint.probe.ledger import ModeMeasure
-from preclint.probe.measure import ReferenceStore
+from preclint.probe.readback import Pending
+from preclint.probe.reference_pass import ReferenceStore
 
 
-class _Passive:
-    def before(self, node, args, kwargs, callee):
-        return args, kwargs
+class _Inject(Observer):
+    """Replaces one node's output by ``value``."""
 
-    def rename(self, node, name) -> None:
-        pass
-
-    def __call__(self, node, args, kwargs, callee, output):
-        return output
-
-
-class _Inject(_Passive):
     def __init__(self, name: str, value: Any) -> None:
         self.name = name
         self.value = value
@@ -73,9 +66,10 @@ def _descendants(graph, name: str) -> set:
 
 
 def ablate(program: Program, graph, ref: ReferenceStore, model64: torch.nn.Module, inputs64: tuple,
-           errors: Dict[str, List[Optional[torch.Tensor]]], output_error: List[Optional[torch.Tensor]],
-           measure: ModeMeasure) -> None:
-    """Fill ``ablation`` of every node with a local error, and ``measure.agreement``."""
+           pending: Pending, measure: ModeMeasure) -> None:
+    """Fill ``ablation`` of every node with a local error (the sweep's error vectors), and
+    ``measure.agreement``."""
+    errors, output_error = pending.swept.observer.errors, pending.outputs.errors
     total = [e for e in output_error if e is not None]
     norm_sq = sum(float(torch.sum(e * e)) for e in total)
     if not total or not math.isfinite(norm_sq) or norm_sq == 0:
@@ -97,10 +91,10 @@ def ablate(program: Program, graph, ref: ReferenceStore, model64: torch.nn.Modul
                 keep = _descendants(graph, name)
                 env = {n: ref.raw[n] for n in ref.order if n not in keep and n != name}
                 env[name] = value
-                out = program.run(model64, inputs, _Passive(), initial_env=env)
+                out = program.run(model64, inputs, Observer(), initial_env=env)
             elif graph.get(name) is not None and graph[name].kind == Kind.INPUT:
                 inputs = _replace_input(inputs64, ref.values[name][0], value)
-                out = program.run(model64, inputs, _Passive())
+                out = program.run(model64, inputs, Observer())
             else:
                 out = program.run(model64, inputs, _Inject(name, value))
             outs = [t for t in tensors(out) if t.is_floating_point()]

@@ -27,6 +27,7 @@ from preclint.capture import (FxRunner, ModelRunError, capture_function_mode, fx
 from preclint.errors import one_line
 from preclint.ir import Graph
 from preclint.modelio import output_tensors
+from preclint.observer import Observer
 
 
 class _Tracer(fx.Tracer):
@@ -66,7 +67,7 @@ class Program:
     def is_fx(self) -> bool:
         return self.fx_graph is not None
 
-    def run(self, root: torch.nn.Module, inputs, observer, initial_env: Optional[Dict[str, Any]] = None):
+    def run(self, root: torch.nn.Module, inputs, observer: Observer, initial_env: Optional[Dict[str, Any]] = None):
         """The model's output on ``inputs`` (a tuple, or Inputs with keywords); ``initial_env`` (FX
         only) maps node names to values not to recompute."""
         if self.stream is not None:

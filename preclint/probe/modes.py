@@ -337,15 +337,26 @@ def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
     return f"model and float inputs cast with .to({dtype}), TF32 off"
 
 
+@dataclass
+class SharedCopies:
+    """What the modes' copies of one model share: the maps between copies, built once for all modes,
+    and the WeightStream ``model32`` streams through (None when it is whole on the device)."""
+
+    maps: Dict[Any, Dict[int, Any]] = field(default_factory=dict)
+    stream: Any = None
+
+
 def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
-                   graph=None, maps: Optional[Dict[Any, Dict[int, Any]]] = None, stream=None) -> ModeRun:
+                   graph=None, shared: Optional[SharedCopies] = None) -> ModeRun:
     """The copy of the model and the inputs ``name`` runs on ``device`` (model32 lives there).
 
     A copy shares every parameter it does not change with ``model32``: only the rounded or cast
-    ones are new tensors, so a mode costs the memory of what it changes. ``maps``: where the maps
-    between copies are kept for the next mode (the native modes all run ``model32`` itself).
-    ``stream``: the WeightStream ``model32`` streams through; the copy streams beside it.
+    ones are new tensors, so a mode costs the memory of what it changes. ``shared.maps``: where the
+    maps between copies are kept for the next mode (the native modes all run ``model32`` itself).
+    ``shared.stream``: the WeightStream ``model32`` streams through; the copy streams beside it.
     """
+    shared = SharedCopies() if shared is None else shared
+    stream, maps = shared.stream, shared.maps
     mode = MODES[name]
     low = LOW_DTYPES.get(mode.low.name) if mode.low is not None else None
     inputs = inputs32
@@ -383,8 +394,6 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
     if stream is not None:
         stream.register(variant, base=model32)
     run = ModeRun(name, mode, device, emulated, variant, inputs, describe_mode(name, device, emulated), low_params=low_params)
-    maps = {} if maps is None else maps
-
     def kept(key, build):
         if variant is not model32:  # a copy of this mode only: keeping its maps would keep the copy
             return build()

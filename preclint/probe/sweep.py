@@ -1,0 +1,398 @@
+"""One mode's sweep: the full run of the mode, observed and never altered (on a GPU the observed run
+is checked against the plain model afterwards). At each node the observer compares the value with
+the reference (received) and replays the node on reference inputs (local), keeping the local error
+vector for the contribution. Its figures are queued in the sweep's Scalars (readback.py reads them)."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from preclint.errors import one_line
+from preclint.ir import Kind
+from preclint.modelio import Inputs
+from preclint.observer import Observer
+from preclint.probe.detections import changed_decisions, detection_tensor_ids
+from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, tensors
+from preclint.probe.modes import ModeRun
+from preclint.probe.reference_pass import ReferenceStore
+from preclint.probe.rounding import REDUCED_FLOATS
+from preclint.probe.scalars import Scalars, difference, error_dtype
+
+# ops that keep the value they are given (casts, clamps to a format's range): a precision may add them
+_VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone",
+                            "detach", "clamp", "clip", "clamp_min", "clamp_max", "nan_to_num"})
+
+
+def _name_base(fn: str) -> str:
+    """The base of the names function-mode capture gives ops of kind ``fn`` (_Recorder._unique)."""
+    return re.sub(r"\W", "_", fn) or "op"
+
+
+_NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE, Kind.DECISION, Kind.COMPARE})
+
+# max(x, 0), min(max(x, 0), 6) and the largest value of a window are exact in every float format:
+# with its result in its input's dtype such an op adds no error, so it is not replayed (a replay
+# would show only the rounding of its input, which the node that produced the input owns).
+_EXACT_FNS = frozenset({"relu", "relu_", "relu6", "max_pool", "max_pool1d", "max_pool2d", "max_pool3d",
+                        "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"})
+
+
+
+class NodeSlots:
+    """Where one node's figures sit in the sweep's Scalars."""
+
+    __slots__ = ("received", "local", "local_zero", "flips", "inputs", "dtype", "note", "local_from_received")
+
+    def __init__(self) -> None:
+        self.received: List[Tuple[int, int, int]] = []  # (output index, ||d||_2, ||d||_inf)
+        self.local: List[Tuple[int, int, int]] = []
+        self.local_zero = False  # moves values only: no local error by construction
+        self.local_from_received = False  # enters the graph: its rounding on entry is its local error
+        self.flips: List[Tuple[int, int]] = []  # (flipped units slot, units slot)
+        self.inputs: List[Tuple[str, int]] = []  # producers of its float inputs
+        self.dtype: Optional[str] = None
+        self.note: Optional[str] = None
+
+
+class _Unmatched(Exception):
+    pass
+
+
+class SweepObserver(Observer):
+    def __init__(self, run: ModeRun, ref: ReferenceStore, graph, inplace_semantics: bool, keep_errors: bool) -> None:
+        self.run = run
+        self.ref = ref
+        self.graph = graph
+        self.inplace_semantics = inplace_semantics
+        self.keep_errors = keep_errors
+        self.error_dtype = error_dtype(run.device)
+        self.producers = Producers()
+        self.pending: Optional[list] = None
+        self.position = 0
+        self.diverged_at: Optional[str] = None
+        self.added: Dict[str, int] = {}  # ops a precision added to the reference's path, by name base
+        self.scalars = Scalars()
+        self.slots: Dict[str, NodeSlots] = {}
+        self.errors: Dict[str, List[Optional[torch.Tensor]]] = {}
+
+    # ------------------------------------------------------------ observer protocol
+
+    def before(self, node, args, kwargs, callee):
+        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
+        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
+        self.pending = [node, args, kwargs, decision]
+        return new_args, new_kwargs
+
+    def rename(self, node, name) -> None:
+        if self.pending is not None and self.pending[0] is node:
+            self.pending[0] = name
+
+    def __call__(self, node, args, kwargs, callee, output):
+        pending = self.pending
+        if pending is not None and (pending[0] is node or pending[0] == node.name):
+            self.pending = None
+            orig_args, orig_kwargs, decision = pending[1], pending[2], pending[3]
+        else:
+            orig_args, orig_kwargs, decision = args, kwargs, None
+        output = self.run.entering(node, self.run.after(output, decision))
+        if node.kind == Kind.OUTPUT:
+            return output
+        outs = tensors(output)
+        node = self._as_in_reference(node)
+        aligned = self._aligned(node)
+        if not aligned and self.diverged_at is None:
+            if self._added_by_precision(node, orig_args, orig_kwargs, outs):
+                return output
+            # where the paths split: the reference's node this run did not reach
+            order = self.ref.order
+            self.diverged_at = order[self.position] if self.position < len(order) else node.name
+        if aligned:
+            slots = self.slots[node.name] = NodeSlots()
+            self._received(node.name, outs, slots)
+            if node.kind in (Kind.DECISION, Kind.COMPARE) or self._has_margins(node.name):
+                self._flips(node, outs, slots, orig_args)
+            slots.inputs = self._input_producers(orig_args, orig_kwargs)
+            self._local(node, orig_args, orig_kwargs, callee, outs, slots)
+        self.producers.add(node.name, outs)
+        return output
+
+    # ------------------------------------------------------------ helpers
+
+    def _has_margins(self, name: str) -> bool:
+        ir = self.graph.get(name)
+        return ir is not None and ir.margins is not None
+
+    def _aligned(self, node) -> bool:
+        if self.diverged_at is not None:
+            return False
+        order = self.ref.order
+        if self.position < len(order) and order[self.position] == node.name and self.ref.fns[node.name] == node.fn:
+            self.position += 1
+            return True
+        return False
+
+    def _added_by_precision(self, node, args, kwargs, outs: List[torch.Tensor]) -> bool:
+        """An op the reference did not run that keeps the value it is given (code that casts or
+        clamps only when a value is not float32: T5's ``hidden_states.to(self.wo.weight.dtype)``) or
+        only computes a condition: the run stays on the reference's path. Its result stands for its
+        operand's reference value, and the names the recorder gives later ops of its kind are
+        counted as if it had not run (_as_in_reference)."""
+        floats = [t for t in outs if t.is_floating_point() and t.dim() > 0]
+        if floats and node.fn not in _VALUE_KEEPING:
+            return False
+        if floats:
+            operands = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
+            source = self.producers.get(operands[0]) if operands and operands[0].shape == floats[0].shape else None
+            if source is None or len(floats) != 1:
+                return False
+            self.producers.alias(floats[0], source)
+        base = _name_base(node.fn)
+        self.added[base] = self.added.get(base, 0) + 1
+        return True
+
+    def _as_in_reference(self, node):
+        """The node under the name the reference gave it: the recorder numbers ops by kind, so each op
+        a precision added (_added_by_precision) shifts the numbers of the later ones of its kind."""
+        base = _name_base(node.fn)
+        shift = self.added.get(base)
+        if not shift:
+            return node
+        number = 0 if node.name == base else node.name[len(base) + 1:]
+        if number != 0 and not (node.name.startswith(base + "_") and number.isdigit()):
+            return node
+        number = int(number) - shift
+        return dataclasses.replace(node, name=base if number == 0 else f"{base}_{number}")
+
+    def _received(self, name: str, outs: List[torch.Tensor], slots: NodeSlots) -> None:
+        refs = self.ref.values[name]
+        for j, (o, r) in enumerate(zip(outs, refs)):
+            if not (o.is_floating_point() and r.is_floating_point()):
+                continue
+            if slots.dtype is None:
+                slots.dtype = str(o.dtype).replace("torch.", "")
+            if o.shape != r.shape:
+                slots.note = f"output {j} has shape {tuple(o.shape)} here and {tuple(r.shape)} in the reference"
+                continue
+            d = difference(o, r, self.error_dtype, (name, j) in self.ref.nonfinite)
+            n2, ninf = self.scalars.norms(d)
+            slots.received.append((j, n2, ninf))
+
+    def _flips(self, node, outs: List[torch.Tensor], slots: NodeSlots, args) -> None:
+        refs = self.ref.values[node.name]
+        for o, r in zip(outs, refs):
+            if o.is_floating_point() or r.is_floating_point():
+                continue
+            changes = self._nms_changes(node, o, r, args) if node.fn in ("nms", "batched_nms") else None
+            if changes is None:
+                changes = decision_changes(node, o, r)
+            if changes is None:  # not comparable (another number of candidates): no figure rather than a wrong one
+                continue
+            flipped, units = changes
+            slots.flips.append((self.scalars.add(torch.as_tensor(flipped)), self.scalars.add(torch.as_tensor(units))))
+
+    def _nms_changes(self, node, kept: torch.Tensor, reference_kept: torch.Tensor, args):
+        """An NMS's changed decisions by the boxes it kept (not their indices into its candidates)."""
+        boxes = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        reference = self._reference_of(boxes) if boxes is not None else None
+        if reference is None or kept.dim() != 1 or reference_kept.dim() != 1 or boxes.dim() != 2:
+            return None
+        labels = args[2] if node.fn == "batched_nms" and len(args) > 2 and isinstance(args[2], torch.Tensor) else None
+        reference_labels = self._reference_of(labels) if labels is not None else None
+        if labels is not None and (reference_labels is None or reference_labels.shape[0] != reference.shape[0]):
+            labels = reference_labels = None
+        return changed_decisions(kept, reference_kept, boxes, reference, labels, reference_labels)
+
+    def _input_producers(self, args, kwargs) -> List[Tuple[str, int]]:
+        found = []
+        for v in flatten(args, kwargs)[0]:
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                source = self.producers.get(v)
+                if source is not None and source not in found:
+                    found.append(source)
+        return found
+
+    def _reference_of(self, t: torch.Tensor) -> Optional[torch.Tensor]:
+        source = self.producers.get(t)
+        if source is not None:
+            values = self.ref.values.get(source[0])
+            return values[source[1]] if values is not None and source[1] < len(values) else None
+        return self.run.reference_tensors.get(id(t))
+
+    def _reference_args(self, args, kwargs, copy: bool):
+        """The node's operands with reference values, each in the dtype it has in this mode's run."""
+        flat, rebuild = flatten(args, kwargs)
+        out = []
+        for v in flat:
+            if isinstance(v, torch.Tensor):
+                source = self._reference_of(v)
+                if source is not None:
+                    if source.shape != v.shape:
+                        raise _Unmatched(f"an operand has shape {tuple(v.shape)} here and {tuple(source.shape)} in the reference")
+                    dtype = self.run.low if id(v) in self.run.low_params else v.dtype
+                    v = source.to(dtype=dtype, copy=copy)
+            out.append(v)
+        return rebuild(out)
+
+    def _exact_args(self, args, kwargs, ref_args, ref_kwargs):
+        """Operands for the exact replay: rounded reference values in float32, parameters as the user's."""
+        flat, rebuild = flatten(args, kwargs)
+        ref_flat, _ = flatten(ref_args, ref_kwargs)
+        out = []
+        for original, rounded in zip(flat, ref_flat):
+            if isinstance(original, torch.Tensor):
+                param = self.run.original_tensors.get(id(original))
+                if param is not None:
+                    out.append(param)
+                elif rounded.dtype in REDUCED_FLOATS:
+                    out.append(rounded.float())
+                else:
+                    out.append(rounded)
+            else:
+                out.append(rounded)
+        return rebuild(out)
+
+    def _local(self, node, args, kwargs, callee, outs: List[torch.Tensor], slots: NodeSlots) -> None:
+        name = node.name
+        if not any(t.is_floating_point() for t in outs):
+            return
+        if node.kind in (Kind.INPUT, Kind.CONSTANT) or (callee is None and node.kind != Kind.SHAPE):
+            # A value entering the graph (an input, a parameter read as a value, a constant): its
+            # rounding on entry is the only error it adds.
+            slots.local_from_received = True
+            slots.local = list(slots.received)
+            if self.keep_errors:
+                refs = self.ref.values[name]
+                self.errors[name] = [
+                    difference(o, refs[j], self.error_dtype, (name, j) in self.ref.nonfinite)
+                    if o.is_floating_point() and o.shape == refs[j].shape else None
+                    for j, o in enumerate(outs)
+                ]
+            return
+        if node.kind in _NO_REPLAY_KINDS:
+            slots.local_zero = node.kind == Kind.SHAPE
+            return
+        if node.fn in _EXACT_FNS and _keeps_dtype(args, kwargs, outs):
+            slots.local_zero = True
+            return
+        inplace = is_inplace_call(callee, kwargs)
+        try:
+            ref_args, ref_kwargs = self._reference_args(args, kwargs, copy=inplace)
+            run_args, run_kwargs, decision = self.run.before(node, ref_args, ref_kwargs, callee)
+            replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
+            if any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in flatten(ref_args, ref_kwargs)[0]):
+                exact_args, exact_kwargs = self._exact_args(args, kwargs, ref_args, ref_kwargs)
+                exact_callee = self.run.originals.get(id(callee), callee) if isinstance(callee, torch.nn.Module) else callee
+                with self.run.exact_context():
+                    exact = tensors(invoke(exact_callee, exact_args, exact_kwargs))
+            else:
+                exact = self.ref.values[name]
+        except _Unmatched as exc:
+            slots.note = f"local error not measured: {exc}"
+            return
+        except Exception as exc:  # a node that cannot be called again on its own: say so, measure the rest
+            slots.note = f"local error not measured: replaying the node raised {one_line(exc)}"
+            return
+        kept: List[Optional[torch.Tensor]] = []
+        for j, (y, z) in enumerate(zip(replayed, exact)):
+            if not (y.is_floating_point() and z.is_floating_point()) or y.shape != z.shape:
+                kept.append(None)
+                continue
+            e = difference(y, z, self.error_dtype, (name, j) in self.ref.nonfinite)
+            n2, ninf = self.scalars.norms(e)
+            slots.local.append((j, n2, ninf))
+            kept.append(e if self.keep_errors else None)
+        if self.keep_errors:
+            self.errors[name] = kept
+
+
+def _keeps_dtype(args, kwargs, outs: List[torch.Tensor]) -> bool:
+    """Whether every float result has the dtype of the (first) float operand."""
+    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+    return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
+
+
+def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(units whose decision changed, units) for an integer/boolean result of a decision (None when the
+    two results cannot be compared unit by unit).
+
+    Units are what PCL301 counts: elements for thresholds and argmax, rows for top-k and sort
+    (a row changes when its index set or order does), and for variable-length results (NMS) the
+    union of the kept indices, of which the symmetric difference changed (the sweep compares an
+    NMS by the boxes it kept where it knows them: detections.changed_decisions).
+    """
+    device = reference.device
+    value = value.to(device)
+    fn = node.fn
+    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1 and reference.dim() == 1:
+        a, b = value.long(), reference.long()
+        missing = (~torch.isin(b, a)).sum()
+        extra = (~torch.isin(a, b)).sum()
+        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
+    if value.shape != reference.shape:
+        # a mask or a ranking over another number of candidates: the units of the two runs do not
+        # correspond, so no count of flips would be a measurement
+        return None
+    if value.numel() == 0:
+        zero = torch.zeros((), device=device)
+        return zero, zero
+    dim = node.attrs.get("dim", -1)
+    if fn in ("topk", "sort", "argsort", "msort") and value.dim() > 0 and isinstance(dim, int):
+        a, b = value, reference
+        if fn == "topk":  # the set of the top k, whatever their order
+            a, b = a.sort(dim=dim).values, b.sort(dim=dim).values
+        changed = (a != b).any(dim=dim)
+        return changed.sum(), torch.as_tensor(changed.numel(), device=device)
+    changed = value != reference
+    return changed.sum(), torch.as_tensor(changed.numel(), device=device)
+
+
+class Sweep:
+    """The products of one mode's sweep before they are read back."""
+
+    def __init__(self, observer: SweepObserver, output: Any) -> None:
+        self.observer = observer
+        self.output = output
+
+
+def sweep(program: Program, run: ModeRun, ref: ReferenceStore, graph, keep_errors: bool) -> Sweep:
+    observer = SweepObserver(run, ref, graph, inplace_semantics=not program.is_fx, keep_errors=keep_errors)
+    with torch.no_grad(), run.context():
+        output = program.run(run.variant, run.inputs, observer)
+    return Sweep(observer, output)
+
+
+def plain_run(run: ModeRun):
+    """The model as a user runs it under this mode, with nobody watching."""
+    with torch.no_grad(), run.context():
+        return Inputs.of(run.inputs).call(run.variant)
+
+
+@dataclass
+class OutputError:
+    """The model's float outputs against the reference's, in pytree order."""
+
+    errors: List[Optional[torch.Tensor]]  # None where an output is not compared element by element
+    references: List[torch.Tensor]
+
+    def present(self) -> List[torch.Tensor]:
+        return [e for e in self.errors if e is not None]
+
+
+def output_error(output: Any, ref: ReferenceStore) -> OutputError:
+    outs = [t for t in tensors(output) if t.is_floating_point()]
+    refs = [t for t in tensors(ref.output) if t.is_floating_point()]
+    matched = detection_tensor_ids(output)  # detections are compared by matching (queue_figures)
+    errors = [o.detach().double() - r if o.shape == r.shape and id(o) not in matched else None
+              for o, r in zip(outs, refs)]
+    return OutputError(errors, refs)
+
+
+def integer_outputs(output: Any, ref: ReferenceStore) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    matched = detection_tensor_ids(output)
+    outs = [t for t in tensors(output) if not t.is_floating_point()]
+    refs = [t for t in tensors(ref.output) if not t.is_floating_point()]
+    return [(o, r) for o, r in zip(outs, refs) if id(o) not in matched]
