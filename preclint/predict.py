@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional
+from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, Format, Mode, autocast_format,
@@ -408,18 +408,28 @@ def _flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
     return total / len(margins)
 
 
-def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
+def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset(),
+                 cast_back: AbstractSet[str] = frozenset()) -> ModePrediction:
+    """``float32``: nodes a mixed-precision plan computes in float32 (autocast off, float32 operands);
+    ``cast_back``: those of them whose result the plan stores back in the low format."""
     prediction = ModePrediction(mode)
     formats: Dict[str, str] = {}
     roundings: Dict[str, Dict[str, float]] = {}
     for node in graph.nodes:
         inputs = [graph[n] for n in node.inputs if graph.get(n) is not None]
         fmt = node_format(node, mode, input_formats(graph, node, mode, formats))
+        if node.name in float32 and fmt in FORMATS:
+            fmt = "fp32"
         formats[node.name] = fmt
         roundings[node.name] = rounding_terms(node, mode, fmt)
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), _overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        if node.name in cast_back and fmt == "fp32" and mode.low is not None and node.out is not None:
+            formats[node.name] = mode.low.name
+            roundings[node.name]["result"] = _result_rounding(node, mode.low.name, mode.low)
+            prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
+            prediction.nodes[node.name].overflow |= graph.ran_reference and reaching_absmax(node) > mode.low.max_finite
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
