@@ -451,32 +451,6 @@ def _alternatives(graph: Graph, findings: Sequence[Any], mode: str) -> Dict[str,
 
 
 def onnx_exclude_patterns(plan: Plan) -> List[str]:
-    """Regular expressions for the node names ``torch.onnx.export`` gives a kept module's ops, the
-    form ``nodes_to_exclude`` / ``node_block_list`` lists take after matching: the exporter names an
-    op of ``layer1.0.conv1`` ``/layer1/layer1.0/conv1/Conv``, one scope per module level, each
-    spelled as the module's own attribute name or its full dotted path (the TorchScript exporter
-    uses both), and an op of the root ``/Mul``."""
-    import re
+    from preclint.policy import Kept, onnx_patterns
 
-    patterns = []
-    for k in plan.keep:
-        parts = k.module.split(".") if k.module else []
-        scopes = "".join("/" + _either(re.escape(".".join(parts[:i + 1])), re.escape(p)) for i, p in enumerate(parts))
-        op = "[^/]+" if k.op is None else f"{_onnx_op(k.op)}(?:_\\d+)?"
-        patterns.append(f"^{scopes}/{op}$" if k.op is not None else f"^{scopes}/.+$")
-    return patterns
-
-
-def _either(a: str, b: str) -> str:
-    return a if a == b else f"(?:{a}|{b})"
-
-
-_ONNX_OPS = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "truediv": "Div", "exp": "Exp", "log": "Log",
-             "pow": "Pow", "sqrt": "Sqrt", "rsqrt": "(?:Sqrt|Reciprocal|Div)", "softmax": "Softmax",
-             "log_softmax": "LogSoftmax", "matmul": "MatMul", "sum": "ReduceSum", "mean": "ReduceMean",
-             "tanh": "Tanh", "sigmoid": "Sigmoid", "reciprocal": "Reciprocal", "layer_norm": "LayerNormalization",
-             "cumsum": "CumSum", "square": "Mul", "var": "(?:ReduceMean|Sub|Mul)"}
-
-
-def _onnx_op(op: str) -> str:
-    return _ONNX_OPS.get(op, "[^/]+")
+    return onnx_patterns([Kept(k.module, k.op) for k in plan.keep])

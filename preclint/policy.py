@@ -218,6 +218,60 @@ class _KeptOps(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# ------------------------------------------------------------------------------------------ ONNX
+
+
+def onnx_patterns(keep: Sequence[Kept]) -> List[str]:
+    """Regular expressions over the scope path of an exported ONNX node, for ``nodes_to_exclude``
+    style lists. torch.onnx's TorchScript exporter names an op of ``layer1.0.conv1``
+    ``/layer1/layer1.0/conv1/Conv``; the dynamo exporter (torch >= 2.9's default) records the
+    scopes as metadata, ``/layer1/layer1.0/layer1.0.conv1/conv2d_1`` (``onnx_nodes_to_exclude``
+    reads it): each level is matched in either spelling."""
+    import re
+
+    patterns = []
+    for k in keep:
+        parts = k.module.split(".") if k.module else []
+        scopes = "".join("/" + _either(re.escape(".".join(parts[:i + 1])), re.escape(p)) for i, p in enumerate(parts))
+        if k.op is None:
+            patterns.append(f"^{scopes}/.+$")
+        else:
+            names = "|".join(dict.fromkeys(re.escape(n) for n in (k.op,) + _ALIASES.get(k.op, ()) + _ONNX_OPS.get(k.op, ())))
+            patterns.append(f"^{scopes}/(?i:{names})(?:_\\d+)?$")
+    return patterns
+
+
+def onnx_nodes_to_exclude(onnx_model, policy) -> List[str]:
+    """Names of the nodes of an exported ONNX model (an onnx ModelProto) that the policy keeps in
+    float32: what onnxconverter-common's ``node_block_list`` and ORT's ``nodes_to_exclude`` take."""
+    import re
+
+    policy = load_policy(policy)
+    compiled = [re.compile(p) for p in onnx_patterns(policy.keep)]
+    names = []
+    for node in onnx_model.graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+        path = node.name
+        if scopes is not None:
+            try:
+                path = "/".join(json.loads(scopes.replace("'", '"')))
+            except ValueError:
+                pass
+        if any(c.match(path) for c in compiled):
+            names.append(node.name)
+    return names
+
+
+def _either(a: str, b: str) -> str:
+    return a if a == b else f"(?:{a}|{b})"
+
+
+_ONNX_OPS = {"add": ("Add",), "sub": ("Sub",), "mul": ("Mul",), "div": ("Div",), "exp": ("Exp",), "log": ("Log",),
+             "pow": ("Pow",), "sqrt": ("Sqrt",), "rsqrt": ("Rsqrt", "Sqrt", "Reciprocal"), "softmax": ("Softmax",),
+             "log_softmax": ("LogSoftmax",), "matmul": ("MatMul",), "sum": ("ReduceSum",), "mean": ("ReduceMean",),
+             "reciprocal": ("Reciprocal",), "cumsum": ("CumSum",)}
+
+
 _ALIASES = {"div": ("truediv",), "truediv": ("div",), "sub": ("rsub",), "pow": ("rpow",)}
 
 
@@ -229,4 +283,4 @@ def _spellings(op: str) -> Tuple[str, ...]:
     return tuple(names)
 
 
-__all__ = ["Kept", "Policy", "PolicyError", "apply_policy", "load_policy"]
+__all__ = ["Kept", "Policy", "PolicyError", "apply_policy", "load_policy", "onnx_nodes_to_exclude", "onnx_patterns"]
