@@ -5,8 +5,8 @@ keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of
 forward (``exp`` in ``block``):
 
 1. what must be kept: values that overflow the format, values that underflow to 0 and then feed a
-   division, rsqrt or log, constants the format cannot hold. A kept value that still overflows
-   where the plan casts it back (``-full`` modes) widens the unit to the module around it.
+   division, rsqrt or log, constants the format cannot hold; where keeping a value moves the
+   overflow on (a float32 result too large for the next float16 layer), that layer is kept too.
 2. then, while the predicted output error fails the tolerance (or a decision flips more often than
    the budget allows), the unit with the largest share of what fails per FLOP it costs in float32;
    afterwards every chosen unit the tolerance can do without is dropped again, dearest first, so
@@ -213,16 +213,12 @@ class Planner:
         return self._cache[key]
 
     def _cast_back(self, units, kept: Set[str]) -> FrozenSet[str]:
-        """-full modes: the results a kept unit hands to the rest of the model, cast back to the low dtype."""
+        """-full modes: kept results the model returns, which apply_policy casts back to the low dtype
+        (a layer of the cast model that reads a kept result casts it itself: node_format's parameters)."""
         if self.mode.autocast:
             return frozenset()
-        out = set()
-        for unit in units:
-            own = set(self.nodes(unit))
-            for name in own:
-                if unit.op is not None or any(u.name not in own for u in self.graph.users(name)):
-                    out.add(name)
-        return frozenset(out)
+        returned = {n for out in self.graph.output_nodes for n in out.inputs}
+        return frozenset(kept & returned)
 
     # ------------------------------------------------------------------ judging a prediction
 
@@ -322,8 +318,18 @@ def _must_reason(node: Node, p: ModePrediction, low: str) -> str:
     out = node.out
     if node.scalars and any(abs(v) > 0 and math.isfinite(v) and abs(v) > 65504 for v in node.scalars.values()):
         return f"constant: a constant of this op does not fit in {low}"
+    limit = MODES[low].low.max_finite
+    if out is not None and out.is_float and reaching_absmax(node) <= limit:
+        inputs = [n for n in (planner_inputs(node, p)) if n is not None]
+        if inputs:
+            return f"overflow: a float32 input (|x| up to {max(inputs):.3g}) does not fit {low} where this layer reads it"
     size = f" (|x| up to {reaching_absmax(node):.3g})" if out is not None and out.is_float else ""
     return f"overflow: its values leave {low}'s range{size}"
+
+
+def planner_inputs(node: Node, p: ModePrediction) -> List[float]:
+    """The magnitudes of the node's inputs, from the reference statistics."""
+    return [s.absmax for s in node.input_stats if s is not None and s.is_float and s.finite]
 
 
 def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:

@@ -13,7 +13,10 @@ This module is what a deployed model imports; it needs torch and nothing else fr
   inputs cast to float32; its float32 result flows on, and autocast lowers it again where the next
   listed op reads it.
 * ``-full`` modes: the model is cast to the low dtype, except the kept modules, which keep float32
-  parameters; their inputs are cast up and their results cast back to the dtype the input came in.
+  parameters and get their inputs cast up. Their float32 results are cast back where they enter a
+  layer that runs in the low dtype (its inputs are cast to its parameters' dtype), and at the
+  model's output: between kept layers values stay float32, as at the boundary of a float32 region
+  of an exported FP16 engine.
 
 A kept op (``{"module": "block", "op": "exp"}``) keeps every call of that op in the module's own
 forward in float32 (a torch function mode sees them), not the rest of the module.
@@ -109,15 +112,44 @@ def apply_policy(model: torch.nn.Module, policy: Union[Policy, Dict[str, Any], s
     low = policy.low_dtype if policy.full else None
     if low is not None:
         model.to(low)
+        for path, module in modules.items():
+            if not any(path == o or _inside(path, o) for o in whole) and _holds_low(module, low):
+                module.register_forward_pre_hook(_CastInputs(low), with_kwargs=True)
+        model.register_forward_hook(_CastOutputs(low))
     for path in whole:
         module = modules[path]
         if low is not None:
             module.float()
-        _wrap(module, _Float32Forward(module.forward, low is not None, None))
+        _wrap(module, _Float32Forward(module.forward, None))
     for path, names in ops.items():
-        module = modules[path]
-        _wrap(module, _Float32Forward(module.forward, low is not None, tuple(dict.fromkeys(names))))
+        _wrap(modules[path], _Float32Forward(modules[path].forward, tuple(dict.fromkeys(names))))
     return model
+
+
+def _holds_low(module: torch.nn.Module, low: torch.dtype) -> bool:
+    own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    return any(t.dtype == low for t in own)
+
+
+class _CastInputs:
+    """A layer of the cast model reads float32 values (from a kept layer) in its own dtype."""
+
+    def __init__(self, low: torch.dtype) -> None:
+        self.low = low
+
+    def __call__(self, module, args, kwargs):
+        down = lambda t: t.to(self.low) if t.dtype == torch.float32 else t  # noqa: E731
+        return _float_tensors(args, down), _float_tensors(kwargs, down)
+
+
+class _CastOutputs:
+    """The cast model's outputs in its dtype, whatever the last layer ran in."""
+
+    def __init__(self, low: torch.dtype) -> None:
+        self.low = low
+
+    def __call__(self, module, args, output):
+        return _float_tensors(output, lambda t: t.to(self.low) if t.dtype == torch.float32 else t)
 
 
 def _inside(path: str, outer: str) -> bool:
@@ -139,18 +171,6 @@ def _float_tensors(value, fn):
     if isinstance(value, dict):
         return type(value)((k, _float_tensors(v, fn)) for k, v in value.items())
     return value
-
-
-def _first_low_dtype(value) -> Optional[torch.dtype]:
-    found: List[torch.dtype] = []
-
-    def see(t):
-        if t.dtype in (torch.float16, torch.bfloat16) and not found:
-            found.append(t.dtype)
-        return t
-
-    _float_tensors(value, see)
-    return found[0] if found else None
 
 
 def _device_types(value) -> Tuple[str, ...]:
@@ -177,44 +197,37 @@ class _AutocastOff:
         return False
 
 
-def _run_float32(fn, args, kwargs, cast_back: bool):
-    """``fn`` with autocast off and float32 operands; its result back in the inputs' low dtype
-    when ``cast_back`` (a cast model: the next layer reads that dtype)."""
-    low = _first_low_dtype((args, kwargs)) if cast_back else None
+def _run_float32(fn, args, kwargs):
+    """``fn`` with autocast off and float32 operands."""
     with _AutocastOff(_device_types((args, kwargs))):
-        out = fn(*_float_tensors(args, _up), **_float_tensors(kwargs, _up))
-    if low is not None:
-        out = _float_tensors(out, lambda t: t.to(low) if t.dtype == torch.float32 else t)
-    return out
+        return fn(*_float_tensors(args, _up), **_float_tensors(kwargs, _up))
 
 
 class _Float32Forward:
     """A module's forward in float32 (``ops`` None), or with only the named ops in float32."""
 
-    def __init__(self, forward, cast_back: bool, ops: Optional[Tuple[str, ...]]) -> None:
+    def __init__(self, forward, ops: Optional[Tuple[str, ...]]) -> None:
         self.forward = forward
-        self.cast_back = cast_back
         self.ops = ops
 
     def __call__(self, *args, **kwargs):
         if self.ops is None:
-            return _run_float32(self.forward, args, kwargs, self.cast_back)
-        with _KeptOps(self.ops, self.cast_back):
+            return _run_float32(self.forward, args, kwargs)
+        with _KeptOps(self.ops):
             return self.forward(*args, **kwargs)
 
 
 class _KeptOps(torch.overrides.TorchFunctionMode):
     """Runs the calls of the named ops in float32 while the module's forward runs."""
 
-    def __init__(self, ops: Sequence[str], cast_back: bool) -> None:
+    def __init__(self, ops: Sequence[str]) -> None:
         super().__init__()
         self.names = frozenset(n for op in ops for n in _spellings(op))
-        self.cast_back = cast_back
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "__name__", None) in self.names:
-            return _run_float32(func, args, kwargs, self.cast_back)
+            return _run_float32(func, args, kwargs)
         return func(*args, **kwargs)
 
 

@@ -425,6 +425,10 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), _overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        if float32 and node.name not in float32 and node.params and not mode.autocast and fmt == getattr(mode.low, "name", ""):
+            # a layer of a cast model casts a kept (float32) input down to its own dtype
+            prediction.nodes[node.name].overflow |= graph.ran_reference and any(
+                formats.get(i.name) == "fp32" and reaching_absmax(i) > mode.low.max_finite for i in inputs)
         if node.name in cast_back and fmt == "fp32" and mode.low is not None and node.out is not None:
             formats[node.name] = mode.low.name
             roundings[node.name]["result"] = _result_rounding(node, mode.low.name, mode.low)

@@ -67,12 +67,13 @@ def test_a_tight_tolerance_keeps_a_minimal_set_that_meets_it():
         assert not planner.meets(planner.predict(kept - {unit})), unit
 
 
-def test_cast_model_widens_to_the_module_whose_result_fits():
-    """fp16-full casts a kept layer's result back to float16: an overflowing result cannot stay in
-    its own layer, so the plan keeps the module around it."""
+def test_cast_model_keeps_the_layer_that_reads_a_kept_overflowing_value():
+    """fp16-full: the kept layer's float32 result (about 1e5) would overflow where the next float16
+    layer casts it down, so that layer (the norm, which brings it back in range) is kept too."""
     plan, _ = plan_for(WideLayer(), (torch.randn(8, 64),), "fp16-full")
+    assert keeps(plan) == {("big", None), ("norm", None)}
+    assert "float32 input" in next(k.reason for k in plan.keep if k.module == "norm")
     assert plan.predicted["after"].finite and plan.meets_tolerance
-    assert ("big", None) not in keeps(plan)
 
 
 @pytest.mark.parametrize("mode", ["fp16", "fp16-full"])
@@ -98,8 +99,10 @@ def test_policy_round_trip_runs_the_kept_layers_in_float32(mode):
     if mode == "fp16":
         assert seen["big"] == torch.float32 and seen["fc1"] == torch.float16
     else:
-        assert kept == {""}  # the overflowing layer's result goes back to float16: the whole model stays
-        assert y.dtype == torch.float16 and all(p.dtype == torch.float32 for p in model.parameters())
+        assert kept == {"big", "norm"}
+        assert seen["fc1"] == torch.float16 and seen["big"] == torch.float32 and seen["head"] == torch.float16
+        assert model.big.weight.dtype == torch.float32 and model.head.weight.dtype == torch.float16
+        assert y.dtype == torch.float16
     copy = __import__("copy").deepcopy(model)  # a copied model keeps the plan
     with torch.no_grad():
         y2 = copy(x) if mode == "fp16" else copy(x.half())
@@ -113,7 +116,7 @@ def test_a_cast_model_keeps_only_the_kept_layers_parameters_in_float32():
     model.norm.register_forward_hook(lambda m, a, out: seen.update(norm=out.dtype) and None)
     with torch.no_grad():
         y = model(torch.randn(8, 64, dtype=torch.bfloat16))
-    assert seen["norm"] == torch.bfloat16 and y.dtype == torch.bfloat16  # cast back for the next layer
+    assert seen["norm"] == torch.float32 and y.dtype == torch.bfloat16  # cast down by the next layer, the output
 
 
 def test_a_kept_op_runs_in_float32_inside_its_module():
