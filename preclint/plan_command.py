@@ -149,6 +149,9 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool)
         plan.notes = notes + [f"refined after run {attempt + 1}: the measured error was {ratio:.2g}x the predicted"]
     plan.measured = {"before": before.summary, "after": after.summary, "float32": verifier.float32.summary,
                      "how": verifier.how, "runs": verifier.runs - 1}
+    for label, run in (("without the plan", before), ("with the plan", after)):
+        if run.error:
+            plan.notes.append(f"the run {label} failed: {run.error}")
     if not verifier.float32.meets:
         plan.notes.append("float32 itself misses the tolerance against float64 in this measurement: no plan can meet it")
     plan.meets_tolerance = after.meets

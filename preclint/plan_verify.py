@@ -25,6 +25,7 @@ class Run:
     summary: ErrorSummary
     meets: bool
     first_nonfinite: Optional[str] = None  # module whose output first went inf/NaN
+    error: Optional[str] = None  # the run failed: why
 
 
 class Verifier:
@@ -64,6 +65,10 @@ class Verifier:
         watch = _FirstNonfinite(model)
         try:
             outputs = self._outputs(model, inputs, self.low if not self.full else None)
+        except Exception as exc:  # a constant that does not convert, a kernel missing for the dtype
+            from preclint.probe.execute import one_line
+
+            return Run(ErrorSummary(None, None, False), False, watch.first, one_line(exc))
         finally:
             watch.remove()
         return self._compare(outputs, watch.first)
