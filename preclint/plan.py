@@ -24,7 +24,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.numerics import FP32, MODES, Mode
-from preclint.predict import ModePrediction, _propagated, predict_mode, reaching_absmax, rounding_terms
+from preclint.predict import ModePrediction, _flip_fraction, _propagated, predict_mode, reaching_absmax, rounding_terms
 
 PLAN_VERSION = 1
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
@@ -183,8 +183,11 @@ def parent(unit: Unit) -> Optional[Unit]:
 class Planner:
     """Predictions of ``mode`` on ``graph`` with a set of units in float32."""
 
-    def __init__(self, graph: Graph, mode: Mode, tolerance: Tolerance) -> None:
+    def __init__(self, graph: Graph, mode: Mode, tolerance: Tolerance, output_margins: Sequence[float] = ()) -> None:
         self.graph = graph
+        # top-1 minus top-2 of each row of a classifier's scores: the output itself is the decision
+        # where the graph holds none (the argmax happens after the model)
+        self.output_margins = list(output_margins)
         self.mode = mode
         self.tolerance = tolerance
         self.margin = 1.0  # the predicted error is multiplied by this before the comparison (refinement)
@@ -250,11 +253,23 @@ class Planner:
         return [d for d in self.decisions
                 if (p.nodes[d.name].flip_fraction or 0.0) * self.margin > self.flip_budget(d)]
 
+    def output_flips(self, p: ModePrediction) -> Optional[float]:
+        """Expected fraction of the output's top-1 decisions that change (classifier scores)."""
+        if not self.output_margins or p.output_error is None:
+            return None
+        return _flip_fraction(self.output_margins, p.output_error * self.margin, False)
+
+    def output_flipping(self, p: ModePrediction) -> bool:
+        flips = self.output_flips(p)
+        return self.tolerance.max_flip is not None and flips is not None and flips > self.tolerance.max_flip
+
     def meets(self, p: ModePrediction) -> bool:
-        return p.finite and not self.values_fail(p) and not self.flipping(p)
+        return p.finite and not self.values_fail(p) and not self.flipping(p) and not self.output_flipping(p)
 
     def summary(self, p: ModePrediction) -> ErrorSummary:
         flips = [p.nodes[d.name].flip_fraction for d in self.decisions if p.nodes[d.name].flip_fraction is not None]
+        if self.output_flips(p) is not None:
+            flips.append(self.output_flips(p))
         return ErrorSummary(p.rel_error, p.max_abs_error, p.finite, self.failing_fraction(p), max(flips) if flips else None)
 
     # ------------------------------------------------------------------ shares
@@ -342,7 +357,7 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
         if planner.meets(p) or not p.finite:
             break
         shares: List[Dict[str, float]] = []
-        if planner.values_fail(p):
+        if planner.values_fail(p) or planner.output_flipping(p):
             shares.append(planner.output_terms(p))
         shares += [planner.decision_terms(p, d) for d in planner.flipping(p)]
         best, best_score = None, 0.0
@@ -376,6 +391,23 @@ def _candidates(planner: Planner) -> List[Unit]:
     return sorted(dict.fromkeys(units), key=lambda u: u.label)
 
 
+def output_margins(module, inputs) -> List[float]:
+    """Top-1 minus top-2 per row of the model's float outputs that look like class scores (the last
+    dimension holds more than one score), from one float32 forward pass; at most 4096 rows."""
+    import torch
+
+    from preclint.modelio import output_tensors
+
+    with torch.no_grad():
+        outputs = output_tensors(inputs.call(module))
+    margins: List[float] = []
+    for t in outputs:
+        if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] > 1:
+            top = t.detach().float().reshape(-1, t.shape[-1]).topk(2, dim=-1).values
+            margins += (top[:, 0] - top[:, 1]).tolist()
+    return margins[:: max(1, len(margins) // 4096)]
+
+
 def float32_floor(graph: Graph, mode: Mode) -> Optional[ModePrediction]:
     """The error float32 itself has against float64: every rounding of the cast model, at float32's
     unit roundoff (the error model is linear in u)."""
@@ -389,7 +421,7 @@ def float32_floor(graph: Graph, mode: Mode) -> Optional[ModePrediction]:
 
 
 def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, findings: Sequence[Any] = (),
-              margin: float = 1.0, extra_must: Sequence[Unit] = ()) -> Plan:
+              margin: float = 1.0, extra_must: Sequence[Unit] = (), output_margins: Sequence[float] = ()) -> Plan:
     """The plan for ``mode_name`` from the error model (no run of the model)."""
     from preclint.errors import UserError
 
@@ -399,7 +431,7 @@ def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, fi
     if not graph.ran_reference:
         raise UserError("plan predicts from the reference pass that --no-run skips")
     mode = MODES[mode_name]
-    planner = Planner(graph, mode, tolerance)
+    planner = Planner(graph, mode, tolerance, output_margins)
     planner.margin = margin
     plan = Plan(model, mode_name, tolerance)
     if tolerance.compares_values:
@@ -430,7 +462,7 @@ def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, fi
 
 
 def _share_reason(planner: Planner, unit: Unit, before: ModePrediction) -> str:
-    if planner.judges_decisions() and planner.decisions:
+    if planner.output_flipping(before) or planner.flipping(before):
         return "decisions: its rounding flips decisions"
     return "accuracy: a large share of the output error for its cost"
 

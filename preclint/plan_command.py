@@ -77,14 +77,20 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
     from preclint.plan import make_plan, onnx_exclude_patterns
     from preclint.plan_source import source_diff
 
-    plan = make_plan(graph, mode, tolerance, loaded.name, findings)
+    margins = ()
+    if tolerance.max_flip is not None and not any(n.margins is not None for n in graph.nodes):
+        from preclint.modelio import Inputs
+        from preclint.plan import output_margins
+
+        margins = output_margins(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)))
+    plan = make_plan(graph, mode, tolerance, loaded.name, findings, output_margins=margins)
     floor = next((n for n in plan.notes if n.startswith("float32 itself")), None)
     if floor is not None and policy_file is None:
         raise UserError(floor)
     if policy_file is not None:
         _take_policy(plan, policy_file, loaded.module, graph)
     if verify:
-        _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None)
+        _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None, margins=margins)
     plan.onnx_exclude = onnx_exclude_patterns(plan)
     plan.source_diff = source_diff(plan, graph, loaded.source_path)
     return plan
@@ -116,7 +122,7 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
     plan.meets_tolerance = planner.meets(after)
 
 
-def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool) -> None:
+def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool, margins=()) -> None:
     from preclint.modelio import Inputs
     from preclint.plan import Unit, make_plan
     from preclint.plan_verify import Verifier
@@ -145,7 +151,8 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool)
         ratio = measured / predicted if measured and predicted and math.isfinite(measured / predicted) else 2.0
         margin *= max(ratio, 2.0)
         notes = [n for n in plan.notes]
-        plan = _replace(plan, make_plan(graph, mode, tolerance, loaded.name, findings, margin=margin, extra_must=extra))
+        plan = _replace(plan, make_plan(graph, mode, tolerance, loaded.name, findings, margin=margin, extra_must=extra,
+                                        output_margins=margins))
         plan.notes = notes + [f"refined after run {attempt + 1}: the measured error was {ratio:.2g}x the predicted"]
     plan.measured = {"before": before.summary, "after": after.summary, "float32": verifier.float32.summary,
                      "how": verifier.how, "runs": verifier.runs - 1}

@@ -14,7 +14,7 @@ from preclint.cli import main
 from preclint.plan import Planner, Tolerance, Unit, make_plan
 from preclint.policy import PolicyError, apply_policy, load_policy, onnx_patterns, Kept
 from tests.helpers import check
-from tests.models.plan_culprits import Healthy, RMSHead, WideLayer
+from tests.models.plan_culprits import Healthy, OffsetClassifier, RMSHead, WideLayer
 
 MODELS = Path(__file__).parent / "models" / "plan_culprits.py"
 SCHEMA = json.loads((Path(__file__).parent / "data" / "plan.schema.json").read_text())
@@ -171,6 +171,16 @@ def test_cli_json_plan_is_verified_and_matches_the_schema(capsys, tmp_path):
                          "--rtol", "1e-2", "--atol", "1e-3", "--policy", path, "--device", "cpu")
     assert code == 0, err
     assert "big" in out and "meets the tolerance: yes" in out
+
+
+def test_cli_decision_budget_keeps_the_layer_that_flips_the_top_class(capsys):
+    code, out, err = run(capsys, "plan", MODELS, "--model", "OffsetClassifier", "--input", "256x32", "--precision",
+                         "fp16", "--max-flip", "0.01", "--output-format", "json", "--device", "cpu")
+    assert code == 0, err
+    data = json.loads(out)
+    assert [(k["module"], k["reason"].split(":")[0]) for k in data["keep"]] == [("head", "decisions")]
+    assert data["predicted"]["before"]["flip_fraction"] > 0.1 and data["measured"]["before"]["flip_fraction"] > 0.1
+    assert data["measured"]["after"]["flip_fraction"] <= 0.01 and data["tolerance"]["max_flip"] == 0.01
 
 
 def test_cli_console_shows_the_table_and_the_deployment_forms(capsys):

@@ -4,6 +4,7 @@
 * ``RMSHead``: activations around 2000 whose squares overflow float16 inside the norm (``h * h``):
   one op, not a module, is the culprit.
 * ``Healthy``: a small conv net well inside float16's range: the right plan keeps nothing.
+* ``OffsetClassifier``: class scores around 1000 whose top-1 float16 rounding flips (``head``).
 """
 
 import torch
@@ -55,3 +56,19 @@ class Healthy(nn.Module):
         h = torch.relu(self.bn(self.conv1(x)))
         h = torch.relu(self.conv2(h)).mean((2, 3))
         return self.head(h)
+
+
+class OffsetClassifier(nn.Module):
+    """Class scores around 1000 that differ by tenths: float16 rounds them in steps of 0.5, so the
+    head's rounding flips the top class; the features before it are harmless."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.head = nn.Linear(64, 10)
+        with torch.no_grad():
+            self.head.bias.fill_(1000.0)
+
+    def forward(self, x):
+        return self.head(self.features(x))
