@@ -311,7 +311,7 @@ def one_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------- main
 
 
-def bench(entry: Dict[str, Any], tools: List[str]) -> Dict[str, Any]:
+def bench(entry: Dict[str, Any], tools: List[str], timeout: float) -> Dict[str, Any]:
     import copy
 
     module, args = entry["build"]()
@@ -355,13 +355,39 @@ def bench(entry: Dict[str, Any], tools: List[str]) -> Dict[str, Any]:
         if tool != "preclint" and fp32_onnx is None:
             row[tool] = {"error": "the model did not export to ONNX"}
             continue
+        row[tool] = isolated(runners[tool], timeout)
+    return row
+
+
+def isolated(fn, timeout: float) -> Dict[str, Any]:
+    """``fn()`` in a forked child: an anchor that aborts the process (ONNX Runtime's C++ asserts
+    during auto_convert_mixed_precision's search) or searches for too long is one row's error."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+
+    def child():
+        # a forked child must not enter the OpenMP pool the parent started: it would wait forever
+        torch.set_num_threads(1)
         try:
-            row[tool] = runners[tool]()
+            queue.put(fn())
         except Exception as exc:
-            row[tool] = {"error": one_line(exc)}
             if os.environ.get("PLAN_BENCH_DEBUG"):
                 traceback.print_exc()
-    return row
+            queue.put({"error": one_line(exc)})
+
+    process = context.Process(target=child)
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.terminate()
+        process.join()
+        return {"error": f"gave up after {timeout:.0f} s"}
+    try:
+        return queue.get(timeout=5)
+    except Exception:
+        return {"error": f"the process died (exit code {process.exitcode})"}
 
 
 def summarize(rows: List[Dict[str, Any]], tools: List[str]) -> Dict[str, Any]:
@@ -389,31 +415,38 @@ def _mean(values) -> Optional[float]:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def write(path: str, rows: List[Dict[str, Any]], tools: List[str]) -> Dict[str, Any]:
+    result = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
+              "tolerance": f"rtol={RTOL}, atol={ATOL_REL} x RMS of the float64 output", "precision": "fp16-full",
+              "summary": summarize([r for r in rows if "skipped" not in r], tools), "models": rows}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return result
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "plan_anchors_cpu.json"))
     parser.add_argument("--tools", default="preclint,ort_auto_mixed_precision,modelopt_autocast")
     parser.add_argument("--only", help="comma-separated substrings of model names")
     parser.add_argument("--torchvision", action="store_true", help="also resnet18, resnet50, mobilenet_v3_small at 64x64")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one tool may take on one model")
     args = parser.parse_args(argv)
     tools = args.tools.split(",")
     rows = []
     for entry in models(args.torchvision):
         if args.only and not any(s in entry["name"] for s in args.only.split(",")):
             continue
-        row = bench(entry, tools)
+        row = bench(entry, tools, args.timeout)
         rows.append(row)
+        write(args.out, rows, tools)
         shown = {t: (row[t].get("error") or f"meets={row[t].get('meets')} "
                      f"kept={row[t].get('kept_flops_fraction')} wall={row[t].get('wall_s', 0):.1f}s")
                  for t in tools if t in row}
         print(row["model"], "fails-in-fp16" if row.get("low_precision_fails") else "healthy", row.get("skipped", ""), shown,
               flush=True)
-    result = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
-              "tolerance": f"rtol={RTOL}, atol={ATOL_REL} x RMS of the float64 output", "precision": "fp16-full",
-              "summary": summarize([r for r in rows if "skipped" not in r], tools), "models": rows}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    result = write(args.out, rows, tools)
     print(json.dumps(result["summary"], indent=1))
     return 0
 
