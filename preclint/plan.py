@@ -455,6 +455,11 @@ def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, fi
         alternative = next((alternatives[n] for n in planner.nodes(unit) if n in alternatives), None)
         plan.keep.append(KeepEntry(unit.module, unit.op, reason, share, planner.cost([unit]), alternative))
     plan.kept_flops_fraction = planner.cost(kept)
+    inputs = sum(share for name, share in after.contributions.items() if graph[name].kind == Kind.INPUT)
+    if not plan.meets_tolerance and inputs > 0.5:
+        plan.notes.append(f"{inputs:.0%} of the remaining error is the rounding of the model's inputs to {mode.low.name}, "
+                          "which no layer kept in float32 undoes: feed float32 inputs (apply_policy casts them where a "
+                          "float16 layer reads them)")
     if not after.finite:
         plan.notes.append(f"the plan could not keep every value in {mode.low.name}'s range: keeping more in float32 "
                           "does not help where the model's inputs or outputs themselves leave it")

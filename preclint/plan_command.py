@@ -90,7 +90,8 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
     if policy_file is not None:
         _take_policy(plan, policy_file, loaded.module, graph)
     if verify:
-        _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None, margins=margins)
+        plan = _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None,
+                       margins=margins)
     plan.onnx_exclude = onnx_exclude_patterns(plan)
     plan.source_diff = source_diff(plan, graph, loaded.source_path)
     return plan
@@ -122,7 +123,8 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
     plan.meets_tolerance = planner.meets(after)
 
 
-def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool, margins=()) -> None:
+def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool, margins=()):
+    """The plan measured, and refined where the measurement fails it: the plan that was run last."""
     from preclint.modelio import Inputs
     from preclint.plan import Unit, make_plan
     from preclint.plan_verify import Verifier
@@ -135,7 +137,7 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
         raise
     except Exception as exc:
         plan.notes.append(f"not verified: the model did not run for the measurement ({one_line(exc)})")
-        return
+        return plan
     margin, extra = 1.0, []
     after = None
     for attempt in range(MAX_RUNS):
@@ -150,10 +152,13 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
         measured = after.summary.rel_error
         ratio = measured / predicted if measured and predicted and math.isfinite(measured / predicted) else 2.0
         margin *= max(ratio, 2.0)
-        notes = [n for n in plan.notes]
-        plan = _replace(plan, make_plan(graph, mode, tolerance, loaded.name, findings, margin=margin, extra_must=extra,
-                                        output_margins=margins))
-        plan.notes = notes + [f"refined after run {attempt + 1}: the measured error was {ratio:.2g}x the predicted"]
+        refined = make_plan(graph, mode, tolerance, loaded.name, findings, margin=margin, extra_must=extra,
+                            output_margins=margins)
+        if refined.policy() == plan.policy():  # nothing more the error model can offer: no run is spent on it
+            plan.notes.append(f"the measured error was {ratio:.2g}x the predicted, and no further layer is predicted to help")
+            break
+        refined.notes = plan.notes + [f"refined after run {attempt + 1}: the measured error was {ratio:.2g}x the predicted"]
+        plan = refined
     plan.measured = {"before": before.summary, "after": after.summary, "float32": verifier.float32.summary,
                      "how": verifier.how, "runs": verifier.runs - 1}
     for label, run in (("without the plan", before), ("with the plan", after)):
@@ -162,11 +167,7 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
     if not verifier.float32.meets:
         plan.notes.append("float32 itself misses the tolerance against float64 in this measurement: no plan can meet it")
     plan.meets_tolerance = after.meets
-
-
-def _replace(old, new):
-    new.measured = old.measured
-    return new
+    return plan
 
 
 def render_console(plan, color: bool) -> str:
