@@ -596,6 +596,19 @@ class ReferenceObserver:
                 self.input_names.append(node.name)
         return output
 
+    def _nonfinite_reaches(self, graph: Graph, output: Any) -> bool:
+        """Whether the inf or NaN of the reference run reach the model's output: as infinities the
+        output holds (other than intended masks), or through integers computed from them."""
+        values = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        if any(self.poison.mask(v) is not None for v in values):
+            return True
+        for out in graph.output_nodes:
+            for name in out.inputs:
+                node = graph.get(name)
+                if node is not None and name not in self.masked and any(s.is_float and not s.finite for s in node.outputs):
+                    return True
+        return False
+
     def _as_leaf(self, value: torch.Tensor) -> torch.Tensor:
         """A float value made from constants (a position table from arange, a buffer) has no gradient,
         so nothing would say how its rounding reaches the output: make it a leaf of the backward pass.
