@@ -215,13 +215,15 @@ class Planner:
             self._cache[key] = predict_mode(self.graph, self.mode, float32=frozenset(kept), cast_back=self._cast_back(key, kept))
         return self._cache[key]
 
+    @property
+    def returned(self) -> FrozenSet[str]:
+        return frozenset(n for out in self.graph.output_nodes for n in out.inputs)
+
     def _cast_back(self, units, kept: Set[str]) -> FrozenSet[str]:
-        """-full modes: kept results the model returns, which apply_policy casts back to the low dtype
-        (a layer of the cast model that reads a kept result casts it itself: node_format's parameters)."""
-        if self.mode.autocast:
-            return frozenset()
-        returned = {n for out in self.graph.output_nodes for n in out.inputs}
-        return frozenset(kept & returned)
+        """-full modes: float32 results the model returns (kept, or promoted by a kept input), which
+        apply_policy casts back to the low dtype (a layer of the cast model that reads a kept result
+        casts it itself: node_format's parameters)."""
+        return frozenset() if self.mode.autocast else self.returned
 
     # ------------------------------------------------------------------ judging a prediction
 
@@ -309,6 +311,8 @@ def must_keep(planner: Planner, kept: Set[Unit], reasons: Dict[Unit, str]) -> No
             return
         added = False
         for node in bad:
+            if node.kind == Kind.OUTPUT or not mode.autocast and node.name in planner.returned:
+                continue  # a cast model returns its outputs in the low format: keeping layers cannot help
             unit = unit_of(node)
             why = _must_reason(node, p, low)
             # a unit already kept still overflows where its result goes back to the low format: widen it
@@ -462,7 +466,8 @@ def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, fi
                           "float16 layer reads them)")
     if not after.finite:
         plan.notes.append(f"the plan could not keep every value in {mode.low.name}'s range: keeping more in float32 "
-                          "does not help where the model's inputs or outputs themselves leave it")
+                          "does not help where the model's inputs or outputs themselves leave it (a cast model returns "
+                          f"{mode.low.name})")
     return plan
 
 
