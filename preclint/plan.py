@@ -447,7 +447,12 @@ def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, fi
     for unit in extra_must:
         reasons[unit] = "refinement: the verification run went inf/NaN here"
     must_keep(planner, must, reasons)
-    kept = choose(planner, must)
+    if planner.meets(planner.predict({Unit("")})):
+        kept = choose(planner, must)
+    else:  # not even the whole model in float32 meets it (a cast model's inputs and outputs stay low)
+        kept = set(must)
+        plan.notes.append(f"no plan is predicted to meet the tolerance: even the whole model in float32, with its "
+                          f"inputs and outputs in {mode.low.name}, misses it; only what must be kept is kept")
     before, after = planner.predict(set()), planner.predict(kept)
     plan.predicted = {"before": planner.summary(before), "after": planner.summary(after)}
     plan.meets_tolerance = planner.meets(after) and not any(n.startswith("float32 itself") for n in plan.notes)

@@ -75,7 +75,11 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
                policy_file: Optional[str] = None):
     """Plan (or take the given policy), verify, refine: at most MAX_RUNS runs with a plan."""
     from preclint.plan import make_plan, onnx_exclude_patterns
-    from preclint.plan_source import source_diff
+
+    try:
+        from preclint.plan_source import source_diff
+    except ImportError:  # libcst missing (a serving machine): the plan without the source diff
+        source_diff = None
 
     margins = ()
     if tolerance.max_flip is not None and not any(n.margins is not None for n in graph.nodes):
@@ -93,7 +97,7 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
         plan = _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None,
                        margins=margins)
     plan.onnx_exclude = onnx_exclude_patterns(plan)
-    plan.source_diff = source_diff(plan, graph, loaded.source_path)
+    plan.source_diff = source_diff(plan, graph, loaded.source_path) if source_diff is not None else None
     return plan
 
 
