@@ -50,26 +50,16 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclin
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint  # noqa: E402
+from preclint.numerics import AUTOCAST_FP32  # noqa: E402
+from preclint.probe.rounding import LOW_DTYPES as LOW, round_tf32  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
 RANKING_MODES = ("tf32", "fp16", "bf16")
-LOW = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TOP = 5
 WITHIN = 3.0  # a prediction "holds" when it is within this factor of the measurement
 BROKEN = 0.5  # a relative error this large is no rounding: the values were destroyed (inf divided away)
 
 # ---------------------------------------------------------------------------------------- running
-
-
-def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """Round float32 values to TF32's 10 mantissa bits (nearest, ties to even), as tensor cores read them."""
-    if t.dtype != torch.float32:
-        return t
-    bits = t.contiguous().view(torch.int32)
-    lsb = (bits >> 13) & 1
-    rounded = (bits + 0xFFF + lsb) & ~0x1FFF
-    out = rounded.view(torch.float32)
-    return torch.where(torch.isfinite(t), out, t)
 
 
 # aten ops that multiply-accumulate, and the positions of the operands they round (not the bias)
@@ -102,16 +92,8 @@ class Tf32Emulation(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-# What CUDA's autocast runs in float32 (aten/src/ATen/autocast_mode.h); CPU autocast leaves most of
-# these in the input's dtype, so the CPU run casts them up to follow the CUDA policy preclint predicts.
-_CUDA_FP32 = frozenset(
-    """acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus layer_norm
-    group_norm norm frobenius_norm nuclear_norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss
-    hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss
-    multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits
-    dist pdist cdist renorm logsumexp prod softmax log_softmax cumprod cumsum sum vector_norm matrix_norm
-    interpolate upsample_nearest1d upsample_nearest2d upsample_nearest3d upsample_bilinear2d""".split()
-)
+# CPU autocast leaves most of what CUDA's autocast runs in float32 in the input's dtype, so the CPU run
+# casts those ops up to follow the CUDA policy preclint predicts with (numerics.AUTOCAST_FP32).
 _CUDA_LOWER_NOT_CPU = frozenset("einsum mv addmv addr chain_matmul".split())
 
 
@@ -125,7 +107,7 @@ class CudaAutocastLists(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "").lstrip("_")
-        if name in _CUDA_FP32 and "dtype" not in kwargs:
+        if name in AUTOCAST_FP32 and kwargs.get("dtype") is None:  # F.softmax passes dtype=None on
             up = lambda v: v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v  # noqa: E731
             with torch.autocast("cpu", enabled=False):
                 return func(*tree_map(up, args), **tree_map(up, kwargs))
@@ -466,7 +448,7 @@ def _output_decisions(graph) -> List[Any]:
         if node is None or name in seen:
             continue
         seen.add(name)
-        if node.margins is not None or node.attrs.get("rounding_margins") is not None:
+        if node.margins is not None or node.rounding_margins is not None:
             found.append(node)
             if node.out is not None and node.out.is_float:
                 continue  # round/floor: the decision was taken here

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from preclint import autocast_regions, ops
-from preclint.errors import UserError
+from preclint.errors import UserError, one_line
 from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
 from preclint.modelio import Inputs, output_tensors
@@ -357,7 +357,7 @@ def _mutable(value):
     return value
 
 
-class _FxRunner(fx.Interpreter):
+class FxRunner(fx.Interpreter):
     """Runs the traced graph, handing each node's values to the observer.
 
     In-place ops run out of place: the observer keeps each node's output, and an in-place op would
@@ -420,7 +420,7 @@ def capture_fx(module: torch.nn.Module, inputs: Any, observer: Optional[Observer
     nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
     output = None
     if observer is not None:
-        runner = _FxRunner(gm, {n.name: n for n in nodes}, observer)
+        runner = FxRunner(gm, {n.name: n for n in nodes}, observer)
         arguments = fx_arguments(gm.graph, module, inputs)
         try:
             output = runner.run(*arguments)
@@ -666,7 +666,7 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
             return graph, output
         except Exception as exc:  # FX raises many types for untraceable code; the fallback handles them all
             if force == "fx":
-                raise UserError(f"torch.fx cannot trace {name}: {_one_line(exc)}") from exc
+                raise UserError(f"torch.fx cannot trace {name}: {one_line(exc)}") from exc
             if _is_model_error(exc):
                 # the traced graph failed where the model itself may not (code that only works
                 # eagerly): the eager run decides, with an observer that forgets the partial run
@@ -676,7 +676,7 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
                 reset()
                 notes.append(f"running the graph torch.fx traced failed ({exc}); recorded the ops of one run instead")
             else:
-                notes.append(f"torch.fx could not trace the model ({_one_line(exc)}); recorded the ops of one run instead")
+                notes.append(f"torch.fx could not trace the model ({one_line(exc)}); recorded the ops of one run instead")
     if observer is None:
         raise UserError(
             f"torch.fx cannot trace {name} and --no-run forbids recording a run; drop --no-run to capture it"
@@ -753,7 +753,7 @@ class ModelRunError(Exception):
     """The model itself raised while running on the example inputs (not a capture problem)."""
 
     def __init__(self, cause: BaseException) -> None:
-        super().__init__(_one_line(cause))
+        super().__init__(one_line(cause))
         self.cause = cause
 
 
@@ -761,7 +761,3 @@ def _is_model_error(exc: BaseException) -> bool:
     return isinstance(exc, ModelRunError)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -7,6 +7,7 @@ went away.
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import signal
@@ -15,12 +16,10 @@ import traceback
 from typing import List, Optional, Sequence
 
 from preclint import __version__
-from preclint.errors import UserError
-from preclint.findings import severity_rank
+from preclint.errors import UserError, one_line
+from preclint.exitcodes import EXIT_ERROR, EXIT_OK, exit_code
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
-
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,7 +100,10 @@ def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output-format", choices=FORMATS, help="full (default), concise, json, sarif, github, rdjson")
+    p.add_argument("--output-format", choices=FORMATS,
+                   help="full (default), concise, json, sarif, github, rdjson, html (a page for the browser: use --output)")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars on stderr")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
@@ -177,15 +179,6 @@ def _config(args):
                              output_format=args.output_format, timeout=args.timeout)
 
 
-def _exit_code(findings, fail_on: str, exit_zero: bool) -> int:
-    """1 when a finding at or above ``fail_on`` stands; one the probe measured and refuted does not."""
-    if exit_zero:
-        return EXIT_OK
-    threshold = severity_rank(fail_on)
-    failing = (f for f in findings if f.status != "refuted")
-    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in failing) else EXIT_OK
-
-
 def _use_color(args) -> bool:
     if args.color == "always":
         return True
@@ -199,12 +192,18 @@ def cmd_check(args) -> int:
     from preclint.source.command import apply_baseline_to_reports, check_baseline_arguments, write_report
 
     config = _config(args)
+    _check_output(args, config.output_format)
     if args.source_only:
         from preclint.source.command import run_source_only
 
-        return run_source_only(args.paths, config, fix=args.fix, diff=args.diff, baseline=args.baseline,
-                               write_baseline=args.write_baseline, exit_zero=args.exit_zero, color=_use_color(args),
+        buffer = io.StringIO() if args.output else None
+        code = run_source_only(args.paths, config, fix=args.fix, diff=args.diff, baseline=args.baseline,
+                               write_baseline=args.write_baseline, exit_zero=args.exit_zero,
+                               color=_use_color(args) and not args.output, out=buffer,
                                cache=not args.no_cache, unsafe_fixes=args.unsafe_fixes)
+        if buffer is not None:
+            _write_output(args.output, buffer.getvalue())
+        return code
     if args.fix or args.diff:
         raise UserError("--fix and --diff apply the fixes of source rules: use them with --source-only")
     import importlib.util
@@ -215,7 +214,7 @@ def cmd_check(args) -> int:
     from preclint.engine import CheckOptions
     from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
 
-    probe = _probe_options(args)
+    probe = _probe_options(args, every_node=config.output_format == "html")
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
@@ -226,10 +225,34 @@ def cmd_check(args) -> int:
         if args.write_baseline and not written:
             sys.stderr.write(f"preclint: error: {args.write_baseline} was left as it was: a baseline written now "
                              "would miss the findings of the models that could not be checked\n")
-    write_report(render_reports(reports, config.output_format, color=_use_color(args)))
+    text = render_reports(reports, config.output_format, color=_use_color(args) and not args.output)
+    if args.output:
+        _write_output(args.output, text)
+    else:
+        write_report(text)
     if failed:
         return EXIT_ERROR
-    return _exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
+    return exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
+
+
+def _check_output(args, fmt: str) -> None:
+    """Mistakes in --output, found before any model runs; an HTML page is not printed on a terminal."""
+    if args.output == "-":
+        args.output = None
+    if args.output is not None:
+        from preclint.source.baseline import check_output_target
+
+        if not args.output:
+            raise UserError("--output needs a file name (or - for stdout)")
+        check_output_target(args.output, "report", checked=args.paths)
+    elif fmt == "html" and sys.stdout is not None and sys.stdout.isatty():
+        raise UserError("--output-format html makes a page for a browser: write it to a file with --output FILE")
+
+
+def _write_output(filename: str, text: str) -> None:
+    from preclint.source.baseline import write_output_file
+
+    write_output_file(filename, text, "report")
 
 
 def _check_one(path: str, args, config, options, probe):
@@ -249,6 +272,10 @@ def _check_one(path: str, args, config, options, probe):
                 from preclint.probe import probe_report
 
                 probe_report(loaded, report, graph, ctx, config, probe)
+            elif config.output_format == "html":  # the page's header records where the predictions ran
+                from preclint.probe.device import check_environment
+
+                report.environment = check_environment()
     except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
         return Report(model=path, precisions=tuple(config.precisions), error=_report_error(exc, args.debug))
     finally:
@@ -261,8 +288,9 @@ def _check_one(path: str, args, config, options, probe):
     return report
 
 
-def _probe_options(args):
-    """The probe's options for `check --probe` and `probe`, or None without a probe."""
+def _probe_options(args, every_node: bool = False):
+    """The probe's options for `check --probe` and `probe`, or None without a probe; ``every_node``:
+    the report shows every node's measurements (the ledger), as `probe` and the HTML page do."""
     device = getattr(args, "probe", None)
     if device is None:
         if args.ablate:
@@ -272,7 +300,7 @@ def _probe_options(args):
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
     from preclint.probe import ProbeOptions
 
-    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False))
+    return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node)
 
 
 def cmd_rule(args) -> int:
@@ -315,8 +343,7 @@ def _report_error(exc: Exception, debug: bool) -> str:
         message = str(exc)
         sys.stderr.write(f"preclint: error: {message}\n")
     else:  # a bug in preclint: still one line unless --debug
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        message = f"internal error: {type(exc).__name__}: {first}"
+        message = f"internal error: {one_line(exc)}"
         sys.stderr.write(f"preclint: {message} (run with --debug for the traceback)\n")
     return message
 
@@ -343,6 +370,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
+    from preclint import progress
+
+    progress.enable(progress.wanted(getattr(args, "quiet", False)))
     try:
         os.getcwd()
     except FileNotFoundError:

@@ -35,8 +35,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from preclint.errors import UserError
 from preclint.findings import SEVERITIES
 from preclint.numerics import DEFAULT_MODES, MODES
+OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "html")
 
-OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson")
 # Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
 # it: minutes for the largest models preclint runs on a CPU, and a bound on a model file that never
 # returns, so a pre-commit hook or a CI job ends with a message instead of hanging.

@@ -81,6 +81,35 @@ class TensorStats:
 
 
 @dataclass
+class Gains:
+    """How much the error a node adds reaches the output, from the reference pass's backward passes
+    (reference.py): each is ||J^T v||^2 / N_out for a unit relative error of what is rounded."""
+
+    out: float  # rounding the node's result
+    operands: Optional[float] = None  # rounding the operands of a dot product
+    inputs: Optional[float] = None  # rounding the inputs of another op: sqrt(inputs / out) is how it amplifies
+    rounding: Dict[str, float] = field(default_factory=dict)  # format -> the exact rounding of the result, where measured
+
+
+@dataclass
+class BatchNormFolding:
+    """What a batch norm's weights alone tell (weights.py): its folded scale gamma / sqrt(var + eps)
+    against float16's range, and how it amplifies the relative error of its input."""
+
+    eps: float
+    channels: int
+    var_min: float
+    scale_absmax: float
+    amplification: float  # RMS(scale * |x|) / RMS(y) over channels whose inputs are ~ N(mean, var)
+    scale_nonfinite: int  # channels, as every count below
+    channels_var_zero_in_fp16: int  # running_var + eps is 0 in float16
+    channels_var_over_fp16: int  # running_var beyond float16's 65504
+    channels_scale_over_fp16: int  # the scale beyond float16's 65504
+    folded_weight_absmax: Optional[float] = None  # the conv's weights times the scale, when it folds into one
+    folds_into: Optional[str] = None  # that conv's module path
+
+
+@dataclass
 class Node:
     name: str
     kind: str
@@ -104,7 +133,13 @@ class Node:
     dot_rms: Optional[float] = None  # RMS over outputs of sqrt(sum_k (a_k b_k)^2) for dot products / reductions
     cancellation: Optional[float] = None  # fraction of outputs with sqrt(sum (a b)^2) > 100 |y|
     margins: Optional[List[float]] = None  # decision margins (top-1 minus top-2 per row, or distance to threshold)
-    sensitivity: Optional[float] = None  # ||J^T v||^2 / N_out: gain from this node's error to the output
+    decision_units: Optional[int] = None  # how many decisions the margins stand for (they may be a sample)
+    # a rounding to integers: each rounded value's distance to the nearest boundary where its integer
+    # changes, and how many values were rounded (the margins may be a sample)
+    rounding_margins: Optional[List[float]] = None
+    rounding_units: Optional[int] = None
+    gains: Optional[Gains] = None
+    batchnorm: Optional[BatchNormFolding] = None  # weights.py, for batch norms with running statistics
     autocast: Optional[AutocastRegion] = None  # the innermost autocast region the model's code set around it
     # the largest magnitude among the elements the output depends on (nonzero gradient): below absmax
     # where the model masks or discards large values; None when not known (then absmax stands)
@@ -113,10 +148,6 @@ class Node:
     @property
     def out(self) -> Optional[TensorStats]:
         return self.outputs[0] if self.outputs else None
-
-    @property
-    def op(self) -> str:
-        return self.target
 
 
 @dataclass

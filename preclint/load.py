@@ -31,7 +31,7 @@ import torch.hub
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from preclint.errors import UserError
+from preclint.errors import UserError, first_line
 from preclint.modelio import Inputs
 
 __all__ = ["LoadedModel", "load_model", "parse_shape", "parse_input"]
@@ -230,7 +230,7 @@ def _import_module(name: str, seed: int) -> _Origin:
             namespace = importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            raise UserError(f"cannot import module {name!r}: {_first_line(exc)}") from None
+            raise UserError(f"cannot import module {name!r}: {first_line(exc) or type(exc).__name__}") from None
         raise UserError(f"importing module {name!r} failed: {_quote(exc)}") from None
     except SyntaxError as exc:
         where = _display_path(exc.filename) if exc.filename else name
@@ -944,13 +944,10 @@ def _check_is_file(path: str, what: str) -> None:
 
 
 def _display_path(path: str) -> str:
-    """Relative to the working directory when inside it (as the rest of preclint prints paths)."""
-    absolute = os.path.abspath(path)
-    try:
-        relative = os.path.relpath(absolute)
-    except ValueError:  # another drive on Windows
-        return absolute
-    return absolute if relative.startswith(os.pardir) else relative
+    """Relative to the working directory when inside it, else absolute."""
+    from preclint.source.paths import display_path
+
+    return display_path(path, inside_only=True)
 
 
 def _defining_file(module: nn.Module) -> Optional[str]:
@@ -987,11 +984,6 @@ def _quote(exc: BaseException) -> str:
     if len(message) > _MAX_QUOTED_CHARS:
         message = message[: _MAX_QUOTED_CHARS - 1].rstrip() + "…"
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _a(noun: str) -> str:

@@ -1,6 +1,6 @@
 """Number formats, precision modes and which dtype each op computes in under each mode.
 
-The facts here are the ones NUMERICS.md records (measured on an H200 or read from PyTorch's
+The facts here are the ones docs/error-model.md states (measured on an H200 or read from PyTorch's
 autocast source); the error model that uses them lives in predict.py.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ MODES: Dict[str, Mode] = {
 DEFAULT_MODES: Tuple[str, ...] = ("tf32", "fp16", "bf16")
 
 # Constants of the error model, fitted on an H200 over whole layers of 10 torchvision/timm models
-# (NUMERICS.md): rounding two operands gives u*sqrt(2/3) in theory, 0.6*u measured; rounding a
+# (docs/error-model.md): rounding two operands gives u*sqrt(2/3) in theory, 0.6*u measured; rounding a
 # result to a format gives 0.42*u in RMS over many elements.
 C_INPUT = 0.6
 C_OUTPUT = 0.42
@@ -107,10 +107,17 @@ def casting_region(region, mode: Mode):
     return region if region is not None and autocast_format(region.outer, mode) is not None else None
 
 
+# format -> how messages name it: the torch dtype a value in it is stored as (TF32 is no storage dtype)
+DTYPE_NAMES = {"fp32": "float32", "tf32": "TF32", "fp16": "float16", "bf16": "bfloat16"}
 # torch dtype names -> the format a value of that dtype is stored in (float64 counts as float32: no
 # precision mode rounds it)
-DTYPE_FORMATS = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32",
-                 "float64": "fp32", "double": "fp32"}
+DTYPE_FORMATS = {**{dtype: fmt for fmt, dtype in DTYPE_NAMES.items() if fmt != "tf32"},
+                 "half": "fp16", "float": "fp32", "float64": "fp32", "double": "fp32"}
+
+
+def dtype_name(fmt: str) -> str:
+    """How a message names format ``fmt`` (a Format.name): float16, bfloat16, TF32, ..."""
+    return DTYPE_NAMES.get(fmt, fmt)
 
 
 def autocast_policy(fn: str) -> str:

@@ -11,6 +11,9 @@ from typing import Any, Dict, Optional, Tuple
 
 from preclint.ir import Kind
 
+# Reductions that add their terms up (a running sum included): the reference pass records their
+# lengths, and the predictions their accumulation error.
+SUMS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 # Leaf modules that are not in torch.nn but must stay one node (their insides are one op to users).
 EXTRA_LEAF_MODULES = frozenset({"FrozenBatchNorm2d"})
 

@@ -1,7 +1,7 @@
 """The error model: per node and precision mode, the dtype it computes in, its local rounding error,
 whether it leaves the format's range, and the error that reaches the output.
 
-Local error (RMS, absolute) of a node, from NUMERICS.md:
+Local error (RMS, absolute) of a node, from docs/error-model.md:
 
 * dot products (conv, linear, matmul) with inputs rounded to u_in and fp32 accumulation:
   C_INPUT * u_in * RMS(sqrt(sum_k (a_k b_k)^2)), plus C_OUTPUT * u_out * RMS(y) when the result is
@@ -10,8 +10,8 @@ Local error (RMS, absolute) of a node, from NUMERICS.md:
   that only select or move values (relu, max-pool, reshapes), which are exact.
 
 The output error adds, over nodes, each rounding's relative RMS squared times its gain to the
-output (reference.py: ``gain_out`` for rounding a result, ``gain_operands`` for rounding the operands
-of a dot product), assuming independent rounding errors. One operand rounding has relative RMS
+output (ir.Gains from reference.py: ``out`` for rounding a result, ``operands`` for rounding the
+operands of a dot product), assuming independent rounding errors. One operand rounding has relative RMS
 C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT * u.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ EXACT_FNS = frozenset(
 )
 VALUE_FREE_KINDS = frozenset({Kind.SHAPE, Kind.DECISION, Kind.COMPARE, Kind.OUTPUT})
 
-
+# The most error an output can carry: a real error saturates where the output no longer resembles the
+# reference, and an unrelated output of the same RMS differs from it by sqrt(2) of that RMS.
 SATURATION = math.sqrt(2.0)
 
 
@@ -43,10 +44,6 @@ class NodePrediction:
     pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
-
-    @property
-    def rel_local(self) -> float:
-        return self.local
 
 
 @dataclass
@@ -204,7 +201,7 @@ def tensor_core_tf32(node: Node) -> bool:
     if node.kind == Kind.CONV and len(shape) >= 3:
         rows = out.numel // max(1, shape[1])  # batch x output positions
         in_channels = node.attrs.get("in_channels")
-        groups = node.groups or node.attrs.get("groups") or 1
+        groups = node.groups or 1
         if in_channels is None and len(node.input_stats) > 0 and node.input_stats[0] is not None:
             in_channels = node.input_stats[0].shape[1] if len(node.input_stats[0].shape) > 1 else None
         if in_channels is not None and (in_channels // groups < 4 or (groups > 1 and groups == in_channels)):
@@ -249,7 +246,6 @@ LOW_PRECISION_ACCUMULATION: Dict[str, tuple] = {"cumsum": (0.163, 0.37), "cumpro
 # float16 GEMMs with torch.backends.cuda.matmul.allow_fp16_accumulation = True, same form over the
 # reduction length K (H200, K = 64 ... 16384: 0.66, 1.33, 2.62 u in all against 0.43 u without).
 FP16_GEMM_ACCUMULATION = (0.15, 0.29)
-SUMS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 PRODUCTS = frozenset({"prod", "cumprod"})
 
 
@@ -299,7 +295,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
         terms["result"] = _result_rounding(node, fmt, stored)
-        exact = node.attrs.get("gain_rounding", {}).get(fmt)
+        exact = node.gains.rounding.get(fmt) if node.gains is not None else None
         if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
             terms["result_to_output"] = exact
     return terms
@@ -307,7 +303,12 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
 
 def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
     """Mean-square error this node's roundings put on a downstream value with the given gains."""
-    gain_out, gain_operands = gains if gains is not None else (node.sensitivity or 0.0, node.attrs.get("gain_operands"))
+    if gains is not None:
+        gain_out, gain_operands = gains
+    elif node.gains is not None:
+        gain_out, gain_operands = node.gains.out, node.gains.operands
+    else:
+        gain_out, gain_operands = 0.0, None
     total = 0.0
     if "operands" in terms:
         if gain_operands is not None:
@@ -455,7 +456,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     prediction.output_rms = math.sqrt(sum(s.rms**2 * s.numel for s in outputs) / numel) if numel else 0.0
     prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
 
-    have_gains = any(n.sensitivity is not None for n in graph.nodes)
+    have_gains = any(n.gains is not None for n in graph.nodes)
     variance = 0.0
     terms: Dict[str, float] = {}
     for node in graph.nodes:
@@ -472,8 +473,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
             continue
         terms[node.name] = term
         variance = variance + term if have_gains else max(variance, term)
-    # The model is linear in the errors; a real error saturates where the output no longer resembles the
-    # reference: an unrelated output of the same size differs by sqrt(2) of its RMS.
+    # The model is linear in the errors, the real error is not: it saturates (SATURATION).
     prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
     if variance > 0 and have_gains:
         prediction.contributions = {name: term / variance for name, term in terms.items()}
@@ -498,8 +498,9 @@ def amplification(node: Node) -> Optional[float]:
     output: sqrt(gain of its inputs through it / gain of its result). 1 for ops that pass relative
     error through (a product, a division, a random conv); large for a subtraction of nearly equal
     values or exp/softmax of large arguments. None where the reference pass has no gradients."""
-    gain_in = node.attrs.get("gain_inputs")
-    gain_out = node.sensitivity
+    if node.gains is None:
+        return None
+    gain_in, gain_out = node.gains.inputs, node.gains.out
     if gain_in is None or not gain_out or gain_out <= 0 or not math.isfinite(gain_in / gain_out):
         return None
     return math.sqrt(gain_in / gain_out)
@@ -526,7 +527,7 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
     fallback: Optional[Dict[str, float]] = None
     for node in graph.nodes:
         gains = node.attrs.get("upstream_gain")
-        margins = node.margins if node.margins is not None else node.attrs.get("rounding_margins")
+        margins = node.margins if node.margins is not None else node.rounding_margins
         if margins is None:
             continue
         if gains:

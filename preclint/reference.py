@@ -7,13 +7,13 @@ rounding error, for decisions the margins, and how rounding at the node reaches 
 That last part uses one backward pass with a random output cotangent v ~ N(0, I). A relative rounding
 error delta (RMS r, independent per element) of a value z moves v.output by sum_j g_j z_j delta_j,
 where g = J^T v is z's gradient; its expected square over v and delta is r^2 sum_j (g_j z_j)^2. So
-one pass gives, for every node at once, the gain of rounding its result (``gain_out``) and of
-rounding its operands (``gain_operands``: the activation a conv or matmul reads, and its weight).
+one pass gives, for every node at once, the gain of rounding its result (``Gains.out`` of ir.py) and of
+rounding its operands (``Gains.operands``: the activation a conv or matmul reads, and its weight).
 Weights are rounded once for all output positions, so their error is coherent across the output;
 weighting by the weight gradient accounts for that where a per-element model would not.
 
-Other ops that compute values get views of their float operands too (``gain_inputs``): the ratio
-gain_inputs / gain_out is how much the op amplifies a relative error that arrives at its inputs,
+Other ops that compute values get views of their float operands too (``Gains.inputs``): the ratio
+inputs / out is how much the op amplifies a relative error that arrives at its inputs,
 the relative condition number of the op weighted by what reaches the output.
 
 Sums, means and cumulative sums record sqrt(sum_k x_k^2) per output, as dot products record
@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 from preclint.capture import is_inplace_call
-from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
+from preclint.errors import one_line
+from preclint.ir import DOT_PRODUCT_KINDS, Gains, Graph, Kind, Node, TensorStats
 from preclint.modelio import output_tensors
 from preclint.numerics import FP16
+from preclint.ops import SUMS
 from preclint.poison import PoisonTracker
 
 # Decisions whose input is checked for flips by a backward pass of its own; more would make the
@@ -46,7 +48,6 @@ MAX_MARGINS = 4096  # margins kept per decision node (subsampled deterministical
 # gradients (shape ops move values and amplify nothing; decisions and comparisons are judged by margins).
 AMPLIFYING_KINDS = frozenset({Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.SOFTMAX, Kind.NORM, Kind.REDUCTION,
                               Kind.SCAN, Kind.POOL, Kind.RESAMPLE, Kind.BATCHNORM})
-SUMMING_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 
 
@@ -370,12 +371,15 @@ class ReferenceObserver:
         self.unknown_values: set = set()
         self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
         self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
+        self.on_node: Callable[[], None] = lambda: None  # called once a node ran (a progress bar)
 
     def reset(self) -> None:
         """Forget a run that failed part-way, for another run from the start."""
         for h in self.handles:
             h.remove()
+        on_node = self.on_node
         self.__init__(self.with_sensitivity)
+        self.on_node = on_node
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -396,7 +400,7 @@ class ReferenceObserver:
         return self.view_origin.get(id(tensor), tensor)
 
     def _failed(self, node: Node, what: str, exc: Exception) -> None:
-        self.failures.append(f"{node.name or node.fn} ({what}): {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        self.failures.append(f"{node.name or node.fn} ({what}): {one_line(exc)}")
 
     # ------------------------------------------------------------------ values as they were made
 
@@ -502,6 +506,7 @@ class ReferenceObserver:
         return args, kwargs
 
     def __call__(self, node: Node, args, kwargs, callee, output):
+        self.on_node()
         try:
             self._record(node, args, kwargs, callee, output)
         except Exception as exc:  # noqa: BLE001 - this node's statistics are lost, not the run
@@ -549,7 +554,7 @@ class ReferenceObserver:
                     }
             if node.fn == "einsum" and args and isinstance(args[0], str):
                 node.attrs["contracted"] = _einsum_contracts(args[0])
-            if node.fn in SUMMING_FNS and outputs and outputs[0].is_floating_point():
+            if node.fn in SUMS and outputs and outputs[0].is_floating_point():
                 terms = _sum_terms(node, args, kwargs, callee, outputs[0])
                 if terms is not None:
                     y = outputs[0].detach().double().abs()
@@ -561,14 +566,14 @@ class ReferenceObserver:
             if node.kind == Kind.CAST or node.fn in ROUNDING_FNS:
                 margins = _rounding_margins(node, args, outputs[0] if outputs else None)
                 if margins is not None and margins.numel():
-                    node.attrs["rounding_units"] = int(margins.numel())
+                    node.rounding_units = int(margins.numel())
                     if margins.numel() > MAX_MARGINS:
                         margins = margins[:: math.ceil(margins.numel() / MAX_MARGINS)]
-                    node.attrs["rounding_margins"] = [float(m) for m in margins]
+                    node.rounding_margins = [float(m) for m in margins]
             if node.kind in (Kind.DECISION, Kind.COMPARE) or (node.fn in ("max", "min") and "dim" in node.attrs):
                 margins = _decision_margins(node, args, kwargs)
                 if margins is not None and margins.numel():
-                    node.attrs["decision_units"] = int(margins.numel())
+                    node.decision_units = int(margins.numel())
                     if margins.numel() > MAX_MARGINS:
                         step = math.ceil(margins.numel() / MAX_MARGINS)
                         margins = margins[::step]
@@ -722,12 +727,12 @@ class ReferenceObserver:
                     node = graph.get(name)
                     if node is None:  # operands of a call that made no node (it returned no tensor)
                         continue
-                    node.sensitivity = gain_out
-                    if name in self.exact_rounding:
-                        node.attrs["gain_rounding"] = self.exact_rounding[name]
+                    node.gains = Gains(gain_out, rounding=self.exact_rounding.get(name, {}))
                     if name in self.operands:
-                        key = "gain_operands" if node.kind in DOT_PRODUCT_KINDS else "gain_inputs"
-                        node.attrs[key] = gain_operands
+                        if node.kind in DOT_PRODUCT_KINDS:
+                            node.gains.operands = gain_operands
+                        else:
+                            node.gains.inputs = gain_operands
                 # (a value without any nonzero gradient is on a path autograd cannot follow: unknown)
                 for name, largest in reach.items():
                     if graph.get(name) is not None:
@@ -740,7 +745,7 @@ class ReferenceObserver:
             # site): the riskiest call of the site stands for the others, whose inputs are alike.
             sites: Dict[tuple, List[Tuple[float, Node]]] = {}
             for node in graph.nodes:
-                margins = node.margins or node.attrs.get("rounding_margins")
+                margins = node.margins or node.rounding_margins
                 # (a decision input the model overwrote since cannot root a backward pass: its
                 # gradient would be that of the new values)
                 if (margins and node.inputs and node.inputs[0] in self.values and node.input_stats

@@ -26,12 +26,12 @@ from types import FrameType, TracebackType
 from typing import Iterator, List, Optional
 
 from preclint.errors import UserError
+from preclint.exitcodes import EXIT_ERROR
 
 DEFAULT_TIMEOUT = 600.0  # seconds for one model: import, build, capture, reference pass and probe
 HARD_STOP_GRACE = 10.0  # seconds the alarm's exception gets to unwind before the process is ended
 NO_LIMIT_BEYOND = 1e8  # seconds (three years): a longer limit is no limit (timers overflow near 1e12)
 REPEAT_INTERVAL = 1.0  # seconds between repeats of the alarm while the model's code has not stopped
-EXIT_ERROR = 2
 
 _real_exit = os._exit  # kept before anything can patch it: the watchdog and the signal handlers use it
 _real_abort = os.abort

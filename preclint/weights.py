@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from preclint.ir import Graph, Kind
+from preclint.ir import BatchNormFolding, Graph, Kind
 
 
 def annotate_weights(graph: Graph, module: torch.nn.Module) -> None:
@@ -36,25 +36,22 @@ def annotate_weights(graph: Graph, module: torch.nn.Module) -> None:
             # (an output of 0, zero-initialised gamma and beta, passes no error on; 0 from a nonzero
             # signal is unbounded)
             amplification = float((signal / output).sqrt()) if output > 0 else (0.0 if signal == 0 else float("inf"))
-            facts = {
-                "eps": eps,
-                "channels": int(var.numel()),
-                "var_min": float(var.min()),
-                "var_max": float(var.max()),
-                "scale_absmax": float(scale.abs().max()),
-                "amplification": amplification,
-                "scale_nonfinite": int((~torch.isfinite(scale)).sum()),
-                "channels_var_below_fp16_normal": int(((var + eps) < 2.0**-14).sum()),
-                "channels_var_zero_in_fp16": int(((var + eps) < 2.0**-25).sum()),
-                "channels_var_over_fp16": int((var > 65504).sum()),
-                "channels_scale_over_fp16": int((scale.abs() > 65504).sum()),
-                "channels_scale_subnormal_fp16": int(((scale.abs() < 2.0**-14) & (scale != 0)).sum()),
-            }
+            facts = BatchNormFolding(
+                eps=eps,
+                channels=int(var.numel()),
+                var_min=float(var.min()),
+                scale_absmax=float(scale.abs().max()),
+                amplification=amplification,
+                scale_nonfinite=int((~torch.isfinite(scale)).sum()),
+                channels_var_zero_in_fp16=int(((var + eps) < 2.0**-25).sum()),
+                channels_var_over_fp16=int((var > 65504).sum()),
+                channels_scale_over_fp16=int((scale.abs() > 65504).sum()),
+            )
             producer = graph.get(node.inputs[0]) if node.inputs else None
             if producer is not None and producer.kind == Kind.CONV and producer.module_path in modules:
                 weight = getattr(modules[producer.module_path], "weight", None)
                 if isinstance(weight, torch.Tensor) and weight.shape[0] == scale.numel():
                     folded = weight.detach().double().flatten(1).abs().amax(dim=1) * scale.abs()
-                    facts["folded_weight_absmax"] = float(folded.max())
-                    facts["folds_into"] = producer.module_path
-        node.attrs["batchnorm"] = facts
+                    facts.folded_weight_absmax = float(folded.max())
+                    facts.folds_into = producer.module_path
+        node.batchnorm = facts

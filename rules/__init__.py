@@ -1,60 +1,83 @@
-"""The rule pack. Each module holds one rule (or a small family) with its docs and examples.
+"""The rule pack. Each public module holds one rule (or a small family) with its docs and examples;
+modules whose names start with ``_`` hold helpers the rules share.
 
-Importing this package imports no torch; graph rules are listed by ``graph_rules()`` and source rules
-by ``source_rules()``.
+Rules are found by walking the package: a new rule is one new module, with nothing to register.
+Importing the pack imports no torch (rule modules import it inside their example builders only).
 """
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Dict, List, Type
-
-GRAPH_RULE_MODULES = (
-    "output_tolerance",
-    "fp16_overflow",
-    "fp16_underflow",
-    "batchnorm_scale",
-    "backend_kernel",
-    "decision_flip",
-    "unflagged_hotspot",
-    "constants",
-    "integer_precision",
-    "statistics",
-    "reductions",
-    "cancellation",
-    "amplification",
-)
-SOURCE_RULE_MODULES = (
-    "unused_suppression",
-    "tolerance_resolution",
-    "deprecated_amp",
-    "deprecated_assert_allclose",
-    "tf32_flags",
-    "fp16_epsilon",
-    "unparsable_file",
-)
+import pkgutil
+from typing import Dict, Iterator, List, Tuple, Type
 
 
-def _collect(modules, base_name: str) -> List[type]:
-    from preclint import rulebase
+def rule_modules() -> List[str]:
+    """The names of the pack's rule modules (every module not starting with ``_``)."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
 
-    base = getattr(rulebase, base_name)
+
+def rules_of(module) -> List[type]:
+    """The rule classes a module defines (not those it imports)."""
+    from preclint.rulebase import Rule, SourceRule
+
+    return [
+        value for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, (Rule, SourceRule)) and value not in (Rule, SourceRule)
+        and value.__module__ == module.__name__ and getattr(value, "code", None)
+    ]
+
+
+@functools.lru_cache(maxsize=None)
+def _discover() -> Tuple[type, ...]:
     found = []
-    for name in modules:
-        module = importlib.import_module(f"{__name__}.{name}")
-        for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, base) and value is not base and getattr(value, "code", None):
-                if value.__module__ == module.__name__:
-                    found.append(value)
-    return sorted(found, key=lambda rule: rule.code)
+    for name in rule_modules():
+        found += rules_of(importlib.import_module(f"{__name__}.{name}"))
+    return tuple(sorted(found, key=lambda rule: rule.code))
+
+
+def rediscover() -> None:
+    """Forget the rules found, so that the next look walks the pack again (after a module is added)."""
+    importlib.invalidate_caches()
+    _discover.cache_clear()
 
 
 def graph_rules() -> List[Type]:
-    return _collect(GRAPH_RULE_MODULES, "Rule")
+    from preclint.rulebase import Rule
+
+    return [rule for rule in _discover() if issubclass(rule, Rule)]
 
 
 def source_rules() -> List[Type]:
-    return _collect(SOURCE_RULE_MODULES, "SourceRule")
+    from preclint.rulebase import SourceRule
+
+    return [rule for rule in _discover() if issubclass(rule, SourceRule)]
 
 
 def all_rules() -> Dict[str, Type]:
-    return {rule.code: rule for rule in graph_rules() + source_rules()}
+    return {rule.code: rule for rule in _discover()}
+
+
+def rules_to_run(ctx, config=None) -> Iterator[tuple]:
+    """(rule, the context it sees) for each graph rule the configuration selects (every one without
+    a configuration) that concerns a checked mode of ``ctx`` (a RuleContext): it sees only the modes
+    among its ``precisions``."""
+    for rule_cls in graph_rules():
+        rule_ctx = ctx.for_rule(rule_cls)
+        if (config is None or config.is_selected(rule_cls.code)) and rule_ctx.modes:
+            yield rule_cls(), rule_ctx
+
+
+def unreadable_file_rule() -> Type:
+    """The source rule that reports the files no rule could check (``reports_unreadable_files``)."""
+    return _the_one(rule for rule in source_rules() if rule.reports_unreadable_files)
+
+
+def unused_suppression_rule() -> Type:
+    """The source rule that reports suppression comments that silence nothing."""
+    return _the_one(rule for rule in source_rules() if rule.reports_unused_suppressions)
+
+
+def _the_one(rules) -> Type:
+    (rule,) = rules
+    return rule

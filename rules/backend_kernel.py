@@ -24,7 +24,7 @@ _FACTS = {
 def conv_family(node):
     """'depthwise', 'grouped', 'patch-embedding' or None for a conv node."""
     attrs = node.attrs
-    groups = node.groups or attrs.get("groups") or 1
+    groups = node.groups or 1
     in_channels = attrs.get("in_channels")
     if groups > 1:
         return "depthwise" if in_channels is not None and groups == in_channels else "grouped"
@@ -57,6 +57,7 @@ def _dense_block():
 
 class BackendDependentKernel(Rule):
     code = "PCL205"
+    measured_as = "local"
     name = "backend-dependent-kernel"
     summary = "Grouped, depthwise and patch-embedding convolutions whose reduced-precision behaviour depends on the kernel the backend picks."
     severity = "info"
@@ -90,9 +91,7 @@ unfold + linear, which is exact when stride == kernel.
             Example(_mobilenet_block, "the depthwise block under autocast on cuDNN", {"precisions": ("tf32", "fp16", "bf16")}))
 
     def check_graph(self, ctx):
-        modes = tuple(m for m in ctx.modes if m in self.precisions)
-        if not modes:
-            return
+        modes = ctx.modes
         families = {}
         for node in ctx.graph.nodes:
             if node.kind == Kind.CONV:

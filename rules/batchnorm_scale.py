@@ -81,41 +81,39 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
             Example(_zero_init_residual, "fresh batch norms (running_var 1), gamma 0 in residual branches"))
 
     def check_graph(self, ctx):
-        modes = [m for m in ctx.modes if m in self.precisions]
-        if not modes:
-            return
+        modes = list(ctx.modes)
         fp16_modes = [m for m in modes if m.startswith("fp16")]
         full_fp16 = [m for m in modes if m == "fp16-full"]
         for node in ctx.graph.nodes:
-            facts = node.attrs.get("batchnorm")
-            if not facts:
+            facts = node.batchnorm
+            if facts is None:
                 continue
             problems, severity, concerned = [], "warning", []
-            channels = facts["channels"]
-            if facts["scale_nonfinite"]:
-                problems.append(f"{facts['scale_nonfinite']} of {channels} channels have an infinite scale already in "
-                                f"fp32 (running_var 0 with eps={sci(facts['eps'])})")
+            channels = facts.channels
+            if facts.scale_nonfinite:
+                problems.append(f"{facts.scale_nonfinite} of {channels} channels have an infinite scale already in "
+                                f"fp32 (running_var 0 with eps={sci(facts.eps)})")
                 severity, concerned = "error", modes
-            if full_fp16 and facts["channels_var_zero_in_fp16"] and not facts["scale_nonfinite"]:
-                problems.append(f"running_var of {facts['channels_var_zero_in_fp16']} channels plus eps is 0 in "
+            if full_fp16 and facts.channels_var_zero_in_fp16 and not facts.scale_nonfinite:
+                problems.append(f"running_var of {facts.channels_var_zero_in_fp16} channels plus eps is 0 in "
                                 f"float16, so the scale becomes inf")
                 severity, concerned = "error", concerned or full_fp16
-            if full_fp16 and facts["channels_var_over_fp16"]:
-                problems.append(f"running_var of {facts['channels_var_over_fp16']} channels exceeds 65504 (inf in float16)")
+            if full_fp16 and facts.channels_var_over_fp16:
+                problems.append(f"running_var of {facts.channels_var_over_fp16} channels exceeds 65504 (inf in float16)")
                 severity, concerned = "error", concerned or full_fp16
-            if fp16_modes and facts["channels_scale_over_fp16"]:
-                problems.append(f"the folded scale reaches {sci(facts['scale_absmax'])}, beyond float16's 65504, in "
-                                f"{facts['channels_scale_over_fp16']} channels")
+            if fp16_modes and facts.channels_scale_over_fp16:
+                problems.append(f"the folded scale reaches {sci(facts.scale_absmax)}, beyond float16's 65504, in "
+                                f"{facts.channels_scale_over_fp16} channels")
                 concerned = concerned or fp16_modes
-            folded = facts.get("folded_weight_absmax")
+            folded = facts.folded_weight_absmax
             if fp16_modes and folded is not None and folded > 65504:
-                problems.append(f"folded into {facts['folds_into']} its weights reach {sci(folded)}, beyond float16's 65504")
+                problems.append(f"folded into {facts.folds_into} its weights reach {sci(folded)}, beyond float16's 65504")
                 concerned = concerned or fp16_modes
             factor = self._amplification(ctx, node, facts)
             if factor is not None and factor > AMPLIFICATION_LIMIT:
-                if facts["var_min"] + facts["eps"] < COLLAPSED_VARIANCE:
-                    cause = (f"channels with collapsed variance (min running_var {sci(facts['var_min'])}, eps "
-                             f"{sci(facts['eps'])})")
+                if facts.var_min + facts.eps < COLLAPSED_VARIANCE:
+                    cause = (f"channels with collapsed variance (min running_var {sci(facts.var_min)}, eps "
+                             f"{sci(facts.eps)})")
                 else:
                     cause = "its input, large against the spread it normalizes,"
                 amplified = f"by {sci(factor)}" if math.isfinite(factor) else "without bound (an output of 0 from a nonzero input)"
@@ -142,10 +140,10 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
         residual branches start) passes nothing on: no factor."""
         from preclint.predict import amplification
 
-        estimate = facts["amplification"]
+        estimate = facts.amplification
         estimate = estimate if estimate == estimate and estimate > 0 else None
         measured = amplification(node) if ctx.graph.ran_reference else None
-        if not ctx.graph.ran_reference or facts["var_min"] + facts["eps"] < COLLAPSED_VARIANCE:
+        if not ctx.graph.ran_reference or facts.var_min + facts.eps < COLLAPSED_VARIANCE:
             return max((f for f in (measured, estimate) if f is not None), default=None)
         return measured
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
 from preclint.ir import Kind
-from preclint.numerics import FORMATS, representable, round_to
+from preclint.numerics import FORMATS, dtype_name, representable, round_to
 from preclint.predict import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import downstream, users_by_input
@@ -121,7 +121,9 @@ class UnrepresentableConstant(Rule):
     name = "unrepresentable-constant"
     summary = "An eps, mask-fill or clamp constant becomes 0, subnormal or inf in the dtype its op computes in."
     severity = "warning"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    # every mode: what decides is the format a value is computed in, and a model that sets autocast
+    # itself computes in float16 or bfloat16 under tf32 too
+    precisions = ()
     why = """
 A constant meets the tensor in the tensor's dtype. In float16, 1e-8 and 1e-12 are 0, anything below
 6.1e-5 is subnormal (a few bits, flushed to zero by some kernels and engines), and -1e9 is beyond
@@ -181,7 +183,7 @@ statistic in float32 (`h.float()`, `pow` instead of `h * h` under autocast).
         stored = round_to(value, FORMATS[fmt])
         what = {"zero": "0", "overflow": "-inf" if value < 0 else "inf",
                 "subnormal": f"the subnormal {sci(stored)}"}[worst]
-        dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(fmt, fmt)
+        dtype = dtype_name(fmt)
         where = f"{ctx.display(node.name)}"
         message = f"The constant {sci(value)} of {where} is {what} in {dtype}, the dtype it computes in under {', '.join(modes)}"
         raises = worst == "overflow" and node.fn in CHECKED_CONVERSION

@@ -53,6 +53,7 @@ def _confident_classifier():
 
 class DecisionFlip(Rule):
     code = "PCL301"
+    measured_as = "flips"
     name = "decision-flip"
     summary = "An argmax, top-k, sort, NMS or threshold decides on values whose margins are within the predicted error."
     severity = "warning"
@@ -87,14 +88,14 @@ values that feed the decision in float32; use a stable sort.
                 yield finding
 
     def _site_finding(self, ctx, nodes):
-        units = sum(n.attrs.get("decision_units", len(n.margins)) for n in nodes)
+        units = sum((n.decision_units or len(n.margins)) for n in nodes)
         per_mode = {}
         for mode in ctx.modes:
             preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
             preds = [(n, p) for n, p in preds if p.flip_fraction is not None]
             if not preds:
                 continue
-            expected = sum(p.flip_fraction * n.attrs.get("decision_units", len(n.margins)) for n, p in preds)
+            expected = sum(p.flip_fraction * (n.decision_units or len(n.margins)) for n, p in preds)
             relative = [p.received / n.input_stats[0].rms for n, p in preds
                         if n.input_stats and n.input_stats[0] is not None and n.input_stats[0].rms > 0]
             per_mode[mode] = (expected, max(p.received for _, p in preds), max(relative) if relative else None)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
-from preclint.numerics import MODES
 from preclint.predict import reaching_absmax
 from preclint.rulebase import Example, Rule
 
@@ -20,6 +19,21 @@ def _deep_residual_stack():
 
     torch.manual_seed(0)
     return torch.nn.Sequential(*[Block() for _ in range(16)]), (torch.randn(2, 32),)
+
+
+def _scaled_activations():
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)) * 1e6)  # a unit change: |h| ~ 1 becomes 1e6
+
+    torch.manual_seed(0)
+    return Scaled(), (torch.randn(2, 16),)
 
 
 def _normalized_stack():
@@ -82,6 +96,7 @@ def _additive_mask(whole_row_masked: bool):
 
 class Fp16Overflow(Rule):
     code = "PCL101"
+    measured_as = "overflow"
     name = "fp16-overflow"
     summary = "A value leaves float16's finite range (|x| > 65504) under a precision that stores it in float16."
     severity = "error"
@@ -104,6 +119,7 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
 """
     bad = (Example(_deep_residual_stack, "16 residual blocks that triple the scale, no normalization"),
            Example(_squares, "x*x of values around 400"),
+           Example(_scaled_activations, "activations below 1 multiplied by 1e6"),
            Example(_additive_mask(True), "the same mask over every key of a sequence: a row of -inf in float16"))
     good = (Example(_normalized_stack, "the same stack with LayerNorm in each block"),
             Example(_additive_mask(False), "a finfo(float32).min attention mask that softmax turns into zeros"))
@@ -113,8 +129,6 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
         order = {node.name: i for i, node in enumerate(graph.nodes)}
         origins = {}  # node name -> {mode: number of later values that overflow with it}
         for mode in ctx.modes:
-            if MODES[mode].low is None or MODES[mode].low.name != "fp16":
-                continue
             overflowing = {n for n, pred in ctx.predictions[mode].nodes.items() if pred.overflow}
             for name in overflowing:
                 if self._is_written_constant(graph[name]):
@@ -142,11 +156,14 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
 
     @staticmethod
     def _is_written_constant(node) -> bool:
-        """Whether the value beyond the range is a constant the code writes (masked_fill(-1e9), full)."""
+        """Whether the value beyond the range is a constant the code writes (masked_fill(-1e9), full,
+        a 0/1 mask times finfo.min): the output's largest magnitude is the constant itself. A large
+        factor applied to smaller values (``h * 1e6`` with |h| < 1) is an overflow of the result."""
         out = node.out
         if out is None or not node.scalars:
             return False
-        return any(abs(value) >= 65504 and abs(value) >= out.absmax * (1 - 1e-6) for value in node.scalars.values())
+        return any(abs(value) >= 65504 and abs(abs(value) - out.absmax) <= 1e-6 * abs(value)
+                   for value in node.scalars.values())
 
     @staticmethod
     def _downstream(graph, origin, overflowing):

@@ -5,7 +5,7 @@ import math
 
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import Kind
-from preclint.numerics import C_OUTPUT, FP16, MODES
+from preclint.numerics import C_OUTPUT, FP16
 from preclint.rulebase import Example, Rule
 
 # Reported when the subnormal step costs at least ten times the ordinary rounding of a stored value
@@ -75,9 +75,8 @@ small quantities in float32 or bfloat16; for probabilities work with logarithms.
     def check_graph(self, ctx):
         if not ctx.graph.ran_reference:
             return
-        modes = [m for m in ctx.modes if MODES[m].low is not None and MODES[m].low.name == "fp16"]
         origins = {}  # origin node -> {mode: (its relative error, worst downstream, later values)}
-        for mode in modes:
+        for mode in ctx.modes:
             origin_of = {}
             for node in ctx.graph.nodes:
                 out = node.out

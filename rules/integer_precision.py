@@ -5,13 +5,12 @@ import math
 
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
-from preclint.numerics import FORMATS, FP32, MODES, gaussian_max_factor
+from preclint.numerics import FORMATS, FP32, MODES, dtype_name, gaussian_max_factor
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import users_by_input
 from preclint.rules._norun import undecided
 from preclint.rules.decision_flip import MIN_EXPECTED_FLIPS, MIN_FLIP_FRACTION
 
-DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "TF32"}
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 # ops that turn positions into an angle table on the way to its sin and cos: t * inv_freq, an einsum or
 # matmul of positions and frequencies, a concatenation of the two halves
@@ -251,11 +250,11 @@ float32.
             if worst is None or step > worst[2]:
                 worst = (mode, fmt, step, value, role)
         mode, fmt, step, value, role = worst
-        formats = ", ".join(f"{DTYPE_NAMES.get(per_mode[m][0], per_mode[m][0])} under {m}" for m in per_mode)
+        formats = ", ".join(f"{dtype_name(per_mode[m][0])} under {m}" for m in per_mode)
         what = "reads whole numbers" if role == "operand" else "holds whole numbers"
         how = "rounds them to" if role == "operand" else "stores them in"
         message = (f"{ctx.display(node.name)} {what} up to {sci(value)} and {how} {formats}; "
-                   f"{DTYPE_NAMES.get(fmt, fmt)} is exact only to {FORMATS[fmt].exact_integers_to}, so values near "
+                   f"{dtype_name(fmt)} is exact only to {FORMATS[fmt].exact_integers_to}, so values near "
                    f"{sci(value)} round to multiples of {sci(step)} (off by up to {sci(step / 2)}) and neighbouring "
                    "values collapse.")
         return self.finding(node, message, fix=fix, predicted=predicted, precisions=tuple(per_mode))
@@ -265,7 +264,7 @@ float32.
     def _roundings(self, ctx):
         sites = {}
         for node in ctx.graph.nodes:
-            if node.attrs.get("rounding_margins") is not None:
+            if node.rounding_margins is not None:
                 sites.setdefault((node.module_path, node.fn, node.location), []).append(node)
         for nodes in sites.values():
             finding = self._rounding_finding(ctx, nodes)
@@ -273,14 +272,14 @@ float32.
                 yield finding
 
     def _rounding_finding(self, ctx, nodes):
-        units = sum(n.attrs.get("rounding_units", len(n.attrs["rounding_margins"])) for n in nodes)
+        units = sum((n.rounding_units or len(n.rounding_margins)) for n in nodes)
         per_mode = {}
         for mode in ctx.modes:
             preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
             preds = [(n, p) for n, p in preds if p.flip_fraction is not None and p.received]
             if not preds:
                 continue
-            expected = sum(p.flip_fraction * n.attrs.get("rounding_units", len(n.attrs["rounding_margins"]))
+            expected = sum(p.flip_fraction * (n.rounding_units or len(n.rounding_margins))
                            for n, p in preds)
             per_mode[mode] = (expected, max(p.received for _, p in preds))
         flagged = [m for m, (expected, _) in per_mode.items()

@@ -53,6 +53,7 @@ def _small_mlp():
 
 class OutputTolerance(Rule):
     code = "PCL001"
+    measured_as = "output"
     name = "output-tolerance"
     summary = "The predicted output error of a precision mode exceeds the tolerance the outputs are compared with."
     severity = "error"
@@ -154,6 +155,7 @@ def _log_buckets(dropped: bool):
 
 class NonfiniteReference(Rule):
     code = "PCL002"
+    measured_as = "reference"
     name = "nonfinite-reference"
     summary = "The model produces inf or NaN already in fp32 on the example inputs."
     severity = "error"

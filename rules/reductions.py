@@ -5,15 +5,15 @@ import math
 
 from preclint.findings import ErrorFigure, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
-from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, gaussian_max_factor
-from preclint.predict import LOW_PRECISION_ACCUMULATION, PRODUCTS, SUMS, accumulation_error, amplification, relative_errors
+from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, dtype_name, gaussian_max_factor
+from preclint.ops import SUMS
+from preclint.predict import LOW_PRECISION_ACCUMULATION, PRODUCTS, accumulation_error, amplification, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 
 # Reported when the predicted error of the reduction is this many times what rounding its result
 # costs: beyond the factor of 3 within which preclint's predictions hold, it is not ordinary rounding.
 EXCESS = 3.0
-DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 def _cumulative_decay(dtype_arg: bool):
@@ -48,7 +48,9 @@ class LowPrecisionReduction(Rule):
     name = "low-precision-reduction"
     summary = "A sum, mean, product or scan over a long axis computed in float16 or bfloat16, whose error grows with the length."
     severity = "warning"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    # every mode: what decides is the format a value is computed in, and a model that sets autocast
+    # itself computes in float16 or bfloat16 under tf32 too
+    precisions = ()
     why = """
 A product of n factors carries the rounding of every factor: its relative error grows as sqrt(n)
 times the unit roundoff (more when the factors are alike and round the same way): 2% after 256
@@ -150,7 +152,7 @@ Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.fl
         mode = max(figures, key=lambda m: figures[m][1])
         fmt, rel, parts = figures[mode]
         n = node.reduction_length or 1
-        dtype = DTYPE_NAMES[fmt]
+        dtype = dtype_name(fmt)
         cause = max(("accumulation", "factors"), key=lambda k: parts.get(k, 0.0))
         why = ("its kernel keeps partial results in " + dtype if cause == "accumulation"
                else f"each of its {n} factors carries its rounding into the product")

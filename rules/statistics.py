@@ -1,11 +1,10 @@
 """PCL201 low-precision-statistics."""
 from __future__ import annotations
 
-import math
 
 from preclint.findings import ErrorFigure, sci
 from preclint.ir import Kind
-from preclint.numerics import FORMATS
+from preclint.numerics import FORMATS, dtype_name
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import ancestors, downstream, users_by_input
 from preclint.rules._norun import undecided
@@ -17,7 +16,6 @@ SQUARES = frozenset({"mul", "pow", "square"})
 # ops between a statistic and the normalization that applies it (var + eps -> sqrt -> div)
 STATISTIC_CHAIN = frozenset({"add", "sqrt", "rsqrt", "reciprocal", "pow", "clamp", "clamp_min", "sub", "mul", "div"})
 APPLY = frozenset({"sub", "div", "mul", "true_divide"})
-DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 def _channels_first_norm(upcast: bool):
@@ -78,7 +76,9 @@ class LowPrecisionStatistics(Rule):
     summary = ("Normalization statistics (mean, variance, mean square) computed by hand in float16 or bfloat16 "
                "overflow or underflow.")
     severity = "error"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    # every mode: what decides is the format a value is computed in, and a model that sets autocast
+    # itself computes in float16 or bfloat16 under tf32 too
+    precisions = ()
     why = """
 `F.layer_norm`, `F.group_norm` and `F.rms_norm` compute their statistics in float32 whatever the input
 dtype. A normalization written by hand (`x.mean()`, `x.var()`, `(x - u) * (x - u)`, `x * x`) computes
@@ -161,7 +161,7 @@ the statistics and cast back: `hf = h.float(); ...; y.to(h.dtype)`.
         kind = "overflow" if "overflow" in kinds else "underflow"
         modes = tuple(m for m, (_, p) in problems.items() if p[0] == kind)
         fmt, (_, value, detail) = problems[modes[0]]
-        dtype = DTYPE_NAMES[fmt]
+        dtype = dtype_name(fmt)
         stat = ctx.display(node.name)
         if kind == "overflow":
             consequence = (f"above {dtype}'s {sci(FORMATS[fmt].max_finite)}: the statistic becomes inf and the "

@@ -26,7 +26,7 @@ METHODS = {"allclose": (1, 2, 1e-5, 1e-8), "isclose": (1, 2, 1e-5, 1e-8)}  # ten
 # callees known only by name (a project's own helper): judged on explicit arguments alone
 NAMES = ("assert_allclose", "assert_close", "allclose", "isclose")
 
-# The error model (NUMERICS.md): a correct result in a format with unit roundoff u differs from the
+# The error model (docs/error-model.md): a correct result in a format with unit roundoff u differs from the
 # fp32/fp64 reference by about u relative to its own size where there is no cancellation, and by about
 # u times the typical magnitude of the values where there is. Hence an honest elementwise check is
 # rtol ~ 4u with atol ~ 7u x RMS(values); below 2u a correct result fails outright.
@@ -99,9 +99,9 @@ class ToleranceBelowResolution(SourceRule):
 A value computed in fp16 or under TF32 carries a relative rounding error of about u = 2^-11 = 4.9e-4
 (bf16: u = 2^-8 = 3.9e-3), and elements where large terms cancel carry an error of about u times the
 typical magnitude of the values, whatever their own size. A check with rtol below 2u fails on a
-correct result; a check with a tiny atol fails on the elements near zero. NUMERICS.md report 3: a
-correct fp16 patch-embedding convolution fails `assert_allclose(rtol=1e-3, atol=1e-5)` on about 19%
-of its elements. The rule fires when the source shows the compared values computed in that precision:
+correct result; a check with a tiny atol fails on the elements near zero: a correct fp16
+patch-embedding convolution fails `assert_allclose(rtol=1e-3, atol=1e-5)` on about 19% of its
+elements. The rule fires when the source shows the compared values computed in that precision:
 a cast (`.half()`, `dtype=torch.float16`) or a low dtype named in their data flow (the expressions
 compared, what is assigned to the names they read, the parameters' decorators), an autocast block
 they are computed in, TF32 switched on in the test, its class's setUp or at module level. A dtype

@@ -18,7 +18,7 @@ MIN_SHARE = 0.2
 # when the output misses the tolerance it is compared with, or when the layer's own (local) error is
 # more than EXCESS times what ordinary rounding gives its kind of op under the mode (ordinary_local):
 # the error model's measured/predicted ratio over whole conv and linear layers of ten torchvision and
-# timm models lay within a factor of 3 (NUMERICS.md), and within 1.1 for every rounding layer of a
+# timm models lay within a factor of 3 (docs/error-model.md), and within 1.1 for every rounding layer of a
 # two-layer MLP, GPT-2, Llama and resnet18 under emulation; beyond 3 the layer does not round the way
 # the model of ordinary rounding says (a fused op that amplifies its own rounding inside, a kernel
 # that accumulates in the low format), which is what no rule can see.
@@ -27,7 +27,6 @@ EXCESS = 3.0
 # formats' (2^-11 for TF32 and float16, 2^-8 for bfloat16), are float32's own: never an excess, and
 # an output error that small holds no hot spot.
 FLOAT32_NOISE = 2.0 ** -17.5
-_STORED = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float]:
@@ -37,14 +36,14 @@ def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float
     plus the stored result's rounding, as if the backend rounded its operands (TF32 included), so that
     a backend's choice between kernels never reads as an excess. None without reference statistics."""
     from preclint.ir import DOT_PRODUCT_KINDS
-    from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, MODES
+    from preclint.numerics import C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, MODES
     from preclint.predict import local_error
 
     out = node.out
     mode = MODES.get(mode_name)
     if out is None or not out.rms or mode is None:
         return None
-    fmt = _STORED.get(dtype or "", "fp32")
+    fmt = DTYPE_FORMATS.get(dtype or "", "fp32")
     stored = C_OUTPUT * FORMATS[fmt].unit_roundoff if fmt != "fp32" else 0.0
     ordinary = max(local_error(node, mode, fmt) / out.rms, stored)
     if node.kind in DOT_PRODUCT_KINDS:
@@ -142,11 +141,9 @@ amplified error.
         Example(_float32_only, "LayerNorm and GELU under TF32: nothing rounds", {"precisions": ("tf32",)}),
     )
 
-    def check_graph(self, ctx):
-        return iter(())  # needs measured contributions: the probe calls from_probe()
-
-    def from_probe(self, ctx, result, flagged, tolerance_missed=frozenset()):
+    def check_probe(self, ctx, result, flagged):
         """Findings for the measured hot spots that no finding in ``flagged`` (node names) covers."""
+        tolerance_missed = {mode for mode, m in result.modes.items() if m.tolerance is not None and m.tolerance.failing}
         hot = {}  # node -> mode -> (measure, ordinary local error)
         for mode, measure in result.modes.items():
             if measure.error is not None or not measure.output or not measure.output_finite:

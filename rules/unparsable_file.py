@@ -13,6 +13,7 @@ class UnparsableFile(SourceRule):
     # Reported by the runner when parsing fails; shown unless explicitly ignored, so that a file never
     # passes the check silently because nothing could be read from it.
     after_suppressions = True
+    reports_unreadable_files = True
     why = """
 A file that does not parse is a file no rule looked at: without this finding, a syntax error would
 make preclint report nothing and pass. The check goes on with the other files. A file whose text has
@@ -35,7 +36,7 @@ with `exclude` in `[tool.preclint]`, or ignore PCL599 for it in `per-file-ignore
     )
 
     @classmethod
-    def finding_for(cls, path: str, message: str, line: int = 1, column: int = 1) -> Finding:
+    def unreadable_file(cls, path: str, message: str, line: int = 1, column: int = 1) -> Finding:
         return Finding(
             code=cls.code,
             name=cls.name,

@@ -15,6 +15,7 @@ class UnusedSuppression(SourceRule):
     # Reported by the suppression pass (preclint.source.suppress), which sees every rule's findings;
     # the per-file rule loop skips it.
     after_suppressions = True
+    reports_unused_suppressions = True
     why = """
 A suppression that no longer matches a finding hides the next real one on that line, and it tells
 readers that a precision problem is there when it is gone. Codes in the comment that name no rule
@@ -61,7 +62,7 @@ with torch.autocast("cuda"):  # preclint: ignore[deprecated-amp-api]
     )
 
     @classmethod
-    def finding_for(cls, location: Location, unused: Sequence[str], unknown: Sequence[str]) -> Finding:
+    def unused_suppression(cls, location: Location, unused: Sequence[str], unknown: Sequence[str]) -> Finding:
         parts = []
         if unused:
             parts.append(f"{', '.join(unused)} found nothing on this line")

@@ -31,6 +31,29 @@ def test_tf32_emulation_rounds_the_operands_of_matmuls_only():
     assert torch.equal(total, a + 1e-5)
 
 
+def test_the_emulated_autocast_runs_in_float32_what_the_predictions_say_it_does():
+    """The benchmark's CPU stand-in for CUDA autocast and the predictions read one list of the ops
+    autocast runs in float32 (numerics.AUTOCAST_FP32), functions that decompose on the way included."""
+    import torch.nn.functional as F
+
+    from preclint.numerics import autocast_policy
+
+    x = torch.randn(4, 8)
+    target = torch.tensor([1, 0, 3, 2])
+    ops = {
+        "softmax": lambda v: F.softmax(v, dim=-1),
+        "layer_norm": lambda v: F.layer_norm(v, (8,)),
+        "normalize": lambda v: F.normalize(v, dim=-1),
+        "cross_entropy": lambda v: F.cross_entropy(v, target),
+        "interpolate": lambda v: F.interpolate(v[None], scale_factor=2.0),
+    }
+    for name, op in ops.items():
+        assert autocast_policy(name) == "fp32", name
+        with torch.autocast("cpu", dtype=torch.bfloat16), accuracy.CudaAutocastLists(torch.bfloat16):
+            out = op(x.bfloat16())
+        assert out.dtype == torch.float32, name
+
+
 def test_fingerprint_is_stable_and_tells_models_apart():
     one = BY_NAME["mlp_block"].build()
     again = BY_NAME["mlp_block"].build()

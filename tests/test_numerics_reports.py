@@ -1,4 +1,4 @@
-"""The three reports preclint started from (NUMERICS.md), reproduced on random-init models.
+"""The three reports preclint started from (docs/error-model.md), reproduced on random-init models.
 
 Where a figure was measured on an H200 (report 2) the test holds the prediction to it within the 3x
 the error model promises; where the CPU can measure (float16 and bfloat16 run on the CPU too), the
@@ -110,7 +110,7 @@ def test_patch_embedding_fp16_fails_a_tight_tolerance_for_both_widths(embed_dim)
         fp16 = conv.half()(x.half()).double()
     conv.float()
     failing = float(((fp16 - ref).abs() > 1e-5 + 1e-3 * ref.abs()).double().mean())
-    assert 0.1 < failing < 0.3  # NUMERICS.md: about 19% on an H200
+    assert 0.1 < failing < 0.3  # docs/error-model.md: about 19% on an H200
     predicted_fraction = float(tolerance[0].message.split("on about ")[1].split("%")[0]) / 100
     assert within(predicted_fraction, failing, 1.5), (predicted_fraction, failing)
     # the atol the finding recommends does pass the measured error

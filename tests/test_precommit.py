@@ -1,10 +1,9 @@
 """The hooks of .pre-commit-hooks.yaml, run by the real pre-commit in a throwaway git repository.
 
-preclint-source is installed by pre-commit into an isolated environment from this checkout and must
-find the staged problem. The test installs it without torch (pip's --no-deps, the source side's own
-dependencies named), which is what proves the hook never needs torch; a user's hook environment
-holds torch too, unused. The graph hook runs in this environment (language: system) on the model its
-args name. About 15 s, mostly pip.
+preclint-source is installed by pre-commit into an isolated environment from this checkout, as the
+hook is shipped (pip's --no-deps and the source side's own dependencies), and must find the staged
+problem with no torch in that environment. The graph hook runs in this environment (language:
+system) on the model its args name. About 15 s, mostly pip.
 """
 from __future__ import annotations
 
@@ -61,10 +60,6 @@ def project(tmp_path):
     return repo, env
 
 
-# what the source side imports, with what those import: installed one by one (no dependencies)
-SOURCE_SIDE = ["libcst", "pyyaml", "rich", "markdown-it-py", "mdurl", "pygments"]
-
-
 def use_hook(repo, hook: str, option: str) -> None:
     """A .pre-commit-config.yaml in ``repo`` with this checkout's ``hook`` and one option line."""
     rev = git(ROOT, "rev-parse", "HEAD")
@@ -74,10 +69,10 @@ def use_hook(repo, hook: str, option: str) -> None:
 
 def test_source_hook_runs_without_torch_and_reports(project):
     repo, env = project
-    use_hook(repo, "preclint-source", f"additional_dependencies: [{', '.join(SOURCE_SIDE)}]")
+    use_hook(repo, "preclint-source", "alias: source")  # the hook as shipped: its own dependencies
     done = subprocess.run(
         PRE_COMMIT + ["run", "preclint-source", "--all-files"],
-        cwd=repo, env=dict(env, PIP_NO_DEPS="1"), capture_output=True, text=True, timeout=600,
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
@@ -85,8 +80,9 @@ def test_source_hook_runs_without_torch_and_reports(project):
     assert "clean.py" not in out.split("preclint (source)")[-1]
     pythons = list(Path(env["PRE_COMMIT_HOME"]).glob("repo*/py_env-*/bin/python"))
     assert pythons, "pre-commit built no environment"
-    probe = "import importlib.util as u; print(u.find_spec('libcst') is not None, u.find_spec('torch') is None)"
-    assert subprocess.run([str(pythons[0]), "-c", probe], capture_output=True, text=True).stdout.split() == ["True", "True"]
+    probe = ("import importlib.util as u; print(u.find_spec('libcst') is not None, "
+             "*(u.find_spec(name) is None for name in ('torch', 'torchvision', 'plotly')))")
+    assert subprocess.run([str(pythons[0]), "-c", probe], capture_output=True, text=True).stdout.split() == ["True"] * 4
 
 
 def test_graph_hook_runs_in_the_users_environment(project):

@@ -61,7 +61,7 @@ def test_every_node_is_measured_in_every_mode(cnn_probe):
 
 
 def test_local_error_of_a_dot_product_has_the_size_of_its_format(cnn_probe):
-    # NUMERICS.md: over whole layers the measured local error of a conv/linear was within 3x of
+    # docs/error-model.md: over whole layers the measured local error of a conv/linear was within 3x of
     # C_INPUT * u * RMS(sqrt(sum (a b)^2)); the exact emulation must land in the same band.
     _report, graph, _ctx, result = cnn_probe
     u = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "fp16-full": 2.0 ** -11, "bf16": 2.0 ** -8}

@@ -139,7 +139,7 @@ def test_pcl900_is_documented():
         assert section in doc
 
 
-PROBE_RULES = [rule for rule in graph_rules() if getattr(rule, "needs_probe", False)]
+PROBE_RULES = [rule for rule in graph_rules() if rule.needs_probe]
 CASES = [
     pytest.param(rule, kind, example, id=f"{rule.code}-{kind}-{i}")
     for rule in PROBE_RULES

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jsonschema
 
-from preclint.cli import _exit_code
+from preclint.exitcodes import exit_code
 from preclint.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render, review_place
 
@@ -103,8 +103,8 @@ def test_json_and_concise_keep_the_library_location():
 def test_refuted_findings_are_marked_and_do_not_fail_the_build():
     standing = library_finding(severity="warning")
     refuted = refuted_finding()
-    assert _exit_code([refuted], "warning", False) == 0
-    assert _exit_code([refuted, standing], "warning", False) == 1
+    assert exit_code([refuted], "warning", False) == 0
+    assert exit_code([refuted, standing], "warning", False) == 1
     concise = render(report(refuted), "concise")
     assert "(refuted by the probe)" in concise and "1 refuted by the probe" in concise
     assert "refuted by the probe" in render(report(refuted), "full")

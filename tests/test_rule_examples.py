@@ -17,6 +17,11 @@ CASES = [
 
 @pytest.mark.parametrize("rule, kind, index, example", CASES)
 def test_rule_example(rule, kind, index, example):
+    assert_example(rule, kind, example)
+
+
+def assert_example(rule, kind, example):
+    """A bad example raises ``rule`` with a message, a fix and its precisions; a good one does not."""
     report, _graph, _ctx = check_example(example)
     found = [f for f in report.findings if f.code == rule.code]
     if kind == "bad":
@@ -30,7 +35,7 @@ def test_rule_example(rule, kind, index, example):
 
 def test_every_graph_rule_has_examples_and_docs():
     for rule in graph_rules():
-        if not getattr(rule, "needs_probe", False):
+        if not rule.needs_probe:
             assert rule.bad and rule.good, rule.code
         for section in (rule.why, rule.example, rule.fix, rule.summary):
             assert section.strip(), rule.code

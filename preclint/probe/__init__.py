@@ -3,8 +3,8 @@
 On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (modes.py). Per
 mode and node it measures the local and received error, the amplification and the contribution to
 the output error (ledger.py), against a float64 reference on the same device; then every finding
-is confirmed or refuted (verdict.py) and layers that hold much of the error without a finding are
-reported as PCL900.
+is confirmed or refuted (verdict.py), and the rules that judge measurements (such as layers that
+hold much of the error without a finding) add theirs.
 
     result = measure_model(module, inputs, graph, modes, ProbeOptions(device="auto"))
     apply(report, loaded, graph, ctx, config, result, ledger=True)
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from preclint.errors import UserError
+from preclint.errors import UserError, one_line
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 
@@ -32,14 +32,19 @@ class ProbeOptions:
     # otherwise the device works on while Python issues the next stage, and the probe is faster
     sync_stages: bool = False
 
+    def __post_init__(self) -> None:
+        if self.device not in DEVICE_CHOICES:
+            raise UserError(f"unknown probe device {self.device!r} (choose from {', '.join(DEVICE_CHOICES)})")
+
 
 class _Clock:
     """Wall time per stage, with the device synchronised at each boundary so that the time is real."""
 
-    def __init__(self, device, timings: Dict[str, float], sync: bool = True) -> None:
+    def __init__(self, device, timings: Dict[str, float], sync: bool = True, bar=None) -> None:
         self.device = device
         self.timings = timings
         self.sync = sync
+        self.bar = bar  # a progress bar (preclint.progress) that shows the stage
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -47,6 +52,8 @@ class _Clock:
 
         if self.sync:
             synchronize(self.device)
+        if self.bar is not None:
+            self.bar.describe(f"probe: {stage}")
         start = time.perf_counter()
         try:
             yield
@@ -54,16 +61,19 @@ class _Clock:
             if self.sync:
                 synchronize(self.device)
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+            if self.bar is not None:
+                self.bar.advance()
 
 
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
-                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
+                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model", bar=None):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
-    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords)."""
+    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords); ``bar``, a progress
+    bar (preclint.progress), follows the stages."""
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
-    from preclint.probe.execute import Program, RunFailed, copy_to, one_line
+    from preclint.probe.execute import Program, RunFailed, copy_to
     from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
 
     if not graph.ran_reference:
@@ -72,7 +82,9 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     emulated = device.type == "cpu" if options.emulate is None else options.emulate
     env = environment(device, emulated)
     timings: Dict[str, float] = {}
-    clock = _Clock(device, timings, sync=options.sync_stages)
+    clock = _Clock(device, timings, sync=options.sync_stages, bar=bar)
+    if bar is not None:  # setup, reference, sensitivity, read back; per mode sweep, contributions, figures, read back
+        bar.set_total(4 + len(modes) * (4 + (not emulated) + options.ablate))
     notes: List[str] = []
     try:
         with clock("setup"):
@@ -193,9 +205,9 @@ def _issue_mode(mode, program, graph, ref, sens, device, emulated, model32, inpu
 
     from preclint.probe.ledger import ModeMeasure
     from preclint.probe.measure import integer_outputs, output_error, plain_run, queue_figures, sweep
-    from preclint.probe.modes import _describe, build_mode_run
+    from preclint.probe.modes import describe_mode, build_mode_run
 
-    measure = ModeMeasure(mode, _describe(mode, device, emulated))
+    measure = ModeMeasure(mode, describe_mode(mode, device, emulated))
     swept = None
     try:
         with clock(f"{mode}: sweep"):
@@ -249,7 +261,7 @@ def _finish_mode(measure, state, program, graph, ref, device, model64, inputs64,
 
 def _failed(measure, mode, device, exc) -> None:
     from preclint.probe.device import is_out_of_memory
-    from preclint.probe.execute import RunFailed, one_line
+    from preclint.probe.execute import RunFailed
 
     cause = exc.cause if isinstance(exc, RunFailed) else exc
     if is_out_of_memory(cause):
@@ -300,7 +312,6 @@ def _tensors(value) -> list:
 
 def _failure(name: str, what: str, device, exc: BaseException) -> str:
     from preclint.probe.device import is_out_of_memory
-    from preclint.probe.execute import one_line
 
     if is_out_of_memory(exc):
         return (f"out of memory on {device} while running {name} {what} for the probe's reference; "
@@ -309,20 +320,21 @@ def _failure(name: str, what: str, device, exc: BaseException) -> str:
 
 
 def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> None:
-    """Put the measurements into ``report``: measured figures and statuses, PCL900, notes, environment."""
-    from preclint.engine import all_outputs_degenerate, attach_source_locations, relativize
+    """Put the measurements into ``report``: measured figures and statuses, the findings of the rules
+    that judge measurements (Rule.check_probe), notes, environment."""
+    from preclint.degenerate import all_outputs_degenerate
     from preclint.findings import Finding
+    from preclint.placement import attach_source_locations, relativize
     from preclint.probe.ledger import node_row
     from preclint.probe.verdict import judge, probe_notes, summary_entries
+    from preclint.rules import rules_to_run
 
     degenerate = all_outputs_degenerate(graph)
     judge(report.findings, graph, result, set(result.reference_nonfinite), degenerate)
-    if not degenerate and (config is None or config.is_selected("PCL900")):  # shares of rounding residue: none
-        from preclint.rules.unflagged_hotspot import UnflaggedHotspot
-
-        flagged = {f.node for f in report.findings if f.node}
-        missed = {mode for mode, m in result.modes.items() if m.tolerance is not None and m.tolerance.failing}
-        hot = list(UnflaggedHotspot().from_probe(ctx, result, flagged, missed))
+    if not degenerate:  # shares of rounding residue tell nothing
+        flagged = frozenset(f.node for f in report.findings if f.node)
+        hot = [finding for rule, rule_ctx in rules_to_run(ctx, config)
+               for finding in rule.check_probe(rule_ctx, result, flagged)]
         for finding in hot:
             if finding.location is None:
                 finding.location = ctx.model_location
@@ -344,7 +356,10 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions):
     tolerance = None
     if ctx.rtol is not None or ctx.atol is not None:
         tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
-    result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name)
+    from preclint.progress import task
+
+    with task("probe") as bar:
+        result = measure_model(loaded.module, loaded.inputs, graph, ctx.modes, options, tolerance, loaded.name, bar)
     apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
     return result
 

@@ -18,13 +18,11 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch
 
 from preclint.errors import UserError
-from preclint.probe import DEVICE_CHOICES
 
 
 def select_device(choice: str) -> torch.device:
-    """The device of ``--probe CHOICE``; emulation happens exactly when it is the CPU."""
-    if choice not in DEVICE_CHOICES:
-        raise UserError(f"unknown probe device {choice!r} (choose from {', '.join(DEVICE_CHOICES)})")
+    """The device of ``--probe CHOICE`` (a ProbeOptions.device, checked there); emulation happens
+    exactly when it is the CPU."""
     if choice == "cpu":
         return torch.device("cpu")
     available = torch.cuda.is_available()
@@ -116,11 +114,9 @@ def precision_flags() -> Dict[str, Any]:
     return {key: _read(getter) for key, getter in sorted(getters.items())}
 
 
-def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
-    """The record a reader needs to trust the reference: software, hardware and flags."""
+def software() -> Dict[str, Any]:
+    """The versions of what computes the numbers: torch, Python, CUDA, cuDNN, torchvision."""
     env: Dict[str, Any] = {
-        "device": str(device),
-        "emulated": emulated,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cuda": torch.version.cuda,
@@ -132,6 +128,17 @@ def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
         env["torchvision"] = torchvision.__version__
     except ImportError:
         pass
+    return env
+
+
+def check_environment() -> Dict[str, Any]:
+    """The record of a check without a probe: the predictions ran on this CPU, with these flags."""
+    return {**software(), "cpu": platform.processor() or platform.machine(), "flags": precision_flags()}
+
+
+def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
+    """The record a reader needs to trust the reference: software, hardware and flags."""
+    env: Dict[str, Any] = {"device": str(device), "emulated": emulated, **software()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu"] = props.name

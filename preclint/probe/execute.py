@@ -22,8 +22,9 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint import ops
-from preclint.capture import (ModelRunError, _FxRunner, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
+from preclint.capture import (FxRunner, ModelRunError, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
                               tensors_with_history)
+from preclint.errors import one_line
 from preclint.ir import Graph
 from preclint.modelio import output_tensors
 
@@ -72,7 +73,7 @@ class Program:
                 return capture_function_mode(root, inputs, observer)[1]
             # the graph runs on the copy itself: its call_module and get_attr targets are the copy's;
             # the check recorded the reduction lengths from the same shapes already
-            runner = _FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)
+            runner = FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)
             env = {self._fx_nodes[name]: value for name, value in (initial_env or {}).items()}
             return runner.run(*fx_arguments(self.fx_graph, root, inputs), initial_env=env or None)
         except ModelRunError as exc:
@@ -81,12 +82,6 @@ class Program:
             raise
         except Exception as exc:
             raise RunFailed(exc) from exc
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0].strip() if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def tensors(value) -> List[torch.Tensor]:

@@ -25,10 +25,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from preclint.errors import one_line
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
 from preclint.numerics import C_INPUT
-from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, one_line, tensors
+from preclint.probe.execute import Producers, Program, flatten, invoke, is_inplace_call, tensors
 from preclint.probe.detections import changed_decisions, detection_tensor_ids
 from preclint.probe.detections import compare as compare_detections
 from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck

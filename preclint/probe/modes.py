@@ -317,7 +317,7 @@ def _module_uses_tf32(node, module) -> bool:
 # --------------------------------------------------------------------------------------- building
 
 
-def _describe(name: str, device: torch.device, emulated: bool) -> str:
+def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
     mode = MODES[name]
     if emulated:
         if name == "tf32":
@@ -379,7 +379,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
             variant = _variant(model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
-    run = ModeRun(name, mode, device, emulated, variant, inputs, _describe(name, device, emulated), low_params=low_params)
+    run = ModeRun(name, mode, device, emulated, variant, inputs, describe_mode(name, device, emulated), low_params=low_params)
     maps = {} if maps is None else maps
 
     def kept(key, build):

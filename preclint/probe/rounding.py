@@ -36,7 +36,3 @@ def round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if not t.is_floating_point() or t.dtype == dtype:
         return t
     return t.to(dtype).to(t.dtype)
-
-
-def is_reduced(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.dtype in REDUCED_FLOATS

@@ -1,18 +1,19 @@
 """Confirm or refute every finding with what the probe measured, and report what no rule flagged.
 
-A finding predicts one of a few things; the probe compares it with the matching measurement:
+A finding predicts one of a few things, which its rule declares (``Rule.measured_as``, one of
+``rulebase.MEASURED_AS``); the probe compares it with the matching measurement:
 
-| rule | predicted | measured | confirmed when |
+| measured_as | predicted | measured | confirmed when |
 |---|---|---|---|
-| PCL001 | the output fails rtol/atol | the output of each mode's full run | some element fails |atol + rtol |ref|| |
-| PCL002 | a non-finite fp32 value | the node in float64 and in each mode | it is inf/NaN there too |
-| PCL101 | a float16 overflow | the node in the mode's run | it is inf/NaN there (the reference is finite) |
-| PCL205 | the conv's own (local) error | its local error | measured >= predicted / 3 |
-| PCL301 | decisions flip | the decisions of the mode's run (else its detections) | at least one flipped |
-| others | the error the node's value carries | its received error | measured >= predicted / 3 |
+| output | the output fails rtol/atol | the output of each mode's full run | some element fails |atol + rtol |ref|| |
+| reference | a non-finite fp32 value | the node in float64 and in each mode | it is inf/NaN there too |
+| overflow | a float16 overflow | the node in the mode's run | it is inf/NaN there (the reference is finite) |
+| local | the node's own (local) error | its local error | measured >= predicted / 3 |
+| flips | decisions flip | the decisions of the mode's run (else its detections) | at least one flipped |
+| received | the error the node's value carries | its received error | measured >= predicted / 3 |
 
 A third, because the error model's measured/predicted ratios over whole layers of ten torchvision
-and timm models lie within a factor of 3 (NUMERICS.md): below a third, the prediction was wrong in
+and timm models lie within a factor of 3 (docs/error-model.md): below a third, the prediction was wrong in
 kind, not in degree. Each measured mode gets a status; the finding is ``confirmed`` when at least
 one mode it names is, ``refuted`` when every measured one is, and keeps no status when none of its
 modes could be measured.
@@ -27,23 +28,19 @@ from preclint.probe.ledger import ModeMeasure, ProbeResult
 
 CONFIRM_FRACTION = 1.0 / 3.0
 
-MEASURED_AS = {
-    "PCL001": "output",
-    "PCL002": "reference",
-    "PCL101": "overflow",
-    "PCL205": "local",
-    "PCL301": "flips",
-}
-DEFAULT_MEASURE = "received"
-
 
 def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str],
           degenerate: bool = False) -> None:
     """Fill ``measured`` and ``status`` of each finding the probe can measure. ``degenerate``: the
-    output is all zero or rounding residue (engine.degenerate_outputs), and its relative error is
+    output is all zero or rounding residue (preclint.degenerate), and its relative error is
     noise over noise: not reported."""
+    from preclint.rulebase import Rule
+    from preclint.rules import all_rules
+
+    rules = all_rules()
     for f in findings:
-        kind = MEASURED_AS.get(f.code, DEFAULT_MEASURE)
+        rule = rules.get(f.code)
+        kind = rule.measured_as if rule is not None and issubclass(rule, Rule) else Rule.measured_as
         if kind != "output" and not f.node:
             continue  # model-level or source findings: nothing at a node to measure
         modes = [m for m in (f.precisions or tuple(f.predicted)) if m in result.modes]
@@ -62,7 +59,7 @@ def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfini
                 statuses.append(figure.status)
         if statuses:
             f.status = "confirmed" if "confirmed" in statuses else "refuted"
-        if f.code == "PCL001":
+        if kind == "output":
             _tolerance_fix(f, result)
 
 
@@ -90,7 +87,7 @@ def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfi
             return _detections_figure(measure)
         units = sum(x.units or 0 for x in flips)
         changed = sum(x.flips or 0 for x in flips)
-        # the error is that of what the decision reads (as PCL301 predicts it): an NMS's or argmax's
+        # the error is that of what the decision reads (as the rule predicts it): an NMS's or argmax's
         # own result is indices, which carry no relative error
         node = graph[f.node]
         source = m if m.received is not None else measure.nodes.get(node.inputs[0]) if node.inputs else None

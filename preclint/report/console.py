@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from preclint.findings import percent, sci
-from preclint.report import Report, is_refuted, ranked_ledger
+from preclint.report.model import Report, is_refuted, ranked_ledger
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

@@ -23,7 +23,7 @@ import math
 from typing import Sequence
 
 from preclint import __version__
-from preclint.report import Report, failure_line, is_refuted, merged, moved_note, review_place
+from preclint.report.model import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.source.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

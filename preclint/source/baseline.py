@@ -43,7 +43,8 @@ def fingerprint(finding: Finding) -> str:
     return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:16]
 
 
-def _key(finding: Finding) -> Tuple[str, str, str]:
+def finding_key(finding: Finding) -> Tuple[str, str, str]:
+    """What a baseline knows a finding by: its file, its code and its fingerprint."""
     path = finding.location.path if finding.location is not None else ""
     return path, finding.code, fingerprint(finding)
 
@@ -51,10 +52,10 @@ def _key(finding: Finding) -> Tuple[str, str, str]:
 def write_baseline(findings: Iterable[Finding], filename: str) -> int:
     """Record ``findings`` in ``filename``; returns how many were recorded."""
     findings = list(findings)
-    counts = Counter(_key(f) for f in findings)
+    counts = Counter(finding_key(f) for f in findings)
     lines = {}
     for f in findings:
-        lines.setdefault(_key(f), _normalised_line(f) or f.module or f.name)
+        lines.setdefault(finding_key(f), _normalised_line(f) or f.module or f.name)
     records = [
         {"path": path, "code": code, "fingerprint": fp, "count": counts[(path, code, fp)], "text": lines[(path, code, fp)]}
         for path, code, fp in sorted(counts)
@@ -176,7 +177,7 @@ def filter_baseline(findings: Iterable[Finding], filename: str) -> Tuple[List[Fi
     remaining = read_baseline(filename)
     kept = []
     for finding in sorted(findings, key=Finding.sort_key):
-        key = _key(finding)
+        key = finding_key(finding)
         if remaining[key] > 0:
             remaining[key] -= 1
         else:

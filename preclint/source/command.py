@@ -10,10 +10,9 @@ from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
 from preclint.errors import UserError
-from preclint.findings import Finding, severity_rank
+from preclint.exitcodes import EXIT_FINDINGS, EXIT_OK, exit_code
+from preclint.findings import Finding
 from preclint.source.paths import display_path
-
-EXIT_OK, EXIT_FINDINGS = 0, 1
 
 
 def apply_baseline(
@@ -87,6 +86,7 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     """Suppressions (and per-file-ignores) for the findings of a graph check: the codes judged for
     unused suppressions are the graph rules that ran; ``model_files`` are searched for them too."""
     from preclint.rules import graph_rules
+    from preclint.source.run import reports_unused
     from preclint.source.suppress import apply_suppressions
 
     findings = list(findings)
@@ -98,14 +98,7 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
         f for f in findings
         if f.location is None or not config.ignored_for_file(f.location.path, f.code)
     ]
-    return apply_suppressions(kept, config.is_selected("PCL500"), checked, files=files)
-
-
-def exit_code(findings: Iterable[Finding], fail_on: str, exit_zero: bool) -> int:
-    if exit_zero:
-        return EXIT_OK
-    threshold = severity_rank(fail_on)
-    return EXIT_FINDINGS if any(severity_rank(f.severity) >= threshold for f in findings) else EXIT_OK
+    return apply_suppressions(kept, reports_unused(config), checked, files=files)
 
 
 def run_source_only(
@@ -171,8 +164,8 @@ def _baseline_keep(findings: List[Finding], baseline: Optional[str]):
     """A predicate that is False for findings the baseline accepts: those are not fixed either."""
     if not baseline:
         return lambda finding: True
-    from preclint.source.baseline import _key, filter_baseline
+    from preclint.source.baseline import finding_key, filter_baseline
 
     kept, _ = filter_baseline(findings, baseline)
-    new_keys = {_key(f) for f in kept}
-    return lambda finding: _key(finding) in new_keys
+    new_keys = {finding_key(f) for f in kept}
+    return lambda finding: finding_key(finding) in new_keys

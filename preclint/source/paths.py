@@ -12,13 +12,15 @@ import sys
 from typing import Optional, Tuple
 
 
-def display_path(path: str, cwd: Optional[str] = None) -> str:
+def display_path(path: str, cwd: Optional[str] = None, inside_only: bool = False) -> str:
     """``path`` relative to ``cwd`` with forward slashes; absolute when there is no relative path
-    (another drive on Windows)."""
+    (another drive on Windows), or with ``inside_only`` when it is not inside ``cwd``."""
     absolute = os.path.abspath(path)
     try:
         rel = os.path.relpath(absolute, cwd or os.getcwd())
     except ValueError:
+        return absolute.replace(os.sep, "/")
+    if inside_only and rel.split(os.sep, 1)[0] == os.pardir:
         return absolute.replace(os.sep, "/")
     return rel.replace(os.sep, "/")
 

@@ -42,10 +42,17 @@ class SourceRun:
 
 
 def selected_rules(config: Config) -> List[type]:
-    """The source rule classes the configuration selects (PCL500/PCL599 included: they are rules)."""
+    """The source rule classes the configuration selects (those the runner reports through included)."""
     from preclint.rules import source_rules
 
     return [rule for rule in source_rules() if config.is_selected(rule.code)]
+
+
+def reports_unused(config: Config) -> bool:
+    """Whether the configuration selects the rule that reports unused suppressions."""
+    from preclint.rules import unused_suppression_rule
+
+    return config.is_selected(unused_suppression_rule().code)
 
 
 _WORDS: Dict[tuple, Tuple["re.Pattern[str]", ...]] = {}
@@ -72,7 +79,7 @@ def wanted(rule, text: str) -> bool:
     regexes) matches in the text, a word not inside a longer one. A rule without triggers wants
     every file."""
     return all(
-        any(pattern.search(text) for pattern in _patterns(tuple(group))) for group in getattr(rule, "triggers", ())
+        any(pattern.search(text) for pattern in _patterns(tuple(group))) for group in rule.triggers
     )
 
 
@@ -80,16 +87,15 @@ def trigger_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
     """A regex for anything some rule of ``rules`` looks for; None when one looks at everything."""
     groups: List = []
     for rule in rules:
-        triggers = getattr(rule, "triggers", ())
-        if not triggers:
+        if not rule.triggers:
             return None
-        groups += [item for group in triggers for item in group]
+        groups += [item for group in rule.triggers for item in group]
     patterns = _patterns(tuple(dict.fromkeys(groups)))
     return re.compile("|".join(f"(?:{p.pattern})" for p in patterns))
 
 
 def _active(rules: Sequence, source: SourceFile) -> List:
-    return [rule for rule in rules if not getattr(rule, "after_suppressions", False) and wanted(rule, source.text)]
+    return [rule for rule in rules if not rule.after_suppressions and wanted(rule, source.text)]
 
 
 def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
@@ -98,7 +104,7 @@ def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
     tells which files, not which functions). None when a rule looks at everything."""
     groups: List = []
     for rule in rules:
-        triggers = [tuple(group) for group in getattr(rule, "triggers", ())]
+        triggers = [tuple(group) for group in rule.triggers]
         if not triggers:
             return None
         groups += [item for group in triggers if group != ("torch",) for item in group]
@@ -108,7 +114,7 @@ def focus_regex(rules: Sequence) -> Optional["re.Pattern[str]"]:
 
 def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> List[Finding]:
     """The findings of ``rules`` (instances) on one file, before suppressions. A file that cannot be
-    parsed yields one PCL599 finding. Parsing and the rules run on a thread with a deep stack.
+    parsed yields one finding of the rule that reports unreadable files. Parsing and the rules run on a thread with a deep stack.
 
     ``focus``: top-level functions and classes that hold no word of the rules that run are blanked
     before libcst parses the file (positions kept): they cannot hold a finding, and most of a large
@@ -124,21 +130,26 @@ def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> Li
     return run_with_deep_stack(lambda: _check_source(source, active))
 
 
-def _check_source(source: SourceFile, active: Sequence) -> List[Finding]:
-    from preclint.rules.unparsable_file import UnparsableFile
+def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> List[Finding]:
+    """The finding for a file no rule could check."""
+    from preclint.rules import unreadable_file_rule
 
+    return [unreadable_file_rule().unreadable_file(path, message, line, column)]
+
+
+def _check_source(source: SourceFile, active: Sequence) -> List[Finding]:
     source.words = trigger_regex(active)
     try:
         source.module
     except ParseFailure as failure:
-        return [UnparsableFile.finding_for(source.path, failure.message, failure.line, failure.column)]
+        return _unreadable(source.path, failure.message, failure.line, failure.column)
     findings: List[Finding] = []
     try:
         for rule in active:
             findings.extend(rule.check_source(source))
     except (RecursionError, MemoryError):
         source.fixes.clear()
-        return [UnparsableFile.finding_for(source.path, "cannot check the file: expressions are nested too deeply")]
+        return _unreadable(source.path, "cannot check the file: expressions are nested too deeply")
     if source.elided:
         # the tree holds placeholders where the deep expressions were: a fix would write them back
         source.fixes.clear()
@@ -156,7 +167,7 @@ def check_text(text: str, path: str = "snippet.py", config: Optional[Config] = N
     findings = check_source(source, rules)
     codes = [rule.code for rule in rules]
     return apply_suppressions(
-        findings, report_unused and config.is_selected("PCL500"), codes, files=[path], texts={path: text}
+        findings, report_unused and reports_unused(config), codes, files=[path], texts={path: text}
     )
 
 
@@ -168,7 +179,7 @@ def check_file(filename: str, config: Optional[Config] = None, path: Optional[st
     rules = [rule() for rule in selected_rules(config)]
     findings = check_source(source, rules)
     texts = {source.path: source.text} if source.decode_failure is None else {}
-    return apply_suppressions(findings, config.is_selected("PCL500"), [r.code for r in rules],
+    return apply_suppressions(findings, reports_unused(config), [r.code for r in rules],
                               files=[source.path], texts=texts)
 
 
@@ -193,9 +204,7 @@ def _check_one(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
 
 
 def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> List[Finding]:
-    from preclint.rules.unparsable_file import UnparsableFile
-
-    return [UnparsableFile.finding_for(job[0], "cannot check the file: the parser crashed on it")]
+    return _unreadable(job[0], "cannot check the file: the parser crashed on it")
 
 
 def check_paths(
@@ -203,7 +212,7 @@ def check_paths(
 ) -> SourceRun:
     """The source-only check of ``paths`` (files and directories). A path that does not exist raises
     UserError; what is no regular file (a FIFO, a dangling symlink) is noted in ``run.notes`` and
-    skipped, and a file that cannot be read is reported as PCL599. ``cache=False`` neither reads nor writes the cache; ``jobs`` is the
+    skipped, and a file that cannot be read is reported as unreadable. ``cache=False`` neither reads nor writes the cache; ``jobs`` is the
     number of processes (default: the cores this process may use)."""
     from preclint.source.parallel import available_cores, map_checked
 
@@ -230,10 +239,8 @@ def check_paths(
             run.notes.append(f"{shown}: not a regular file; skipped")
             continue
         except OSError as exc:  # reported, as a file nobody checked must not pass silently
-            from preclint.rules.unparsable_file import UnparsableFile
-
             run.files.append(shown)
-            raw[shown] = [UnparsableFile.finding_for(shown, f"cannot read the file: {exc.strerror or exc}")]
+            raw[shown] = _unreadable(shown, f"cannot read the file: {exc.strerror or exc}")
             continue
         run.files.append(shown)
         run.sources[shown] = source
@@ -261,7 +268,9 @@ def check_paths(
     if store is not None:
         store.save()
 
-    parse_code = "PCL599"
+    from preclint.rules import unreadable_file_rule, unused_suppression_rule
+
+    parse_code = unreadable_file_rule().code
     findings: List[Finding] = []
     for shown in run.files:
         for finding in raw.get(shown, ()):
@@ -270,7 +279,7 @@ def check_paths(
             if not config.ignored_for_file(shown, finding.code):
                 findings.append(finding)
     texts = {path: source.text for path, source in run.sources.items() if source.decode_failure is None}
-    report_unused = config.is_selected("PCL500")
-    kept = apply_suppressions(findings, report_unused, run.codes, files=run.files, texts=texts)
-    run.findings = [f for f in kept if f.code != "PCL500" or not config.ignored_for_file(f.location.path, f.code)]
+    unused_code = unused_suppression_rule().code
+    kept = apply_suppressions(findings, config.is_selected(unused_code), run.codes, files=run.files, texts=texts)
+    run.findings = [f for f in kept if f.code != unused_code or not config.ignored_for_file(f.location.path, f.code)]
     return run

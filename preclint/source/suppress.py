@@ -8,9 +8,10 @@ finding's related location is the line that builds the module: a suppression the
     x = conv(y)  # noqa: PCL101, E501              PCL101 (other tools' codes are theirs)
     x = conv(y)  # noqa                            anything (flake8's and Ruff's blanket form)
 
-Unused suppressions are reported as PCL500 (rules/unused_suppression.py): a listed PCL code whose
-rule ran over the file and found nothing on that line, an unknown PCL code, or a bare
-``# preclint: ignore`` with nothing to silence when every rule ran. A bare ``# noqa`` is never
+Unused suppressions are reported by the rule that declares it reports them
+(rules/unused_suppression.py): a listed PCL code whose rule ran over the file and found nothing on
+that line, an unknown PCL code, or a bare ``# preclint: ignore`` with nothing to silence when every
+rule ran. A bare ``# noqa`` is never
 reported: it is shared with the other linters a project runs.
 """
 from __future__ import annotations
@@ -156,9 +157,9 @@ def apply_suppressions(
     if not report_unused:
         return kept
 
-    from preclint.rules import all_rules
-    from preclint.rules.unused_suppression import UnusedSuppression
+    from preclint.rules import all_rules, unused_suppression_rule
 
+    reporter = unused_suppression_rule()
     every = set(all_rules())
     checked = every if checked_codes is None else set(checked_codes)
     silenced_at = {(path, line, column) for path, line, column, _ in used}
@@ -173,7 +174,7 @@ def apply_suppressions(
                 continue
         for line, line_directives in sorted(directives_of(path).items()):
             for directive in line_directives:
-                if "PCL500" in directive.codes or (directive.kind == "noqa" and directive.blanket):
+                if reporter.code in directive.codes or (directive.kind == "noqa" and directive.blanket):
                     continue
                 unused = tuple(
                     code for code in directive.codes
@@ -184,7 +185,7 @@ def apply_suppressions(
                 )
                 if unused or directive.unknown or blanket_unused:
                     kept.append(
-                        UnusedSuppression.finding_for(
+                        reporter.unused_suppression(
                             Location(path, line, directive.column), unused, directive.unknown
                         )
                     )

@@ -1,0 +1,188 @@
+"""Dependencies point one way: load -> capture -> reference -> predict -> rules -> probe -> report, with
+the engine and the command line on top. Read statically from every import in preclint (function-local
+ones included, those under ``if TYPE_CHECKING:`` excluded), so a cycle fails here before it fails
+at import time in some order nobody tried."""
+from __future__ import annotations
+
+import ast
+import pathlib
+from typing import Dict, Iterator, List, Set, Tuple
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = {"preclint": ROOT / "preclint", "preclint.rules": ROOT / "rules"}
+
+# Lowest first: a module imports from its own layer and those below, never from above. An entry
+# names a module, or with ".*" every module under a package that no longer entry claims; a module no
+# entry claims is checked for cycles only.
+LAYERS: List[Tuple[str, ...]] = [
+    ("preclint", "preclint.errors", "preclint.findings", "preclint.exitcodes", "preclint.numerics", "preclint.ir",
+     "preclint.progress"),
+    # reading source files without running them: what source rules and locations build on
+    ("preclint.source.safe_io", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
+     "preclint.source.evidence", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
+     "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
+    ("preclint.modelio", "preclint.load"),
+    ("preclint.ops", "preclint.autocast_regions", "preclint.poison", "preclint.capture", "preclint.usercode"),
+    ("preclint.reference", "preclint.weights"),
+    ("preclint.predict", "preclint.degenerate", "preclint.placement"),
+    ("preclint.rulebase", "preclint.rules", "preclint.rules.*"),
+    ("preclint.config",),
+    ("preclint.source.*",),  # the source-only check: runs the source rules
+    ("preclint.probe", "preclint.probe.*"),
+    ("preclint.report", "preclint.report.*"),
+    ("preclint.engine",),
+    ("preclint.cli", "preclint.__main__", "preclint.source", "preclint.source.command"),
+]
+
+
+def modules() -> Dict[str, pathlib.Path]:
+    found = {}
+    for package, directory in PACKAGES.items():
+        for path in directory.rglob("*.py"):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if package == "preclint" and parts[0] == "rules":
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package] + parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def _type_checking_only(tree: ast.AST) -> Set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            ids |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return ids
+
+
+def imports(name: str) -> Iterator[Tuple[str, List[str], int]]:
+    """(module imported, names imported from it, line) for each import of module ``name``."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_only(tree)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            yield base, [alias.name for alias in node.names], node.lineno
+
+
+def _resolve(target: str) -> str:
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def dependencies() -> Dict[str, Dict[str, int]]:
+    """module -> {preclint module it imports: line}; ``from package import module`` counts the module."""
+    graph: Dict[str, Dict[str, int]] = {}
+    for name in MODULES:
+        edges = graph.setdefault(name, {})
+        for module, names, line in imports(name):
+            targets = [f"{module}.{n}" if f"{module}.{n}" in MODULES else module for n in names] or [module]
+            for target in map(_resolve, targets):
+                if target and target != name:
+                    edges.setdefault(target, line)
+    return graph
+
+
+def cycles(graph: Dict[str, Dict[str, int]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def layer_of(module: str):
+    best, best_len = None, -1
+    for i, layer in enumerate(LAYERS):
+        for entry in layer:
+            if entry == module and len(entry) + 1 > best_len:
+                best, best_len = i, len(entry) + 1
+            elif entry.endswith(".*") and module.startswith(entry[:-1]) and len(entry) - 2 > best_len:
+                best, best_len = i, len(entry) - 2
+    return best
+
+
+def test_no_import_cycle_between_modules():
+    found = cycles(dependencies())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_dependencies_point_down_the_layers():
+    wrong = []
+    for module, edges in dependencies().items():
+        mine = layer_of(module)
+        for target, line in edges.items():
+            theirs = layer_of(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                wrong.append(f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}")
+    assert not wrong, "a stage reaches up: " + "; ".join(sorted(wrong))
+
+
+def test_the_stages_of_the_pipeline_are_in_order():
+    order = ["preclint.load", "preclint.capture", "preclint.reference", "preclint.predict", "preclint.rules",
+             "preclint.probe", "preclint.report", "preclint.engine", "preclint.cli"]
+    layers = [layer_of(m) for m in order]
+    assert layers == sorted(layers) and None not in layers
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: {n} from {module}"
+        for name in MODULES for module, names, line in imports(name)
+        if module.startswith("preclint") and _resolve(module) != name
+        for n in names if n.startswith("_") and not n.startswith("__")
+    ]
+    assert not found, "private names used across modules: " + "; ".join(found)
