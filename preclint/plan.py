@@ -24,7 +24,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.numerics import FP32, MODES, Mode
-from preclint.predict import ModePrediction, _flip_fraction, _propagated, predict_mode, reaching_absmax, rounding_terms
+from preclint.predict import ModePrediction, expected_flip_fraction, propagated_error, predict_mode, reaching_absmax, rounding_terms
 
 PLAN_VERSION = 1
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
@@ -259,7 +259,7 @@ class Planner:
         """Expected fraction of the output's top-1 decisions that change (classifier scores)."""
         if not self.output_margins or p.output_error is None:
             return None
-        return _flip_fraction(self.output_margins, p.output_error * self.margin, False)
+        return expected_flip_fraction(self.output_margins, p.output_error * self.margin, False)
 
     def output_flipping(self, p: ModePrediction) -> bool:
         flips = self.output_flips(p)
@@ -287,7 +287,7 @@ class Planner:
             node = self.graph.get(name)
             if node is None:
                 continue
-            term = _propagated(node, rounding_terms(node, self.mode, p.nodes[name].fmt), gain)
+            term = propagated_error(node, rounding_terms(node, self.mode, p.nodes[name].fmt), gain)
             if term > 0:
                 terms[name] = term
         total = sum(terms.values())

@@ -301,7 +301,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     return terms
 
 
-def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
+def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
     """Mean-square error this node's roundings put on a downstream value with the given gains."""
     if gains is not None:
         gain_out, gain_operands = gains
@@ -396,7 +396,7 @@ def _mark_poles(graph: Graph, prediction: ModePrediction, roundings: Dict[str, D
             p.pole = True
 
 
-def _flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
+def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
     """Expected fraction of decisions that change when each compared value carries N(0, sigma^2) error.
 
     An order between two values flips when their error difference (std sigma*sqrt(2)) exceeds the
@@ -463,7 +463,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         if not roundings[node.name]:
             continue
         if have_gains:
-            term = _propagated(node, roundings[node.name], None)
+            term = propagated_error(node, roundings[node.name], None)
         else:
             # No gradients (an op without a derivative): assume each node's relative error reaches the
             # output unamplified, and take the largest, since errors barely compound through norms.
@@ -531,7 +531,7 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
         if margins is None:
             continue
         if gains:
-            received = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
+            received = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
         elif node.inputs and node.input_stats and node.input_stats[0] is not None:
             fallback = fallback if fallback is not None else relative_errors(graph, prediction)
             received = fallback.get(node.inputs[0], 0.0) * node.input_stats[0].rms
@@ -542,11 +542,11 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
         gap = node.attrs.get("gap_gain")
         if gap:
             # the error of the margins themselves (winner minus runner-up), from a pass along that direction
-            spread = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
-            p.flip_fraction = _flip_fraction(margins, spread, True)
+            spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
+            p.flip_fraction = expected_flip_fraction(margins, spread, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
-        p.flip_fraction = _flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
+        p.flip_fraction = expected_flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:
