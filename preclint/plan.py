@@ -30,8 +30,6 @@ PLAN_VERSION = 1
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
 # kinds whose nodes compute nothing a float32 unit would change
 _NO_ARITHMETIC = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.SHAPE, Kind.CONSTANT, Kind.DECISION, Kind.COMPARE})
-# codes of the rules whose findings explain a value the plan must keep, and may know a fix that keeps speed
-MUST_RULES = ("PCL101", "PCL102", "PCL105", "PCL103", "PCL104")
 
 
 @dataclass(frozen=True)
@@ -495,7 +493,7 @@ def _alternatives(graph: Graph, findings: Sequence[Any], mode: str) -> Dict[str,
     out: Dict[str, str] = {}
     for f in findings:
         node = getattr(f, "node", None)
-        if node and f.code in MUST_RULES and (not f.precisions or mode in f.precisions) and f.fix:
+        if node and f.severity != "info" and (not f.precisions or mode in f.precisions) and f.fix:
             out.setdefault(node, f"{f.code}: {f.fix.strip().splitlines()[0]}")
     return out
 
