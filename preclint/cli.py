@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                        no_cache=False, unsafe_fixes=False,
                        ledger=True)
 
+    from preclint.plan_command import add_parser as add_plan_parser
+
+    add_plan_parser(sub, _add_model_arguments, _add_output_arguments)
+
     rule = sub.add_parser("rule", help="show a rule's documentation")
     rule.add_argument("code", nargs="?", help="a rule code such as PCL103")
     rule.add_argument("--all", action="store_true", help="every rule")
@@ -444,6 +448,10 @@ def _main(argv: Optional[Sequence[str]]) -> int:
                 return cmd_check(args)
             if args.command == "rule":
                 return cmd_rule(args)
+            if args.command == "plan":
+                from preclint.plan_command import cmd_plan
+
+                return cmd_plan(args, _load, _use_color(args))
             raise UserError(f"unknown command {args.command}")
         except Interrupted as exc:  # SIGINT, SIGTERM: the shell's convention, 128 + the signal number
             sys.stderr.write(f"preclint: interrupted ({exc.name})\n")

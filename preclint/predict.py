@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional
+from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, Format, Mode, autocast_format,
@@ -301,7 +301,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     return terms
 
 
-def _propagated(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
+def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]) -> float:
     """Mean-square error this node's roundings put on a downstream value with the given gains."""
     if gains is not None:
         gain_out, gain_operands = gains
@@ -396,7 +396,7 @@ def _mark_poles(graph: Graph, prediction: ModePrediction, roundings: Dict[str, D
             p.pole = True
 
 
-def _flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
+def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
     """Expected fraction of decisions that change when each compared value carries N(0, sigma^2) error.
 
     An order between two values flips when their error difference (std sigma*sqrt(2)) exceeds the
@@ -409,18 +409,32 @@ def _flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
     return total / len(margins)
 
 
-def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
+def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset(),
+                 cast_back: AbstractSet[str] = frozenset()) -> ModePrediction:
+    """``float32``: nodes a mixed-precision plan computes in float32 (autocast off, float32 operands);
+    ``cast_back``: those of them whose result the plan stores back in the low format."""
     prediction = ModePrediction(mode)
     formats: Dict[str, str] = {}
     roundings: Dict[str, Dict[str, float]] = {}
     for node in graph.nodes:
         inputs = [graph[n] for n in node.inputs if graph.get(n) is not None]
         fmt = node_format(node, mode, input_formats(graph, node, mode, formats))
+        if node.name in float32 and fmt in FORMATS:
+            fmt = "fp32"
         formats[node.name] = fmt
         roundings[node.name] = rounding_terms(node, mode, fmt)
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), _overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        if float32 and node.name not in float32 and node.params and not mode.autocast and fmt == getattr(mode.low, "name", ""):
+            # a layer of a cast model casts a kept (float32) input down to its own dtype
+            prediction.nodes[node.name].overflow |= graph.ran_reference and any(
+                formats.get(i.name) == "fp32" and reaching_absmax(i) > mode.low.max_finite for i in inputs)
+        if node.name in cast_back and fmt == "fp32" and mode.low is not None and node.out is not None:
+            formats[node.name] = mode.low.name
+            roundings[node.name]["result"] = _result_rounding(node, mode.low.name, mode.low)
+            prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
+            prediction.nodes[node.name].overflow |= graph.ran_reference and reaching_absmax(node) > mode.low.max_finite
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
@@ -449,7 +463,7 @@ def predict_mode(graph: Graph, mode: Mode) -> ModePrediction:
         if not roundings[node.name]:
             continue
         if have_gains:
-            term = _propagated(node, roundings[node.name], None)
+            term = propagated_error(node, roundings[node.name], None)
         else:
             # No gradients (an op without a derivative): assume each node's relative error reaches the
             # output unamplified, and take the largest, since errors barely compound through norms.
@@ -517,7 +531,7 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
         if margins is None:
             continue
         if gains:
-            received = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
+            received = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
         elif node.inputs and node.input_stats and node.input_stats[0] is not None:
             fallback = fallback if fallback is not None else relative_errors(graph, prediction)
             received = fallback.get(node.inputs[0], 0.0) * node.input_stats[0].rms
@@ -528,11 +542,11 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
         gap = node.attrs.get("gap_gain")
         if gap:
             # the error of the margins themselves (winner minus runner-up), from a pass along that direction
-            spread = math.sqrt(sum(_propagated(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
-            p.flip_fraction = _flip_fraction(margins, spread, True)
+            spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
+            p.flip_fraction = expected_flip_fraction(margins, spread, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
-        p.flip_fraction = _flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
+        p.flip_fraction = expected_flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:

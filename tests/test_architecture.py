@@ -16,7 +16,7 @@ PACKAGES = {"preclint": ROOT / "preclint", "preclint.rules": ROOT / "rules"}
 # entry claims is checked for cycles only.
 LAYERS: List[Tuple[str, ...]] = [
     ("preclint", "preclint.errors", "preclint.findings", "preclint.exitcodes", "preclint.numerics", "preclint.ir",
-     "preclint.progress"),
+     "preclint.progress", "preclint.policy"),
     # reading source files without running them: what source rules and locations build on
     ("preclint.source.safe_io", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
      "preclint.source.evidence", "preclint.source.positions", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
@@ -29,9 +29,10 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.config",),
     ("preclint.source.*",),  # the source-only check: runs the source rules
     ("preclint.probe", "preclint.probe.*"),
+    ("preclint.plan", "preclint.plan_verify", "preclint.plan_source"),
     ("preclint.report", "preclint.report.*"),
     ("preclint.engine",),
-    ("preclint.cli", "preclint.__main__", "preclint.source", "preclint.source.command"),
+    ("preclint.cli", "preclint.__main__", "preclint.source", "preclint.source.command", "preclint.plan_command"),
 ]
 
 

@@ -1,0 +1,74 @@
+"""Models whose float16 culprit is known, for `preclint plan`.
+
+* ``WideLayer``: ``big`` (weights x 3e5) produces values around 1e5, beyond float16's 65504.
+* ``RMSHead``: activations around 2000 whose squares overflow float16 inside the norm (``h * h``):
+  one op, not a module, is the culprit.
+* ``Healthy``: a small conv net well inside float16's range: the right plan keeps nothing.
+* ``OffsetClassifier``: class scores around 1000 whose top-1 float16 rounding flips (``head``).
+"""
+
+import torch
+from torch import nn
+
+
+class WideLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(64, 64)
+        self.big = nn.Linear(64, 64)
+        with torch.no_grad():
+            self.big.weight.mul_(300000.0)
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        h = self.big(h)
+        return self.head(self.norm(h))
+
+
+class RMSHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(32, 64)
+        with torch.no_grad():
+            self.fc.weight.mul_(1000.0)
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        var = (h * h).mean(-1, keepdim=True)
+        return self.head(h * torch.rsqrt(var + 1e-6))
+
+
+class Healthy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv1(x)))
+        h = torch.relu(self.conv2(h)).mean((2, 3))
+        return self.head(h)
+
+
+class OffsetClassifier(nn.Module):
+    """Class scores around 1000 that differ by tenths: float16 rounds them in steps of 0.5, so the
+    head's rounding flips the top class; the features before it are harmless."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.head = nn.Linear(64, 10)
+        with torch.no_grad():
+            self.head.bias.fill_(1000.0)
+
+    def forward(self, x):
+        return self.head(self.features(x))
