@@ -55,6 +55,12 @@ class Verifier:
 
     def run(self, policy: Optional[dict]) -> Run:
         """The model under the precision, with ``policy`` applied (None: without a plan)."""
+        from preclint.progress import task
+
+        with task(f"plan: run {self.runs + 1} ({'with the plan' if policy is not None else 'without a plan'})"):
+            return self._run(policy)
+
+    def _run(self, policy: Optional[dict]) -> Run:
         self.runs += 1
         model = copy.deepcopy(self.model32)
         if policy is not None:

@@ -54,6 +54,12 @@ def test_a_terminal_sees_the_reference_pass_and_the_probe_stages(run):
     assert code == 0 and "probe: " in err
 
 
+def test_a_terminal_sees_the_plans_runs(run):
+    code, err = run("plan", "net.py", "--model", "Net", "--input-shape", "2,16", "--precision", "bf16",
+                    "--rtol", "1e-1", "--output-format", "json")
+    assert code in (0, 1) and "plan: run 1 (without a plan)" in err and "plan: run 2 (with the plan)" in err
+
+
 @pytest.mark.parametrize("how", ["quiet", "piped", "ci"])
 def test_nothing_extra_when_piped_in_ci_or_quiet(run, monkeypatch, how):
     if how == "ci":
