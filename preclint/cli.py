@@ -273,16 +273,9 @@ def _check_all(args, config, probe) -> int:
 
 def _check_output(args, fmt: str) -> None:
     """Mistakes in --output, found before any model runs; an HTML page is not printed on a terminal."""
-    if args.output == "-":
-        args.output = None
-    if args.output is not None:
-        from preclint.source.baseline import check_output_target
+    from preclint.source.baseline import report_destination
 
-        if not args.output:
-            raise UserError("--output needs a file name (or - for stdout)")
-        check_output_target(args.output, "report", checked=args.paths)
-    elif fmt == "html" and sys.stdout is not None and sys.stdout.isatty():
-        raise UserError("--output-format html makes a page for a browser: write it to a file with --output FILE")
+    args.output = report_destination(args.output, fmt, args.paths)
 
 
 def _write_output(filename: str, text: str) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import math
 from typing import Optional
 
@@ -43,6 +42,7 @@ def cmd_plan(args, load, use_color: bool) -> int:
     from preclint.config import load_config
     from preclint.engine import CheckOptions, check_model
     from preclint.plan import PLAN_MODES, Tolerance
+    from preclint.source.baseline import report_destination
     from preclint.source.command import write_report
     from preclint.usercode import guard
 
@@ -59,7 +59,7 @@ def cmd_plan(args, load, use_color: bool) -> int:
     fmt = args.output_format or "full"
     if fmt not in ("full", "json", "html"):
         raise UserError("plan writes --output-format full, json or html")
-    output = _output_target(args, fmt)
+    output = report_destination(getattr(args, "output", None), fmt, args.paths)
     path = args.paths[0]
     with guard(path, config.timeout):
         loaded = load(path, args)
@@ -84,21 +84,9 @@ def cmd_plan(args, load, use_color: bool) -> int:
     return 0 if plan.meets_tolerance else 1
 
 
-def _output_target(args, fmt: str) -> Optional[str]:
-    """Where the plan goes (None: stdout), checked before the model runs; a page is not printed on a terminal."""
-    output = getattr(args, "output", None)
-    if output == "-":
-        return None
-    if output is not None:
-        from preclint.source.baseline import check_output_target
-
-        if not output:
-            raise UserError("--output needs a file name (or - for stdout)")
-        check_output_target(output, "report", checked=args.paths)
-        return output
-    if fmt == "html" and sys.stdout is not None and sys.stdout.isatty():
-        raise UserError("--output-format html makes a page for a browser: write it to a file with --output FILE")
-    return None
+def _tolerance_text(tol) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (("rtol", tol.rtol), ("atol", tol.atol), ("max_flip", tol.max_flip))
+                     if v is not None)
 
 
 def plan_section(plan):
@@ -107,9 +95,7 @@ def plan_section(plan):
     from preclint.findings import percent
     from preclint.report.html import PlanSection
 
-    tol = plan.tolerance
-    wanted = ", ".join(f"{k}={v}" for k, v in (("rtol", tol.rtol), ("atol", tol.atol), ("max_flip", tol.max_flip))
-                       if v is not None)
+    wanted = _tolerance_text(plan.tolerance)
     verdict = "meets" if plan.meets_tolerance else "does not meet"
     summary = (f"Under {plan.precision}, keeping {len(plan.keep)} unit(s) in float32 ({percent(plan.kept_flops_fraction)} "
                f"of the FLOPs) {verdict} the tolerance ({wanted})." + "".join(f" {n}" for n in plan.notes))
@@ -237,10 +223,7 @@ def render_console(plan, color: bool) -> str:
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=120, highlight=False)
-    tol = plan.tolerance
-    wanted = ", ".join(f"{k}={v}" for k, v in (("rtol", tol.rtol), ("atol", tol.atol), ("max_flip", tol.max_flip))
-                       if v is not None)
-    console.print(f"plan for {plan.model} under {plan.precision} ({wanted})")
+    console.print(f"plan for {plan.model} under {plan.precision} ({_tolerance_text(plan.tolerance)})")
     if plan.keep:
         table = Table(show_edge=False)
         for column in ("module", "op", "reason", "share", "FLOPs"):

@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 from collections import Counter
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 from preclint.errors import UserError
 from preclint.findings import Finding
@@ -63,6 +63,21 @@ def write_baseline(findings: Iterable[Finding], filename: str) -> int:
     document = {"format": FORMAT, "version": VERSION, "findings": records}
     write_output_file(filename, json.dumps(document, indent=2, ensure_ascii=False) + "\n", "baseline")
     return len(findings)
+
+
+def report_destination(output: Optional[str], fmt: str, checked: Sequence[str] = ()) -> Optional[str]:
+    """The file ``--output`` names for the report, checked before any model runs, or None for stdout
+    (no --output, or ``-``). An HTML page is not printed on a terminal."""
+    if output == "-":
+        return None
+    if output is not None:
+        if not output:
+            raise UserError("--output needs a file name (or - for stdout)")
+        check_output_target(output, "report", checked=checked)
+        return output
+    if fmt == "html" and sys.stdout is not None and sys.stdout.isatty():
+        raise UserError("--output-format html makes a page for a browser: write it to a file with --output FILE")
+    return None
 
 
 def check_output_target(filename: str, what: str = "baseline", checked: Sequence[str] = ()) -> None:
