@@ -161,3 +161,23 @@ def test_reach_is_recorded_where_values_leave_float16s_range():
     assert reached and all(r.absmax > 65504 for r in reached.values())
     assert reached == {n.name: n.record(Reach) for n in full.nodes if n.record(Reach) is not None}
     assert all(n.record(Gains) is None for n in alone.nodes)
+
+
+def test_the_command_line_selection_decides_what_is_computed(capsys, tmp_path):
+    """`check --select PCL101` finds what the full check finds and predicts no output error; the HTML
+    page, which draws every layer's predicted error, gets them whatever the selection."""
+    import json
+
+    from preclint.cli import main
+    from tests.test_cli import EXAMPLE
+
+    main(["check", EXAMPLE, "--output-format", "json", "--exit-zero"])
+    full = json.loads(capsys.readouterr().out)
+    main(["check", EXAMPLE, "--select", "PCL101", "--output-format", "json", "--exit-zero"])
+    alone = json.loads(capsys.readouterr().out)
+    assert [f for f in full["findings"] if f["code"] == "PCL101"] == alone["findings"] != []
+    assert full["summary"]["bf16"]["predicted_output"]["rel_error"] is not None
+    assert all(s["predicted_output"]["rel_error"] is None for s in alone["summary"].values())
+    page = tmp_path / "report.html"
+    main(["check", EXAMPLE, "--select", "PCL101", "--output-format", "html", "--output", str(page), "--exit-zero"])
+    assert "output errors are not predicted" not in page.read_text()
