@@ -207,6 +207,7 @@ class ReferenceObserver(Observer):
         """``analyses``: instances of the analyses to run (preclint.analyses), in dependency order;
         the backward passes are prepared only when one of them needs gradients and ``with_sensitivity``."""
         self.analyses = tuple(analyses)
+        # (the reference pass sits below the analyses: it knows them by what they do, not their classes)
         self.forward = [a for a in self.analyses if hasattr(a, "observe")]
         self.with_sensitivity = with_sensitivity and any(a.gradients for a in self.analyses)
         self.by_id: Dict[int, Tuple[TensorStats, torch.Tensor]] = {}
