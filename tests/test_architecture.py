@@ -18,7 +18,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint", "preclint.errors", "preclint.findings", "preclint.exitcodes", "preclint.numerics", "preclint.ir",
      "preclint.progress", "preclint.policy"),
     # reading source files without running them: what source rules and locations build on
-    ("preclint.source.safe_io", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
+    ("preclint.source.safe_io", "preclint.source.lexical", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
      "preclint.source.evidence", "preclint.source.positions", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
      "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
     ("preclint.modelio", "preclint.load"),

@@ -146,6 +146,63 @@ def test_check_file_is_the_in_process_entry_point(project):
     assert finding.code == "PCL502" and finding.location.path == "pkg/m.py" and finding.location.line == 5
 
 
+def test_null_bytes_are_a_file_preclint_cannot_check_not_an_internal_error(project):
+    # Python 3.12's tokenize raised SystemError on a NUL byte; CPython refuses the file either way
+    from preclint.source.run import check_file
+
+    (project / "pkg" / "nul.py").write_bytes(b"import torch\n\nx = torch.cuda.amp.autocast()\x00  # noqa: E501\ny = (1,\n")
+    (finding,) = check_file(str(project / "pkg" / "nul.py"))
+    assert finding.code == "PCL599" and "null bytes" in finding.message and finding.location.line == 3
+    done = preclint("--no-cache", "--output-format", "json", "pkg/nul.py", cwd=project)
+    assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr[-2000:]
+    (reported,) = json.loads(done.stdout)["findings"]
+    assert reported["code"] == "PCL599" and "null bytes" in reported["message"]
+
+
+def test_the_guard_measures_a_broken_flat_file_without_tokenize(monkeypatch):
+    # 400,000 tokens on one line that CPython cannot parse: Python 3.12's tokenize took minutes on it.
+    # The guard's own scan stops as soon as a statement is past the budget.
+    import tokenize
+
+    from preclint.source import guard, lexical
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the guard asked tokenize")
+
+    monkeypatch.setattr(tokenize, "generate_tokens", refuse)
+    monkeypatch.setattr(tokenize, "tokenize", refuse)
+    counted = []
+    scan = lexical.tokens
+    monkeypatch.setattr(lexical, "tokens", lambda text: (counted.append(token) or token for token in scan(text)))
+    text = "x = [" + ", ".join(["1"] * 200_000) + " 2 3]\n"  # a SyntaxError near the end
+    verdict = guard.run_with_deep_stack(lambda: guard.judge(text))
+    assert verdict.error is not None and verdict.final
+    assert len(counted) == guard.DEPTH_BUDGET + 1  # the scan stopped at the first token past the budget
+    assert lexical.most_tokens_in_a_statement(text) == 3 + 200_000 + 199_999 + 3  # x = [ ... 2 3 ]
+
+
+def test_a_measurement_that_fails_is_a_file_preclint_cannot_check(monkeypatch):
+    from preclint.source import guard
+    from preclint.source.run import check_text
+
+    def broken(*args, **kwargs):
+        raise SystemError("returned a result with an exception set")
+
+    monkeypatch.setattr(guard, "_long_expressions", broken)
+    (finding,) = check_text("import torch\nwith torch.cuda.amp.autocast():\n    pass\n", "pkg/m.py")
+    assert finding.code == "PCL599" and "SystemError" in finding.message
+
+
+def test_comments_are_found_in_strings_free_text_and_broken_files():
+    from preclint.source import lexical
+
+    text = 'a = f"#no" \'#no\'  # one\r\nb = """\n# no\n"""  # two\rc = (1,  # three\n  2 \'unterminated # four\n'
+    assert [(c.line, c.column, c.text) for c in lexical.comments(text)] == [
+        (1, 18, "# one"), (4, 5, "# two"), (5, 9, "# three")]  # "# four" is in the unterminated literal
+    assert lexical.most_tokens_in_a_statement(text) == 7  # c = ( 1 , 2 'unterminated # four
+    assert lexical.string_literals('("a" \'b\'  # c\n rb"""d""")') == 3
+
+
 # ---------------------------------------------------------------------------- fixes keep the file's identity
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX owners and links")
