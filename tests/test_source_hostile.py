@@ -203,6 +203,31 @@ def test_comments_are_found_in_strings_free_text_and_broken_files():
     assert lexical.string_literals('("a" \'b\'  # c\n rb"""d""")') == 3
 
 
+def test_one_fix_run_fixes_nested_calls_and_counts_what_it_applied(project, capsys):
+    # the fixes inside a replaced call are carried into its replacement: no level is left for a second run
+    (project / "pkg" / "m.py").write_text(
+        "import torch\n\nx = " + "torch.cuda.amp.autocast(" * 190 + ")" * 190 + "\n")
+    code, out, err = run(capsys, "--no-cache", "--fix", "pkg")
+    text = (project / "pkg" / "m.py").read_text()
+    assert code == 0 and "torch.cuda.amp" not in text and text.count('torch.autocast("cuda"') == 190
+    assert "Fixed 190 findings." in err and "warning" not in err, err
+    assert run(capsys, "--no-cache", "--fix", "pkg")[0] == 0 and (project / "pkg" / "m.py").read_text() == text
+
+
+def test_fix_warns_once_when_its_round_limit_leaves_fixes(project, capsys, monkeypatch):
+    from preclint.source import fix
+
+    apply_all = fix.apply_fixes
+    monkeypatch.setattr(fix, "apply_fixes", lambda source, fixes: apply_all(source, fixes[:1]))  # one a round
+    monkeypatch.setattr(fix, "MAX_ROUNDS", 2)
+    (project / "pkg" / "m.py").write_text("import torch\n\n" + "x = torch.cuda.amp.autocast()\n" * 3)
+    code, out, err = run(capsys, "--no-cache", "--fix", "pkg")
+    assert code == 1 and "Fixed 2 findings." in err
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert "pkg/m.py: fixes still left after 2 rounds" in warning
+    assert (project / "pkg" / "m.py").read_text().count("torch.cuda.amp") == 1
+
+
 # ---------------------------------------------------------------------------- fixes keep the file's identity
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX owners and links")
