@@ -5,8 +5,11 @@ to worker processes (``--jobs``), each of which checks many cases in process (pr
 per-case time limit protect it) and is replaced after a few hundred cases, past a memory limit, or
 when it dies: a worker that ends by a signal or passes the time limit records a crash or a hang for
 the case it held, and a fresh one takes the next case. Every result is appended to a log
-(``--state``/log.jsonl), so a run that stops resumes where it was; ``--recheck`` runs the failing cases
-again (after a fix) and records which now pass. The summary, ``--out`` (benchmarks/results/fuzz.json),
+(``--state``/log.jsonl), so a run that stops (Ctrl-C, SIGTERM, or ``--time-budget SECONDS`` spent)
+resumes where it was. Each failing case is kept, pickled, as ``STATE/cases/NAME.pkl``; ``--recheck``
+runs the failing cases again (after a fix) from those kept copies, so a recheck on another machine
+checks the same bytes (a source case built there from its installed packages would differ), and
+records which now pass. The summary, ``--out`` (benchmarks/results/fuzz.json),
 counts the inputs tried per class, the failures found per class and signature, and which are fixed.
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Case names to cases, and one case checked: what a worker process of the long run does, and what
 tests/test_fuzz.py does for its fixed sample.
 
-A case is named ``model-SEED`` or ``source-SEED``; the name alone rebuilds it (the source corpus is
-fixed per run: ``own`` files, ``installed`` test files, or ``both``).
+A case is named ``model-SEED`` or ``source-SEED``; the name alone rebuilds it on the same machine (the
+source corpus is fixed per run: ``own`` files, ``installed`` test files, or ``both``; installed files
+differ between machines, hence the kept copies of failing cases: ``kept_path``).
 """
 from __future__ import annotations
 
