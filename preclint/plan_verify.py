@@ -67,7 +67,10 @@ class Verifier:
             apply_policy(model, load_policy(policy))
         elif self.full:
             model.to(self.low)
-        inputs = self.inputs.map(lambda t: t.to(self.low) if self.full and t.is_floating_point() else t)
+        # a cast model's caller feeds low inputs; with a plan, apply_policy casts them on entry (or,
+        # where the plan keeps <inputs>, not)
+        cast = self.full and policy is None
+        inputs = self.inputs.map(lambda t: t.to(self.low) if cast and t.is_floating_point() else t)
         watch = _FirstNonfinite(model)
         try:
             outputs = self._outputs(model, inputs, self.low if not self.full else None)

@@ -17,6 +17,7 @@ C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
@@ -89,6 +90,18 @@ def _widest(formats: Iterable[str]) -> str:
     return formats[0]
 
 
+_FX_CONSTANT = re.compile(r"(^|\.)_tensor_constant\d+$")
+
+
+def fx_tensor_constant(node: Node) -> bool:
+    """A tensor the forward creates (``torch.arange(n)`` of a size the trace fixed), which torch.fx
+    stores as an attribute of its own (``_tensor_constant0``): not the model's, so ``model.to``
+    never casts it; it keeps the dtype the forward gives it. (Not a view of the model's own
+    tensor, ``attrs["view_of"]``: that one is cast.)"""
+    return (node.fn == "parameter" and bool(node.params) and bool(_FX_CONSTANT.search(node.params[0]))
+            and not node.attrs.get("view_of"))
+
+
 def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     """The format the node's result is stored in under ``mode``, from the formats of its inputs and
     the autocast state at the node: the mode's, or the one the model's code set around it
@@ -111,7 +124,7 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
         if policy == "fp32":
             return "fp32"
     cast_model = mode.low is not None and not mode.autocast
-    if cast_model and (node.kind == Kind.INPUT or node.params or node.fn == "parameter"):
+    if cast_model and (node.kind == Kind.INPUT or node.params and not fx_tensor_constant(node)):
         return mode.low.name  # model.to(dtype): parameters, buffers and inputs are cast
     if node.kind == Kind.INPUT or node.fn == "parameter":
         return "fp32"
