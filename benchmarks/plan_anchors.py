@@ -24,7 +24,8 @@ ONNX model run on the CPU is more accurate than on a GPU; its figures are record
 Reported per tool: does the result meet the tolerance, the fraction of the FLOPs that stay in
 float32 (counted on the ONNX graph for every tool: 2 K per output of Conv/Gemm/MatMul, one per
 output element elsewhere), wall time, and for preclint the runs of the model it made with a plan.
-Models: the rule pack's own bad and good examples and tests/models/plan_culprits.py; whether low
+Models: the rule pack's own bad and good examples and tests/models/plan_culprits.py (culprits that
+are layers, an op, a parameter, the inputs; a healthy net); whether low
 precision fails a model is measured (the all-float16 run against the tolerance), not assumed.
 
     /work/venv/bin/python benchmarks/plan_anchors.py --out benchmarks/results/plan_anchors_cpu.json
@@ -62,10 +63,13 @@ def models(include_torchvision: bool) -> List[Dict[str, Any]]:
     from tests.models import plan_culprits
 
     out = []
-    for cls in (plan_culprits.WideLayer, plan_culprits.RMSHead, plan_culprits.Healthy):
-        shape = {"WideLayer": (8, 64), "RMSHead": (16, 32), "Healthy": (2, 3, 16, 16)}[cls.__name__]
-        out.append({"name": f"plan_culprits.{cls.__name__}",
-                    "build": (lambda cls=cls, shape=shape: (cls(), (torch.manual_seed(0) and torch.randn(*shape),)))})
+    inputs = {"WideLayer": lambda: torch.randn(8, 64), "RMSHead": lambda: torch.randn(16, 32),
+              "Healthy": lambda: torch.randn(2, 3, 16, 16), "TinyVariance": lambda: torch.randn(8, 16),
+              "OffsetInputs": lambda: 1000.0 + 0.01 * torch.randn(8, 16)}
+    for name, make in inputs.items():
+        cls = getattr(plan_culprits, name)
+        out.append({"name": f"plan_culprits.{name}", "description": (cls.__doc__ or "").split("\n")[0] or None,
+                    "build": (lambda cls=cls, make=make: (cls(), (torch.manual_seed(0) and make(),)))})
     for code, rule in sorted(all_rules().items()):
         for kind in ("bad", "good"):
             for i, example in enumerate(getattr(rule, kind, ()) or ()):

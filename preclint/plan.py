@@ -27,7 +27,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.numerics import FP32, MODES, Mode
-from preclint.predict import ModePrediction, expected_flip_fraction, fx_tensor_constant, propagated_error, predict_mode, reaching_absmax, rounding_terms
+from preclint.predict import (SATURATION, ModePrediction, _result_rounding, expected_flip_fraction, fx_tensor_constant,
+                              propagated_error, predict_mode, reaching_absmax, rounding_terms)
 from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
 
 PLAN_VERSION = 1
@@ -298,8 +299,25 @@ class Planner:
         key = frozenset(units)
         if key not in self._cache:
             kept = self.kept_nodes(key)
-            self._cache[key] = predict_mode(self.graph, self.mode, float32=frozenset(kept), cast_back=self._cast_back(key, kept))
+            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept), cast_back=self._cast_back(key, kept))
+            if INPUTS_UNIT not in key:
+                self._add_input_rounding(prediction)
+            self._cache[key] = prediction
         return self._cache[key]
+
+    def _add_input_rounding(self, prediction: ModePrediction) -> None:
+        """A cast model's inputs are rounded to the low format on entry: the error model leaves that
+        rounding to the caller (predict's EXACT_FNS), the plan counts it, since keeping ``<inputs>``
+        is how it is undone."""
+        if self.mode.autocast or prediction.output_error is None or not prediction.finite:
+            return
+        low = self.mode.low
+        variance = sum(propagated_error(n, {"result": _result_rounding(n, low.name, low)}, None)
+                       for n in self.graph.nodes if n.kind == Kind.INPUT and n.out is not None and n.out.is_float
+                       and n.out.finite and n.out.rms > 0)
+        if variance > 0:
+            total = math.sqrt(prediction.output_error ** 2 + variance)
+            prediction.output_error = min(total, SATURATION * prediction.output_rms)
 
     @property
     def returned(self) -> FrozenSet[str]:
