@@ -179,17 +179,19 @@ def is_model_tensor(node: Node) -> bool:
 _FX_CONSTANT = "_tensor_constant"
 
 
-def promotes(graph: Graph, node: Node, modules_cast: bool = False) -> bool:
+def promotes(graph: Graph, node: Node, modules_cast: bool = False, formats: Optional[Dict[str, str]] = None) -> bool:
     """Whether every op that reads the tensor (through views and indexing) promotes a float32
     operand by type promotion (elementwise ops, reductions): then keeping the tensor alone in
     float32 runs in a cast model. A dot product or a module call (F.linear, a conv) would refuse a
-    float32 weight beside low activations. ``modules_cast``: a module call reads it anyway (a layer
-    of the cast model casts a float32 input to its own dtype, as apply_policy makes it)."""
+    float32 weight beside low activations, unless its other operands are float32 too (``formats``:
+    each node's format in the cast model, a position table made in float32 by the forward).
+    ``modules_cast``: a module call reads it anyway (a layer of the cast model casts a float32
+    input to its own dtype, as apply_policy makes it)."""
     readers: Dict[str, List[Node]] = {}
     for n in graph.nodes:
         for i in n.inputs:
             readers.setdefault(i, []).append(n)
-    frontier, seen = [node.name], set()
+    frontier, seen, chain = [node.name], set(), {node.name}
     while frontier:
         name = frontier.pop()
         for reader in readers.get(name, []):
@@ -201,9 +203,13 @@ def promotes(graph: Graph, node: Node, modules_cast: bool = False) -> bool:
                     continue
                 return False
             if reader.kind in DOT_PRODUCT_KINDS or reader.fn in _NO_PROMOTION:
-                return False
+                others = [i for i in reader.inputs if i not in chain and graph.get(i) is not None
+                          and graph[i].out is not None and graph[i].out.is_float]
+                if formats is None or any(formats.get(i) != "fp32" for i in others):
+                    return False
             if reader.kind == Kind.SHAPE:
                 frontier.append(reader.name)
+                chain.add(reader.name)
     return True
 
 
@@ -212,11 +218,12 @@ _NO_PROMOTION = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "bm
                            "layer_norm", "group_norm", "batch_norm", "embedding", "scaled_dot_product_attention"})
 
 
-def _keepable(graph: Graph, node: Node) -> bool:
+def _keepable(planner: "Planner", node: Node) -> bool:
     """An input or a model tensor that a cast model can take in float32 by itself."""
+    formats = {name: p.fmt for name, p in planner.predict(set()).nodes.items()}
     if node.kind == Kind.INPUT:
-        return promotes(graph, node, modules_cast=True)
-    return is_model_tensor(node) and promotes(graph, node)
+        return promotes(planner.graph, node, modules_cast=True, formats=formats)
+    return is_model_tensor(node) and promotes(planner.graph, node, formats=formats)
 
 
 def tensor_name(node: Node) -> str:
@@ -438,7 +445,7 @@ def must_keep(planner: Planner, kept: Set[Unit], reasons: Dict[Unit, str]) -> No
                 added = True
                 break
             unit = unit_of(node, mode) if node.kind != Kind.INPUT and not is_model_tensor(node) \
-                or _keepable(graph, node) else unit_of(node)
+                or _keepable(planner, node) else unit_of(node)
             why = _must_reason(node, p, low)
             source = _flushed_source(planner, kept, node) if p.nodes[node.name].pole and not mode.autocast else None
             if source is not None:  # the value that flushes to 0 is an input or a parameter: keep it, not the layer
@@ -472,7 +479,7 @@ def _flushed_source(planner: Planner, kept: Set[Unit], pole: Node, depth: int = 
                 continue
             seen.add(name)
             out = node.out
-            if _keepable(graph, node) and out is not None and out.is_float \
+            if _keepable(planner, node) and out is not None and out.is_float \
                     and out.finite and 0 < out.absmin_nonzero < low.min_subnormal / 2:
                 sources.append(unit_of(node, planner.mode))
             following += list(node.inputs)
@@ -551,7 +558,7 @@ def _candidates(planner: Planner) -> List[Unit]:
     for node in planner.graph.nodes:
         if node.out is None or not node.out.is_float:
             continue
-        if cast_model and _keepable(planner.graph, node):
+        if cast_model and _keepable(planner, node):
             units.append(unit_of(node, planner.mode))  # the low format rounds it, or cannot hold it
         if node.kind in _NO_ARITHMETIC:
             continue

@@ -3,7 +3,7 @@ against a float64 reference, on a GPU when there is one, else with the CPU's own
 kernels and torch.autocast('cpu').
 
 One reference run, one float32 run (the floor no plan can go below), one run without the plan and
-one per plan verified. A run that goes inf/NaN names the first module whose output did, so that a
+one per plan verified (none where the run without the plan meets: the plan is then empty). A run that goes inf/NaN names the first module whose output did, so that a
 refinement can keep it.
 """
 from __future__ import annotations
