@@ -27,7 +27,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.numerics import FP32, MODES, Mode
-from preclint.predict import (SATURATION, ModePrediction, _result_rounding, expected_flip_fraction, fx_tensor_constant,
+from preclint.predict import (SATURATION, ModePrediction, result_rounding, expected_flip_fraction, fx_tensor_constant,
                               propagated_error, predict_mode, reaching_absmax, rounding_terms)
 from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
 
@@ -319,7 +319,7 @@ class Planner:
         if self.mode.autocast or prediction.output_error is None or not prediction.finite:
             return
         low = self.mode.low
-        variance = sum(propagated_error(n, {"result": _result_rounding(n, low.name, low)}, None)
+        variance = sum(propagated_error(n, {"result": result_rounding(n, low.name, low)}, None)
                        for n in self.graph.nodes if n.kind == Kind.INPUT and n.out is not None and n.out.is_float
                        and n.out.finite and n.out.rms > 0)
         if variance > 0:

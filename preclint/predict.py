@@ -186,7 +186,7 @@ def exact_integers(node: Node, fmt: str) -> bool:
     return inputs_whole and out.absmax <= FORMATS[fmt].exact_integers_to
 
 
-def _result_rounding(node: Node, fmt: str, stored: Format) -> float:
+def result_rounding(node: Node, fmt: str, stored: Format) -> float:
     """Relative RMS error of storing the node's result in ``fmt``: C_OUTPUT * u for values in the normal
     range, plus what the kernel's accumulation adds, plus the absolute step of the subnormal range:
     values below the smallest normal keep a fixed absolute resolution (2^-24 in float16), and values
@@ -291,7 +291,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         return rounding
     if stored is None or node.fn in EXACT_FNS:
         return 0.0
-    return _result_rounding(node, fmt, stored) * out.rms
+    return result_rounding(node, fmt, stored) * out.rms
 
 
 def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
@@ -307,7 +307,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
             terms["accumulation"] = accumulation_error(node, fmt)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
-        terms["result"] = _result_rounding(node, fmt, stored)
+        terms["result"] = result_rounding(node, fmt, stored)
         exact = node.gains.rounding.get(fmt) if node.gains is not None else None
         if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
             terms["result_to_output"] = exact
@@ -445,7 +445,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
                 formats.get(i.name) == "fp32" and reaching_absmax(i) > mode.low.max_finite for i in inputs)
         if node.name in cast_back and fmt == "fp32" and mode.low is not None and node.out is not None:
             formats[node.name] = mode.low.name
-            roundings[node.name]["result"] = _result_rounding(node, mode.low.name, mode.low)
+            roundings[node.name]["result"] = result_rounding(node, mode.low.name, mode.low)
             prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
             prediction.nodes[node.name].overflow |= graph.ran_reference and reaching_absmax(node) > mode.low.max_finite
     if not graph.ran_reference:
