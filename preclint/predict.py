@@ -17,6 +17,7 @@ C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
@@ -89,6 +90,18 @@ def _widest(formats: Iterable[str]) -> str:
     return formats[0]
 
 
+_FX_CONSTANT = re.compile(r"(^|\.)_tensor_constant\d+$")
+
+
+def fx_tensor_constant(node: Node) -> bool:
+    """A tensor the forward creates (``torch.arange(n)`` of a size the trace fixed), which torch.fx
+    stores as an attribute of its own (``_tensor_constant0``): not the model's, so ``model.to``
+    never casts it; it keeps the dtype the forward gives it. (Not a view of the model's own
+    tensor, ``attrs["view_of"]``: that one is cast.)"""
+    return (node.fn == "parameter" and bool(node.params) and bool(_FX_CONSTANT.search(node.params[0]))
+            and not node.attrs.get("view_of"))
+
+
 def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     """The format the node's result is stored in under ``mode``, from the formats of its inputs and
     the autocast state at the node: the mode's, or the one the model's code set around it
@@ -111,7 +124,7 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
         if policy == "fp32":
             return "fp32"
     cast_model = mode.low is not None and not mode.autocast
-    if cast_model and (node.kind == Kind.INPUT or node.params or node.fn == "parameter"):
+    if cast_model and (node.kind == Kind.INPUT or node.params and not fx_tensor_constant(node)):
         return mode.low.name  # model.to(dtype): parameters, buffers and inputs are cast
     if node.kind == Kind.INPUT or node.fn == "parameter":
         return "fp32"
@@ -173,7 +186,7 @@ def exact_integers(node: Node, fmt: str) -> bool:
     return inputs_whole and out.absmax <= FORMATS[fmt].exact_integers_to
 
 
-def _result_rounding(node: Node, fmt: str, stored: Format) -> float:
+def result_rounding(node: Node, fmt: str, stored: Format) -> float:
     """Relative RMS error of storing the node's result in ``fmt``: C_OUTPUT * u for values in the normal
     range, plus what the kernel's accumulation adds, plus the absolute step of the subnormal range:
     values below the smallest normal keep a fixed absolute resolution (2^-24 in float16), and values
@@ -278,7 +291,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         return rounding
     if stored is None or node.fn in EXACT_FNS:
         return 0.0
-    return _result_rounding(node, fmt, stored) * out.rms
+    return result_rounding(node, fmt, stored) * out.rms
 
 
 def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
@@ -294,7 +307,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
             terms["accumulation"] = accumulation_error(node, fmt)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
-        terms["result"] = _result_rounding(node, fmt, stored)
+        terms["result"] = result_rounding(node, fmt, stored)
         exact = node.gains.rounding.get(fmt) if node.gains is not None else None
         if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
             terms["result_to_output"] = exact
@@ -432,7 +445,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
                 formats.get(i.name) == "fp32" and reaching_absmax(i) > mode.low.max_finite for i in inputs)
         if node.name in cast_back and fmt == "fp32" and mode.low is not None and node.out is not None:
             formats[node.name] = mode.low.name
-            roundings[node.name]["result"] = _result_rounding(node, mode.low.name, mode.low)
+            roundings[node.name]["result"] = result_rounding(node, mode.low.name, mode.low)
             prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
             prediction.nodes[node.name].overflow |= graph.ran_reference and reaching_absmax(node) > mode.low.max_finite
     if not graph.ran_reference:
