@@ -124,6 +124,10 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     cast = _explicit_cast(node, input_formats)
     if cast is not None:
         return cast
+    if node.kind == Kind.ELEMENTWISE and node.attrs.get("float_constant"):
+        # it reads a parameter or buffer of at least one dim directly (capture.py), held in float32 under
+        # autocast and in the low format in a cast model: type promotion takes the wider
+        input_formats = input_formats + [mode.low.name if cast_model else "fp32"]
     # 'promote' and unlisted ops, and every op where autocast is off: the inputs' dtype (type
     # promotion). Parameters enter as fp32 under autocast, so an unlisted op with weights
     # (BatchNorm) keeps its activation input's dtype; in a cast model they hold the low format.
