@@ -480,6 +480,13 @@ class ReferenceObserver(Observer):
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
             args = tuple(detach(a) if i in positions else a for i, a in enumerate(args))
             kwargs = {k: detach(v) if k in keywords else v for k, v in kwargs.items()}
+        dtype = kwargs.get("dtype")
+        if isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex):
+            # an integer result (cumsum(counts, dtype=torch.int32) in transformers' MoE experts) has no
+            # gradient, and autograd refuses to record the op on operands that require one: they go
+            # without (a constant the backward passes made a leaf of, an activation)
+            detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
+            return tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
         dot = node.kind in DOT_PRODUCT_KINDS
         amplifying = node.kind in AMPLIFYING_KINDS
         if not (dot or amplifying):

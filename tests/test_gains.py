@@ -102,3 +102,26 @@ def test_each_inputs_error_is_weighed_by_its_own_gain():
     # without per-input gains: the largest incoming error times the op's amplification
     node.gains.by_input = {}
     assert math.isclose(passed_on(node, {"h": 1e-3, "gate": 0.0}), 1e-3 * math.sqrt(101.0))
+
+
+class _Routed(torch.nn.Module):
+    """A mixture-of-experts router as transformers' grouped experts count tokens: float counts (made
+    from no value that requires a gradient) summed up with ``cumsum(..., dtype=torch.int32)``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        logits = self.gate(x)
+        chosen = logits.topk(2, dim=-1).indices
+        counts = torch.histc(chosen.float(), bins=4, min=0, max=3)
+        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        return logits * offsets[-1]
+
+
+def test_an_integer_cumsum_of_counts_keeps_the_gradients():
+    report, graph, _ = check(_Routed(), (torch.randn(16, 8),))
+    assert not any("without gradients" in note for note in graph.notes), graph.notes
+    assert _node(graph, "linear").gains is not None
