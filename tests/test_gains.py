@@ -125,3 +125,34 @@ def test_an_integer_cumsum_of_counts_keeps_the_gradients():
     report, graph, _ = check(_Routed(), (torch.randn(16, 8),))
     assert not any("without gradients" in note for note in graph.notes), graph.notes
     assert _node(graph, "linear").gains is not None
+
+
+class _Shortlist(torch.nn.Module):
+    """Keeps the 4 best of 16 scores: the 4 lie within 1e-6 of each other, far above the rest
+    (``boundary`` False), or the 4th lies within 1e-6 of the 5th (True)."""
+
+    def __init__(self, boundary: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.eye(16))
+            self.proj.bias.zero_()
+        self.boundary = boundary
+
+    def forward(self, x):
+        scores = self.proj(x)
+        return scores.topk(4, dim=-1).indices
+
+
+def _shortlist_scores(boundary: bool) -> torch.Tensor:
+    best = [10.0, 10.0 + 1e-6, 10.0 + 2e-6, 10.0 + 3e-6]
+    rest = [float(i) / 2 for i in range(12)]  # 0 ... 5.5
+    if boundary:
+        rest[-1] = 10.0 - 1e-6
+    return torch.tensor([best + rest])
+
+
+def test_top_k_flips_when_the_chosen_set_can_change_not_their_order():
+    for boundary in (False, True):
+        report, _, _ = check(_Shortlist(boundary), (_shortlist_scores(boundary),), select=["PCL301"])
+        assert ("PCL301" in codes(report)) is boundary
