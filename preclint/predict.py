@@ -522,7 +522,9 @@ def passed_on(node: Node, rel: Dict[str, float]) -> float:
     gains = node.gains
     if node.kind not in DOT_PRODUCT_KINDS and gains is not None and gains.by_input and gains.out and gains.out > 0:
         weighed = sum(rel.get(n, 0.0) ** 2 * gain / gains.out for n, gain in gains.by_input.items())
+        # (an input detached from autograd, coords1 in RAFT's coords1 - coords0, has no gain of its own)
         rest = max((rel.get(n, 0.0) for n in node.inputs if n not in gains.by_input), default=0.0)
+        rest *= amplification(node) or 1.0
         return max(math.sqrt(weighed), rest) if math.isfinite(weighed) else rest
     incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
     if node.kind not in DOT_PRODUCT_KINDS:

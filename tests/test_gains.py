@@ -99,6 +99,10 @@ def test_each_inputs_error_is_weighed_by_its_own_gain():
                 gains=Gains(out=1.0, inputs=101.0, by_input={"h": 1.0, "gate": 100.0}))
     assert passed_on(node, {"h": 1e-3, "gate": 0.0}) == 1e-3
     assert math.isclose(passed_on(node, {"h": 0.0, "gate": 1e-3}), 1e-2)
+    # an input without a gain of its own (detached from autograd): amplified as the op amplifies the others
+    detached = Node("sub", Kind.ELEMENTWISE, "operator.sub", fn="sub", inputs=("a", "b"),
+                    gains=Gains(out=1.0, inputs=100.0, by_input={"b": 100.0}))
+    assert math.isclose(passed_on(detached, {"a": 1e-3, "b": 0.0}), 1e-2)
     # without per-input gains: the largest incoming error times the op's amplification
     node.gains.by_input = {}
     assert math.isclose(passed_on(node, {"h": 1e-3, "gate": 0.0}), 1e-3 * math.sqrt(101.0))
