@@ -515,6 +515,17 @@ class _Recorder(TorchFunctionMode):
                     names.append(name)
         return tuple(names)
 
+    def _reads_float_constant(self, values) -> bool:
+        """Whether the op reads a float tensor of at least one dim that no recorded op made (a parameter
+        or buffer read directly, ``self.gamma * x``): it keeps its own dtype, float32 under autocast,
+        and type promotion computes the op in it (FX records such reads as nodes of their own)."""
+        for v in tree_flatten(values)[0]:
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)
+                if v.is_floating_point() and v.dim() >= 1 and id(v) not in self.producer:
+                    return True
+        return False
+
     def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
         self.busy = True
         try:
@@ -605,6 +616,8 @@ class _Recorder(TorchFunctionMode):
         attrs = _call_attrs(fn, kind, args, kwargs)
         if inplace:
             attrs["inplace"] = True
+        if kind == Kind.ELEMENTWISE and self._reads_float_constant((args, kwargs)):
+            attrs["float_constant"] = True
         if prop:
             target = f"Tensor.{prop}"
         elif is_method:

@@ -137,6 +137,10 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     cast = _explicit_cast(node, input_formats)
     if cast is not None:
         return cast
+    if node.kind == Kind.ELEMENTWISE and node.attrs.get("float_constant"):
+        # it reads a parameter or buffer of at least one dim directly (capture.py), held in float32 under
+        # autocast and in the low format in a cast model: type promotion takes the wider
+        input_formats = input_formats + [mode.low.name if cast_model else "fp32"]
     # 'promote' and unlisted ops, and every op where autocast is off: the inputs' dtype (type
     # promotion). Parameters enter as fp32 under autocast, so an unlisted op with weights
     # (BatchNorm) keeps its activation input's dtype; in a cast model they hold the low format.
@@ -519,16 +523,35 @@ def amplification(node: Node) -> Optional[float]:
     return math.sqrt(gain_in / gain_out)
 
 
+def passed_on(node: Node, rel: Dict[str, float]) -> float:
+    """The relative error the node's value carries from the relative errors ``rel`` of its inputs.
+
+    Where the gradients tell each input's gain (``Gains.by_input``), each input's error is weighed by
+    its own: sqrt(sum_i rel_i^2 by_input_i / out); a gate or a bias table that the op amplifies does
+    not amplify the error of the activation beside it. Inputs without a gain of their own, and ops
+    without gains, pass on the largest incoming error times the op's amplification (1 for a dot
+    product, whose operands' error is relative to its terms). The largest rather than a sum, since the
+    branches of a DAG share their history."""
+    gains = node.gains
+    if node.kind not in DOT_PRODUCT_KINDS and gains is not None and gains.by_input and gains.out and gains.out > 0:
+        weighed = sum(rel.get(n, 0.0) ** 2 * gain / gains.out for n, gain in gains.by_input.items())
+        # (an input detached from autograd, coords1 in RAFT's coords1 - coords0, has no gain of its own)
+        rest = max((rel.get(n, 0.0) for n in node.inputs if n not in gains.by_input), default=0.0)
+        rest *= amplification(node) or 1.0
+        return max(math.sqrt(weighed), rest) if math.isfinite(weighed) else rest
+    incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
+    if node.kind not in DOT_PRODUCT_KINDS:
+        incoming *= amplification(node) or 1.0
+    return incoming
+
+
 def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
-    """Relative RMS error of every value: what arrives from its inputs, times the op's amplification
-    where the gradients tell it (else 1), combined with its own rounding. The fallback for values no
-    output gradient reaches (detached scores, integer paths) and the error a node receives. Takes
-    the largest incoming error rather than their sum, since the branches of a DAG share their history."""
+    """Relative RMS error of every value: what arrives from its inputs as the op passes it on
+    (``passed_on``), combined with its own rounding. The fallback for values no output gradient
+    reaches (detached scores, integer paths) and the error a node receives."""
     rel: Dict[str, float] = {}
     for node in graph.nodes:
-        incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
-        if node.kind not in DOT_PRODUCT_KINDS:
-            incoming *= amplification(node) or 1.0
+        incoming = passed_on(node, rel)
         local = prediction.nodes[node.name].local
         own = local / node.out.rms if node.out is not None and node.out.rms > 0 else 0.0
         rel[node.name] = math.hypot(incoming, own)
@@ -573,4 +596,4 @@ def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:
 
 
 __all__ = ["ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
-           "relative_errors", "exact_integers", "dtype_derived", "reaching_absmax", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]
+           "relative_errors", "passed_on", "exact_integers", "dtype_derived", "reaching_absmax", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]
