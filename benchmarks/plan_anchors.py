@@ -24,7 +24,8 @@ ONNX model run on the CPU is more accurate than on a GPU; its figures are record
 Reported per tool: does the result meet the tolerance, the fraction of the FLOPs that stay in
 float32 (counted on the ONNX graph for every tool: 2 K per output of Conv/Gemm/MatMul, one per
 output element elsewhere), wall time, and for preclint the runs of the model it made with a plan.
-Models: the rule pack's own bad and good examples and tests/models/plan_culprits.py; whether low
+Models: the rule pack's own bad and good examples and tests/models/plan_culprits.py (culprits that
+are layers, an op, a parameter, the inputs; a healthy net); whether low
 precision fails a model is measured (the all-float16 run against the tolerance), not assumed.
 
     /work/venv/bin/python benchmarks/plan_anchors.py --out benchmarks/results/plan_anchors_cpu.json
@@ -62,10 +63,13 @@ def models(include_torchvision: bool) -> List[Dict[str, Any]]:
     from tests.models import plan_culprits
 
     out = []
-    for cls in (plan_culprits.WideLayer, plan_culprits.RMSHead, plan_culprits.Healthy):
-        shape = {"WideLayer": (8, 64), "RMSHead": (16, 32), "Healthy": (2, 3, 16, 16)}[cls.__name__]
-        out.append({"name": f"plan_culprits.{cls.__name__}",
-                    "build": (lambda cls=cls, shape=shape: (cls(), (torch.manual_seed(0) and torch.randn(*shape),)))})
+    inputs = {"WideLayer": lambda: torch.randn(8, 64), "RMSHead": lambda: torch.randn(16, 32),
+              "Healthy": lambda: torch.randn(2, 3, 16, 16), "TinyVariance": lambda: torch.randn(8, 16),
+              "OffsetInputs": lambda: 1000.0 + 0.01 * torch.randn(8, 16)}
+    for name, make in inputs.items():
+        cls = getattr(plan_culprits, name)
+        out.append({"name": f"plan_culprits.{name}", "description": (cls.__doc__ or "").split("\n")[0] or None,
+                    "build": (lambda cls=cls, make=make: (cls(), (torch.manual_seed(0) and make(),)))})
     for code, rule in sorted(all_rules().items()):
         for kind in ("bad", "good"):
             for i, example in enumerate(getattr(rule, kind, ()) or ()):
@@ -410,6 +414,54 @@ def summarize(rows: List[Dict[str, Any]], tools: List[str]) -> Dict[str, Any]:
     return out
 
 
+def against_best_anchor(rows: List[Dict[str, Any]], anchors=("ort_auto_mixed_precision", "modelopt_autocast")):
+    """Per model where float16 alone fails and preclint and at least one anchor meet the tolerance:
+    preclint's kept fraction against the smallest an anchor that meets keeps."""
+    out = []
+    for r in rows:
+        if "skipped" in r or not r.get("low_precision_fails") or not r.get("preclint", {}).get("meets"):
+            continue
+        met = [r[a]["kept_flops_fraction"] for a in anchors if a in r and r[a].get("meets")]
+        if met:
+            out.append({"model": r["model"], "preclint": r["preclint"]["kept_flops_fraction"], "best_anchor": min(met)})
+    return out
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """The per-model table and the summary table of benchmarks/README.md ("Plan")."""
+    tools = [("preclint", "preclint"), ("ort_auto_mixed_precision", "ORT AMP"), ("modelopt_autocast", "ModelOpt")]
+    lines = ["| model | fp16 alone | float32 | " + " | ".join(f"{label}: meets / kept / s" for _, label in tools) + " |",
+             "|---|---|---|---|---|---|"]
+    rows = [r for r in result["models"] if "skipped" not in r]
+    for r in rows:
+        cells = []
+        for tool, _ in tools:
+            t = r.get(tool, {})
+            if "error" in t:
+                cells.append("error: " + ("no ONNX export" if "export" in t["error"] else t["error"].split(":")[0]))
+            else:
+                cells.append(f"{'yes' if t.get('meets') else 'NO'} / {t.get('kept_flops_fraction') or 0:.3f} / {t.get('wall_s', 0):.1f}")
+        lines.append(f"| {r['model']} | {'fails' if r['low_precision_fails'] else 'meets'} | "
+                     f"{'meets' if r['float32']['meets'] else 'fails'} | " + " | ".join(cells) + " |")
+    summary = result["summary"]
+    lines += ["", "| | " + " | ".join(label for _, label in tools) + " |", "|---|---|---|---|"]
+    for key, label in (("meets_where_float32_does", "meets the tolerance where float32 does"),
+                       ("meets_on_failing_models", "meets it where float16 alone fails"),
+                       ("empty_or_zero_on_healthy", "empty plan on healthy models"),
+                       ("errors", "errors"), ("total_wall_s", "wall time, all models (s)")):
+        lines.append(f"| {label} | " + " | ".join(str(summary.get(t, {}).get(key, "-")) for t, _ in tools) + " |")
+    best = against_best_anchor(rows)
+    more = [b for b in best if b["preclint"] > b["best_anchor"] + 1e-9]
+    lines += ["", f"kept fraction against the best anchor that meets, on the {len(best)} failing models where both "
+                  f"meet: no larger on {len(best) - len(more)}, larger on {len(more)}"
+              + "".join(f"; {b['model']}: {b['preclint']:.3f} against {b['best_anchor']:.3f}" for b in more)]
+    runs = [r["preclint"].get("runs") for r in rows if "preclint" in r and r["preclint"].get("runs") is not None]
+    if runs:
+        lines.append(f"runs of the model with a plan (preclint): at most {max(runs)}; "
+                     + ", ".join(f"{n}: {runs.count(n)} models" for n in sorted(set(runs))))
+    return "\n".join(lines)
+
+
 def _mean(values) -> Optional[float]:
     values = [v for v in values if v is not None]
     return round(sum(values) / len(values), 4) if values else None
@@ -432,7 +484,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--only", help="comma-separated substrings of model names")
     parser.add_argument("--torchvision", action="store_true", help="also resnet18, resnet50, mobilenet_v3_small at 64x64")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one tool may take on one model")
+    parser.add_argument("--markdown", metavar="RESULTS", help="print the README tables of a results file and exit")
     args = parser.parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
+        return 0
     tools = args.tools.split(",")
     rows = []
     for entry in models(args.torchvision):

@@ -409,12 +409,29 @@ class FxRunner(fx.Interpreter):
             return self.observer(node, args, kwargs, callee, result)
 
 
+def _mark_buffer_views(gm: fx.GraphModule, module: torch.nn.Module, nodes: List[Node]) -> None:
+    """A tensor literal of the trace (``_tensor_constant0``) that is a view of one of the model's
+    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing) records its name in
+    ``attrs["view_of"]``: ``model.to`` casts it with the model, and keeping that tensor keeps it."""
+    storages = {}
+    for name, tensor in list(module.named_buffers()) + list(module.named_parameters()):
+        if tensor.is_floating_point():
+            storages.setdefault(tensor.untyped_storage().data_ptr(), name)
+    for node in nodes:
+        if node.fn != "parameter" or not node.params or "_tensor_constant" not in node.params[0]:
+            continue
+        value = getattr(gm, node.params[0], None)
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in storages:
+            node.attrs["view_of"] = storages[value.untyped_storage().data_ptr()]
+
+
 def capture_fx(module: torch.nn.Module, inputs: Any, observer: Optional[Observer],
                traced: Optional[list] = None) -> Tuple[List[Node], Any]:
     gm = trace_fx(module, inputs)  # raises for untraceable code: the caller falls back
     if traced is not None:  # the probe re-runs the traced graph on copies of the model
         traced.append(gm.graph)
     nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
+    _mark_buffer_views(gm, module, nodes)
     output = None
     if observer is not None:
         runner = FxRunner(gm, {n.name: n for n in nodes}, observer)
@@ -497,6 +514,17 @@ class _Recorder(TorchFunctionMode):
                 if name not in names:
                     names.append(name)
         return tuple(names)
+
+    def _reads_float_constant(self, values) -> bool:
+        """Whether the op reads a float tensor of at least one dim that no recorded op made (a parameter
+        or buffer read directly, ``self.gamma * x``): it keeps its own dtype, float32 under autocast,
+        and type promotion computes the op in it (FX records such reads as nodes of their own)."""
+        for v in tree_flatten(values)[0]:
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)
+                if v.is_floating_point() and v.dim() >= 1 and id(v) not in self.producer:
+                    return True
+        return False
 
     def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
         self.busy = True
@@ -588,6 +616,8 @@ class _Recorder(TorchFunctionMode):
         attrs = _call_attrs(fn, kind, args, kwargs)
         if inplace:
             attrs["inplace"] = True
+        if kind == Kind.ELEMENTWISE and self._reads_float_constant((args, kwargs)):
+            attrs["float_constant"] = True
         if prop:
             target = f"Tensor.{prop}"
         elif is_method:

@@ -217,7 +217,7 @@ def cmd_check(args) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UserError("the graph check needs torch in this environment (pip install torch torchvision); "
                         "--source-only works without it")
-    from preclint.load import load_model  # noqa: F401  (torch is imported here, not on a model's clock)
+    _import_torch()  # here, not on a model's clock
 
     probe = _probe_options(args, every_node=config.output_format == "html")
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
@@ -409,7 +409,12 @@ def _report_error(exc: Exception, debug: bool) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``preclint`` command; ``argv`` None means the process's own arguments (the program itself)."""
-    code = _main(argv)
+    from preclint.interrupts import say_interrupted
+
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:  # a SIGINT before or after preclint's handler (parsing, the report's end)
+        code = say_interrupted(signal.SIGINT)
     if argv is None:
         from preclint.usercode import end_if_threads_linger
 
@@ -417,8 +422,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return code
 
 
+def _import_torch() -> None:
+    """torch (with numpy) is imported whole or not at all: an interrupt waits until it is in."""
+    from preclint.interrupts import interrupts_deferred
+
+    with interrupts_deferred():
+        import preclint.load  # noqa: F401  (imports torch)
+
+
 def _main(argv: Optional[Sequence[str]]) -> int:
-    from preclint.usercode import Interrupted, exit_status, interrupt_signals
+    from preclint.interrupts import say_interrupted
+    from preclint.usercode import Interrupted, interrupt_signals
 
     parser = build_parser()
     try:
@@ -446,14 +460,11 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             if args.command == "plan":
                 from preclint.plan_command import cmd_plan
 
+                _import_torch()
                 return cmd_plan(args, _load, _use_color(args))
             raise UserError(f"unknown command {args.command}")
         except Interrupted as exc:  # SIGINT, SIGTERM: the shell's convention, 128 + the signal number
-            sys.stderr.write(f"preclint: interrupted ({exc.name})\n")
-            return exit_status(exc)
-        except KeyboardInterrupt:  # a SIGINT where preclint could not install its handler
-            sys.stderr.write("preclint: interrupted (SIGINT)\n")
-            return 128 + signal.SIGINT
+            return say_interrupted(exc.signum)
         except BrokenPipeError:  # the reader left (`| head`): quietly, as a process ended by SIGPIPE
             _silence_stdout()
             return 128 + signal.SIGPIPE

@@ -11,6 +11,7 @@ are kebab-case, as in Ruff:
     precisions = ["tf32", "fp16"]
     rtol = 1e-3
     atol = 1e-5
+    max-flip = 0.01                  # `preclint plan`: fraction of decisions allowed to change
     fail-on = "warning"              # info | warning | error
     exclude = ["third_party/", "tests/data/**"]
     output-format = "concise"
@@ -51,6 +52,7 @@ class Config:
     precisions: Tuple[str, ...] = DEFAULT_MODES
     rtol: Optional[float] = None
     atol: Optional[float] = None
+    max_flip: Optional[float] = None  # `preclint plan`'s decision budget
     fail_on: str = "warning"
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     exclude: List[str] = field(default_factory=list)
@@ -139,6 +141,8 @@ class Config:
             value = getattr(self, key)
             if value is not None and not _is_finite_non_negative(value):
                 raise UserError(f"{where}: {key} must be a finite number >= 0, not {value!r}")
+        if self.max_flip is not None and not (_is_finite_non_negative(self.max_flip) and self.max_flip <= 1):
+            raise UserError(f"{where}: max-flip must be a fraction from 0 to 1, not {self.max_flip!r}")
         if self.fail_on not in SEVERITIES:
             raise UserError(f"{where}: fail-on must be one of {', '.join(SEVERITIES)}, not {self.fail_on!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -234,6 +238,7 @@ KEYS = {
     "precisions": ("precisions", lambda v, k, w: tuple(_strings(v, k, w))),
     "rtol": ("rtol", _number),
     "atol": ("atol", _number),
+    "max-flip": ("max_flip", _number),
     "fail-on": ("fail_on", _string),
     "per-file-ignores": ("per_file_ignores", _table_of_lists),
     "exclude": ("exclude", _strings),

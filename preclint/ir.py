@@ -128,6 +128,10 @@ class Gains:
     out: float  # rounding the node's result
     operands: Optional[float] = None  # rounding the operands of a dot product
     inputs: Optional[float] = None  # rounding the inputs of another op: sqrt(inputs / out) is how it amplifies
+    # the same per input node (what ``inputs`` adds up): each input's error weighed by its own gain.
+    # An input spread over many outputs (a broadcast, a gathered table) counts per output element, so
+    # its gain is divided by the outputs each of its elements reaches (see reference.py)
+    by_input: Dict[str, float] = field(default_factory=dict)
     rounding: Dict[str, float] = field(default_factory=dict)  # format -> the exact rounding of the result, where measured
 
 

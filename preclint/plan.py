@@ -2,7 +2,10 @@
 
 From the error model's per-node shares of the output error (predict.py) the plan chooses units to
 keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of a module's own
-forward (``exp`` in ``block``):
+forward (``exp`` in ``block``), and, for a cast model (``-full``), what is not a module: the
+model's inputs (``<inputs>``: not cast down on entry), its outputs (``<outputs>``: not cast back)
+and a parameter the format cannot hold (``<param:layer1.0.bn1.running_var>``). Those three cost no
+FLOPs; their share is what the predicted output error loses when they are kept.
 
 1. what must be kept: values that overflow the format, values that underflow to 0 and then feed a
    division, rsqrt or log, constants the format cannot hold; where keeping a value moves the
@@ -24,7 +27,9 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from preclint.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node
 from preclint.numerics import FP32, MODES, Mode
-from preclint.predict import ModePrediction, expected_flip_fraction, propagated_error, predict_mode, reaching_absmax, rounding_terms
+from preclint.predict import (SATURATION, ModePrediction, result_rounding, expected_flip_fraction, fx_tensor_constant,
+                              propagated_error, predict_mode, reaching_absmax, rounding_terms)
+from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
 
 PLAN_VERSION = 1
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
@@ -54,6 +59,18 @@ class Unit:
     def label(self) -> str:
         where = self.module or "<root>"
         return where if self.op is None else f"{where}: {self.op}"
+
+    @property
+    def is_module(self) -> bool:
+        """A module or an op in one, not the inputs, the outputs or a parameter."""
+        return is_module(self.module)
+
+
+INPUTS_UNIT, OUTPUTS_UNIT = Unit(INPUTS), Unit(OUTPUTS)
+
+
+def param_unit(name: str) -> Unit:
+    return Unit(f"{PARAM}{name}>")
 
 
 @dataclass
@@ -152,17 +169,93 @@ def node_flops(node: Node) -> float:
     return float(max(numel, read))
 
 
-def unit_of(node: Node) -> Unit:
+def is_model_tensor(node: Node) -> bool:
+    """A parameter or buffer the model holds (or a view of one), not a tensor its forward creates
+    (fx_tensor_constant)."""
+    return node.fn == "parameter" and bool(node.params) and not fx_tensor_constant(node) \
+        and not (_FX_CONSTANT in node.params[0] and not node.attrs.get("view_of"))
+
+
+_FX_CONSTANT = "_tensor_constant"
+
+
+def promotes(graph: Graph, node: Node, modules_cast: bool = False, formats: Optional[Dict[str, str]] = None) -> bool:
+    """Whether every op that reads the tensor (through views and indexing) promotes a float32
+    operand by type promotion (elementwise ops, reductions): then keeping the tensor alone in
+    float32 runs in a cast model. A dot product or a module call (F.linear, a conv) would refuse a
+    float32 weight beside low activations, unless its other operands are float32 too (``formats``:
+    each node's format in the cast model, a position table made in float32 by the forward).
+    ``modules_cast``: a module call reads it anyway (a layer of the cast model casts a float32
+    input to its own dtype, as apply_policy makes it)."""
+    readers: Dict[str, List[Node]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    frontier, seen, chain = [node.name], set(), {node.name}
+    while frontier:
+        name = frontier.pop()
+        for reader in readers.get(name, []):
+            if reader.name in seen:
+                continue
+            seen.add(reader.name)
+            if reader.target.startswith("nn."):
+                if modules_cast:
+                    continue
+                return False
+            if reader.kind in DOT_PRODUCT_KINDS or reader.fn in _NO_PROMOTION:
+                others = [i for i in reader.inputs if i not in chain and graph.get(i) is not None
+                          and graph[i].out is not None and graph[i].out.is_float]
+                if formats is None or any(formats.get(i) != "fp32" for i in others):
+                    return False
+            if reader.kind == Kind.SHAPE:
+                frontier.append(reader.name)
+                chain.add(reader.name)
+    return True
+
+
+# ops that take their operands' dtypes as given instead of promoting them
+_NO_PROMOTION = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "bmm", "mm", "einsum", "addmm", "baddbmm",
+                           "layer_norm", "group_norm", "batch_norm", "embedding", "scaled_dot_product_attention"})
+
+
+def _keepable(planner: "Planner", node: Node) -> bool:
+    """An input or a model tensor that a cast model can take in float32 by itself."""
+    formats = {name: p.fmt for name, p in planner.predict(set()).nodes.items()}
+    if node.kind == Kind.INPUT:
+        return promotes(planner.graph, node, modules_cast=True, formats=formats)
+    return is_model_tensor(node) and promotes(planner.graph, node, formats=formats)
+
+
+def tensor_name(node: Node) -> str:
+    """The model's name of the parameter or buffer a parameter node reads."""
+    return node.attrs.get("view_of") or node.params[0]
+
+
+def unit_of(node: Node, mode: Optional[Mode] = None) -> Unit:
+    """The unit that keeps ``node``; in a cast model an input or a parameter is its own unit."""
+    cast_model = mode is not None and not mode.autocast
+    if cast_model and node.kind == Kind.INPUT:
+        return INPUTS_UNIT
+    if cast_model and is_model_tensor(node):
+        return param_unit(tensor_name(node))
     if node.target.startswith("nn.") or node.fn == "parameter":
         return Unit(node.module_path)
     return Unit(node.module_path, node.fn)
 
 
 def _inside(path: str, outer: str) -> bool:
+    if not is_module(path) or not is_module(outer):
+        return path == outer
     return outer == "" or path == outer or path.startswith(outer + ".")
 
 
 def unit_nodes(graph: Graph, unit: Unit) -> List[str]:
+    if unit == INPUTS_UNIT:
+        return [n.name for n in graph.nodes if n.kind == Kind.INPUT]
+    if param_name(unit.module) is not None:
+        return [n.name for n in graph.nodes if is_model_tensor(n) and tensor_name(n) == param_name(unit.module)]
+    if not unit.is_module:  # <outputs>: no node, the cast back at the output (Planner._cast_back)
+        return []
     if unit.op is None:
         return [n.name for n in graph.nodes if n.kind not in (Kind.INPUT, Kind.OUTPUT) and _inside(n.module_path, unit.module)]
     return [n.name for n in graph.nodes
@@ -170,7 +263,10 @@ def unit_nodes(graph: Graph, unit: Unit) -> List[str]:
 
 
 def parent(unit: Unit) -> Optional[Unit]:
-    """The module around a unit: an op's own module, a module's parent; None above the root."""
+    """The module around a unit: an op's own module, a module's parent; None above the root (and
+    for the inputs, the outputs and a parameter)."""
+    if not unit.is_module:
+        return None
     if unit.op is not None:
         return Unit(unit.module)
     if unit.module == "":
@@ -210,8 +306,25 @@ class Planner:
         key = frozenset(units)
         if key not in self._cache:
             kept = self.kept_nodes(key)
-            self._cache[key] = predict_mode(self.graph, self.mode, float32=frozenset(kept), cast_back=self._cast_back(key, kept))
+            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept), cast_back=self._cast_back(key, kept))
+            if INPUTS_UNIT not in key:
+                self._add_input_rounding(prediction)
+            self._cache[key] = prediction
         return self._cache[key]
+
+    def _add_input_rounding(self, prediction: ModePrediction) -> None:
+        """A cast model's inputs are rounded to the low format on entry: the error model leaves that
+        rounding to the caller (predict's EXACT_FNS), the plan counts it, since keeping ``<inputs>``
+        is how it is undone."""
+        if self.mode.autocast or prediction.output_error is None or not prediction.finite:
+            return
+        low = self.mode.low
+        variance = sum(propagated_error(n, {"result": result_rounding(n, low.name, low)}, None)
+                       for n in self.graph.nodes if n.kind == Kind.INPUT and n.out is not None and n.out.is_float
+                       and n.out.finite and n.out.rms > 0)
+        if variance > 0:
+            total = math.sqrt(prediction.output_error ** 2 + variance)
+            prediction.output_error = min(total, SATURATION * prediction.output_rms)
 
     @property
     def returned(self) -> FrozenSet[str]:
@@ -221,7 +334,7 @@ class Planner:
         """-full modes: float32 results the model returns (kept, or promoted by a kept input), which
         apply_policy casts back to the low dtype (a layer of the cast model that reads a kept result
         casts it itself: node_format's parameters)."""
-        return frozenset() if self.mode.autocast else self.returned
+        return frozenset() if self.mode.autocast or OUTPUTS_UNIT in units else self.returned
 
     # ------------------------------------------------------------------ judging a prediction
 
@@ -296,6 +409,18 @@ class Planner:
     def unit_share(self, terms: Dict[str, float], unit: Unit) -> float:
         return sum(terms.get(n, 0.0) for n in self.nodes(unit))
 
+    def marginal_share(self, kept: Set[Unit], unit: Unit) -> float:
+        """The fraction of the predicted output error variance that keeping ``unit`` as well
+        removes: the share of a unit that is no computation (inputs, outputs, a parameter)."""
+        p, q = self.predict(kept), self.predict(set(kept) | {unit})
+        if not q.finite:
+            return 0.0
+        if not p.finite:
+            return 1.0
+        if p.output_error is None or q.output_error is None or p.output_error <= 0:
+            return 0.0
+        return max(0.0, 1.0 - (q.output_error / p.output_error) ** 2)
+
 
 # ---------------------------------------------------------------------------------------- planning
 
@@ -311,14 +436,26 @@ def must_keep(planner: Planner, kept: Set[Unit], reasons: Dict[Unit, str]) -> No
             return
         added = False
         for node in bad:
-            if node.kind == Kind.OUTPUT or not mode.autocast and node.name in planner.returned:
-                continue  # a cast model returns its outputs in the low format: keeping layers cannot help
-            unit = unit_of(node)
+            if node.kind == Kind.OUTPUT:
+                continue
+            if not mode.autocast and node.name in planner.returned and OUTPUTS_UNIT not in kept \
+                    and reaching_absmax(node) > mode.low.max_finite:
+                # a cast model casts its outputs back to the low format: return them as computed
+                kept.add(OUTPUTS_UNIT)
+                reasons.setdefault(OUTPUTS_UNIT, f"overflow: an output (|x| up to {reaching_absmax(node):.3g}) "
+                                                 f"does not fit {low}: returned in float32")
+                added = True
+                break
+            unit = unit_of(node, mode) if node.kind != Kind.INPUT and not is_model_tensor(node) \
+                or _keepable(planner, node) else unit_of(node)
             why = _must_reason(node, p, low)
+            source = _flushed_source(planner, kept, node) if p.nodes[node.name].pole and not mode.autocast else None
+            if source is not None:  # the value that flushes to 0 is an input or a parameter: keep it, not the layer
+                unit, why = source, f"underflow: its values become 0 in {low}, and a division, rsqrt or log reads them"
             # a unit already kept still overflows where its result goes back to the low format: widen it
             while unit is not None and unit in kept:
                 unit = parent(unit)
-            if unit is None or node.kind == Kind.INPUT:
+            if unit is None or node.kind == Kind.INPUT and mode.autocast:
                 continue
             kept.difference_update({u for u in kept if u.op is not None and _inside(u.module, unit.module)
                                     or u.op is None and unit.op is None and u.module != unit.module
@@ -329,6 +466,30 @@ def must_keep(planner: Planner, kept: Set[Unit], reasons: Dict[Unit, str]) -> No
             break  # predict again: keeping one value in range often brings the next ones back too
         if not added:
             return
+
+
+def _flushed_source(planner: Planner, kept: Set[Unit], pole: Node, depth: int = 6) -> Optional[Unit]:
+    """The input or parameter upstream of ``pole`` whose smallest values flush to 0 in the low format,
+    where keeping it alone in float32 removes the pole (a running variance of 1e-9 read by rsqrt)."""
+    graph, low = planner.graph, planner.mode.low
+    seen, frontier, sources = set(), list(pole.inputs), []
+    for _ in range(depth):
+        following = []
+        for name in frontier:
+            node = graph.get(name)
+            if node is None or name in seen:
+                continue
+            seen.add(name)
+            out = node.out
+            if _keepable(planner, node) and out is not None and out.is_float \
+                    and out.finite and 0 < out.absmin_nonzero < low.min_subnormal / 2:
+                sources.append(unit_of(node, planner.mode))
+            following += list(node.inputs)
+        frontier = following
+    for unit in sources:
+        if unit not in kept and not planner.predict(set(kept) | {unit}).nodes[pole.name].pole:
+            return unit
+    return None
 
 
 def _must_reason(node: Node, p: ModePrediction, low: str) -> str:
@@ -368,7 +529,10 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
         for unit in candidates:
             if unit in kept or any(u.op is None and _inside(unit.module, u.module) for u in kept):
                 continue
-            share = max((planner.unit_share(s, unit) for s in shares), default=0.0)
+            if unit.is_module:
+                share = max((planner.unit_share(s, unit) for s in shares), default=0.0)
+            else:
+                share = planner.marginal_share(kept, unit)
             if share <= 0:
                 continue
             score = share / max(planner.cost([unit]), 1e-12)
@@ -378,7 +542,11 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
             break
         kept.add(best)
     if not planner.meets(planner.predict(kept)):
-        return kept
+        # an op kept alone still reads the module's rounded parameters: keep its module instead
+        widened = {parent(u) if u.op is not None else u for u in kept}
+        if not planner.meets(planner.predict(widened)):
+            return kept
+        kept = widened
     for unit in sorted(kept - must, key=lambda u: (-planner.cost([u]), u.label)):
         trial = kept - {unit}
         if planner.meets(planner.predict(trial)):
@@ -388,10 +556,17 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
 
 def _candidates(planner: Planner) -> List[Unit]:
     units = []
+    cast_model = not planner.mode.autocast
     for node in planner.graph.nodes:
-        if node.kind in _NO_ARITHMETIC or node.out is None or not node.out.is_float:
+        if node.out is None or not node.out.is_float:
+            continue
+        if cast_model and _keepable(planner, node):
+            units.append(unit_of(node, planner.mode))  # the low format rounds it, or cannot hold it
+        if node.kind in _NO_ARITHMETIC:
             continue
         units.append(unit_of(node))
+    if cast_model:
+        units.append(OUTPUTS_UNIT)
     return sorted(dict.fromkeys(units), key=lambda u: u.label)
 
 
@@ -447,12 +622,13 @@ def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, fi
     for unit in extra_must:
         reasons[unit] = "refinement: the verification run went inf/NaN here"
     must_keep(planner, must, reasons)
-    if planner.meets(planner.predict({Unit("")})):
+    everything = {Unit("")} | (set() if mode.autocast else {INPUTS_UNIT, OUTPUTS_UNIT})
+    if planner.meets(planner.predict(everything)):
         kept = choose(planner, must)
-    else:  # not even the whole model in float32 meets it (a cast model's inputs and outputs stay low)
+    else:  # not even the whole model in float32 meets it
         kept = set(must)
-        plan.notes.append(f"no plan is predicted to meet the tolerance: even the whole model in float32, with its "
-                          f"inputs and outputs in {mode.low.name}, misses it; only what must be kept is kept")
+        plan.notes.append("no plan is predicted to meet the tolerance: even the whole model in float32 misses it; "
+                          "only what must be kept is kept")
     before, after = planner.predict(set()), planner.predict(kept)
     plan.predicted = {"before": planner.summary(before), "after": planner.summary(after)}
     plan.meets_tolerance = planner.meets(after) and not any(n.startswith("float32 itself") for n in plan.notes)

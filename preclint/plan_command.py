@@ -48,15 +48,16 @@ def cmd_plan(args, load, use_color: bool) -> int:
     from preclint.usercode import guard
 
     config = load_config(config_file=args.config_file, isolated=args.isolated)
-    config = config.with_flags(rtol=args.rtol, atol=args.atol, timeout=args.timeout, output_format=args.output_format)
+    config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
+                               output_format=args.output_format)
     modes = args.precisions or ["fp16"]
     if len(modes) != 1 or modes[0] not in PLAN_MODES:
         raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
     mode = modes[0]
-    tolerance = Tolerance(config.rtol, config.atol, args.max_flip)
+    tolerance = Tolerance(config.rtol, config.atol, config.max_flip)
     if not tolerance.compares_values and tolerance.max_flip is None:
         raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
-                        "or a decision budget --max-flip")
+                        "or a decision budget --max-flip (or max-flip in [tool.preclint])")
     fmt = args.output_format or "full"
     if fmt not in ("full", "json", "html"):
         raise UserError("plan writes --output-format full, json or html")
@@ -146,7 +147,9 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
 def _take_policy(plan, policy_file: str, module, graph) -> None:
     """The plan's keep list from a policy file, checked against the model."""
     from preclint.plan import KeepEntry, Planner, Unit, MODES
-    from preclint.policy import PolicyError, load_policy
+    import copy
+
+    from preclint.policy import PolicyError, apply_policy, load_policy
 
     try:
         policy = load_policy(policy_file)
@@ -154,10 +157,10 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
         raise UserError(str(exc)) from None
     if policy.precision != plan.precision:
         raise UserError(f"the policy {policy_file} is for {policy.precision}, not --precision {plan.precision}")
-    modules = dict(module.named_modules())
-    unknown = sorted({k.module for k in policy.keep if k.module not in modules})
-    if unknown:
-        raise UserError(f"the policy {policy_file} keeps modules the model does not have: {', '.join(map(repr, unknown[:5]))}")
+    try:
+        apply_policy(copy.deepcopy(module), policy)  # names every module and parameter it keeps?
+    except PolicyError as exc:
+        raise UserError(f"{policy_file}: {exc}") from None
     planner = Planner(graph, MODES[plan.precision], plan.tolerance)
     units = [Unit(k.module, k.op) for k in policy.keep]
     before = planner.predict(set())
@@ -183,6 +186,18 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
         raise
     except Exception as exc:
         plan.notes.append(f"not verified: the model did not run for the measurement ({one_line(exc)})")
+        return plan
+    if before.meets and not fixed:
+        # the run without a plan meets the tolerance already: nothing needs keeping, and no run is
+        # spent verifying what the prediction kept as a surplus
+        if plan.keep:
+            plan.notes.append(f"the run without a plan meets the tolerance: nothing is kept (the prediction "
+                              f"alone would have kept {len(plan.keep)} unit(s))")
+        plan.keep, plan.kept_flops_fraction = [], 0.0
+        plan.predicted["after"] = plan.predicted["before"]
+        plan.measured = {"before": before.summary, "after": before.summary, "float32": verifier.float32.summary,
+                         "how": verifier.how, "runs": 0}
+        plan.meets_tolerance = True
         return plan
     margin, extra = 1.0, []
     after = None

@@ -3,7 +3,7 @@ against a float64 reference, on a GPU when there is one, else with the CPU's own
 kernels and torch.autocast('cpu').
 
 One reference run, one float32 run (the floor no plan can go below), one run without the plan and
-one per plan verified. A run that goes inf/NaN names the first module whose output did, so that a
+one per plan verified (none where the run without the plan meets: the plan is then empty). A run that goes inf/NaN names the first module whose output did, so that a
 refinement can keep it.
 """
 from __future__ import annotations
@@ -67,7 +67,10 @@ class Verifier:
             apply_policy(model, load_policy(policy))
         elif self.full:
             model.to(self.low)
-        inputs = self.inputs.map(lambda t: t.to(self.low) if self.full and t.is_floating_point() else t)
+        # a cast model's caller feeds low inputs; with a plan, apply_policy casts them on entry (or,
+        # where the plan keeps <inputs>, not)
+        cast = self.full and policy is None
+        inputs = self.inputs.map(lambda t: t.to(self.low) if cast and t.is_floating_point() else t)
         watch = _FirstNonfinite(model)
         try:
             outputs = self._outputs(model, inputs, self.low if not self.full else None)

@@ -12,11 +12,21 @@ This module is what a deployed model imports; it needs torch and nothing else fr
 * autocast modes (``fp16``, ``bf16``): a kept module runs with autocast off and its float16/bfloat16
   inputs cast to float32; its float32 result flows on, and autocast lowers it again where the next
   listed op reads it.
-* ``-full`` modes: the model is cast to the low dtype, except the kept modules, which keep float32
-  parameters and get their inputs cast up. Their float32 results are cast back where they enter a
-  layer that runs in the low dtype (its inputs are cast to its parameters' dtype), and at the
-  model's output: between kept layers values stay float32, as at the boundary of a float32 region
-  of an exported FP16 engine.
+* ``-full`` modes: the model is cast to the low dtype, except the kept modules, whose parameters
+  are never cast (they stay float32, not a float32 copy of rounded values) and whose inputs are cast
+  up. Their float32 results are cast back where they enter a layer that runs in the low dtype (its
+  inputs are cast to its parameters' dtype), and at the model's output: between kept layers values
+  stay float32, as at the boundary of a float32 region of an exported FP16 engine. The model's
+  inputs are cast to the low dtype on entry.
+
+Three units are not modules (``-full`` modes only; under autocast they are float32 already):
+
+* ``<inputs>``: the model's inputs are not cast down on entry (they reach the first low layer in
+  float32 and are rounded there, or not at all where a kept layer reads them);
+* ``<outputs>``: the model's outputs are returned as computed, not cast back to the low dtype;
+* ``<param:NAME>``: the parameter or buffer NAME (as ``named_parameters``/``named_buffers`` spell
+  it) stays float32, for a value the format cannot hold (a variance of 1e-9, a frequency table
+  whose rounding moves a large angle); the ops that read it promote to float32 by type promotion.
 
 A kept op (``{"module": "block", "op": "exp"}``) keeps every call of that op in the module's own
 forward in float32 (a torch function mode sees them), not the rest of the module.
@@ -32,6 +42,19 @@ import torch
 
 LOW_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 PRECISIONS = ("fp16", "bf16", "fp16-full", "bf16-full")
+INPUTS = "<inputs>"
+OUTPUTS = "<outputs>"
+PARAM = "<param:"  # "<param:layer1.0.bn1.running_var>"
+
+
+def param_name(module: str) -> Optional[str]:
+    """NAME of a ``<param:NAME>`` unit, else None."""
+    return module[len(PARAM):-1] if module.startswith(PARAM) and module.endswith(">") else None
+
+
+def is_module(name: str) -> bool:
+    """Whether a kept entry names a module (not ``<inputs>``, ``<outputs>`` or a parameter)."""
+    return not name.startswith("<")
 
 
 class PolicyError(ValueError):
@@ -95,35 +118,55 @@ def load_policy(source: Union[str, os.PathLike, Dict[str, Any], Policy]) -> Poli
 
 def apply_policy(model: torch.nn.Module, policy: Union[Policy, Dict[str, Any], str, os.PathLike]) -> torch.nn.Module:
     """``model`` with the policy's modules and ops kept in float32 (changed in place, like
-    ``Module.to``, and returned). Raises PolicyError when the policy names a module the model lacks."""
+    ``Module.to``, and returned). Raises PolicyError when the policy names a module or a parameter
+    the model lacks."""
     policy = load_policy(policy)
     modules = dict(model.named_modules())
-    unknown = sorted({k.module for k in policy.keep if k.module not in modules})
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    unknown = sorted({k.module for k in policy.keep if is_module(k.module) and k.module not in modules
+                      or param_name(k.module) is not None and param_name(k.module) not in tensors
+                      or not is_module(k.module) and param_name(k.module) is None
+                      and k.module not in (INPUTS, OUTPUTS)})
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise PolicyError(f"the policy keeps modules this model does not have: {shown}")
-    whole = [k.module for k in policy.keep if k.op is None]
+        raise PolicyError(f"the policy keeps modules or parameters this model does not have: {shown}")
+    special = {k.module for k in policy.keep if not is_module(k.module)}
+    whole = [k.module for k in policy.keep if k.op is None and is_module(k.module)]
     # a module inside a kept one is kept by it
     whole = [m for m in dict.fromkeys(whole) if not any(_inside(m, o) for o in whole if o != m)]
     ops: Dict[str, List[str]] = {}
     for k in policy.keep:
-        if k.op is not None and not any(_inside(k.module, o) or k.module == o for o in whole):
+        if k.op is not None and is_module(k.module) and not any(_inside(k.module, o) or k.module == o for o in whole):
             ops.setdefault(k.module, []).append(k.op)
     low = policy.low_dtype if policy.full else None
     if low is not None:
-        model.to(low)
+        kept_params = {param_name(m) for m in special} - {None}
         for path, module in modules.items():
-            if not any(path == o or _inside(path, o) for o in whole) and _holds_low(module, low):
+            if any(path == o or _inside(path, o) for o in whole):
+                continue  # a kept module's parameters are never rounded: they stay as they are
+            _cast_own(module, path, low, kept_params)
+            if _holds_low(module, low) and not (path == "" and INPUTS in special):
                 module.register_forward_pre_hook(_CastInputs(low), with_kwargs=True)
-        model.register_forward_hook(_CastOutputs(low))
+        # the inputs enter in the low dtype, as the cast model's caller feeds them, unless kept
+        model.register_forward_pre_hook(_CastInputs(low) if INPUTS not in special else _CastUp(), with_kwargs=True)
+        if OUTPUTS not in special:
+            model.register_forward_hook(_CastOutputs(low))
     for path in whole:
-        module = modules[path]
-        if low is not None:
-            module.float()
-        _wrap(module, _Float32Forward(module.forward, None))
+        _wrap(modules[path], _Float32Forward(modules[path].forward, None))
     for path, names in ops.items():
         _wrap(modules[path], _Float32Forward(modules[path].forward, tuple(dict.fromkeys(names))))
     return model
+
+
+def _cast_own(module: torch.nn.Module, path: str, low: torch.dtype, kept: set) -> None:
+    """A module's own floating parameters and buffers to ``low``, but those the policy keeps."""
+    prefix = path + "." if path else ""
+    for name, param in module._parameters.items():
+        if param is not None and param.is_floating_point() and prefix + name not in kept:
+            param.data = param.data.to(low)
+    for name, buffer in list(module._buffers.items()):
+        if buffer is not None and buffer.is_floating_point() and prefix + name not in kept:
+            module._buffers[name] = buffer.to(low)
 
 
 def _holds_low(module: torch.nn.Module, low: torch.dtype) -> bool:
@@ -140,6 +183,13 @@ class _CastInputs:
     def __call__(self, module, args, kwargs):
         down = lambda t: t.to(self.low) if t.dtype == torch.float32 else t  # noqa: E731
         return _float_tensors(args, down), _float_tensors(kwargs, down)
+
+
+class _CastUp:
+    """The model's float inputs in float32 (``<inputs>`` kept): whatever dtype the caller fed."""
+
+    def __call__(self, module, args, kwargs):
+        return _float_tensors(args, _up), _float_tensors(kwargs, _up)
 
 
 class _CastOutputs:
@@ -244,6 +294,8 @@ def onnx_patterns(keep: Sequence[Kept]) -> List[str]:
 
     patterns = []
     for k in keep:
+        if not is_module(k.module):
+            continue  # inputs, outputs and parameters are no node of their own: keep_io_types, initializers
         parts = k.module.split(".") if k.module else []
         scopes = "".join("/" + _either(re.escape(".".join(parts[:i + 1])), re.escape(p)) for i, p in enumerate(parts))
         if k.op is None:
@@ -296,4 +348,4 @@ def _spellings(op: str) -> Tuple[str, ...]:
     return tuple(names)
 
 
-__all__ = ["Kept", "Policy", "PolicyError", "apply_policy", "load_policy", "onnx_nodes_to_exclude", "onnx_patterns"]
+__all__ = ["INPUTS", "OUTPUTS", "Kept", "is_module", "param_name", "Policy", "PolicyError", "apply_policy", "load_policy", "onnx_nodes_to_exclude", "onnx_patterns"]

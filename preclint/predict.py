@@ -17,6 +17,7 @@ C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
@@ -94,6 +95,18 @@ def _widest(formats: Iterable[str]) -> str:
     return formats[0]
 
 
+_FX_CONSTANT = re.compile(r"(^|\.)_tensor_constant\d+$")
+
+
+def fx_tensor_constant(node: Node) -> bool:
+    """A tensor the forward creates (``torch.arange(n)`` of a size the trace fixed), which torch.fx
+    stores as an attribute of its own (``_tensor_constant0``): not the model's, so ``model.to``
+    never casts it; it keeps the dtype the forward gives it. (Not a view of the model's own
+    tensor, ``attrs["view_of"]``: that one is cast.)"""
+    return (node.fn == "parameter" and bool(node.params) and bool(_FX_CONSTANT.search(node.params[0]))
+            and not node.attrs.get("view_of"))
+
+
 def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     """The format the node's result is stored in under ``mode``, from the formats of its inputs and
     the autocast state at the node: the mode's, or the one the model's code set around it
@@ -116,7 +129,7 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
         if policy == "fp32":
             return "fp32"
     cast_model = mode.low is not None and not mode.autocast
-    if cast_model and (node.kind == Kind.INPUT or node.params or node.fn == "parameter"):
+    if cast_model and (node.kind == Kind.INPUT or node.params and not fx_tensor_constant(node)):
         return mode.low.name  # model.to(dtype): parameters, buffers and inputs are cast
     if node.kind == Kind.INPUT or node.fn == "parameter":
         return "fp32"
@@ -129,6 +142,10 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     cast = _explicit_cast(node, input_formats)
     if cast is not None:
         return cast
+    if node.kind == Kind.ELEMENTWISE and node.attrs.get("float_constant"):
+        # it reads a parameter or buffer of at least one dim directly (capture.py), held in float32 under
+        # autocast and in the low format in a cast model: type promotion takes the wider
+        input_formats = input_formats + [mode.low.name if cast_model else "fp32"]
     # 'promote' and unlisted ops, and every op where autocast is off: the inputs' dtype (type
     # promotion). Parameters enter as fp32 under autocast, so an unlisted op with weights
     # (BatchNorm) keeps its activation input's dtype; in a cast model they hold the low format.
@@ -178,7 +195,7 @@ def exact_integers(node: Node, fmt: str) -> bool:
     return inputs_whole and out.absmax <= FORMATS[fmt].exact_integers_to
 
 
-def _result_rounding(node: Node, fmt: str, stored: Format) -> float:
+def result_rounding(node: Node, fmt: str, stored: Format) -> float:
     """Relative RMS error of storing the node's result in ``fmt``: C_OUTPUT * u for values in the normal
     range, plus what the kernel's accumulation adds, plus the absolute step of the subnormal range:
     values below the smallest normal keep a fixed absolute resolution (2^-24 in float16), and values
@@ -295,7 +312,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         return rounding
     if stored is None or node.fn in EXACT_FNS:
         return 0.0
-    return _result_rounding(node, fmt, stored) * out.rms
+    return result_rounding(node, fmt, stored) * out.rms
 
 
 def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
@@ -311,7 +328,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
             terms["accumulation"] = accumulation_error(node, fmt)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
-        terms["result"] = _result_rounding(node, fmt, stored)
+        terms["result"] = result_rounding(node, fmt, stored)
         gains = node.record(Gains)
         exact = gains.rounding.get(fmt) if gains is not None else None
         if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
@@ -451,7 +468,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
                 formats.get(i.name) == "fp32" and reaching_absmax(i) > mode.low.max_finite for i in inputs)
         if node.name in cast_back and fmt == "fp32" and mode.low is not None and node.out is not None:
             formats[node.name] = mode.low.name
-            roundings[node.name]["result"] = _result_rounding(node, mode.low.name, mode.low)
+            roundings[node.name]["result"] = result_rounding(node, mode.low.name, mode.low)
             prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
             prediction.nodes[node.name].overflow |= graph.ran_reference and reaching_absmax(node) > mode.low.max_finite
     if not graph.ran_reference:
@@ -526,16 +543,35 @@ def amplification(node: Node) -> Optional[float]:
     return math.sqrt(gain_in / gain_out)
 
 
+def passed_on(node: Node, rel: Dict[str, float]) -> float:
+    """The relative error the node's value carries from the relative errors ``rel`` of its inputs.
+
+    Where the gradients tell each input's gain (``Gains.by_input``), each input's error is weighed by
+    its own: sqrt(sum_i rel_i^2 by_input_i / out); a gate or a bias table that the op amplifies does
+    not amplify the error of the activation beside it. Inputs without a gain of their own, and ops
+    without gains, pass on the largest incoming error times the op's amplification (1 for a dot
+    product, whose operands' error is relative to its terms). The largest rather than a sum, since the
+    branches of a DAG share their history."""
+    gains = node.record(Gains)
+    if node.kind not in DOT_PRODUCT_KINDS and gains is not None and gains.by_input and gains.out and gains.out > 0:
+        weighed = sum(rel.get(n, 0.0) ** 2 * gain / gains.out for n, gain in gains.by_input.items())
+        # (an input detached from autograd, coords1 in RAFT's coords1 - coords0, has no gain of its own)
+        rest = max((rel.get(n, 0.0) for n in node.inputs if n not in gains.by_input), default=0.0)
+        rest *= amplification(node) or 1.0
+        return max(math.sqrt(weighed), rest) if math.isfinite(weighed) else rest
+    incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
+    if node.kind not in DOT_PRODUCT_KINDS:
+        incoming *= amplification(node) or 1.0
+    return incoming
+
+
 def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
-    """Relative RMS error of every value: what arrives from its inputs, times the op's amplification
-    where the gradients tell it (else 1), combined with its own rounding. The fallback for values no
-    output gradient reaches (detached scores, integer paths) and the error a node receives. Takes
-    the largest incoming error rather than their sum, since the branches of a DAG share their history."""
+    """Relative RMS error of every value: what arrives from its inputs as the op passes it on
+    (``passed_on``), combined with its own rounding. The fallback for values no output gradient
+    reaches (detached scores, integer paths) and the error a node receives."""
     rel: Dict[str, float] = {}
     for node in graph.nodes:
-        incoming = max((rel.get(n, 0.0) for n in node.inputs), default=0.0)
-        if node.kind not in DOT_PRODUCT_KINDS:
-            incoming *= amplification(node) or 1.0
+        incoming = passed_on(node, rel)
         local = prediction.nodes[node.name].local
         own = local / node.out.rms if node.out is not None and node.out.rms > 0 else 0.0
         rel[node.name] = math.hypot(incoming, own)
@@ -582,4 +618,4 @@ def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:
 
 
 __all__ = ["PREDICTED_ERRORS_NEED", "contraction", "terms_rms", "ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
-           "relative_errors", "exact_integers", "dtype_derived", "reaching_absmax", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]
+           "relative_errors", "passed_on", "exact_integers", "dtype_derived", "reaching_absmax", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]

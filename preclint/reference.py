@@ -13,9 +13,14 @@ rounding its operands (``Gains.operands``: the activation a conv or matmul reads
 Weights are rounded once for all output positions, so their error is coherent across the output;
 weighting by the weight gradient accounts for that where a per-element model would not.
 
-Other ops that compute values get views of their float operands too (``Gains.inputs``): the ratio
-inputs / out is how much the op amplifies a relative error that arrives at its inputs,
-the relative condition number of the op weighted by what reaches the output.
+Other ops that compute values get views of their float operands too (``Gains.inputs``, and per input
+node ``Gains.by_input``): the ratio inputs / out is how much the op amplifies a relative error that
+arrives at its inputs, the relative condition number of the op weighted by what reaches the output.
+An operand spread over many outputs (an SE gate broadcast over the image, a bias table gathered into
+an attention map, coordinates sampling a correlation volume) sums the gradients of all the outputs
+it reaches; where those agree in sign (a pooling after it), its gain grows with their number R
+though no output element's relative error does. The ratio is per output element: such an operand's
+gain is divided by R, the outputs per operand element.
 
 The backward passes run only where a gradient analysis asks for them (BackwardPasses), and values
 are tracked for them only when one is among the analyses run.
@@ -216,6 +221,9 @@ class ReferenceObserver(Observer):
         self.operands: Dict[str, List[_Watched]] = {}  # node name -> operand views / weights it rounds
         self.by_storage: Dict[Any, List[_Watched]] = {}  # what an in-place write may change
         self.view_origin: Dict[int, torch.Tensor] = {}  # id of an operand view -> the tensor it views
+        self.producers: Dict[int, str] = {}  # id of a value the run made (kept alive by by_id) -> its node
+        self.operand_sources: Dict[int, Optional[str]] = {}  # id of an operand view -> the node that made its value
+        self.operand_gains: Dict[int, float] = {}  # id of an operand view -> its gain in the last backward pass
         self.handles: List[Any] = []  # hooks on values made during the run
         self._sink: Optional[_Sink] = None  # set during a backward pass
         self.first_nonfinite: Optional[str] = None
@@ -328,6 +336,13 @@ class ReferenceObserver(Observer):
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
             args = tuple(detach(a) if i in positions else a for i, a in enumerate(args))
             kwargs = {k: detach(v) if k in keywords else v for k, v in kwargs.items()}
+        dtype = kwargs.get("dtype")
+        if isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex):
+            # an integer result (cumsum(counts, dtype=torch.int32) in transformers' MoE experts) has no
+            # gradient, and autograd refuses to record the op on operands that require one: they go
+            # without (a constant the backward passes made a leaf of, an activation)
+            detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
+            return tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
         dot = node.kind in DOT_PRODUCT_KINDS
         amplifying = node.kind in AMPLIFYING_KINDS
         if not (dot or amplifying):
@@ -347,6 +362,7 @@ class ReferenceObserver(Observer):
                 view = v.view_as(v)
                 entry = self._watch(view)
                 views.append(entry)
+                self.operand_sources[id(entry)] = self.producers.get(id(v))
                 self.handles.append(hook_gradient(view, partial(self._on_operand_grad, entry)))
                 # a view of a view has the root as its _base; remember which tensor this one stands for
                 self.view_origin[id(view)] = v
@@ -392,6 +408,7 @@ class ReferenceObserver(Observer):
         node.outputs = [tensor_stats(t) for t in outputs]
         for t, s in zip(outputs, node.outputs):
             self.by_id[id(t)] = (s, t)
+            self.producers[id(t)] = node.name
         if any(s.is_float and not s.finite for s in node.outputs):
             if self._intended_infinity(node, outputs):
                 self.masked.add(node.name)
@@ -414,6 +431,7 @@ class ReferenceObserver(Observer):
                 and not output.requires_grad and torch.is_grad_enabled() and node.kind not in (Kind.OUTPUT, Kind.SHAPE)):
             output = self._as_leaf(output)
             outputs = [output]
+            self.producers[id(output)] = node.name
             self.constant_names.add(node.name)
         elif node.fn == "parameter":
             self.constant_names.add(node.name)
@@ -496,10 +514,30 @@ class ReferenceObserver(Observer):
         scale = 1.0 / (n_out * (probes if cotangents is None else 1))
         self.exact_rounding = {n: {fmt: v * scale for fmt, v in per.items()} for n, per in sink.exact.items()}
         self.unknown_values = sink.unknown
+        self.operand_gains = {key: v * scale for key, v in sink.operands.items()}
         op_acc = {name: sum(sink.operands.get(id(e), 0.0) for e in entries) for name, entries in self.operands.items()
                   if any(id(e) in sink.operands for e in entries)}
         names = (set(sink.out) | set(op_acc)) - sink.unknown
         return {n: (sink.out.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
+
+    def _input_gains(self, node: Node, entries: List[_Watched]) -> Tuple[float, Dict[str, float]]:
+        """The gains of rounding the operands of an op that is not a dot product, per output element (an
+        operand reused by R outputs: its gain / R), in all and per input node."""
+        out_numel = node.out.numel if node.out is not None else 0
+        total = 0.0
+        by_input: Dict[str, float] = {}
+        for entry in entries:
+            gain = self.operand_gains.get(id(entry))
+            if gain is None:
+                continue
+            numel = entry.tensor.numel()
+            if numel and out_numel > numel:
+                gain *= numel / out_numel
+            total += gain
+            source = self.operand_sources.get(id(entry))
+            if source is not None:
+                by_input[source] = by_input.get(source, 0.0) + gain
+        return total, by_input
 
     def _gap_gains(self, root: torch.Tensor, direction: torch.Tensor, rows: int, dim: int) -> Dict[str, Tuple[float, float]]:
         """Gains of the decisions' margins: backward passes along the winner-minus-runner-up direction
@@ -541,6 +579,9 @@ class ReferenceObserver(Observer):
             self.by_storage.clear()
             self.view_origin.clear()
             self.by_id.clear()
+            self.producers.clear()
+            self.operand_sources.clear()
+            self.operand_gains.clear()
             self.constant_leaves.clear()
 
     def _backward_passes(self, graph: Graph, output: Any) -> None:
@@ -564,6 +605,8 @@ class MainPass:
     operands: frozenset  # nodes whose operands were watched (their second gain is meaningful)
     exact: Dict[str, Dict[str, float]]  # constants: format -> the gain of their exact rounding errors
     reach: Dict[str, float]  # values beyond float16's range: the largest magnitude the outputs depend on
+    # ops other than dot products: (the gain of rounding their operands per output element, the same per input node)
+    inputs: Dict[str, Tuple[float, Dict[str, float]]]
 
 
 class BackwardPasses:
@@ -589,7 +632,10 @@ class BackwardPasses:
             probes = max(1, min(4, math.ceil(64 / n_out)))
             reach: Dict[str, float] = {}
             gains = observer._gains(self.roots, seed=0, probes=probes, reach=reach)
-            self._main = MainPass(gains, frozenset(observer.operands), observer.exact_rounding, reach)
+            # (per input node, from this pass's operand gains, which the decisions' passes replace)
+            inputs = {name: observer._input_gains(self.graph[name], entries) for name, entries in observer.operands.items()
+                      if self.graph.get(name) is not None and self.graph[name].kind not in DOT_PRODUCT_KINDS}
+            self._main = MainPass(gains, frozenset(observer.operands), observer.exact_rounding, reach, inputs)
             if observer.unknown_values:
                 self.graph.notes.append(
                     f"{len(observer.unknown_values)} value(s) were overwritten in place where preclint could not "

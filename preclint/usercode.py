@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Iterator, List, Optional
 
+from preclint import interrupts
 from preclint.errors import UserError
 from preclint.exitcodes import EXIT_ERROR
 
@@ -65,10 +66,6 @@ class ProcessExitRefused(BaseException):
 # ------------------------------------------------------------------------------------------ signals
 
 
-def exit_status(exc: Interrupted) -> int:
-    return 128 + exc.signum
-
-
 @contextlib.contextmanager
 def interrupt_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise :class:`Interrupted` (not KeyboardInterrupt, which user code may raise
@@ -80,9 +77,7 @@ def interrupt_signals() -> Iterator[None]:
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
         if received:  # the first one did not get us out (user code caught it, or a long kernel): stop now
-            sys.stderr.write(f"preclint: interrupted ({signal.Signals(signum).name})\n")
-            sys.stderr.flush()
-            _real_exit(128 + signum)
+            _real_exit(interrupts.say_interrupted(signum))
         received.append(signum)
         raise Interrupted(signum)
 

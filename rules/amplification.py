@@ -4,7 +4,7 @@ from __future__ import annotations
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import C_OUTPUT, MODES, gaussian_max_factor
-from preclint.predict import PREDICTED_ERRORS_NEED, amplification, relative_errors
+from preclint.predict import PREDICTED_ERRORS_NEED, amplification, passed_on, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 from preclint.rules._dataflow import ancestors
@@ -121,13 +121,18 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
                 if mode not in received:
                     received[mode] = relative_errors(graph, ctx.predictions[mode])
                 incoming = max((received[mode].get(n, 0.0) for n in node.inputs), default=0.0)
+                # each input's error as the op amplifies that input: a broadcast gate or a bias table
+                # the op amplifies does not amplify the activation beside it
+                outgoing = passed_on(node, received[mode])
                 # reported where the error that leaves is beyond ordinary too: an order of magnitude
                 # above what storing the op's own result in the mode's format would cost
                 ordinary = C_OUTPUT * (MODES[mode].low or MODES[mode].dot_format).unit_roundoff
-                if factor * incoming >= AMPLIFICATION_LIMIT * ordinary:
-                    figures[mode] = (incoming, factor * incoming)
+                if outgoing >= AMPLIFICATION_LIMIT * incoming and outgoing >= AMPLIFICATION_LIMIT * ordinary:
+                    figures[mode] = (incoming, outgoing)
             if figures:
-                yield self._finding(ctx, node, factor, figures)
+                mode = max(figures, key=lambda m: figures[m][1])
+                incoming, outgoing = figures[mode]
+                yield self._finding(ctx, node, outgoing / incoming, figures)
 
     def _finding(self, ctx, node, factor, figures):
         mode = max(figures, key=lambda m: figures[m][1])

@@ -15,10 +15,10 @@ PACKAGES = {"preclint": ROOT / "preclint", "preclint.rules": ROOT / "rules"}
 # names a module, or with ".*" every module under a package that no longer entry claims; a module no
 # entry claims is checked for cycles only.
 LAYERS: List[Tuple[str, ...]] = [
-    ("preclint", "preclint.errors", "preclint.findings", "preclint.exitcodes", "preclint.numerics", "preclint.ir",
+    ("preclint", "preclint.interrupts", "preclint.errors", "preclint.findings", "preclint.exitcodes", "preclint.numerics", "preclint.ir",
      "preclint.progress", "preclint.policy"),
     # reading source files without running them: what source rules and locations build on
-    ("preclint.source.safe_io", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
+    ("preclint.source.safe_io", "preclint.source.lexical", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
      "preclint.source.evidence", "preclint.source.positions", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
      "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
     ("preclint.modelio", "preclint.load"),

@@ -305,3 +305,45 @@ def test_a_huge_expression_the_rules_would_read_is_named_not_parsed_for_minutes(
     found = {(f["code"], f["location"]["line"]): f["message"] for f in json.loads(result.stdout)["findings"]}
     assert "cannot check the expression at line 2: it nests 100" in found[("PCL599", 2)].lower()
     assert ("PCL502", 3) in found  # the rest of the file is checked
+
+
+def test_a_failing_case_is_kept_so_a_recheck_elsewhere_checks_the_same_bytes(tmp_path, monkeypatch):
+    """Source cases are built from the installed packages' test files, which differ between machines:
+    a recheck by name on another machine checked other bytes than the run that failed."""
+    from benchmarks.fuzz.oracle import Checked, Verdict
+
+    kept = tmp_path / "cases"
+    original = cases.build("source-7", "own")
+    monkeypatch.setattr(cases, "check", lambda case, scratch=None: Checked(Verdict("crash", "boom", "crash: boom")))
+    entry = cases.run_one("source-7", "own", str(tmp_path), kept)
+    assert entry["failure"] == "crash" and cases.kept_path(kept, "source-7").exists()
+    assert not list(kept.glob(".current-*"))
+
+    def elsewhere(name, corpus_kind="both"):
+        raise AssertionError("rebuilt from this machine's files")
+
+    monkeypatch.setattr(cases, "build", elsewhere)
+    seen = []
+    monkeypatch.setattr(cases, "check", lambda case, scratch=None: seen.append(case) or Checked(Verdict(None)))
+    assert cases.run_one("source-7", "own", str(tmp_path), kept, use_kept=True)["failure"] is None
+    assert seen == [original]
+
+
+def test_the_long_run_stops_at_its_time_budget_and_resumes(tmp_path):
+    """A run given a time budget stops starting cases, logs nothing it did not finish, and the next
+    run takes up the cases that are not in the log."""
+    state, out = tmp_path / "state", tmp_path / "fuzz.json"
+
+    def fuzz(*args):
+        return subprocess.run([sys.executable, "-m", "benchmarks.fuzz", "--sources", "2", "--corpus", "own",
+                               "--state", str(state), "--out", str(out), "--source-timeout", "60", *args],
+                              cwd=cases.Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+
+    stopped = fuzz("--time-budget", "0")
+    assert stopped.returncode == 0 and "time budget of 0 s spent; run again to resume" in stopped.stdout, stopped.stderr
+    assert not (state / "log-own.jsonl").read_text()
+    resumed = fuzz("--time-budget", "600")
+    assert resumed.returncode == 0 and "time budget" not in resumed.stdout, resumed.stdout + resumed.stderr
+    logged = [json.loads(line)["case"] for line in (state / "log-own.jsonl").read_text().splitlines()]
+    assert sorted(logged) == ["source-0", "source-1"]
+    assert json.loads(out.read_text())["tried"] == {"source": 2}

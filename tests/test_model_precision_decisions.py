@@ -222,3 +222,33 @@ def test_a_module_called_twice_is_one_contributor():
     assert len(calls) == 2
     entry = next(e for e in top if e["module"] == "block")
     assert abs(entry["share"] - sum(shares[c] for c in calls)) < 1e-3
+
+
+class _LayerScale(torch.nn.Module):
+    """ConvNeXt's layer scale: a float32 parameter of one dim times a float16 activation; and a scalar
+    (zero-dim) parameter, which type promotion does not let widen a tensor of one or more dims."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.gamma = torch.nn.Parameter(torch.full((8,), 1e-6))
+        self.scalar = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        h = self.proj(x)
+        return self.gamma * h, h * self.scalar
+
+
+def test_an_fp32_parameter_times_an_fp16_activation_is_fp32_under_autocast():
+    for path in ("fx", "function-mode"):
+        graph, _ = capture(_LayerScale(), (torch.randn(4, 8),), "scale", ReferenceObserver(), force=path)
+        formats, _ = _formats(graph, "fp16")
+        scaled, halved = _by_fn(graph, "mul")
+        assert formats[scaled.name] == "fp32", path  # what torch.autocast computes: float32
+        if path == "function-mode":
+            assert formats[halved.name] == "fp16"
+        formats, _ = _formats(graph, "fp16-full")
+        assert formats[scaled.name] == "fp16", path  # a cast model holds the parameter in float16 too
+    with torch.autocast("cpu", dtype=torch.float16):
+        scaled, halved = _LayerScale()(torch.randn(4, 8))
+    assert (scaled.dtype, halved.dtype) == (torch.float32, torch.float16)

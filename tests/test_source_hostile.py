@@ -146,6 +146,88 @@ def test_check_file_is_the_in_process_entry_point(project):
     assert finding.code == "PCL502" and finding.location.path == "pkg/m.py" and finding.location.line == 5
 
 
+def test_null_bytes_are_a_file_preclint_cannot_check_not_an_internal_error(project):
+    # Python 3.12's tokenize raised SystemError on a NUL byte; CPython refuses the file either way
+    from preclint.source.run import check_file
+
+    (project / "pkg" / "nul.py").write_bytes(b"import torch\n\nx = torch.cuda.amp.autocast()\x00  # noqa: E501\ny = (1,\n")
+    (finding,) = check_file(str(project / "pkg" / "nul.py"))
+    assert finding.code == "PCL599" and "null bytes" in finding.message and finding.location.line == 3
+    done = preclint("--no-cache", "--output-format", "json", "pkg/nul.py", cwd=project)
+    assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr[-2000:]
+    (reported,) = json.loads(done.stdout)["findings"]
+    assert reported["code"] == "PCL599" and "null bytes" in reported["message"]
+
+
+def test_the_guard_measures_a_broken_flat_file_without_tokenize(monkeypatch):
+    # 400,000 tokens on one line that CPython cannot parse: Python 3.12's tokenize took minutes on it.
+    # The guard's own scan stops as soon as a statement is past the budget.
+    import tokenize
+
+    from preclint.source import guard, lexical
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the guard asked tokenize")
+
+    monkeypatch.setattr(tokenize, "generate_tokens", refuse)
+    monkeypatch.setattr(tokenize, "tokenize", refuse)
+    counted = []
+    scan = lexical.tokens
+    monkeypatch.setattr(lexical, "tokens", lambda text: (counted.append(token) or token for token in scan(text)))
+    text = "x = [" + ", ".join(["1"] * 200_000) + " 2 3]\n"  # a SyntaxError near the end
+    verdict = guard.run_with_deep_stack(lambda: guard.judge(text))
+    assert verdict.error is not None and verdict.final
+    assert len(counted) == guard.DEPTH_BUDGET + 1  # the scan stopped at the first token past the budget
+    assert lexical.most_tokens_in_a_statement(text) == 3 + 200_000 + 199_999 + 3  # x = [ ... 2 3 ]
+
+
+def test_a_measurement_that_fails_is_a_file_preclint_cannot_check(monkeypatch):
+    from preclint.source import guard
+    from preclint.source.run import check_text
+
+    def broken(*args, **kwargs):
+        raise SystemError("returned a result with an exception set")
+
+    monkeypatch.setattr(guard, "_long_expressions", broken)
+    (finding,) = check_text("import torch\nwith torch.cuda.amp.autocast():\n    pass\n", "pkg/m.py")
+    assert finding.code == "PCL599" and "SystemError" in finding.message
+
+
+def test_comments_are_found_in_strings_free_text_and_broken_files():
+    from preclint.source import lexical
+
+    text = 'a = f"#no" \'#no\'  # one\r\nb = """\n# no\n"""  # two\rc = (1,  # three\n  2 \'unterminated # four\n'
+    assert [(c.line, c.column, c.text) for c in lexical.comments(text)] == [
+        (1, 18, "# one"), (4, 5, "# two"), (5, 9, "# three")]  # "# four" is in the unterminated literal
+    assert lexical.most_tokens_in_a_statement(text) == 7  # c = ( 1 , 2 'unterminated # four
+    assert lexical.string_literals('("a" \'b\'  # c\n rb"""d""")') == 3
+
+
+def test_one_fix_run_fixes_nested_calls_and_counts_what_it_applied(project, capsys):
+    # the fixes inside a replaced call are carried into its replacement: no level is left for a second run
+    (project / "pkg" / "m.py").write_text(
+        "import torch\n\nx = " + "torch.cuda.amp.autocast(" * 190 + ")" * 190 + "\n")
+    code, out, err = run(capsys, "--no-cache", "--fix", "pkg")
+    text = (project / "pkg" / "m.py").read_text()
+    assert code == 0 and "torch.cuda.amp" not in text and text.count('torch.autocast("cuda"') == 190
+    assert "Fixed 190 findings." in err and "warning" not in err, err
+    assert run(capsys, "--no-cache", "--fix", "pkg")[0] == 0 and (project / "pkg" / "m.py").read_text() == text
+
+
+def test_fix_warns_once_when_its_round_limit_leaves_fixes(project, capsys, monkeypatch):
+    from preclint.source import fix
+
+    apply_all = fix.apply_fixes
+    monkeypatch.setattr(fix, "apply_fixes", lambda source, fixes: apply_all(source, fixes[:1]))  # one a round
+    monkeypatch.setattr(fix, "MAX_ROUNDS", 2)
+    (project / "pkg" / "m.py").write_text("import torch\n\n" + "x = torch.cuda.amp.autocast()\n" * 3)
+    code, out, err = run(capsys, "--no-cache", "--fix", "pkg")
+    assert code == 1 and "Fixed 2 findings." in err
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert "pkg/m.py: fixes still left after 2 rounds" in warning
+    assert (project / "pkg" / "m.py").read_text().count("torch.cuda.amp") == 1
+
+
 # ---------------------------------------------------------------------------- fixes keep the file's identity
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX owners and links")

@@ -64,7 +64,8 @@ def test_fix_removes_the_finding_and_keeps_valid_python(rule, snippet):
         assert fixed is None
         return
     assert fixed is not None
-    text, count = fixed
+    text, count, unfinished = fixed
+    assert not unfinished
     cst.parse_module(text)
     compile(text, PATH, "exec")
     after = [f for f in check_text(text, PATH) if f.code == rule.code]
@@ -82,7 +83,7 @@ def test_pcl502_fix_output():
         "    y = model(x)\n"
         "scaler = torch.cuda.amp.GradScaler(2.0**10)\n"
     )
-    fixed, count = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
+    fixed, count, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
     assert count == 2
     assert fixed == (
         "import torch\n"
@@ -95,7 +96,7 @@ def test_pcl502_fix_output():
 
 def test_pcl502_fix_of_from_import_adds_torch_and_drops_the_unused_import():
     text = "from torch.cuda.amp import autocast\n\nwith autocast():\n    pass\n"
-    fixed, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
+    fixed, _, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
     assert fixed == 'import torch\n\nwith torch.autocast("cuda", dtype=torch.float16):\n    pass\n'
 
 
@@ -105,7 +106,7 @@ def _fixed(text, unsafe=False):
 
 def test_pcl503_fix_is_safe_only_where_the_source_shows_tensors_and_numeric_tolerances():
     safe = "import torch\ntorch.testing.assert_allclose(torch.ones(3), torch.zeros(3).float(), 1e-3, 1e-5)\n"
-    fixed, _ = _fixed(safe)
+    fixed, _, _ = _fixed(safe)
     assert fixed == (
         "import torch\n"
         "torch.testing.assert_close(torch.ones(3), torch.zeros(3).float(), rtol=1e-3, atol=1e-5, "
@@ -128,12 +129,12 @@ def test_pcl503_behaviour_changing_rewrites_are_unsafe_fixes(call, why):
     (finding,) = [f for f in check_text(text, PATH) if f.code == "PCL503"]
     assert not finding.fixable and "--unsafe-fixes" in finding.fix and why in finding.fix
     assert _fixed(text) is None
-    fixed, count = _fixed(text, unsafe=True)
+    fixed, count, _ = _fixed(text, unsafe=True)
     assert count == 1 and "torch.testing.assert_close(" in fixed and "check_dtype=False" in fixed
 
 
 def test_pcl503_unsafe_fix_keeps_a_non_literal_message_as_assert_allclose_passed_it():
-    fixed, _ = _fixed("import torch\ntorch.testing.assert_allclose(a, b, 0, 0, msg=m)\n", unsafe=True)
+    fixed, _, _ = _fixed("import torch\ntorch.testing.assert_allclose(a, b, 0, 0, msg=m)\n", unsafe=True)
     assert "msg=m or None" in fixed
 
 
@@ -153,7 +154,7 @@ def test_fixes_keep_every_comment_of_a_multiline_call():
         "    ):\n"
         "        pass\n"
     )
-    fixed, count = _fixed(text)
+    fixed, count, _ = _fixed(text)
     assert count == 2
     assert fixed == (
         "import torch\n"

@@ -186,3 +186,40 @@ def test_sigint_exits_130_and_sigterm_143_with_one_line(tmp_path):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 128 + signum, err
         assert err == f"preclint: interrupted ({signum.name})\n" and out == ""
+
+
+def test_an_interrupt_during_a_deferred_import_is_delivered_after_it():
+    # numpy cut halfway by a SIGINT cannot be imported again in the process: imports of torch wait for it
+    from preclint.interrupts import interrupts_deferred
+    from preclint.usercode import Interrupted, interrupt_signals
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):  # Python's own handler, as the body found it
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler has run by now: it recorded the signal, raised nothing
+            done.append("imported")
+    assert done == ["imported"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(Interrupted) as caught, interrupt_signals():  # the CLI's handler
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            done.append("again")
+    assert done == ["imported", "again"] and caught.value.signum == signal.SIGTERM
+
+
+def test_keyboard_interrupt_anywhere_in_the_cli_exits_130_with_one_line(tmp_path, monkeypatch, capsys):
+    from preclint import cli
+    from preclint.source import run as source_run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text("import torch\n")
+    monkeypatch.setattr(source_run, "check_paths", interrupted)  # inside the run, in the source-only path
+    assert cli.main(["check", "--source-only", "m.py"]) == 130
+    assert capsys.readouterr().err == "preclint: interrupted (SIGINT)\n"
+    monkeypatch.setattr(cli, "build_parser", interrupted)  # before preclint's handler is installed
+    assert cli.main(["check", "m.py"]) == 130
+    assert capsys.readouterr().err == "preclint: interrupted (SIGINT)\n"

@@ -5,8 +5,11 @@ to worker processes (``--jobs``), each of which checks many cases in process (pr
 per-case time limit protect it) and is replaced after a few hundred cases, past a memory limit, or
 when it dies: a worker that ends by a signal or passes the time limit records a crash or a hang for
 the case it held, and a fresh one takes the next case. Every result is appended to a log
-(``--state``/log.jsonl), so a run that stops resumes where it was; ``--recheck`` runs the failing cases
-again (after a fix) and records which now pass. The summary, ``--out`` (benchmarks/results/fuzz.json),
+(``--state``/log.jsonl), so a run that stops (Ctrl-C, SIGTERM, or ``--time-budget SECONDS`` spent)
+resumes where it was. Each failing case is kept, pickled, as ``STATE/cases/NAME.pkl``; ``--recheck``
+runs the failing cases again (after a fix) from those kept copies, so a recheck on another machine
+checks the same bytes (a source case built there from its installed packages would differ), and
+records which now pass. The summary, ``--out`` (benchmarks/results/fuzz.json),
 counts the inputs tried per class, the failures found per class and signature, and which are fixed.
 """
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Harness:
     timeouts: Dict[str, float]
     scratch: str
     log_path: Path
+    kept: Optional[Path] = None  # where failing cases are kept (pickled)
+    use_kept: bool = False  # check the kept copy of a case where there is one (--recheck)
+    deadline: Optional[float] = None  # time.monotonic() past which no case starts (--time-budget)
     recycle: int = 200
     max_rss_mb: int = 2500
     slack: float = 5.0  # wall time may be this many times the CPU limit
@@ -58,7 +64,8 @@ class Harness:
         env = {**os.environ, "FUZZ_RESULT_FD": str(write), "FUZZ_CORPUS": self.corpus, "FUZZ_SCRATCH": self.scratch,
                "FUZZ_RECYCLE": str(self.recycle), "FUZZ_MAX_RSS_MB": str(self.max_rss_mb),
                "PRECLINT_CACHE_DIR": os.path.join(self.scratch, "cache"), "PYTHONPATH": str(ROOT),
-               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "FUZZ_KEPT": str(self.kept or ""), "FUZZ_USE_KEPT": "1" if self.use_kept else "0"}
         log = open(self.log_path.parent / "worker.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.fuzz.cases"], cwd=ROOT, env=env,
                                 stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write,),
@@ -99,7 +106,20 @@ class Harness:
         worker.proc.stdin.write((name + "\n").encode())
         worker.proc.stdin.flush()
 
-    def run(self, names: List[str], on_result) -> None:
+    def keep_case_of(self, worker: Worker, name: str) -> None:
+        """Keep the case a worker died or hung on (it pickled it before checking it)."""
+        if self.kept is None:
+            return
+        from benchmarks.fuzz.cases import current_path, kept_path
+
+        try:
+            os.replace(current_path(self.kept, worker.proc.pid), kept_path(self.kept, name))
+        except OSError:  # it died before writing it: the name still rebuilds it on this machine
+            pass
+
+    def run(self, names: List[str], on_result) -> bool:
+        """Check ``names``; False when the deadline stopped the run first (the cases not finished
+        are not logged: a later run starts them again)."""
         pending = collections.deque(names)
         self.workers = [self.start_worker() for _ in range(min(self.jobs, len(pending)) or 0)]
         for w in self.workers:
@@ -108,10 +128,15 @@ class Harness:
         while any(w.case for w in self.workers):
             busy = [w for w in self.workers if w.case]
             now = time.monotonic()
+            if self.deadline is not None and now > self.deadline:
+                for w in self.workers:
+                    self.stop(w)
+                return False
             wait = min(self.timeouts[w.case.rpartition("-")[0]] - (now - w.started) for w in busy) / self.slack
             ready, _, _ = select.select([w.results for w in busy], [], [], max(0.05, min(wait, 5.0)))
             for w in list(busy):
                 replace = False
+                lost = None  # the case the worker died or hung on
                 if w.results in ready:
                     chunk = os.read(w.results, 1 << 16)
                     if chunk:
@@ -126,39 +151,53 @@ class Harness:
                     else:  # the worker is gone: the case it held crashed it
                         code = w.proc.wait()
                         on_result(_died(w.case, code, time.monotonic() - w.started))
-                        w.case = None
+                        lost, w.case = w.case, None
                         replace = True
                 elif self.over_time(w):
                     limit = self.timeouts[w.case.rpartition("-")[0]]
                     on_result({"case": w.case, "kind": w.case.rpartition("-")[0], "tags": [], "failure": "hang",
                                "detail": f"no result within {limit:.0f} s of CPU time ({self.slack:.0f}x that of wall time)",
                                "signature": "hang: harness time limit", "seconds": time.monotonic() - w.started})
-                    w.case = None
+                    lost, w.case = w.case, None
                     replace = True
                 if replace:
                     self.stop(w)
+                    if lost:
+                        self.keep_case_of(w, lost)
                     index = self.workers.index(w)
                     w = self.workers[index] = self.start_worker()
-                if w.case is None and pending:
+                if w.case is None and pending and (self.deadline is None or time.monotonic() < self.deadline):
                     self.send(w, pending.popleft())
         for w in self.workers:
             self.stop(w)
+        return not pending
 
 
-def session_cpu(session: int) -> float:
-    """CPU seconds used so far by the processes of a session (a worker and the pool it starts)."""
+def session_cpu(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` and its descendants (a worker and the pool it
+    starts), those reaped included. Reads only their own /proc entries: a scan of all of /proc for
+    each case and each wait cost the harness more than the cases on a busy host."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    stack, seen = [pid], set()
+    while stack:
+        process = stack.pop()
+        if process in seen:
             continue
+        seen.add(process)
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+            with open(f"/proc/{process}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
+            tasks = os.listdir(f"/proc/{process}/task")
+        except OSError:  # gone meanwhile
             continue
-        if int(fields[3]) == session:  # fields after the name: state, ppid, pgrp, session, ...
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+        total += sum(int(v) for v in fields[11:15])  # utime, stime, and of its reaped children cutime, cstime
+        for task in tasks:
+            try:
+                with open(f"/proc/{process}/task/{task}/children") as f:
+                    stack.extend(int(child) for child in f.read().split())
+            except OSError:
+                continue
     return total / tick
 
 
@@ -249,7 +288,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the summary (JSON)")
     parser.add_argument("--model-timeout", type=float, default=300.0, help="CPU seconds for one model case")
     parser.add_argument("--source-timeout", type=float, default=120.0, help="CPU seconds for one source case")
-    parser.add_argument("--recheck", action="store_true", help="run the cases that failed again")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run the cases that failed again (the kept copies under STATE/cases where there are)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no case after this many seconds; the cases then running are stopped and "
+                             "not logged (a later run resumes with them)")
     parser.add_argument("--summary-only", action="store_true", help="write the summary from the log and stop")
     parser.add_argument("--slack", type=float, default=5.0,
                         help="a case is a hang past its time limit in CPU time, or this many times it in wall time")
@@ -280,7 +323,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{len(names)} cases to run ({len(state)} in the log)", flush=True)
     scratch = tempfile.mkdtemp(prefix="preclint-fuzz-")
     harness = Harness(jobs=args.jobs, corpus=args.corpus, scratch=scratch, log_path=log_path, recycle=args.recycle,
-                      slack=args.slack,
+                      slack=args.slack, kept=args.state / "cases", use_kept=args.recheck,
+                      deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
                       timeouts={"model": args.model_timeout, "source": args.source_timeout})
     counts = collections.Counter()
     start = time.monotonic()
@@ -303,11 +347,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 _write_summary(args.out, read_log(log_path), meta)
 
         try:
-            harness.run(names, on_result)
+            if not harness.run(names, on_result):
+                print(f"time budget of {args.time_budget:g} s spent; run again to resume", flush=True)
         except KeyboardInterrupt:
             for w in harness.workers:
                 harness.stop(w)
             print("stopped; run again to resume", flush=True)
+    for current in (args.state / "cases").glob(".current-*.pkl"):  # cases of workers stopped midway
+        current.unlink(missing_ok=True)
     _write_summary(args.out, read_log(log_path), meta)
     import shutil
 

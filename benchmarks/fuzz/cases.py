@@ -1,8 +1,9 @@
 """Case names to cases, and one case checked: what a worker process of the long run does, and what
 tests/test_fuzz.py does for its fixed sample.
 
-A case is named ``model-SEED`` or ``source-SEED``; the name alone rebuilds it (the source corpus is
-fixed per run: ``own`` files, ``installed`` test files, or ``both``).
+A case is named ``model-SEED`` or ``source-SEED``; the name alone rebuilds it on the same machine (the
+source corpus is fixed per run: ``own`` files, ``installed`` test files, or ``both``; installed files
+differ between machines, hence the kept copies of failing cases: ``kept_path``).
 """
 from __future__ import annotations
 
@@ -76,9 +77,32 @@ def record(name: str, case, checked: Checked, seconds: float) -> Dict[str, objec
     return entry
 
 
-def run_one(name: str, corpus_kind: str, scratch: Optional[str] = None) -> Dict[str, object]:
+def kept_path(kept: Path, name: str) -> Path:
+    """Where a failing case is kept (pickled): ``--recheck`` on another machine checks the same bytes,
+    where a case rebuilt from that machine's installed packages would differ."""
+    return kept / f"{name}.pkl"
+
+
+def current_path(kept: Path, pid: int) -> Path:
+    """The case a worker (process ``pid``) is checking, pickled before it runs: kept by the harness
+    if the worker dies or hangs on it."""
+    return kept / f".current-{pid}.pkl"
+
+
+def run_one(name: str, corpus_kind: str, scratch: Optional[str] = None, kept: Optional[Path] = None,
+            use_kept: bool = False) -> Dict[str, object]:
+    """Build (or, with ``use_kept``, load the kept copy of) case ``name``, check it and record the
+    result; with ``kept``, a failing case is kept there."""
+    import pickle
+
     start = time.perf_counter()
-    case = build(name, corpus_kind)
+    if use_kept and kept is not None and kept_path(kept, name).exists():
+        case = pickle.loads(kept_path(kept, name).read_bytes())
+    else:
+        case = build(name, corpus_kind)
+    if kept is not None:
+        kept.mkdir(parents=True, exist_ok=True)
+        current_path(kept, os.getpid()).write_bytes(pickle.dumps(case))
     try:
         checked = check(case, scratch)
     except Exception as exc:  # noqa: BLE001 - the harness itself failed on this case: say so, go on
@@ -86,6 +110,8 @@ def run_one(name: str, corpus_kind: str, scratch: Optional[str] = None) -> Dict[
 
         checked = Checked(Verdict("harness", f"{type(exc).__name__}: {exc}"[:200],
                                   f"harness: {traceback.format_exc().strip().splitlines()[-1][:120]}"))
+    if kept is not None and not checked.verdict.ok:
+        os.replace(current_path(kept, os.getpid()), kept_path(kept, name))
     return record(name, case, checked, time.perf_counter() - start)
 
 
@@ -98,6 +124,8 @@ def worker_main() -> None:
     out = os.fdopen(int(os.environ["FUZZ_RESULT_FD"]), "w", buffering=1)
     corpus_kind = os.environ.get("FUZZ_CORPUS", "both")
     scratch = os.environ.get("FUZZ_SCRATCH")
+    kept = Path(os.environ["FUZZ_KEPT"]) if os.environ.get("FUZZ_KEPT") else None
+    use_kept = os.environ.get("FUZZ_USE_KEPT") == "1"
     recycle = int(os.environ.get("FUZZ_RECYCLE", "200"))
     max_rss = int(os.environ.get("FUZZ_MAX_RSS_MB", "2500"))
     done = 0
@@ -105,7 +133,7 @@ def worker_main() -> None:
         name = line.strip()
         if not name:
             continue
-        entry = run_one(name, corpus_kind, scratch)
+        entry = run_one(name, corpus_kind, scratch, kept, use_kept)
         done += 1
         rss_mb = _rss_mb()
         entry["recycle"] = done >= recycle or rss_mb > max_rss
@@ -113,6 +141,8 @@ def worker_main() -> None:
         if entry["recycle"]:
             break
     out.close()
+    if kept is not None:
+        current_path(kept, os.getpid()).unlink(missing_ok=True)
 
 
 def _rss_mb() -> float:

@@ -22,6 +22,6 @@ class GainsAnalysis(GradientAnalysis):
             if name in main.operands:
                 if node.kind in DOT_PRODUCT_KINDS:
                     gains.operands = gain_operands
-                else:
-                    gains.inputs = gain_operands
+                elif name in main.inputs:
+                    gains.inputs, gains.by_input = main.inputs[name]
             node.put(gains)

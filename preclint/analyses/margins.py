@@ -102,7 +102,9 @@ def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
         if fn in ("argmax", "argmin", "max", "min"):
             return gaps[:, 0]
         if fn == "topk":
-            k = min(node.attrs.get("k", 1), gaps.shape[-1])
-            return gaps[:, :k].min(dim=-1).values
+            # which k values are chosen, not their order (detectors sort what they keep again, a
+            # mixture of experts sums its chosen experts): the gap between the k-th and the next
+            k = node.attrs.get("k", 1)
+            return gaps[:, k - 1] if 0 < k <= gaps.shape[-1] else None
         return gaps.min(dim=-1).values
     return None

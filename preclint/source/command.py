@@ -137,6 +137,12 @@ def run_source_only(
         rules = [rule() for rule in selected_rules(config)]
         keep = _baseline_keep(run.findings, baseline)
         result = fix_run(run, rules, config, keep, unsafe=unsafe_fixes)
+        if result.unfinished:
+            from preclint.source.fix import MAX_ROUNDS
+
+            first, more = result.unfinished[0], len(result.unfinished) - 1
+            notes.append(f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left after "
+                         f"{MAX_ROUNDS} rounds of fixing; run again to apply them")
         if diff:
             write_report(unified_diff(run, result), out)
             n = len(result.texts)

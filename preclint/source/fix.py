@@ -1,8 +1,9 @@
 """``--fix`` and ``--diff``: apply the safe autofixes of the reported findings.
 
 A fix replaces one node of the libcst tree, so everything else in the file keeps its bytes (comments,
-quotes, blank lines, line endings, encoding). Fixes are applied in rounds until none is left, since
-one replacement can hide another inside it. Only safe fixes exist: a rule offers a replacement only
+quotes, blank lines, line endings, encoding). The fixes nested inside a replaced node are carried into
+its replacement, so one round applies them all; further rounds (at most ``MAX_ROUNDS``) apply what a
+round's result offers anew. Only safe fixes exist: a rule offers a replacement only
 where it can show the behaviour is the same (see each rule's Fix section).
 
 Files are written in place (preclint.source.safe_io.write_in_place): owner, mode and hard links stay;
@@ -14,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -31,19 +32,66 @@ MAX_ROUNDS = 10
 
 
 class _Replace(cst.CSTTransformer):
-    def __init__(self, replacements: Dict[int, cst.CSTNode]):
+    """Replaces each fixed node, carrying the fixes made inside it into its replacement: a
+    replacement is built from the original node's parts, so without this a fix nested in another
+    (``autocast(enabled=autocast())``) would be lost and need another round, one round a level."""
+
+    def __init__(self, fixes: Sequence[Fix]):
         super().__init__()
-        self.replacements = replacements
+        self.fixes = {id(fix.node): index for index, fix in enumerate(fixes)}
+        self.replacements = [fix.replacement for fix in fixes]
+        # id of an original node whose subtree changed -> (its new version, indices of the fixes in it)
+        self.changed: Dict[int, tuple] = {}
+        self.below: List[Set[int]] = [set()]  # per node being visited: the fixes applied inside it
+        self.applied: Set[int] = set()
+
+    def on_visit(self, node) -> bool:
+        self.below.append(set())
+        return True
 
     def on_leave(self, original_node, updated_node):
-        return self.replacements.get(id(original_node), updated_node)
+        inside = self.below.pop()
+        index = self.fixes.get(id(original_node))
+        result = updated_node
+        if index is not None:
+            carry = _Carry(self.changed)
+            result = self.replacements[index].visit(carry)
+            inside = carry.carried | {index}
+        if result is not original_node:
+            self.changed[id(original_node)] = (result, inside)
+        self.below[-1] |= inside
+        if len(self.below) == 1:
+            self.applied = self.below[0]
+        return result
 
 
-def apply_fixes(source: SourceFile, fixes: Sequence[Fix]) -> str:
-    """The text of ``source`` with ``fixes`` applied (one round)."""
-    module = source.module.visit(_Replace({id(fix.node): fix.replacement for fix in fixes}))
-    add = sorted({name for fix in fixes for name in fix.add_imports})
-    unused = sorted({pair for fix in fixes for pair in fix.unused_imports})
+class _Carry(cst.CSTTransformer):
+    """Puts the new versions of changed original nodes into a replacement that reuses them."""
+
+    def __init__(self, changed: Dict[int, tuple]):
+        super().__init__()
+        self.changed = changed
+        self.carried: Set[int] = set()
+
+    def on_visit(self, node) -> bool:
+        return id(node) not in self.changed  # its new version is complete: no need to look inside
+
+    def on_leave(self, original_node, updated_node):
+        done = self.changed.get(id(original_node))
+        if done is None:
+            return updated_node
+        self.carried |= done[1]
+        return done[0]
+
+
+def apply_fixes(source: SourceFile, fixes: Sequence[Fix]) -> Tuple[str, int]:
+    """The text of ``source`` with ``fixes`` applied (one round), and how many of them it holds (a fix
+    inside another's replacement that does not keep the node it fixed is not applied)."""
+    replace = _Replace(fixes)
+    module = source.module.visit(replace)
+    applied = [fixes[index] for index in sorted(replace.applied)]
+    add = sorted({name for fix in applied for name in fix.add_imports})
+    unused = sorted({pair for fix in applied for pair in fix.unused_imports})
     if add or unused:
         from libcst.codemod import CodemodContext  # a second to import: only when imports change
         from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
@@ -55,7 +103,7 @@ def apply_fixes(source: SourceFile, fixes: Sequence[Fix]) -> str:
         for module_name, name in unused:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name)
         module = _remover(RemoveImportsVisitor)(context).transform_module(module)
-    return module.code
+    return module.code, len(applied)
 
 
 def _remover(base):
@@ -93,6 +141,7 @@ def _remover(base):
 class FixResult:
     texts: Dict[str, str] = field(default_factory=dict)  # printed path -> new text, changed files only
     counts: Dict[str, int] = field(default_factory=dict)  # printed path -> fixes applied
+    unfinished: List[str] = field(default_factory=list)  # printed paths with fixes left after MAX_ROUNDS
 
     @property
     def total(self) -> int:
@@ -106,7 +155,8 @@ def fix_file(
     keep: Callable[[Finding], bool] = lambda finding: True,
     unsafe: bool = False,
 ) -> Optional[tuple]:
-    """(new text, fixes applied) for one file, or None when nothing is fixable. Only findings that
+    """(new text, fixes applied, whether fixes were left after ``MAX_ROUNDS`` rounds) for one file,
+    or None when nothing is fixable. Only findings that
     would be reported get fixed: not those per-file-ignored, suppressed, or dropped by ``keep``; and
     only safe fixes unless ``unsafe``."""
     return run_with_deep_stack(lambda: _fix_file(source, rules, config, keep, unsafe))
@@ -114,9 +164,9 @@ def fix_file(
 
 def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callable[[Finding], bool],
               unsafe: bool) -> Optional[tuple]:
-    text, applied = source.text, 0
+    text, applied, unfinished = source.text, 0, False
     current = SourceFile(source.path, source.text)  # a fresh parse: fixes refer to its nodes
-    for _ in range(MAX_ROUNDS):
+    for round_number in range(MAX_ROUNDS + 1):
         findings = [
             f for f in check_source(current, rules) if not config.ignored_for_file(current.path, f.code)
         ]
@@ -125,14 +175,17 @@ def _fix_file(source: SourceFile, rules: Sequence, config: Config, keep: Callabl
         fixes = [fix for fix in current.fixes if id(fix.finding) in wanted and (fix.safe or unsafe)]
         if not fixes:
             break
-        new_text = apply_fixes(current, fixes)
+        if round_number == MAX_ROUNDS:  # checked, not applied: the limit is reached
+            unfinished = True
+            break
+        new_text, count = apply_fixes(current, fixes)
         if new_text == current.text:
             break
-        applied += len(fixes)
+        applied += count
         current = SourceFile(source.path, new_text)
     if current.text == text:
         return None
-    return current.text, applied
+    return current.text, applied, unfinished
 
 
 def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool] = lambda f: True,
@@ -151,7 +204,9 @@ def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool
             continue
         fixed = fix_file(source, rules, config, keep, unsafe)
         if fixed is not None:
-            result.texts[path], result.counts[path] = fixed
+            result.texts[path], result.counts[path], unfinished = fixed
+            if unfinished:
+                result.unfinished.append(path)
     return result
 
 

@@ -27,14 +27,14 @@ So every file is handled in three steps:
 from __future__ import annotations
 
 import ast
-import io
 import re
 import sys
 import threading
-import tokenize
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple, TypeVar
+
+from preclint.source import lexical
 
 T = TypeVar("T")
 
@@ -107,7 +107,22 @@ class Verdict:
 
 def judge(text: str, filename: str = "<file>") -> Verdict:
     """CPython's verdict on ``text`` and its expressions deeper than ``DEPTH_BUDGET``. Run it with
-    ``run_with_deep_stack``: CPython's own limits on nesting then are those of the running Python."""
+    ``run_with_deep_stack``: CPython's own limits on nesting then are those of the running Python.
+    Never raises for what the text holds: what cannot be measured is a final error (the file is
+    reported as one preclint cannot check)."""
+    nul = text.find("\0")
+    if nul >= 0:  # CPython refuses it (ValueError before 3.12, SyntaxError since), and so does libcst
+        line = text.count("\n", 0, nul) + 1
+        return Verdict(("source code cannot contain null bytes", line, nul - text.rfind("\n", 0, nul)), final=True)
+    try:
+        return _judge(text, filename)
+    except Exception as exc:  # a limit of the measuring itself: the file is not checked, the run goes on
+        reason = " ".join(str(exc).split())
+        return Verdict((f"its nesting could not be measured ({type(exc).__name__}{': ' + reason if reason else ''})",
+                        1, 1), final=True)
+
+
+def _judge(text: str, filename: str) -> Verdict:
     try:
         with warnings.catch_warnings():  # the checked file's SyntaxWarnings are not preclint's to print
             warnings.simplefilter("ignore")
@@ -115,13 +130,13 @@ def judge(text: str, filename: str = "<file>") -> Verdict:
     except SyntaxError as exc:
         message = exc.msg or "invalid syntax"
         nesting = "nested" in message or "too complex" in message
-        if not nesting and _most_tokens_in_a_statement(text) > DEPTH_BUDGET:
+        if not nesting and lexical.most_tokens_in_a_statement(text, enough=DEPTH_BUDGET) > DEPTH_BUDGET:
             nesting = True  # newer syntax or not, libcst must not see what may nest this deep
         return Verdict((message, exc.lineno or 1, exc.offset or 1), final=nesting)
     except (RecursionError, MemoryError) as exc:
         what = "too deeply nested" if isinstance(exc, RecursionError) else "too complex"
         return Verdict((f"Python cannot compile it either: expressions are {what}", 1, 1), final=True)
-    except ValueError as exc:  # null bytes (Python < 3.12)
+    except ValueError as exc:  # what else CPython refuses before parsing
         return Verdict((str(exc), 1, 1), final=True)
     verdict = Verdict()
     measure = _Measure(text)
@@ -231,14 +246,7 @@ class _Measure:
         quote = body[:3] if body[:3] in ('"""', "'''") else body[:1]
         if quote and body.endswith(quote) and quote not in body[len(quote) : -len(quote)]:
             return 1
-        count = 0
-        try:
-            for token in tokenize.generate_tokens(io.StringIO("(" + segment + "\n)").readline):
-                if token.type == tokenize.STRING or token.type == getattr(tokenize, "FSTRING_START", -1):
-                    count += 1
-        except (tokenize.TokenError, SyntaxError):
-            return 1
-        return max(count, 1)
+        return max(lexical.string_literals(segment), 1)
 
 
 def _long_expressions(tree: ast.AST, measure: _Measure):
@@ -292,18 +300,3 @@ def _deep_parts(root: ast.expr, measure: _Measure) -> List[Tuple[ast.expr, int]]
         else:
             found.append((node, depth[id(node)]))  # the outermost node of a deep chain
     return found
-
-
-def _most_tokens_in_a_statement(text: str) -> int:
-    """For a text CPython cannot parse (newer syntax, or broken): the most tokens of any logical
-    line, an upper bound on how deep libcst could nest it. The tokenizer is only asked here."""
-    most = current = 0
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
-                most, current = max(most, current), 0
-            elif token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
-                current += 1
-    except (tokenize.TokenError, SyntaxError):
-        pass
-    return max(most, current)

@@ -17,13 +17,12 @@ reported: it is shared with the other linters a project runs.
 from __future__ import annotations
 
 import functools
-import io
 import re
-import tokenize
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from preclint.findings import Finding, Location
+from preclint.source import lexical
 
 _NOQA = re.compile(r"#\s*noqa(?::\s?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
 _PRECLINT = re.compile(r"#\s*preclint:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
@@ -48,17 +47,9 @@ class Directive:
 
 
 def _comments(text: str) -> Iterable[Tuple[int, int, str]]:
-    """(line, 1-based column, text) of each comment; a file that does not tokenize falls back to a
-    plain scan of the lines (a ``#`` inside a string can then count, which only errs on its side)."""
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.COMMENT:
-                yield token.start[0], token.start[1] + 1, token.string
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        for number, line in enumerate(text.splitlines(), 1):
-            at = line.find("#")
-            if at >= 0:
-                yield number, at + 1, line[at:]
+    """(line, 1-based column, text) of each comment, broken file or not (``preclint.source.lexical``)."""
+    for comment in lexical.comments(text):
+        yield comment.line, comment.column + 1, comment.text
 
 
 @functools.lru_cache(maxsize=1)

@@ -72,3 +72,41 @@ class OffsetClassifier(nn.Module):
 
     def forward(self, x):
         return self.head(self.features(x))
+
+
+class TinyVariance(nn.Module):
+    """A frozen norm whose running variance holds 1e-9 for four dead channels: float16 flushes it to
+    0 and rsqrt makes inf of it. The culprit is the buffer, not a layer: keeping ``var`` alone in
+    float32 (0 FLOPs) is the plan."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(16, 16)
+        with torch.no_grad():
+            self.fc.weight.mul_(0.1)
+        var = torch.ones(16)
+        var[:4] = 1e-9
+        # a parameter (frozen): torch.fx traces it as an attribute read, where a buffer used only with
+        # other constants would be folded into a trace constant
+        self.var = nn.Parameter(var, requires_grad=False)
+        self.head = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.head.weight.mul_(1e-3)
+
+    def forward(self, x):
+        return self.head(self.fc(x) * self.var.rsqrt())
+
+
+class OffsetInputs(nn.Module):
+    """Inputs around 1000 whose variations of 0.01 carry the signal, centred inside the model:
+    float16 holds 1000 only to 0.5, so casting the inputs is the culprit and no layer kept in
+    float32 undoes it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc((x - 1000.0) * 100.0)
