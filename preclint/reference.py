@@ -151,12 +151,18 @@ class _Watched:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
-        self.version = tensor._version
         self.snapshot: Optional[torch.Tensor] = None
+        if tensor.is_inference():
+            # a tensor made in inference_mode has no version counter: nothing would tell a later
+            # write, so its values are kept now and it counts as possibly changed (no gradient either)
+            self.version: Optional[int] = None
+            self.snapshot = tensor.detach().clone()
+        else:
+            self.version = tensor._version
 
     @property
     def changed(self) -> bool:
-        return self.tensor._version != self.version
+        return self.version is None or self.tensor._version != self.version
 
     def value(self) -> Optional[torch.Tensor]:
         if self.snapshot is not None:

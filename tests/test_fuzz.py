@@ -267,6 +267,21 @@ def test_a_view_made_in_inference_mode_then_written_through_its_base_is_checked(
     assert json.loads(result.stdout)["capture"] == "function-mode"
 
 
+def test_a_tensor_made_in_inference_mode_is_probed(tmp_path):
+    """Tensors made in inference mode have no version counter: the probe's float64 pass read it to
+    share copies and refused the model ("Inference tensors do not track version counter"; fuzz
+    case model-8072)."""
+    _model(tmp_path, """
+        with torch.inference_mode():
+            noise = torch.randn_like(x)
+        return self.fc(x + noise / 65504.0)
+    """)
+    result = _preclint(["probe", "m.py", "--device", "cpu", "--precision", "fp16,bf16-full", "--capture", "function-mode",
+                        "--output-format", "json"], tmp_path)
+    assert result.returncode in (0, 1) and not result.stderr, result.stderr
+    assert json.loads(result.stdout)["environment"]["reference"]["dtype"] == "float64", result.stdout
+
+
 def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
     """Compiling a checked file printed its SyntaxWarnings (``1for``, ``"\\d"``) on preclint's stderr."""
     (tmp_path / "t.py").write_text('import torch\nx = [1for i in range(3)]\ny = "\\d"\ntorch.testing.assert_allclose(x, x)\n')

@@ -46,6 +46,8 @@ class ReferenceStore:
         the store holds each float64 tensor's memory once."""
         if t.dtype != torch.float64:
             return t.detach()
+        if t.is_inference():  # no version counter to tell a later write: copied each time
+            return t.to(torch.float32)
         owner = t if t._base is None else t._base
         known = self._copies.get(id(owner))
         if known is not None and known[0]() is owner and known[1] == t._version:
