@@ -50,6 +50,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclin
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint  # noqa: E402
+from preclint.ir import DecisionMargins, RoundingMargins  # noqa: E402
 from preclint.numerics import AUTOCAST_FP32  # noqa: E402
 from preclint.probe.rounding import LOW_DTYPES as LOW, round_tf32  # noqa: E402
 
@@ -448,7 +449,7 @@ def _output_decisions(graph) -> List[Any]:
         if node is None or name in seen:
             continue
         seen.add(name)
-        if node.margins is not None or node.rounding_margins is not None:
+        if node.record(DecisionMargins) is not None or node.record(RoundingMargins) is not None:
             found.append(node)
             if node.out is not None and node.out.is_float:
                 continue  # round/floor: the decision was taken here

@@ -252,8 +252,10 @@ def _check_all(args, config, probe) -> int:
     from preclint.report import render_reports
     from preclint.source.command import apply_baseline_to_reports, write_report
 
+    # (the probe compares the predicted errors with its measurements, and the HTML page draws them
+    # for every layer: both need them whatever the selected rules read)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
-                           capture=args.capture)
+                           capture=args.capture, predict_errors=probe is not None or config.output_format == "html")
     reports = [_check_one(path, args, config, options, probe) for path in args.paths]
     failed = [r for r in reports if r.error is not None]
     if args.baseline or args.write_baseline:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from preclint.findings import sci
-from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind
+from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Terms
 
 # An output whose RMS is below a millionth of the values that produce it (the RMS of sqrt(sum (a b)^2)
 # over the terms of the dot product that makes it, else its operands) is rounding residue, not a
@@ -41,8 +41,9 @@ def degenerate_outputs(graph: Graph) -> List[DegenerateOutput]:
             stats = node.out if node is not None else None
             if stats is None or not stats.is_float or not stats.finite or stats.numel == 0:
                 continue
-            if node.kind in DOT_PRODUCT_KINDS and node.dot_rms is not None:
-                feeding = node.dot_rms  # sqrt(sum (a b)^2): what float32 resolves the sum to a fraction of
+            terms = node.record(Terms)
+            if node.kind in DOT_PRODUCT_KINDS and terms is not None:
+                feeding = terms.rms  # sqrt(sum (a b)^2): what float32 resolves the sum to a fraction of
             else:
                 feeding = max([s.rms for s in node.input_stats if s is not None and s.is_float and s.finite] + [0.0])
             if stats.rms == 0 or stats.rms < DEGENERATE_RATIO * feeding:

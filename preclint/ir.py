@@ -7,7 +7,7 @@ method (``x.mean``) or an operator (``x + y``). Its statistics come from the ref
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar
 
 from preclint.findings import Location
 
@@ -80,10 +80,50 @@ class TensorStats:
         return self.dtype.startswith("float") or self.dtype.startswith("bfloat")
 
 
+# Records: what one analysis (preclint/analyses/) finds out about a node, stored on it by type
+# (``node.put(record)``, read with ``node.record(Type)``). A node has a record only where its analysis
+# ran and had something to say.
+
+
+@dataclass
+class Terms:
+    """The size of the terms a dot product or a sum adds up (analyses/terms.py): the RMS over outputs
+    of sqrt(sum_k (a_k b_k)^2) (sqrt(sum_k x_k^2) for a sum), against which rounding and cancellation
+    are judged."""
+
+    rms: float
+    # t -> the fraction of outputs whose terms exceed the result t times (10, 100, 1000); dot products only
+    condition: Dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """How a dot product accumulates (analyses/contraction.py)."""
+
+    contracts: bool = True  # False: an einsum that only multiplies (an outer product), no sum to round
+    fp16_accumulation: bool = False  # the model's code let cuBLAS accumulate float16 products in float16
+
+
+@dataclass
+class Margins:
+    """How far the values a node decides on are from changing the outcome (analyses/margins.py)."""
+
+    values: List[float]  # at most MAX_MARGINS, a deterministic sample of ``units`` beyond that
+    units: int  # how many decisions (or rounded values) the margins stand for
+
+
+class DecisionMargins(Margins):
+    """A decision's margins: top-1 minus top-2 per row, the gaps of a sort, or the distance to a threshold."""
+
+
+class RoundingMargins(Margins):
+    """A rounding to integers: each value's distance to the boundary where its integer changes."""
+
+
 @dataclass
 class Gains:
     """How much the error a node adds reaches the output, from the reference pass's backward passes
-    (reference.py): each is ||J^T v||^2 / N_out for a unit relative error of what is rounded."""
+    (analyses/gains.py): each is ||J^T v||^2 / N_out for a unit relative error of what is rounded."""
 
     out: float  # rounding the node's result
     operands: Optional[float] = None  # rounding the operands of a dot product
@@ -96,8 +136,26 @@ class Gains:
 
 
 @dataclass
+class Reach:
+    """The largest magnitude among the elements the output depends on (nonzero gradient), for values
+    beyond float16's range (analyses/reach.py): below absmax where the model masks or discards large
+    values. Without it, absmax stands."""
+
+    absmax: float
+
+
+@dataclass
+class DecisionGains:
+    """The gains toward a decision's (or rounding's) input rather than the output (analyses/decision_gains.py):
+    node name -> (gain of rounding its result, of rounding its operands), per decision unit."""
+
+    upstream: Dict[str, Tuple[float, float]]
+    gap: Optional[Dict[str, Tuple[float, float]]] = None  # along winner minus runner-up (argmax-like decisions)
+
+
+@dataclass
 class BatchNormFolding:
-    """What a batch norm's weights alone tell (weights.py): its folded scale gamma / sqrt(var + eps)
+    """What a batch norm's weights alone tell (analyses/batchnorm.py): its folded scale gamma / sqrt(var + eps)
     against float16's range, and how it amplifies the relative error of its input."""
 
     eps: float
@@ -111,6 +169,9 @@ class BatchNormFolding:
     channels_scale_over_fp16: int  # the scale beyond float16's 65504
     folded_weight_absmax: Optional[float] = None  # the conv's weights times the scale, when it folds into one
     folds_into: Optional[str] = None  # that conv's module path
+
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -134,20 +195,17 @@ class Node:
     # reference pass
     outputs: List[TensorStats] = field(default_factory=list)
     input_stats: List[Optional[TensorStats]] = field(default_factory=list)  # stats of each input, in order
-    dot_rms: Optional[float] = None  # RMS over outputs of sqrt(sum_k (a_k b_k)^2) for dot products / reductions
-    cancellation: Optional[float] = None  # fraction of outputs with sqrt(sum (a b)^2) > 100 |y|
-    margins: Optional[List[float]] = None  # decision margins (top-1 minus top-2 per row, or distance to threshold)
-    decision_units: Optional[int] = None  # how many decisions the margins stand for (they may be a sample)
-    # a rounding to integers: each rounded value's distance to the nearest boundary where its integer
-    # changes, and how many values were rounded (the margins may be a sample)
-    rounding_margins: Optional[List[float]] = None
-    rounding_units: Optional[int] = None
-    gains: Optional[Gains] = None
-    batchnorm: Optional[BatchNormFolding] = None  # weights.py, for batch norms with running statistics
     autocast: Optional[AutocastRegion] = None  # the innermost autocast region the model's code set around it
-    # the largest magnitude among the elements the output depends on (nonzero gradient): below absmax
-    # where the model masks or discards large values; None when not known (then absmax stands)
-    reaching_absmax: Optional[float] = None
+    records: Dict[type, Any] = field(default_factory=dict)  # record type -> the analysis's record (see above)
+
+    def record(self, kind: Type[R]) -> Optional[R]:
+        """This node's record of type ``kind`` (Gains, Terms, ...); None where its analysis did not run
+        or had nothing to say about the node."""
+        return self.records.get(kind)
+
+    def put(self, record: Any) -> None:
+        """Store an analysis's record (one of each type)."""
+        self.records[type(record)] = record
 
     @property
     def out(self) -> Optional[TensorStats]:
@@ -166,6 +224,13 @@ class Graph:
     param_stats: Dict[str, TensorStats] = field(default_factory=dict)  # qualified name -> stats
     module_attrs: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # module path -> attributes rules need
     fx_graph: Any = None  # the traced torch.fx.Graph (FX capture only): the probe re-runs it on copies of the model
+    analyses: Tuple[type, ...] = ()  # the analyses (preclint.analyses) that ran: their records are on the nodes
+
+    def computed(self, records) -> bool:
+        """Whether the analyses writing each of ``records`` ran (a node without one then has nothing
+        to record, rather than not having been looked at)."""
+        written = {a.record for a in self.analyses}
+        return all(r in written for r in records)
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

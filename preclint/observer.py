@@ -15,9 +15,20 @@ the run as the model makes it, so ``Observer()`` itself runs the model unwatched
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
 
 from preclint.ir import Node
+
+
+@dataclass
+class Call:
+    """One op as the run made it: what an analysis of the reference pass sees of it."""
+
+    args: tuple
+    kwargs: Dict[str, Any]
+    callee: Any  # the module, function or method name that ran
+    outputs: List[Any]  # the tensors it returned, in order
 
 
 class Observer:

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
+from preclint.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node
 from preclint.numerics import FP32, MODES, Mode
 from preclint.predict import (SATURATION, ModePrediction, result_rounding, expected_flip_fraction, fx_tensor_constant,
                               propagated_error, predict_mode, reaching_absmax, rounding_terms)
@@ -289,7 +289,7 @@ class Planner:
         self.total_flops = sum(self.flops.values()) or 1.0
         self._nodes: Dict[Unit, Tuple[str, ...]] = {}
         self._cache: Dict[FrozenSet[Unit], ModePrediction] = {}
-        self.decisions = [n for n in graph.nodes if n.margins is not None or n.attrs.get("rounding_margins")]
+        self.decisions = [n for n in graph.nodes if n.record(DecisionMargins) is not None]
 
     def nodes(self, unit: Unit) -> Tuple[str, ...]:
         if unit not in self._nodes:
@@ -341,7 +341,8 @@ class Planner:
     def flip_budget(self, node: Node) -> float:
         if self.tolerance.max_flip is not None:
             return self.tolerance.max_flip
-        units = node.attrs.get("decision_units") or node.attrs.get("rounding_units") or len(node.margins or ()) or 1
+        margins = node.record(DecisionMargins)
+        units = len(margins.values) if margins is not None else 1
         return 0.5 / units  # no budget given: fewer than one decision expected to change
 
     def judges_decisions(self) -> bool:
@@ -392,7 +393,8 @@ class Planner:
 
     def decision_terms(self, p: ModePrediction, decision: Node) -> Dict[str, float]:
         """Each node's share of the error a decision receives (its upstream gains), as fractions."""
-        gains = decision.attrs.get("gap_gain") or decision.attrs.get("upstream_gain") or {}
+        toward = decision.record(DecisionGains)
+        gains = (toward.gap or toward.upstream) if toward is not None else {}
         terms = {}
         for name, gain in gains.items():
             node = self.graph.get(name)

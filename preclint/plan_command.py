@@ -7,6 +7,7 @@ import math
 from typing import Optional
 
 from preclint.errors import UserError
+from preclint.ir import DecisionMargins
 
 MAX_RUNS = 3  # runs of the model with a plan applied, the first one included
 
@@ -124,7 +125,7 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
         source_diff = None
 
     margins = ()
-    if tolerance.max_flip is not None and not any(n.margins is not None for n in graph.nodes):
+    if tolerance.max_flip is not None and not any(n.record(DecisionMargins) is not None for n in graph.nodes):
         from preclint.modelio import Inputs
         from preclint.plan import output_margins
 

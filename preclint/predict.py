@@ -10,7 +10,7 @@ Local error (RMS, absolute) of a node, from docs/error-model.md:
   that only select or move values (relu, max-pool, reshapes), which are exact.
 
 The output error adds, over nodes, each rounding's relative RMS squared times its gain to the
-output (ir.Gains from reference.py: ``out`` for rounding a result, ``operands`` for rounding the
+output (ir.Gains from analyses/gains.py: ``out`` for rounding a result, ``operands`` for rounding the
 operands of a dot product), assuming independent rounding errors. One operand rounding has relative RMS
 C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT * u.
 """
@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
-from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
+from preclint.ir import (DOT_PRODUCT_KINDS, Contraction, DecisionGains, DecisionMargins, Gains, Graph, Kind, Node, Reach,
+                         RoundingMargins, Terms)
 from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, Format, Mode, autocast_format,
                                 autocast_policy, casting_region, gaussian_max_factor)
 
@@ -31,6 +32,10 @@ EXACT_FNS = frozenset(
     masked_fill max min amax amin sign floor ceil round trunc dropout input output getitem""".split()
 )
 VALUE_FREE_KINDS = frozenset({Kind.SHAPE, Kind.DECISION, Kind.COMPARE, Kind.OUTPUT})
+
+# The records the error figures read (local, received and output errors, contributions, flips):
+# computed wherever errors are predicted, whatever the rules selected read themselves.
+PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains)
 
 # The most error an output can carry: a real error saturates where the output no longer resembles the
 # reference, and an unrelated output of the same RMS differs from it by sqrt(2) of that RMS.
@@ -204,6 +209,17 @@ def result_rounding(node: Node, fmt: str, stored: Format) -> float:
     return relative
 
 
+def contraction(node: Node) -> Contraction:
+    """How the dot product accumulates (a plain sum where the reference pass did not say)."""
+    return node.record(Contraction) or Contraction()
+
+
+def terms_rms(node: Node) -> Optional[float]:
+    """The RMS of the terms a dot product or sum adds up, where the reference pass measured it."""
+    terms = node.record(Terms)
+    return terms.rms if terms is not None else None
+
+
 def tensor_core_tf32(node: Node) -> bool:
     """Whether the backend runs the dot product on TF32 tensor cores when TF32 is on. On an H200
     (torch 2.11, cuBLAS, cuDNN 9.19; benchmarks/README.md, Accuracy) these ran in plain fp32 instead:
@@ -211,7 +227,7 @@ def tensor_core_tf32(node: Node) -> bool:
     1x1 convs on pooled features), depthwise convs, and convs that read fewer than 4 channels per
     group (an RGB stem, a patch embedding). An einsum that contracts nothing is an elementwise
     product. Other shapes are left to the backend's heuristics, which the probe measures."""
-    if node.attrs.get("contracted") is False:
+    if not contraction(node).contracts:
         return False
     out = node.out
     shape = out.shape if out is not None else ()
@@ -271,7 +287,7 @@ def accumulation_error(node: Node, fmt: str) -> float:
     its partial results there, beyond rounding its result; 0 where it accumulates in float32. (The
     rounding of a product's n factors compounds as sqrt(n) of theirs: the gradients carry that.)"""
     if node.kind in DOT_PRODUCT_KINDS:
-        law = FP16_GEMM_ACCUMULATION if node.attrs.get("fp16_accumulation") and fmt == "fp16" else None
+        law = FP16_GEMM_ACCUMULATION if contraction(node).fp16_accumulation and fmt == "fp16" else None
     else:
         law = LOW_PRECISION_ACCUMULATION.get(node.fn)
     if law is None or fmt not in ("fp16", "bf16"):
@@ -288,7 +304,8 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         return 0.0
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
-        terms = node.dot_rms if node.dot_rms is not None else out.rms
+        terms = terms_rms(node)
+        terms = out.rms if terms is None else terms
         rounding = math.hypot(operand_rounding(node, stored or mode.dot_format), accumulation_error(node, fmt)) * terms
         if stored is not None:
             rounding = math.hypot(rounding, C_OUTPUT * stored.unit_roundoff * out.rms)
@@ -312,7 +329,8 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
         terms["result"] = result_rounding(node, fmt, stored)
-        exact = node.gains.rounding.get(fmt) if node.gains is not None else None
+        gains = node.record(Gains)
+        exact = gains.rounding.get(fmt) if gains is not None else None
         if exact is not None:  # a constant: its rounding errors are known, already weighed by its gains
             terms["result_to_output"] = exact
     return terms
@@ -322,8 +340,8 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
     """Mean-square error this node's roundings put on a downstream value with the given gains."""
     if gains is not None:
         gain_out, gain_operands = gains
-    elif node.gains is not None:
-        gain_out, gain_operands = node.gains.out, node.gains.operands
+    elif node.record(Gains) is not None:
+        gain_out, gain_operands = node.record(Gains).out, node.record(Gains).operands
     else:
         gain_out, gain_operands = 0.0, None
     total = 0.0
@@ -333,11 +351,11 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         elif node.out is not None and node.out.rms > 0:
             # no operand gradients (a fused module such as MultiheadAttention): the rounding of both
             # operands as a relative error of the result
-            rel = math.sqrt(2.0) * terms["operands"] * (node.dot_rms or node.out.rms) / node.out.rms
+            rel = math.sqrt(2.0) * terms["operands"] * (terms_rms(node) or node.out.rms) / node.out.rms
             total += rel**2 * gain_out
     if "accumulation" in terms and node.out is not None and node.out.rms > 0:
         # accumulating in float16 errs by the size of the terms, independently per output
-        rel = terms["accumulation"] * (node.dot_rms or node.out.rms) / node.out.rms
+        rel = terms["accumulation"] * (terms_rms(node) or node.out.rms) / node.out.rms
         total += rel**2 * gain_out
     if "result_to_output" in terms and gains is None:
         total += terms["result_to_output"]
@@ -365,7 +383,8 @@ def reaching_absmax(node: Node) -> float:
     out = node.out
     if out is None or not out.is_float:
         return 0.0
-    return node.reaching_absmax if node.reaching_absmax is not None else out.absmax
+    reach = node.record(Reach)
+    return reach.absmax if reach is not None else out.absmax
 
 
 def _overflows(node: Node, fmt: str, mode: Mode, input_nodes: List[Node]) -> bool:
@@ -473,7 +492,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     prediction.output_rms = math.sqrt(sum(s.rms**2 * s.numel for s in outputs) / numel) if numel else 0.0
     prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
 
-    have_gains = any(n.gains is not None for n in graph.nodes)
+    have_gains = any(n.record(Gains) is not None for n in graph.nodes)
     variance = 0.0
     terms: Dict[str, float] = {}
     for node in graph.nodes:
@@ -515,9 +534,10 @@ def amplification(node: Node) -> Optional[float]:
     output: sqrt(gain of its inputs through it / gain of its result). 1 for ops that pass relative
     error through (a product, a division, a random conv); large for a subtraction of nearly equal
     values or exp/softmax of large arguments. None where the reference pass has no gradients."""
-    if node.gains is None:
+    gains = node.record(Gains)
+    if gains is None:
         return None
-    gain_in, gain_out = node.gains.inputs, node.gains.out
+    gain_in, gain_out = gains.inputs, gains.out
     if gain_in is None or not gain_out or gain_out <= 0 or not math.isfinite(gain_in / gain_out):
         return None
     return math.sqrt(gain_in / gain_out)
@@ -532,7 +552,7 @@ def passed_on(node: Node, rel: Dict[str, float]) -> float:
     without gains, pass on the largest incoming error times the op's amplification (1 for a dot
     product, whose operands' error is relative to its terms). The largest rather than a sum, since the
     branches of a DAG share their history."""
-    gains = node.gains
+    gains = node.record(Gains)
     if node.kind not in DOT_PRODUCT_KINDS and gains is not None and gains.by_input and gains.out and gains.out > 0:
         weighed = sum(rel.get(n, 0.0) ** 2 * gain / gains.out for n, gain in gains.by_input.items())
         # (an input detached from autograd, coords1 in RAFT's coords1 - coords0, has no gain of its own)
@@ -562,10 +582,12 @@ def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float
 def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
     fallback: Optional[Dict[str, float]] = None
     for node in graph.nodes:
-        gains = node.attrs.get("upstream_gain")
-        margins = node.margins if node.margins is not None else node.rounding_margins
+        decision = node.record(DecisionMargins)
+        margins = decision or node.record(RoundingMargins)
         if margins is None:
             continue
+        toward = node.record(DecisionGains)
+        gains = toward.upstream if toward is not None else None
         if gains:
             received = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
         elif node.inputs and node.input_stats and node.input_stats[0] is not None:
@@ -575,14 +597,14 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
             continue
         p = prediction.nodes[node.name]
         p.received = received
-        gap = node.attrs.get("gap_gain")
+        gap = toward.gap if toward is not None else None
         if gap:
             # the error of the margins themselves (winner minus runner-up), from a pass along that direction
             spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
-            p.flip_fraction = expected_flip_fraction(margins, spread, True)
+            p.flip_fraction = expected_flip_fraction(margins.values, spread, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
-        p.flip_fraction = expected_flip_fraction(margins, received, node.margins is None or node.kind == Kind.COMPARE)
+        p.flip_fraction = expected_flip_fraction(margins.values, received, decision is None or node.kind == Kind.COMPARE)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:
@@ -595,5 +617,5 @@ def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:
     return value / scale if scale > 0 else 0.0
 
 
-__all__ = ["ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
+__all__ = ["PREDICTED_ERRORS_NEED", "contraction", "terms_rms", "ModePrediction", "NodePrediction", "predict", "predict_mode", "node_format", "local_error", "amplification",
            "relative_errors", "passed_on", "exact_integers", "dtype_derived", "reaching_absmax", "accumulation_error", "FP16_GEMM_ACCUMULATION", "FP32", "Format"]

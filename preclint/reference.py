@@ -1,8 +1,9 @@
-"""The reference pass: run the model once in fp32 on the CPU and record what the rules need.
+"""The reference pass: run the model once in fp32 on the CPU and record what the analyses need.
 
 Per node: statistics of its outputs (absmax, RMS, smallest nonzero magnitude, finiteness, whether the
-values are whole numbers), for dot products the RMS of sqrt(sum_k (a_k b_k)^2) that sets their
-rounding error, for decisions the margins, and how rounding at the node reaches the output.
+values are whole numbers); the forward analyses (preclint/analyses/: terms of dot products and sums,
+decision margins, ...) see each op's operands and result as it runs; and the backward passes show the
+gradient analyses how rounding at each node reaches the output.
 
 That last part uses one backward pass with a random output cotangent v ~ N(0, I). A relative rounding
 error delta (RMS r, independent per element) of a value z moves v.output by sum_j g_j z_j delta_j,
@@ -21,40 +22,32 @@ it reaches; where those agree in sign (a pooling after it), its gain grows with 
 though no output element's relative error does. The ratio is per output element: such an operand's
 gain is divided by R, the outputs per operand element.
 
-Sums, means and cumulative sums record sqrt(sum_k x_k^2) per output, as dot products record
-sqrt(sum_k (a_k b_k)^2): the scale of the terms against which cancellation is judged. Casts of
-floats to integers, and round/floor/ceil/trunc, record how far each value is from the boundary
-where its integer changes (``rounding_margins``), so their flips can be predicted like decisions.
+The backward passes run only where a gradient analysis asks for them (BackwardPasses), and values
+are tracked for them only when one is among the analyses run.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 from preclint.capture import is_inplace_call
 from preclint.errors import one_line
-from preclint.ir import DOT_PRODUCT_KINDS, Gains, Graph, Kind, Node, TensorStats
+from preclint.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
 from preclint.modelio import output_tensors
 from preclint.numerics import FP16
-from preclint.observer import Observer
-from preclint.ops import SUMS
+from preclint.observer import Call, Observer
 from preclint.poison import PoisonTracker
 
-# Decisions whose input is checked for flips by a backward pass of its own; more would make the
-# reference pass slow on detectors, and the riskiest ones (smallest relative margin) come first.
-MAX_DECISION_PASSES = 8
-MAX_MARGINS = 4096  # margins kept per decision node (subsampled deterministically beyond that)
 
 # Ops whose operands get views so that their amplification of incoming error can be read off the
 # gradients (shape ops move values and amplify nothing; decisions and comparisons are judged by margins).
 AMPLIFYING_KINDS = frozenset({Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.SOFTMAX, Kind.NORM, Kind.REDUCTION,
                               Kind.SCAN, Kind.POOL, Kind.RESAMPLE, Kind.BATCHNORM})
-ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
@@ -83,150 +76,6 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         smallest = float(torch.where(a == 0, torch.full_like(a, math.inf), a).min())
         integer_valued = absmax >= 1 and bool((a == a.round()).all())
         return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, finite, integer_valued)
-
-
-def _first_tensor(values) -> Optional[torch.Tensor]:
-    for v in tree_flatten(values)[0]:
-        if isinstance(v, torch.Tensor):
-            return v
-    return None
-
-
-def _dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
-    """sqrt(sum_k (a_k b_k)^2) per output element: the same op applied to the squared operands."""
-    sq = lambda t: t.detach().float().pow(2)  # noqa: E731 - local shorthand
-    if isinstance(callee, torch.nn.Module):
-        x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return None
-        weight = getattr(callee, "weight", None)
-        if not isinstance(weight, torch.Tensor):
-            return None
-        if isinstance(callee, torch.nn.modules.conv._ConvNd) and not callee.transposed:
-            w2 = sq(weight)
-            if callee.padding_mode != "zeros":
-                return None
-            conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[w2.dim() - 2]
-            return conv(sq(x), w2, None, callee.stride, callee.padding, callee.dilation, callee.groups).sqrt()
-        if isinstance(callee, torch.nn.Linear):
-            return F.linear(sq(x), sq(weight)).sqrt()
-        return None
-    fn = node.fn
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    try:
-        if fn in ("conv1d", "conv2d", "conv3d") and len(tensors) >= 2:
-            conv = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[fn]
-            rest = list(args[3:]) if len(args) > 3 else []
-            kw = {k: v for k, v in kwargs.items() if k not in ("bias", "input", "weight")}
-            return conv(sq(args[0]), sq(args[1]), None, *rest, **kw).sqrt()
-        if fn == "linear" and len(tensors) >= 2:
-            return F.linear(sq(args[0]), sq(args[1])).sqrt()
-        if fn in ("matmul", "mm", "bmm") and len(tensors) == 2:
-            return torch.matmul(sq(tensors[0]), sq(tensors[1])).sqrt()
-        if fn in ("addmm", "baddbmm") and len(tensors) >= 3:
-            return torch.matmul(sq(tensors[1]), sq(tensors[2])).sqrt()
-        if fn == "einsum" and isinstance(args[0], str) and len(tensors) >= 2:
-            return torch.einsum(args[0], *[sq(t) for t in tensors]).sqrt()
-    except (RuntimeError, TypeError, ValueError):
-        return None
-    return None
-
-
-def _sum_terms(node: Node, args, kwargs, callee, output: torch.Tensor) -> Optional[torch.Tensor]:
-    """sqrt(sum_k x_k^2) per output of a sum, mean or cumsum: the same call on the squared input."""
-    x = args[0] if args else None
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
-        return None
-    squares = x.detach().double().pow(2)
-    rest = {k: v for k, v in kwargs.items() if k != "dtype"}
-    try:
-        if isinstance(callee, str):
-            terms = getattr(squares, callee)(*args[1:], **rest)
-        elif callable(callee):
-            terms = callee(squares, *args[1:], **rest)
-        else:
-            return None
-    except (RuntimeError, TypeError, ValueError):
-        return None
-    if not isinstance(terms, torch.Tensor) or terms.shape != output.shape:
-        return None
-    if node.fn in ("mean", "nanmean"):
-        # mean = sum / N: its terms are x_k / N, and mean(x^2) = sum(x^2) / N
-        n = max(1, x.numel() // max(1, output.numel()))
-        return (terms / n).sqrt()
-    return terms.sqrt()
-
-
-def _einsum_contracts(equation: str) -> bool:
-    """Whether an einsum sums over an index (a matmul) or only multiplies (an outer product)."""
-    equation = equation.replace(" ", "")
-    inputs, arrow, output = equation.partition("->")
-    letters = [c for c in inputs if c.isalpha()]
-    if not arrow:  # implicit output: the indices that appear once
-        output = "".join(c for c in set(letters) if letters.count(c) == 1)
-    return bool(set(letters) - set(output))
-
-
-def _rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
-    """Distance of each value to the boundary where its integer changes (a cast to an integer dtype
-    truncates, so integers are the boundaries; round's boundaries are the half-integers)."""
-    x = args[0] if args else None
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not isinstance(output, torch.Tensor):
-        return None
-    to_int = not output.is_floating_point() and output.dtype != torch.bool
-    if not (to_int or node.fn in ROUNDING_FNS):
-        return None
-    v = x.detach().double().flatten()
-    v = v[torch.isfinite(v)]
-    if node.fn == "round":
-        return (0.5 - (v - v.round()).abs()).abs()
-    return (v - v.round()).abs()
-
-
-def _decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
-    """Per decision unit, how far the deciding values are from changing the outcome."""
-    x = _first_tensor(args)
-    if x is None or not x.is_floating_point() or x.numel() == 0:  # nothing to decide (no detections)
-        return None
-    x = x.detach().double()
-    fn = node.fn
-    if node.kind == Kind.COMPARE:
-        other = args[1] if len(args) > 1 else kwargs.get("other")
-        if isinstance(other, torch.Tensor):
-            other = other.detach().double()
-        elif not isinstance(other, (int, float)):
-            return None
-        return (x - other).abs().flatten()
-    dim = node.attrs.get("dim")
-    if fn in ("nms", "batched_nms"):
-        scores = args[1] if len(args) > 1 else None
-        if not isinstance(scores, torch.Tensor) or scores.numel() < 2:
-            return None
-        s = scores.detach().double().sort(descending=True).values
-        return (s[:-1] - s[1:]).abs()
-    if fn in ("argmax", "argmin", "max", "min", "topk", "sort", "argsort", "kthvalue", "msort"):
-        if fn in ("max", "min") and dim is None:
-            return None  # the value of a full reduction; no index decision
-        rows = x.flatten() if dim is None else x.movedim(dim if isinstance(dim, int) else dim[0], -1)
-        rows = rows.reshape(-1, rows.shape[-1])
-        if rows.shape[-1] < 2:
-            return None
-        ordered = rows.sort(dim=-1, descending=fn not in ("argmin", "min")).values
-        gaps = (ordered[:, :-1] - ordered[:, 1:]).abs()
-        if fn in ("argmax", "argmin", "max", "min"):
-            return gaps[:, 0]
-        if fn == "topk":
-            # which k values are chosen, not their order (detectors sort what they keep again, a
-            # mixture of experts sums its chosen experts): the gap between the k-th and the next
-            k = node.attrs.get("k", 1)
-            return gaps[:, k - 1] if 0 < k <= gaps.shape[-1] else None
-        return gaps.min(dim=-1).values
-    return None
-
-
-def _fp16_accumulation() -> bool:
-    """torch.backends.cuda.matmul.allow_fp16_accumulation, as the model's code left it (torch >= 2.7)."""
-    return bool(getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", False))
 
 
 def _gap_direction(node: Node, value: torch.Tensor) -> Optional[Tuple[torch.Tensor, int, int]]:
@@ -365,8 +214,13 @@ class ReferenceObserver(Observer):
     note), never the run of the model.
     """
 
-    def __init__(self, with_sensitivity: bool = True) -> None:
-        self.with_sensitivity = with_sensitivity
+    def __init__(self, analyses: Sequence[Any] = (), with_sensitivity: bool = True) -> None:
+        """``analyses``: instances of the analyses to run (preclint.analyses), in dependency order;
+        the backward passes are prepared only when one of them needs gradients and ``with_sensitivity``."""
+        self.analyses = tuple(analyses)
+        # (the reference pass sits below the analyses: it knows them by what they do, not their classes)
+        self.forward = [a for a in self.analyses if hasattr(a, "observe")]
+        self.with_sensitivity = with_sensitivity and any(a.gradients for a in self.analyses)
         self.by_id: Dict[int, Tuple[TensorStats, torch.Tensor]] = {}
         self.values: Dict[str, torch.Tensor] = {}  # node name -> float output kept for the backward passes
         self.watched: Dict[str, _Watched] = {}  # node name -> its value as the node made it
@@ -395,7 +249,7 @@ class ReferenceObserver(Observer):
         for h in self.handles:
             h.remove()
         on_node = self.on_node
-        self.__init__(self.with_sensitivity)
+        self.__init__(self.analyses, self.with_sensitivity)
         self.on_node = on_node
         return True
 
@@ -566,45 +420,13 @@ class ReferenceObserver(Observer):
                 self.masked.add(node.name)
             elif self.first_nonfinite is None:
                 self.first_nonfinite = node.name
+        call = Call(args, kwargs, callee, outputs)
         with torch.no_grad():
-            if node.kind in DOT_PRODUCT_KINDS and _fp16_accumulation():
-                # the model's code asked cuBLAS to accumulate float16 products in float16
-                node.attrs["fp16_accumulation"] = True
-            if node.kind in DOT_PRODUCT_KINDS and outputs:
-                terms = _dot_terms(node, args, kwargs, callee)
-                if terms is not None and terms.shape == outputs[0].shape:
-                    y = outputs[0].detach().float().abs()
-                    node.dot_rms = float(terms.pow(2).mean().sqrt())
-                    ratio = terms / y.clamp_min(1e-30)
-                    node.attrs["condition"] = {
-                        str(t): float((ratio > t).float().mean()) for t in (10, 100, 1000)
-                    }
-            if node.fn == "einsum" and args and isinstance(args[0], str):
-                node.attrs["contracted"] = _einsum_contracts(args[0])
-            if node.fn in SUMS and outputs and outputs[0].is_floating_point():
-                terms = _sum_terms(node, args, kwargs, callee, outputs[0])
-                if terms is not None:
-                    y = outputs[0].detach().double().abs()
-                    node.dot_rms = float(terms.pow(2).mean().sqrt())
-                    ratio = terms / y.clamp_min(1e-300)
-                    node.attrs["condition"] = {
-                        str(t): float((ratio > t).double().mean()) for t in (10, 100, 1000)
-                    }
-            if node.kind == Kind.CAST or node.fn in ROUNDING_FNS:
-                margins = _rounding_margins(node, args, outputs[0] if outputs else None)
-                if margins is not None and margins.numel():
-                    node.rounding_units = int(margins.numel())
-                    if margins.numel() > MAX_MARGINS:
-                        margins = margins[:: math.ceil(margins.numel() / MAX_MARGINS)]
-                    node.rounding_margins = [float(m) for m in margins]
-            if node.kind in (Kind.DECISION, Kind.COMPARE) or (node.fn in ("max", "min") and "dim" in node.attrs):
-                margins = _decision_margins(node, args, kwargs)
-                if margins is not None and margins.numel():
-                    node.decision_units = int(margins.numel())
-                    if margins.numel() > MAX_MARGINS:
-                        step = math.ceil(margins.numel() / MAX_MARGINS)
-                        margins = margins[::step]
-                    node.margins = [float(m) for m in margins]
+            for analysis in self.forward:
+                try:
+                    analysis.observe(node, call)
+                except Exception as exc:  # noqa: BLE001 - this statistic of this node is lost, not the others
+                    self._failed(node, "statistics", exc)
 
     def _track(self, node: Node, output):
         """Watch the node's float value for the backward passes (a constant becomes a leaf first)."""
@@ -742,8 +564,8 @@ class ReferenceObserver(Observer):
         return {name: (v[0], v[1]) for name, v in total.items()}
 
     def finish(self, graph: Graph, output: Any) -> None:
-        """Backward passes: each node's gains to the output, and to the input of each risky decision
-        or rounding to integers."""
+        """The gradient analyses' backward passes (each node's gains to the output, and to the input of
+        each risky decision or rounding to integers), then let go of every value kept."""
         try:
             if self.first_nonfinite is not None and not self._nonfinite_reaches(graph, output):
                 self.first_nonfinite = None  # inf or NaN at elements the model discards before its output
@@ -769,56 +591,80 @@ class ReferenceObserver(Observer):
             self.constant_leaves.clear()
 
     def _backward_passes(self, graph: Graph, output: Any) -> None:
-        roots = [v for v in output_tensors(output) if v.is_floating_point() and v.requires_grad and v.numel()]
+        passes = BackwardPasses(self, graph, output)
+        # (those that read the passes from the outputs first, as they ran before there were analyses:
+        # a decision's pass that fails costs the gains nothing)
+        gradient = sorted((a for a in self.analyses if a.gradients), key=lambda a: bool(a.needs))
         try:
-            if roots:
-                n_out = sum(r.numel() for r in roots)
-                probes = max(1, min(4, math.ceil(64 / n_out)))
-                reach: Dict[str, float] = {}
-                for name, (gain_out, gain_operands) in self._gains(roots, seed=0, probes=probes, reach=reach).items():
-                    node = graph.get(name)
-                    if node is None:  # operands of a call that made no node (it returned no tensor)
-                        continue
-                    node.gains = Gains(gain_out, rounding=self.exact_rounding.get(name, {}))
-                    if name in self.operands:
-                        if node.kind in DOT_PRODUCT_KINDS:
-                            node.gains.operands = gain_operands
-                        else:
-                            node.gains.inputs, node.gains.by_input = self._input_gains(node, self.operands[name])
-                # (a value without any nonzero gradient is on a path autograd cannot follow: unknown)
-                for name, largest in reach.items():
-                    if graph.get(name) is not None:
-                        graph[name].reaching_absmax = largest
-                if self.unknown_values:
-                    graph.notes.append(
-                        f"{len(self.unknown_values)} value(s) were overwritten in place where preclint could not "
-                        f"see it (first: {sorted(self.unknown_values)[0]}); their error propagation is not estimated")
-            # One backward pass per decision site (a line run in a loop, like NMS per class, is one
-            # site): the riskiest call of the site stands for the others, whose inputs are alike.
-            sites: Dict[tuple, List[Tuple[float, Node]]] = {}
-            for node in graph.nodes:
-                margins = node.margins or node.rounding_margins
-                # (a decision input the model overwrote since cannot root a backward pass: its
-                # gradient would be that of the new values)
-                if (margins and node.inputs and node.inputs[0] in self.values and node.input_stats
-                        and not self.watched[node.inputs[0]].changed):
-                    rms = node.input_stats[0].rms or 1.0
-                    key = (node.module_path, node.fn, node.location)
-                    sites.setdefault(key, []).append((min(margins) / rms, node))
-            riskiest = [(min(members, key=lambda m: (m[0], m[1].name)), members) for members in sites.values()]
-            riskiest.sort(key=lambda item: (item[0][0], item[0][1].name))
-            for (_, representative), members in riskiest[:MAX_DECISION_PASSES]:
-                root = self.values[representative.inputs[0]]
-                gains = self._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
-                gap = _gap_direction(representative, root)
-                gap_gains = self._gap_gains(root, *gap) if gap else None
-                for _, node in members:
-                    node.attrs["upstream_gain"] = gains
-                    if gap_gains is not None:
-                        node.attrs["gap_gain"] = gap_gains
+            for analysis in gradient:
+                analysis.finish(graph, passes)
         except Exception as exc:  # noqa: BLE001 - an op without a derivative: predictions fall back to no amplification
             text = str(exc).strip().splitlines()
             graph.notes.append(f"error propagation estimated without gradients ({text[0] if text else type(exc).__name__})")
+
+
+@dataclass
+class MainPass:
+    """What the backward passes from the model's outputs found, per node name."""
+
+    gains: Dict[str, Tuple[float, float]]  # (gain of rounding the result, of rounding the operands)
+    operands: frozenset  # nodes whose operands were watched (their second gain is meaningful)
+    exact: Dict[str, Dict[str, float]]  # constants: format -> the gain of their exact rounding errors
+    reach: Dict[str, float]  # values beyond float16's range: the largest magnitude the outputs depend on
+    # ops other than dot products: (the gain of rounding their operands per output element, the same per input node)
+    inputs: Dict[str, Tuple[float, Dict[str, float]]]
+
+
+class BackwardPasses:
+    """The reference pass's backward passes, run when a gradient analysis first asks for them: the
+    pass from the model's outputs (``main``, once) and one from each decision's input (``toward``)."""
+
+    def __init__(self, observer: "ReferenceObserver", graph: Graph, output: Any) -> None:
+        self.observer = observer
+        self.graph = graph
+        self.roots = [v for v in output_tensors(output) if v.is_floating_point() and v.requires_grad and v.numel()]
+        self._main: Optional[MainPass] = None
+
+    @property
+    def large(self) -> set:
+        """Nodes with values beyond float16's range."""
+        return self.observer.large
+
+    def main(self) -> Optional[MainPass]:
+        """The passes from the model's outputs (None when no float output has a gradient)."""
+        if self._main is None and self.roots:
+            observer = self.observer
+            n_out = sum(r.numel() for r in self.roots)
+            probes = max(1, min(4, math.ceil(64 / n_out)))
+            reach: Dict[str, float] = {}
+            gains = observer._gains(self.roots, seed=0, probes=probes, reach=reach)
+            # (per input node, from this pass's operand gains, which the decisions' passes replace)
+            inputs = {name: observer._input_gains(self.graph[name], entries) for name, entries in observer.operands.items()
+                      if self.graph.get(name) is not None and self.graph[name].kind not in DOT_PRODUCT_KINDS}
+            self._main = MainPass(gains, frozenset(observer.operands), observer.exact_rounding, reach, inputs)
+            if observer.unknown_values:
+                self.graph.notes.append(
+                    f"{len(observer.unknown_values)} value(s) were overwritten in place where preclint could not "
+                    f"see it (first: {sorted(observer.unknown_values)[0]}); their error propagation is not estimated")
+        return self._main
+
+    def root(self, name: str) -> Optional[torch.Tensor]:
+        """The value of node ``name`` as a root of a backward pass; None where it has no gradient or the
+        model overwrote it since (its gradient would be that of the new values)."""
+        observer = self.observer
+        if name not in observer.values or observer.watched[name].changed:
+            return None
+        return observer.values[name]
+
+    def toward(self, node: Node) -> Tuple[Dict[str, Tuple[float, float]], Optional[Dict[str, Tuple[float, float]]]]:
+        """The gains toward the input of decision ``node`` (its ``root``), and along its winner minus
+        runner-up direction where it picks a winner per row."""
+        root = self.root(node.inputs[0]) if node.inputs else None
+        if root is None:
+            raise ValueError(f"{node.name}'s input cannot root a backward pass")
+        gains = self.observer._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+        gap = _gap_direction(node, root)
+        return gains, (self.observer._gap_gains(root, *gap) if gap else None)
 
 
 def backward_for_hooks(roots: List[torch.Tensor], leaves: List[torch.Tensor], cotangents: List[torch.Tensor]) -> None:

@@ -113,7 +113,8 @@ class RuleDoc:
 
 class Rule(RuleDoc):
     """A graph rule: reads the IR (and the predictions) in ``check_graph`` and yields Findings; a rule
-    that judges measurements rather than predictions reads a probe's result in ``check_probe``.
+    that judges measurements rather than predictions reads a probe's result in ``check_probe``. It
+    declares the analyses' records it reads in ``needs``.
 
     ``bad``/``good`` are example models: the tests assert that each bad one raises this rule at
     default settings (plus its options) and each good one does not. A rule that needs a probe
@@ -122,6 +123,10 @@ class Rule(RuleDoc):
 
     bad: ClassVar[Sequence[Example]] = ()
     good: ClassVar[Sequence[Example]] = ()
+    # The records (preclint.ir: Terms, Gains, Reach, ...) it reads off the nodes: the engine computes
+    # only the analyses the selected rules need. A rule that reads predicted errors needs what they
+    # read (preclint.predict.PREDICTED_ERRORS_NEED). None: every record.
+    needs: ClassVar[Optional[Tuple[type, ...]]] = None
     needs_probe: ClassVar[bool] = False  # fires only on measurements (check_probe), never on a plain check
     probe_bad: ClassVar[Sequence[Example]] = ()
     probe_good: ClassVar[Sequence[Example]] = ()

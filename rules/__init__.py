@@ -58,14 +58,19 @@ def all_rules() -> Dict[str, Type]:
     return {rule.code: rule for rule in _discover()}
 
 
+def selected_rules(modes, config=None) -> List[Type]:
+    """The graph rules the configuration selects (every one without a configuration) that concern
+    one of the checked ``modes``."""
+    return [rule for rule in graph_rules()
+            if (config is None or config.is_selected(rule.code))
+            and (not rule.precisions or any(mode in rule.precisions for mode in modes))]
+
+
 def rules_to_run(ctx, config=None) -> Iterator[tuple]:
-    """(rule, the context it sees) for each graph rule the configuration selects (every one without
-    a configuration) that concerns a checked mode of ``ctx`` (a RuleContext): it sees only the modes
-    among its ``precisions``."""
-    for rule_cls in graph_rules():
-        rule_ctx = ctx.for_rule(rule_cls)
-        if (config is None or config.is_selected(rule_cls.code)) and rule_ctx.modes:
-            yield rule_cls(), rule_ctx
+    """(rule, the context it sees) for each of ``selected_rules`` on the modes of ``ctx`` (a
+    RuleContext): it sees only the modes among its ``precisions``."""
+    for rule_cls in selected_rules(ctx.modes, config):
+        yield rule_cls(), ctx.for_rule(rule_cls)
 
 
 def unreadable_file_rule() -> Type:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from preclint.findings import ErrorFigure, percent, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import C_OUTPUT, MODES, gaussian_max_factor
-from preclint.predict import amplification, passed_on, relative_errors
+from preclint.predict import PREDICTED_ERRORS_NEED, amplification, passed_on, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 from preclint.rules._dataflow import ancestors
@@ -71,6 +71,7 @@ def _offset_layer_norm(offset: float):
 
 class ErrorAmplification(Rule):
     code = "PCL204"
+    needs = PREDICTED_ERRORS_NEED
     name = "error-amplification"
     summary = "An op multiplies the relative error it receives many times over: softmax or exp of wide logits, removal of a large common offset."
     severity = "warning"

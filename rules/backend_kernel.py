@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from preclint.findings import ErrorFigure
 from preclint.ir import Kind
+from preclint.predict import PREDICTED_ERRORS_NEED
 from preclint.rulebase import Example, Rule
 
 _FACTS = {
@@ -57,6 +58,7 @@ def _dense_block():
 
 class BackendDependentKernel(Rule):
     code = "PCL205"
+    needs = PREDICTED_ERRORS_NEED
     measured_as = "local"
     name = "backend-dependent-kernel"
     summary = "Grouped, depthwise and patch-embedding convolutions whose reduced-precision behaviour depends on the kernel the backend picks."

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 from preclint.findings import ErrorFigure, sci
+from preclint.ir import BatchNormFolding
+from preclint.predict import PREDICTED_ERRORS_NEED
 from preclint.rulebase import Example, Rule
 
 # A batch norm that multiplies the relative error of its input by more than this is beyond ordinary
@@ -55,6 +57,7 @@ def _zero_init_residual():
 
 class BatchNormScale(Rule):
     code = "PCL103"
+    needs = PREDICTED_ERRORS_NEED + (BatchNormFolding,)
     name = "batchnorm-scale"
     summary = "A (frozen) batch norm whose folded scale gamma/sqrt(var+eps) float16 cannot hold, or that amplifies rounding error."
     severity = "warning"
@@ -85,7 +88,7 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
         fp16_modes = [m for m in modes if m.startswith("fp16")]
         full_fp16 = [m for m in modes if m == "fp16-full"]
         for node in ctx.graph.nodes:
-            facts = node.batchnorm
+            facts = node.record(BatchNormFolding)
             if facts is None:
                 continue
             problems, severity, concerned = [], "warning", []

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, percent, sci
-from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.ir import DOT_PRODUCT_KINDS, Kind, Terms
 from preclint.numerics import gaussian_max_factor
-from preclint.predict import relative_errors
+from preclint.predict import PREDICTED_ERRORS_NEED, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 from preclint.rules.output_tolerance import passing_atol
@@ -52,6 +52,7 @@ def _sobel(smooth: bool):
 
 class Cancellation(Rule):
     code = "PCL203"
+    needs = PREDICTED_ERRORS_NEED
     name = "cancellation"
     summary = "A sum or dot product whose result is small against its terms, so its relative error far exceeds the unit roundoff."
     severity = "warning"
@@ -84,12 +85,13 @@ the layer in float32, or compare its outputs with an absolute tolerance (the mes
         received = {mode: None for mode in ctx.modes}
         outputs = _output_values(ctx.graph)
         for node in ctx.graph.nodes:
-            # the reference pass records the size of the terms (dot_rms) of dot products and of sums,
-            # means and cumulative sums
-            if node.dot_rms is None or node.out is None or not node.out.rms or not node.out.finite:
+            # the reference pass records the size of the terms of dot products and of sums, means and
+            # cumulative sums
+            terms = node.record(Terms)
+            if terms is None or node.out is None or not node.out.rms or not node.out.finite:
                 continue
-            ratio = node.dot_rms / node.out.rms
-            cancelled = node.attrs.get("condition", {}).get("100", 0.0)
+            ratio = terms.rms / node.out.rms
+            cancelled = terms.condition.get(100, 0.0)
             if ratio < CANCELLATION_LIMIT and cancelled < CANCELLED_SHARE:
                 continue
             figures = {}

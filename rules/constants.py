@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
-from preclint.ir import Kind
+from preclint.ir import Kind, Reach
 from preclint.numerics import FORMATS, dtype_name, representable, round_to
 from preclint.predict import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rulebase import Example, Rule
@@ -118,6 +118,7 @@ def _where_fill(whole_row_masked: bool):
 
 class UnrepresentableConstant(Rule):
     code = "PCL102"
+    needs = (Reach,)
     name = "unrepresentable-constant"
     summary = "An eps, mask-fill or clamp constant becomes 0, subnormal or inf in the dtype its op computes in."
     severity = "warning"

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, percent, sci
-from preclint.ir import Kind
+from preclint.ir import DecisionMargins, Kind
+from preclint.predict import PREDICTED_ERRORS_NEED
 from preclint.rulebase import Example, Rule
 
 # A decision is reported when, under some mode, at least this fraction of its units (rows for argmax,
@@ -53,6 +54,7 @@ def _confident_classifier():
 
 class DecisionFlip(Rule):
     code = "PCL301"
+    needs = PREDICTED_ERRORS_NEED
     measured_as = "flips"
     name = "decision-flip"
     summary = "An argmax, top-k, sort, NMS or threshold decides on values whose margins are within the predicted error."
@@ -80,7 +82,7 @@ values that feed the decision in float32; use a stable sort.
         # line many times, and its flips add up.
         sites = {}
         for node in ctx.graph.nodes:
-            if node.margins is not None:
+            if node.record(DecisionMargins) is not None:
                 sites.setdefault((node.module_path, node.fn, node.location), []).append(node)
         for nodes in sites.values():
             finding = self._site_finding(ctx, nodes)
@@ -88,14 +90,14 @@ values that feed the decision in float32; use a stable sort.
                 yield finding
 
     def _site_finding(self, ctx, nodes):
-        units = sum((n.decision_units or len(n.margins)) for n in nodes)
+        units = sum(n.record(DecisionMargins).units for n in nodes)
         per_mode = {}
         for mode in ctx.modes:
             preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
             preds = [(n, p) for n, p in preds if p.flip_fraction is not None]
             if not preds:
                 continue
-            expected = sum(p.flip_fraction * (n.decision_units or len(n.margins)) for n, p in preds)
+            expected = sum(p.flip_fraction * n.record(DecisionMargins).units for n, p in preds)
             relative = [p.received / n.input_stats[0].rms for n, p in preds
                         if n.input_stats and n.input_stats[0] is not None and n.input_stats[0].rms > 0]
             per_mode[mode] = (expected, max(p.received for _, p in preds), max(relative) if relative else None)
@@ -108,7 +110,7 @@ values that feed the decision in float32; use a stable sort.
         what = "threshold comparison" if first.kind == Kind.COMPARE else first.fn
         calls = f" ({len(nodes)} calls)" if len(nodes) > 1 else ""
         flips = ", ".join(f"{percent(per_mode[m][0] / units)} under {m}" for m in flagged)
-        smallest = min(min(n.margins) for n in nodes)
+        smallest = min(min(n.record(DecisionMargins).values) for n in nodes)
         message = (
             f"{ctx.display(first.name)} ({what}{calls}) decides on margins as small as {sci(smallest)} while the "
             f"predicted error of its input is {sci(per_mode[flagged[0]][1])} ({flagged[0]}): about {flips} of its "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, sci
+from preclint.ir import Reach
 from preclint.predict import reaching_absmax
 from preclint.rulebase import Example, Rule
 
@@ -96,6 +97,7 @@ def _additive_mask(whole_row_masked: bool):
 
 class Fp16Overflow(Rule):
     code = "PCL101"
+    needs = (Reach,)
     measured_as = "overflow"
     name = "fp16-overflow"
     summary = "A value leaves float16's finite range (|x| > 65504) under a precision that stores it in float16."

@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 
 from preclint.findings import ErrorFigure, percent, sci
-from preclint.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.ir import DOT_PRODUCT_KINDS, Kind, RoundingMargins
 from preclint.numerics import FORMATS, FP32, MODES, dtype_name, gaussian_max_factor
+from preclint.predict import PREDICTED_ERRORS_NEED
 from preclint.rulebase import Example, Rule
 from preclint.rules._dataflow import users_by_input
 from preclint.rules._norun import undecided
@@ -154,6 +155,7 @@ def _coarse_quantizer():
 
 class IntegerPrecision(Rule):
     code = "PCL104"
+    needs = PREDICTED_ERRORS_NEED
     name = "integer-precision"
     summary = ("Whole numbers (positions, coordinates, counts) beyond the precision's exact-integer range, "
                "or rounded to integers after reduced-precision arithmetic.")
@@ -264,7 +266,7 @@ float32.
     def _roundings(self, ctx):
         sites = {}
         for node in ctx.graph.nodes:
-            if node.rounding_margins is not None:
+            if node.record(RoundingMargins) is not None:
                 sites.setdefault((node.module_path, node.fn, node.location), []).append(node)
         for nodes in sites.values():
             finding = self._rounding_finding(ctx, nodes)
@@ -272,15 +274,14 @@ float32.
                 yield finding
 
     def _rounding_finding(self, ctx, nodes):
-        units = sum((n.rounding_units or len(n.rounding_margins)) for n in nodes)
+        units = sum(n.record(RoundingMargins).units for n in nodes)
         per_mode = {}
         for mode in ctx.modes:
             preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
             preds = [(n, p) for n, p in preds if p.flip_fraction is not None and p.received]
             if not preds:
                 continue
-            expected = sum(p.flip_fraction * (n.rounding_units or len(n.rounding_margins))
-                           for n, p in preds)
+            expected = sum(p.flip_fraction * n.record(RoundingMargins).units for n, p in preds)
             per_mode[mode] = (expected, max(p.received for _, p in preds))
         flagged = [m for m, (expected, _) in per_mode.items()
                    if expected / units >= MIN_FLIP_FRACTION or expected >= MIN_EXPECTED_FLIPS]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from preclint.findings import ErrorFigure, percent, sci
+from preclint.predict import PREDICTED_ERRORS_NEED
 from preclint.rulebase import Example, Rule
 
 
@@ -53,6 +54,7 @@ def _small_mlp():
 
 class OutputTolerance(Rule):
     code = "PCL001"
+    needs = PREDICTED_ERRORS_NEED
     measured_as = "output"
     name = "output-tolerance"
     summary = "The predicted output error of a precision mode exceeds the tolerance the outputs are compared with."
@@ -155,6 +157,7 @@ def _log_buckets(dropped: bool):
 
 class NonfiniteReference(Rule):
     code = "PCL002"
+    needs = PREDICTED_ERRORS_NEED
     measured_as = "reference"
     name = "nonfinite-reference"
     summary = "The model produces inf or NaN already in fp32 on the example inputs."

@@ -7,7 +7,8 @@ from preclint.findings import ErrorFigure, sci
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.numerics import C_INPUT, C_OUTPUT, FORMATS, dtype_name, gaussian_max_factor
 from preclint.ops import SUMS
-from preclint.predict import LOW_PRECISION_ACCUMULATION, PRODUCTS, accumulation_error, amplification, relative_errors
+from preclint.predict import (LOW_PRECISION_ACCUMULATION, PREDICTED_ERRORS_NEED, PRODUCTS, accumulation_error, amplification,
+                              contraction, relative_errors)
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 
@@ -45,6 +46,7 @@ def _cumulative_decay(dtype_arg: bool):
 
 class LowPrecisionReduction(Rule):
     code = "PCL202"
+    needs = PREDICTED_ERRORS_NEED
     name = "low-precision-reduction"
     summary = "A sum, mean, product or scan over a long axis computed in float16 or bfloat16, whose error grows with the length."
     severity = "warning"
@@ -109,7 +111,7 @@ Pass `dtype=torch.float32` to the reduction (`torch.cumprod(x, 0, dtype=torch.fl
         (torch.backends.cuda.matmul.allow_fp16_accumulation = True): error growing with K."""
         sites = {}
         for node in ctx.graph.nodes:
-            if node.kind not in DOT_PRODUCT_KINDS or not node.attrs.get("fp16_accumulation"):
+            if node.kind not in DOT_PRODUCT_KINDS or not contraction(node).fp16_accumulation:
                 continue
             for mode in ctx.modes:
                 if ctx.predictions[mode].nodes[node.name].fmt != "fp16":

@@ -72,6 +72,7 @@ def _tiny_variance():
 
 class LowPrecisionStatistics(Rule):
     code = "PCL201"
+    needs = ()
     name = "low-precision-statistics"
     summary = ("Normalization statistics (mean, variance, mean square) computed by hand in float16 or bfloat16 "
                "overflow or underflow.")

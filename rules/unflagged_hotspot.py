@@ -8,6 +8,7 @@ import math
 from typing import Optional
 
 from preclint.findings import ErrorFigure, percent, sci
+from preclint.predict import PREDICTED_ERRORS_NEED, terms_rms
 from preclint.rulebase import Example, Rule
 
 # A node is a hot spot when its measured share of a mode's output error (ledger.py: contribution)
@@ -50,7 +51,7 @@ def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float
         # a weight or input stored in float32 is still rounded where a conv or matmul reads it (TF32)
         ordinary = max(ordinary, C_OUTPUT * mode.dot_format.unit_roundoff)
     if node.kind in DOT_PRODUCT_KINDS:
-        terms = (node.dot_rms or out.rms) / out.rms
+        terms = (terms_rms(node) or out.rms) / out.rms
         ordinary = max(ordinary, math.hypot(C_INPUT * mode.dot_format.unit_roundoff * terms, stored))
     return ordinary
 
@@ -107,6 +108,7 @@ def _float32_only():
 
 class UnflaggedHotspot(Rule):
     code = "PCL900"
+    needs = PREDICTED_ERRORS_NEED
     name = "unflagged-hotspot"
     summary = "A layer holds a large measured share of a precision's output error that no rule explains."
     severity = "info"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from preclint.findings import percent
 from preclint.ir import Kind
+from preclint.predict import PREDICTED_ERRORS_NEED
 from preclint.rulebase import Example, Rule
 
 # The ops the rule looks at (ir.Node.fn) and the predicted local error (relative to the op's RMS)
@@ -48,6 +49,8 @@ class {cls}(Rule):
     summary = "{summary}"
     severity = "warning"
     precisions = ()  # the modes it concerns; () = all
+    # the analyses' records it reads (preclint.ir: Terms, Gains, Reach, ...): node_figure reads predicted errors
+    needs = PREDICTED_ERRORS_NEED
     why = """
 Why the pattern changes a model's numbers under reduced precision, and by how much.
 """

@@ -8,11 +8,14 @@ from preclint.numerics import DEFAULT_MODES
 
 
 def check(module, inputs, precisions: Sequence[str] = DEFAULT_MODES, rtol: Optional[float] = None,
-          atol: Optional[float] = None, run: bool = True, select: Optional[Sequence[str]] = None, name: str = "model"):
-    """(report, graph, ctx) for ``module`` on ``inputs`` with the default configuration."""
+          atol: Optional[float] = None, run: bool = True, select: Optional[Sequence[str]] = None, name: str = "model",
+          predict_errors: bool = True):
+    """(report, graph, ctx) for ``module`` on ``inputs`` with the default configuration; ``predict_errors``
+    False computes only the analyses the selected rules read, as `preclint check --select` does."""
     config = Config(select=list(select) if select else None, precisions=tuple(precisions))
     loaded = LoadedModel(module.eval(), tuple(inputs), name, None)
-    return check_model(loaded, config, CheckOptions(modes=tuple(precisions), run=run, rtol=rtol, atol=atol))
+    return check_model(loaded, config, CheckOptions(modes=tuple(precisions), run=run, rtol=rtol, atol=atol,
+                                                    predict_errors=predict_errors))
 
 
 def check_example(example) -> Any:

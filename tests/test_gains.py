@@ -11,7 +11,8 @@ from tests.helpers import check, codes
 def test_a_constants_exact_rounding_is_what_reaches_the_output():
     """A constant whose rounding errors are known exactly (Gains.rounding) puts that error on the
     output; its result-rounding estimate is only for values downstream of it with other gains."""
-    node = Node("c", Kind.CONSTANT, "torch.arange", fn="arange", gains=Gains(out=4.0, rounding={"fp16": 1e-6}))
+    node = Node("c", Kind.CONSTANT, "torch.arange", fn="arange")
+    node.put(Gains(out=4.0, rounding={"fp16": 1e-6}))
     terms = {"result": 1e-3, "result_to_output": 1e-6}
     assert propagated_error(node, terms, None) == 1e-6
     assert propagated_error(node, terms, (9.0, None)) == (1e-3) ** 2 * 9.0
@@ -79,8 +80,8 @@ def test_a_gate_broadcast_over_the_image_does_not_amplify():
     gate = _node(graph, "sigmoid").name
     relu = _node(graph, "relu").name
     # per output element: the gate's gain is that of one of its 1024 outputs, like the activation's
-    assert set(mul.gains.by_input) == {gate, relu}
-    assert mul.gains.by_input[gate] < 3 * mul.gains.out
+    assert set(mul.record(Gains).by_input) == {gate, relu}
+    assert mul.record(Gains).by_input[gate] < 3 * mul.record(Gains).out
     assert amplification(mul) < 3
 
 
@@ -95,16 +96,16 @@ def test_a_real_amplifier_beside_a_gathered_bias_table_is_still_reported():
 
 def test_each_inputs_error_is_weighed_by_its_own_gain():
     """An op that amplifies its gate 100 times passes the error of the activation beside it on 1:1."""
-    node = Node("mul", Kind.ELEMENTWISE, "operator.mul", fn="mul", inputs=("h", "gate"),
-                gains=Gains(out=1.0, inputs=101.0, by_input={"h": 1.0, "gate": 100.0}))
+    node = Node("mul", Kind.ELEMENTWISE, "operator.mul", fn="mul", inputs=("h", "gate"))
+    node.put(Gains(out=1.0, inputs=101.0, by_input={"h": 1.0, "gate": 100.0}))
     assert passed_on(node, {"h": 1e-3, "gate": 0.0}) == 1e-3
     assert math.isclose(passed_on(node, {"h": 0.0, "gate": 1e-3}), 1e-2)
     # an input without a gain of its own (detached from autograd): amplified as the op amplifies the others
-    detached = Node("sub", Kind.ELEMENTWISE, "operator.sub", fn="sub", inputs=("a", "b"),
-                    gains=Gains(out=1.0, inputs=100.0, by_input={"b": 100.0}))
+    detached = Node("sub", Kind.ELEMENTWISE, "operator.sub", fn="sub", inputs=("a", "b"))
+    detached.put(Gains(out=1.0, inputs=100.0, by_input={"b": 100.0}))
     assert math.isclose(passed_on(detached, {"a": 1e-3, "b": 0.0}), 1e-2)
     # without per-input gains: the largest incoming error times the op's amplification
-    node.gains.by_input = {}
+    node.record(Gains).by_input = {}
     assert math.isclose(passed_on(node, {"h": 1e-3, "gate": 0.0}), 1e-3 * math.sqrt(101.0))
 
 
@@ -128,7 +129,7 @@ class _Routed(torch.nn.Module):
 def test_an_integer_cumsum_of_counts_keeps_the_gradients():
     report, graph, _ = check(_Routed(), (torch.randn(16, 8),))
     assert not any("without gradients" in note for note in graph.notes), graph.notes
-    assert _node(graph, "linear").gains is not None
+    assert _node(graph, "linear").record(Gains) is not None
 
 
 class _Shortlist(torch.nn.Module):

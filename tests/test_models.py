@@ -5,7 +5,7 @@ import pytest
 import torch
 import torchvision
 
-from preclint.ir import Kind
+from preclint.ir import DecisionMargins, Kind
 from tests.helpers import check, codes
 
 
@@ -86,7 +86,7 @@ def test_detector_falls_back_to_function_mode_capture():
     # the same module paths as FX would give
     assert graph.get("backbone_body_0_0") is not None or any(n.module_path.startswith("backbone.body") for n in graph.nodes)
     nms = [n for n in graph.nodes if n.fn == "nms"]
-    assert nms and all(n.margins is not None for n in nms)
+    assert nms and all(n.record(DecisionMargins) is not None for n in nms)
     # decisions in a detector flip under reduced precision: torchvision's own tests compare scores only
     flips = [f for f in report.findings if f.code == "PCL301"]
     assert flips

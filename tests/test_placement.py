@@ -4,6 +4,7 @@ import torch
 
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
+from preclint.ir import Gains
 from preclint.load import LoadedModel
 from preclint.probe import ProbeOptions, probe_report
 from preclint.probe.placement import place
@@ -27,7 +28,7 @@ def test_statistics_from_the_device_copy_are_the_host_ones():
     assert placement.model is not loaded.module
     assert [n.name for n in graph.nodes] == [n.name for n in placed_graph.nodes]
     for a, b in zip(graph.nodes, placed_graph.nodes):
-        assert (a.outputs, a.gains, a.dot_rms) == (b.outputs, b.gains, b.dot_rms), a.name
+        assert (a.outputs, a.records) == (b.outputs, b.records), a.name
     assert report.summary == placed_report.summary
     assert [f.message for f in report.findings] == [f.message for f in placed_report.findings]
 
@@ -50,4 +51,4 @@ def test_the_backward_passes_leave_the_models_gradients_as_they_were():
     _, graph, _ = check_model(loaded, Config(precisions=MODES), CheckOptions(modes=MODES))
     assert torch.equal(first.grad, torch.full_like(first, 7.0))
     assert all(p.grad is None for p in list(model.parameters())[1:])
-    assert any(n.gains is not None and n.gains.operands for n in graph.nodes)
+    assert any(n.record(Gains) is not None and n.record(Gains).operands for n in graph.nodes)

@@ -12,6 +12,7 @@ from torch import nn
 
 from preclint.errors import UserError
 from preclint.numerics import C_INPUT
+from preclint.predict import terms_rms
 from preclint.probe import ProbeOptions, apply, measure_model
 from preclint.probe.rounding import round_tf32
 from tests.helpers import check
@@ -67,13 +68,13 @@ def test_local_error_of_a_dot_product_has_the_size_of_its_format(cnn_probe):
     u = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "fp16-full": 2.0 ** -11, "bf16": 2.0 ** -8}
     for mode in ("tf32", "bf16"):
         for node in graph.nodes:
-            if node.kind not in ("conv", "linear") or not node.dot_rms:
+            if node.kind not in ("conv", "linear") or not terms_rms(node):
                 continue
             if mode == "tf32" and not result.modes[mode].nodes[node.name].tf32_applied:
                 continue  # a kernel without TF32 (the 3-channel stem): float32's error
             local = result.modes[mode].nodes[node.name].local
             local_rms = local.rel_error * node.out.rms
-            size = C_INPUT * u[mode] * node.dot_rms
+            size = C_INPUT * u[mode] * terms_rms(node)
             assert size / 3 <= local_rms <= 3 * size, (mode, node.name, local_rms, size)
 
 

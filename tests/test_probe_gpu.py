@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from preclint.numerics import C_INPUT
+from preclint.predict import terms_rms
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
 
@@ -65,11 +66,11 @@ def test_tf32_is_measured_per_layer(probed):
     # picks kernels by shape, so which layers use TF32 is what the probe reports, not what this asserts.
     graph, native, _ = probed
     for node in graph.nodes:
-        if node.kind not in ("conv", "linear") or not node.dot_rms:
+        if node.kind not in ("conv", "linear") or not terms_rms(node):
             continue
         m = native.modes["tf32"].nodes[node.name]
         assert m.tf32_applied is not None, node.name
-        size = m.local.rel_error * node.out.rms / (C_INPUT * node.dot_rms)
+        size = m.local.rel_error * node.out.rms / (C_INPUT * terms_rms(node))
         assert size > 2.0 ** -14 if m.tf32_applied else size < 2.0 ** -20, (node.name, size)
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from preclint.ir import Gains
 from preclint.probe import ProbeOptions, apply, measure_model
 from preclint.report.json_format import to_dict
 from tests.helpers import check
@@ -94,7 +95,7 @@ def test_gains_of_values_written_in_place_are_those_of_the_values_as_made():
         torch.manual_seed(0)
         _, graph, _ = check(cls(), (torch.randn(4, 8),))
         assert not any("without gradients" in n for n in graph.notes), graph.notes
-        gains.append({n.module_path or n.fn: (n.gains.out, n.gains.operands)
+        gains.append({n.module_path or n.fn: (n.record(Gains).out, n.record(Gains).operands)
                       for n in graph.nodes if n.fn in ("linear", "add", "setitem")})
     in_place, out_of_place = gains
     assert in_place.keys() == out_of_place.keys() == {"fc", "out", "add", "setitem"}
@@ -129,7 +130,7 @@ def test_running_statistics_read_as_values_reach_batch_norm_without_gradient(nor
     assert graph.capture == "fx"
     assert not any("without gradients" in n for n in graph.notes), graph.notes
     bn = next(n for n in graph.nodes if n.fn == "batch_norm")
-    assert bn.gains is not None and bn.gains.out > 0
+    assert bn.record(Gains) is not None and bn.record(Gains).out > 0
 
 
 class _NumpyInTheMiddle(nn.Module):

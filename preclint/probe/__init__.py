@@ -119,137 +119,150 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     if program.note:
         notes.append(program.note)
 
+    setting = ProbeSetting(graph, tuple(modes), options, tolerance, name, device, emulated)
+    copies = DeviceCopies(program, stream, model32, model64, inputs32, inputs64)
     with stream.active() if stream is not None else contextlib.nullcontext():
-        return _measure(_Session(program, graph, modes, options, tolerance, name, device, emulated, env, clock,
-                                 timings, notes, stream, model32, model64, inputs32, inputs64))
+        return ProbeSession(setting, copies, clock, env, notes).measure()
+
+
+@dataclass(frozen=True)
+class ProbeSetting:
+    """What one probe measures, and where: the graph the check captured, the modes, the options, the
+    tolerance the output is judged by, and the device (emulating the modes there or not)."""
+
+    graph: Any
+    modes: Tuple[str, ...]
+    options: ProbeOptions
+    tolerance: Optional[Tuple[float, float]]
+    name: str  # the model, as messages name it
+    device: Any
+    emulated: bool
 
 
 @dataclass
-class _Session:
-    """One probe's setting and the copies of the model and inputs it made on the device."""
+class DeviceCopies:
+    """The copies of the model and inputs a probe made on its device, and the program that runs them."""
 
-    program: Any
-    graph: Any
-    modes: Sequence[str]
-    options: ProbeOptions
-    tolerance: Optional[Tuple[float, float]]
-    name: str
-    device: Any
-    emulated: bool
-    env: Dict[str, Any]
-    clock: _Clock
-    timings: Dict[str, float]
-    notes: List[str]
+    program: Any  # execute.Program
     stream: Any  # stream.WeightStream, or None
     model32: Any
-    model64: Any
+    model64: Any  # None once only the ablation would need it, and it does not run
     inputs32: Any
     inputs64: Any
 
 
-def _measure(session: _Session):
-    """The passes of ``measure_model`` over the copies it made."""
-    import torch
+class ProbeSession:
+    """One probe: its setting, its copies on the device, the clock of its stages, the environment it
+    reports and the notes it adds; ``measure`` runs the passes over the copies."""
 
-    program, graph, modes, options, tolerance, name = (session.program, session.graph, session.modes, session.options,
-                                                       session.tolerance, session.name)
-    device, emulated, env, clock, timings, notes = (session.device, session.emulated, session.env, session.clock,
-                                                    session.timings, session.notes)
-    stream, model32, model64, inputs32, inputs64 = (session.stream, session.model32, session.model64,
-                                                    session.inputs32, session.inputs64)
+    def __init__(self, setting: ProbeSetting, copies: DeviceCopies, clock: _Clock, env: Dict[str, Any],
+                 notes: List[str]) -> None:
+        self.setting = setting
+        self.copies = copies
+        self.clock = clock
+        self.env = env
+        self.notes = notes
 
-    from preclint.probe.device import is_out_of_memory
-    from preclint.probe.execute import RunFailed, one_line
-    from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
+    def measure(self):
+        """The passes of ``measure_model`` over the copies it made: a probe.ledger.ProbeResult."""
+        import torch
 
-    try:
-        # TF32 off: values a model computes below float64 even here are then float32's best
-        with clock("reference"), _tf32_on_gpu(device, False):
-            ref = reference_pass(program, model64, inputs64, keep_float64=options.ablate)
-    except Exception as exc:
-        cause = exc.cause if isinstance(exc, RunFailed) else exc
-        if options.ablate or is_out_of_memory(cause):
-            raise UserError(_failure(name, "in float64", device, cause)) from cause
-        # A model that will not run in float64 (it builds float32 values of its own that its layers
-        # then refuse beside float64 ones): float32 with TF32 off is still 2^13 times finer than the
-        # modes measured against it.
-        _release(device)
+        setting, copies = self.setting, self.copies
+        graph, modes, options, name, device = setting.graph, setting.modes, setting.options, setting.name, setting.device
+        env, clock, notes = self.env, self.clock, self.notes
+        program, stream, model32, inputs32 = copies.program, copies.stream, copies.model32, copies.inputs32
+
+        from preclint.probe.device import is_out_of_memory
+        from preclint.probe.execute import RunFailed, one_line
+        from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
+
         try:
+            # TF32 off: values a model computes below float64 even here are then float32's best
             with clock("reference"), _tf32_on_gpu(device, False):
-                ref = reference_pass(program, model32, inputs32, keep_float64=False)
-        except Exception:
-            raise UserError(_failure(name, "in float64", device, cause)) from cause
-        notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
-        env["reference"]["dtype"] = "float32"
-    if not options.ablate:
-        if stream is not None:
-            stream.forget(model64)
-        model64 = None  # only the one-node-at-a-time runs need it again: its memory is twice the model's
-
-    # issued while the device still computes the reference: its figures are read after
-    sens = None
-    autocast = _sensitivity_autocast(device, program)
-    for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
-        try:
-            with clock("sensitivity"), _tf32_on_gpu(device, True):
-                sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
-            autocast = attempt
-            break
-        except Exception as exc:  # contributions are lost, the rest of the probe is not
-            _release(device)
-            if attempt is not None:
-                continue
+                ref = reference_pass(program, copies.model64, copies.inputs64, keep_float64=options.ablate)
+        except Exception as exc:
             cause = exc.cause if isinstance(exc, RunFailed) else exc
-            reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
-            notes.append(f"contributions not measured: the run with gradients failed ({reason})")
-            autocast = None
+            if options.ablate or is_out_of_memory(cause):
+                raise UserError(_failure(name, "in float64", device, cause)) from cause
+            # A model that will not run in float64 (it builds float32 values of its own that its layers
+            # then refuse beside float64 ones): float32 with TF32 off is still 2^13 times finer than the
+            # modes measured against it.
+            _release(device)
+            try:
+                with clock("reference"), _tf32_on_gpu(device, False):
+                    ref = reference_pass(program, model32, inputs32, keep_float64=False)
+            except Exception:
+                raise UserError(_failure(name, "in float64", device, cause)) from cause
+            notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
+            env["reference"]["dtype"] = "float32"
+        if not options.ablate:
+            if stream is not None:
+                stream.forget(copies.model64)
+            copies.model64 = None  # only the one-node-at-a-time runs need it again: its memory is twice the model's
 
-    try:
-        with clock("reference: read back"):
-            resolve_reference(ref)
-    except Exception as exc:
-        raise UserError(_failure(name, "in float64", device, exc)) from exc
-    reference_nonfinite = sorted({n for n, _ in ref.nonfinite}, key=ref.order.index)
-    outputs = [t for t in _tensors(ref.output) if t.is_floating_point()]
-    if any(not bool(torch.isfinite(t).all()) for t in outputs):
-        first = reference_nonfinite[0] if reference_nonfinite else "the output"
-        raise UserError(f"the float64 reference of {name} is not finite (first at {first}); "
-                        "there is nothing to measure reduced precision against")
-    if ref.downcasts:
-        shown = ", ".join(ref.downcasts[:3]) + (f" and {len(ref.downcasts) - 3} more" if len(ref.downcasts) > 3 else "")
-        notes.append(f"the model computes some values below float64 even in the reference run ({shown}): "
-                     "the reference there is as precise as the model makes it")
+        # issued while the device still computes the reference: its figures are read after
+        sens = None
+        autocast = _sensitivity_autocast(device, program)
+        for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
+            try:
+                with clock("sensitivity"), _tf32_on_gpu(device, True):
+                    sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
+                autocast = attempt
+                break
+            except Exception as exc:  # contributions are lost, the rest of the probe is not
+                _release(device)
+                if attempt is not None:
+                    continue
+                cause = exc.cause if isinstance(exc, RunFailed) else exc
+                reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
+                notes.append(f"contributions not measured: the run with gradients failed ({reason})")
+                autocast = None
 
-    from preclint.probe.ledger import ProbeResult
-    from preclint.probe.modes import SharedCopies
+        try:
+            with clock("reference: read back"):
+                resolve_reference(ref)
+        except Exception as exc:
+            raise UserError(_failure(name, "in float64", device, exc)) from exc
+        reference_nonfinite = sorted({n for n, _ in ref.nonfinite}, key=ref.order.index)
+        outputs = [t for t in _tensors(ref.output) if t.is_floating_point()]
+        if any(not bool(torch.isfinite(t).all()) for t in outputs):
+            first = reference_nonfinite[0] if reference_nonfinite else "the output"
+            raise UserError(f"the float64 reference of {name} is not finite (first at {first}); "
+                            "there is nothing to measure reduced precision against")
+        if ref.downcasts:
+            shown = ", ".join(ref.downcasts[:3]) + (f" and {len(ref.downcasts) - 3} more" if len(ref.downcasts) > 3 else "")
+            notes.append(f"the model computes some values below float64 even in the reference run ({shown}): "
+                         "the reference there is as precise as the model makes it")
 
-    result = ProbeResult(env, {}, list(ref.order), timings, notes)
-    result.reference_nonfinite = reference_nonfinite
-    # On a GPU every mode is issued first and read back after: the device never waits for Python in
-    # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
-    # model (rounded weights) is gone before the next one is made.
-    passes = _ModePasses(program, graph, device, emulated, options, clock, ref, sens, model32, inputs32, model64,
-                         inputs64, tolerance, SharedCopies(stream=stream))
-    issued = []
-    for mode in modes:
-        result.modes[mode], pending = passes.issue(mode)
-        if device.type == "cuda":
-            issued.append((mode, pending))
-        elif pending is not None:
-            passes.finish(result.modes[mode], pending)
-    if sens is not None:
-        sens.close()
-    for mode, pending in issued:
-        if pending is not None:
-            passes.finish(result.modes[mode], pending)
-    env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
-    how = ""
-    if autocast is not None:
-        how = f" under {str(autocast).replace('torch.', '')} autocast (the gradients only weight errors)"
-    elif device.type == "cuda":
-        how = " (TF32 on: the gradients only weight errors)"
-    env["contributions"] = "one backward pass per mode through the float32 model" + how
-    return result
+        from preclint.probe.ledger import ProbeResult
+        from preclint.probe.modes import SharedCopies
+
+        result = ProbeResult(env, {}, list(ref.order), clock.timings, notes)
+        result.reference_nonfinite = reference_nonfinite
+        # On a GPU every mode is issued first and read back after: the device never waits for Python in
+        # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
+        # model (rounded weights) is gone before the next one is made.
+        passes = _ModePasses(self, ref, sens, SharedCopies(stream=stream))
+        issued = []
+        for mode in modes:
+            result.modes[mode], pending = passes.issue(mode)
+            if device.type == "cuda":
+                issued.append((mode, pending))
+            elif pending is not None:
+                passes.finish(result.modes[mode], pending)
+        if sens is not None:
+            sens.close()
+        for mode, pending in issued:
+            if pending is not None:
+                passes.finish(result.modes[mode], pending)
+        env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
+        how = ""
+        if autocast is not None:
+            how = f" under {str(autocast).replace('torch.', '')} autocast (the gradients only weight errors)"
+        elif device.type == "cuda":
+            how = " (TF32 on: the gradients only weight errors)"
+        env["contributions"] = "one backward pass per mode through the float32 model" + how
+        return result
 
 
 def streams(options: ProbeOptions, module, device, resident: bool = False) -> bool:
@@ -285,22 +298,12 @@ def _sensitivity_autocast(device, program):
 
 @dataclass
 class _ModePasses:
-    """What every mode's sweep and read-back share: the program, the copies of the model and inputs
-    on the device, the reference, and the sensitivity pass (None when it failed)."""
+    """What every mode's sweep and read-back share: the session (its setting and copies on the
+    device), the reference, and the sensitivity pass (None when it failed)."""
 
-    program: Any
-    graph: Any
-    device: Any
-    emulated: bool
-    options: ProbeOptions
-    clock: _Clock
+    session: ProbeSession
     ref: Any  # measure.ReferenceStore
     sens: Any  # measure.Sensitivity, or None
-    model32: Any
-    inputs32: Any
-    model64: Any  # None unless the ablation needs it
-    inputs64: Any
-    tolerance: Optional[Tuple[float, float]]
     shared: Any  # modes.SharedCopies: the maps between copies and the WeightStream
 
     def issue(self, mode: str):
@@ -312,14 +315,15 @@ class _ModePasses:
         from preclint.probe.measure import output_error, plain_run, queue_figures, sweep
         from preclint.probe.modes import describe_mode, build_mode_run
 
-        device, clock, sens = self.device, self.clock, self.sens
-        measure = ModeMeasure(mode, describe_mode(mode, device, self.emulated))
+        setting, copies, clock, sens = self.session.setting, self.session.copies, self.session.clock, self.sens
+        device, graph = setting.device, setting.graph
+        measure = ModeMeasure(mode, describe_mode(mode, device, setting.emulated))
         swept = None
         try:
             with clock(f"{mode}: sweep"):
-                run = build_mode_run(mode, device, self.emulated, self.model32, self.inputs32, self.graph, self.shared)
+                run = build_mode_run(mode, device, setting.emulated, copies.model32, copies.inputs32, graph, self.shared)
                 measure.how = run.how
-                swept = sweep(self.program, run, self.ref, self.graph, keep_errors=sens is not None)
+                swept = sweep(copies.program, run, self.ref, graph, keep_errors=sens is not None)
             outputs = output_error(swept.output, self.ref)
             present = outputs.present()
             contributions = ([], None)
@@ -333,9 +337,9 @@ class _ModePasses:
                 with clock(f"{mode}: plain run"):
                     plain = plain_run(run)
             with clock(f"{mode}: figures"):
-                pending = queue_figures(swept, contributions, outputs, self.tolerance, plain,
-                                        ablate=self.options.ablate and sens is not None)
-            if self.shared.stream is not None and run.variant is not self.model32:
+                pending = queue_figures(swept, contributions, outputs, setting.tolerance, plain,
+                                        ablate=setting.options.ablate and sens is not None)
+            if self.shared.stream is not None and run.variant is not copies.model32:
                 self.shared.stream.forget(run.variant)
             if not pending.ablate:
                 swept.observer.errors = {}
@@ -351,15 +355,16 @@ class _ModePasses:
         from preclint.probe.ablate import ablate
         from preclint.probe.measure import finish
 
-        swept = pending.swept
+        session, swept = self.session, pending.swept
+        graph, copies = session.setting.graph, session.copies
         try:
-            with self.clock(f"{measure.mode}: read back"):
-                finish(measure, pending, self.ref, self.graph)
+            with session.clock(f"{measure.mode}: read back"):
+                finish(measure, pending, self.ref, graph)
             if pending.ablate:
-                with self.clock(f"{measure.mode}: ablation"):
-                    ablate(self.program, self.graph, self.ref, self.model64, self.inputs64, pending, measure)
+                with session.clock(f"{measure.mode}: ablation"):
+                    ablate(copies, graph, self.ref, pending, measure)
         except Exception as exc:
-            _failed(measure, measure.mode, self.device, exc)
+            _failed(measure, measure.mode, session.setting.device, exc)
         finally:
             swept.observer.errors = {}
 

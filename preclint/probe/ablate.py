@@ -65,10 +65,13 @@ def _descendants(graph, name: str) -> set:
     return found
 
 
-def ablate(program: Program, graph, ref: ReferenceStore, model64: torch.nn.Module, inputs64: tuple,
-           pending: Pending, measure: ModeMeasure) -> None:
+def ablate(copies, graph, ref: ReferenceStore, pending: Pending, measure: ModeMeasure) -> None:
     """Fill ``ablation`` of every node with a local error (the sweep's error vectors), and
-    ``measure.agreement``."""
+    ``measure.agreement``. ``copies``: the probe's DeviceCopies, whose float64 model and inputs run
+    with one node's error at a time."""
+    program: Program = copies.program
+    model64: torch.nn.Module = copies.model64
+    inputs64 = copies.inputs64
     errors, output_error = pending.swept.observer.errors, pending.outputs.errors
     total = [e for e in output_error if e is not None]
     norm_sq = sum(float(torch.sum(e * e)) for e in total)

@@ -10,6 +10,7 @@ import torch
 
 from preclint.ir import DOT_PRODUCT_KINDS
 from preclint.numerics import C_INPUT
+from preclint.predict import terms_rms
 from preclint.probe.detections import Comparison
 from preclint.probe.detections import compare as compare_detections
 from preclint.probe.execute import tensors
@@ -226,7 +227,7 @@ def _tf32_applied(node, local: Figure, slots: NodeSlots, scalars: Scalars, ref: 
     if local.rel_error is None or not _finite(local.rel_error):
         return None
     numel = node.out.numel if node.out is not None and node.out.numel else None
-    terms = node.dot_rms if node.dot_rms else (node.out.rms if node.out is not None else None)
+    terms = terms_rms(node) or (node.out.rms if node.out is not None else None)
     if not terms or not numel:
         return None
     sq = sum(scalars[n2] ** 2 for _, n2, _ in slots.local)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.errors import one_line
-from preclint.ir import Kind
+from preclint.ir import DecisionMargins, Kind
 from preclint.modelio import Inputs
 from preclint.observer import Observer
 from preclint.probe.detections import changed_decisions, detection_tensor_ids
@@ -124,7 +124,7 @@ class SweepObserver(Observer):
 
     def _has_margins(self, name: str) -> bool:
         ir = self.graph.get(name)
-        return ir is not None and ir.margins is not None
+        return ir is not None and ir.record(DecisionMargins) is not None
 
     def _aligned(self, node) -> bool:
         if self.diverged_at is not None:

@@ -24,6 +24,7 @@ import math
 from typing import Dict, List, Optional, Set
 
 from preclint.findings import ErrorFigure, Finding, percent, sci
+from preclint.ir import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
 
 CONFIRM_FRACTION = 1.0 / 3.0
@@ -134,7 +135,8 @@ def _by_size(predicted: Optional[ErrorFigure], measured: Optional[float], nonfin
 
 
 def _same_site(a, b) -> bool:
-    return a.name == b.name or (a.margins is not None and b.margins is not None and a.module_path == b.module_path
+    return a.name == b.name or (a.record(DecisionMargins) is not None and b.record(DecisionMargins) is not None
+                                 and a.module_path == b.module_path
                                  and a.fn == b.fn and a.location == b.location)
 
 
