@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from preclint.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node
+from preclint.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node, RoundingMargins
 from preclint.numerics import FP32, MODES, Mode
 from preclint.predict import (SATURATION, ModePrediction, result_rounding, expected_flip_fraction, fx_tensor_constant,
                               propagated_error, predict_mode, reaching_absmax, rounding_terms)
@@ -289,7 +289,9 @@ class Planner:
         self.total_flops = sum(self.flops.values()) or 1.0
         self._nodes: Dict[Unit, Tuple[str, ...]] = {}
         self._cache: Dict[FrozenSet[Unit], ModePrediction] = {}
-        self.decisions = [n for n in graph.nodes if n.record(DecisionMargins) is not None]
+        # a rounding to integers decides as much as an argmax: both flip under a low precision
+        self.decisions = [n for n in graph.nodes
+                          if n.record(DecisionMargins) is not None or n.record(RoundingMargins) is not None]
 
     def nodes(self, unit: Unit) -> Tuple[str, ...]:
         if unit not in self._nodes:
@@ -341,8 +343,8 @@ class Planner:
     def flip_budget(self, node: Node) -> float:
         if self.tolerance.max_flip is not None:
             return self.tolerance.max_flip
-        margins = node.record(DecisionMargins)
-        units = len(margins.values) if margins is not None else 1
+        margins = node.record(DecisionMargins) or node.record(RoundingMargins)
+        units = margins.units if margins is not None else 1  # every decision, not only those sampled
         return 0.5 / units  # no budget given: fewer than one decision expected to change
 
     def judges_decisions(self) -> bool:

@@ -159,3 +159,25 @@ def test_cli_a_max_flip_outside_0_to_1_in_the_configuration_file_exits_2(capsys,
     code, out, err = run(capsys, "plan", MODELS, "--model", "OffsetClassifier", "--input", "256x32", "--precision",
                          "fp16", "--config", config, "--no-verify")
     assert code == 2 and "max-flip" in err and len(err.strip().splitlines()) == 1
+
+
+class RoundedScores(torch.nn.Module):
+    """Scores rounded to integers: a rounding decides, like an argmax, and float16 moves values
+    across the half-integer boundaries."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return torch.round(self.fc(x) * 100.0).to(torch.int64)
+
+
+def test_a_rounding_to_integers_is_a_decision_the_plan_predicts():
+    """The plan read the rounding margins under a key nothing wrote, so a model whose output is a
+    rounding had no decision to judge and no predicted flip fraction."""
+    torch.manual_seed(0)
+    plan, _, _ = verified_plan(RoundedScores(), (torch.randn(32, 64),), "fp16-full", Tolerance(max_flip=1e-3))
+    flips = plan.predicted["before"].flip_fraction
+    assert flips is not None and 1e-3 < flips < 0.2, flips
