@@ -43,7 +43,9 @@ class Verifier:
         self.runs = 0
         with torch.no_grad():
             model64 = copy.deepcopy(self.model32).double()
-            self.reference = [t.double() for t in output_tensors(self.inputs.map(_as64).call(model64))]
+            # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
+            self.reference = [t if not (t.is_floating_point() or t.is_complex()) else t.double()
+                              for t in output_tensors(self.inputs.map(_as64).call(model64))]
         del model64
         self.float32 = self._compare(self._outputs(self.model32, self.inputs, None))
 
