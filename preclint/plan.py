@@ -308,25 +308,19 @@ class Planner:
         key = frozenset(units)
         if key not in self._cache:
             kept = self.kept_nodes(key)
-            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept), cast_back=self._cast_back(key, kept))
-            if INPUTS_UNIT not in key:
-                self._add_input_rounding(prediction)
+            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept) | self._rounded_inputs(key),
+                                      cast_back=self._cast_back(key, kept) | self._rounded_inputs(key))
             self._cache[key] = prediction
         return self._cache[key]
 
-    def _add_input_rounding(self, prediction: ModePrediction) -> None:
-        """A cast model's inputs are rounded to the low format on entry: the error model leaves that
-        rounding to the caller (predict's EXACT_FNS), the plan counts it, since keeping ``<inputs>``
-        is how it is undone."""
-        if self.mode.autocast or prediction.output_error is None or not prediction.finite:
-            return
-        low = self.mode.low
-        variance = sum(propagated_error(n, {"result": result_rounding(n, low.name, low)}, None)
-                       for n in self.graph.nodes if n.kind == Kind.INPUT and n.out is not None and n.out.is_float
-                       and n.out.finite and n.out.rms > 0)
-        if variance > 0:
-            total = math.sqrt(prediction.output_error ** 2 + variance)
-            prediction.output_error = min(total, SATURATION * prediction.output_rms)
+    def _rounded_inputs(self, units) -> FrozenSet[str]:
+        """A cast model's inputs are rounded to the low format on entry (the error model leaves that
+        rounding to the caller: predict's EXACT_FNS); the plan counts it, in the output error and in
+        every decision downstream, since keeping ``<inputs>`` is how it is undone."""
+        if self.mode.autocast or INPUTS_UNIT in units:
+            return frozenset()
+        return frozenset(n.name for n in self.graph.nodes
+                         if n.kind == Kind.INPUT and n.out is not None and n.out.is_float and n.out.finite)
 
     @property
     def returned(self) -> FrozenSet[str]:
@@ -412,16 +406,22 @@ class Planner:
         return sum(terms.get(n, 0.0) for n in self.nodes(unit))
 
     def marginal_share(self, kept: Set[Unit], unit: Unit) -> float:
-        """The fraction of the predicted output error variance that keeping ``unit`` as well
-        removes: the share of a unit that is no computation (inputs, outputs, a parameter)."""
+        """The fraction of the predicted output error variance (or of a failing decision's flips) that
+        keeping ``unit`` as well removes: the share of a unit that is no computation (inputs, outputs,
+        a parameter)."""
         p, q = self.predict(kept), self.predict(set(kept) | {unit})
         if not q.finite:
             return 0.0
         if not p.finite:
             return 1.0
-        if p.output_error is None or q.output_error is None or p.output_error <= 0:
-            return 0.0
-        return max(0.0, 1.0 - (q.output_error / p.output_error) ** 2)
+        share = 0.0
+        if p.output_error is not None and q.output_error is not None and p.output_error > 0:
+            share = 1.0 - (q.output_error / p.output_error) ** 2
+        for decision in self.flipping(p):  # and what it takes off the flips of a decision that fails
+            before, after = p.nodes[decision.name].flip_fraction or 0.0, q.nodes[decision.name].flip_fraction or 0.0
+            if before > 0:
+                share = max(share, 1.0 - after / before)
+        return max(0.0, share)
 
 
 # ---------------------------------------------------------------------------------------- planning
