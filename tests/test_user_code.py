@@ -194,12 +194,18 @@ def test_an_interrupt_during_a_deferred_import_is_delivered_after_it():
     from preclint.usercode import Interrupted, interrupt_signals
 
     done = []
-    with pytest.raises(KeyboardInterrupt):  # Python's own handler, as the body found it
-        with interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # the handler has run by now: it recorded the signal, raised nothing
-            done.append("imported")
-    assert done == ["imported"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # a process started in the background (CI under nohup or `&`) begins with SIGINT ignored: the
+    # test installs Python's own handler, which is what a terminal gives
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # Python's own handler, as the body found it
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler has run by now: it recorded the signal, raised nothing
+                done.append("imported")
+        assert done == ["imported"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     with pytest.raises(Interrupted) as caught, interrupt_signals():  # the CLI's handler
         with interrupts_deferred():
             os.kill(os.getpid(), signal.SIGTERM)
