@@ -98,6 +98,13 @@ def task(description: str, total: Optional[float] = None) -> Iterator[Bar]:
     if not _enabled:
         yield bar
         return
+    if DELAY <= 0:  # at once, not from a timer thread that the work may outrun
+        bar._show()
+        try:
+            yield bar
+        finally:
+            bar._close()
+        return
     timer = threading.Timer(DELAY, bar._show)
     timer.daemon = True
     timer.start()
