@@ -401,7 +401,9 @@ def _comments(data: bytes) -> "collections.Counter[str]":
     try:
         return collections.Counter(t.string for t in tokenize.tokenize(io.BytesIO(data).readline)
                                    if t.type == tokenize.COMMENT)
-    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError, ValueError):
+    # (tokenize is the oracle's own, independent of preclint's scanner; Python 3.12's raises
+    # SystemError on a NUL byte, where no comment can be judged either)
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError, ValueError, SystemError):
         return collections.Counter()
 
 
