@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator, List
+from typing import Callable, Dict, Iterator, List
 
 _real_exit = os._exit  # kept before anything can patch it
 
@@ -44,19 +44,30 @@ def interrupts_deferred() -> Iterator[None]:
             _real_exit(say_interrupted(signum))
         received.append(signum)
 
-    previous = {}
+    previous: Dict[int, object] = {}
+    try:
+        with signals_handled_by(hold) as previous:
+            yield
+    finally:  # the previous handlers are back: the held signal goes to the one the body found
+        if received:
+            _deliver(received[0], previous.get(received[0]))
+
+
+@contextlib.contextmanager
+def signals_handled_by(handler: Callable[[int, object], None]) -> Iterator[Dict[int, object]]:
+    """SIGINT and SIGTERM go to ``handler`` inside the block; it receives the handlers they had, which
+    come back after it."""
+    previous: Dict[int, object] = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
-            previous[signum] = signal.signal(signum, hold)
+            previous[signum] = signal.signal(signum, handler)
         except (ValueError, OSError):  # not settable here (embedded interpreters)
             pass
     try:
-        yield
+        yield previous
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if received:
-            _deliver(received[0], previous.get(received[0]))
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _deliver(signum: int, handler: object) -> None:

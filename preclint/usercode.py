@@ -81,17 +81,8 @@ def interrupt_signals() -> Iterator[None]:
         received.append(signum)
         raise Interrupted(signum)
 
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except (ValueError, OSError):  # not settable here (embedded interpreters)
-            pass
-    try:
+    with interrupts.signals_handled_by(handler):
         yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
 
 
 def end_if_threads_linger(code: int) -> None:
