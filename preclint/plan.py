@@ -27,7 +27,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from preclint.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node, RoundingMargins
 from preclint.numerics import FP32, MODES, Mode
-from preclint.predict import (SATURATION, ModePrediction, result_rounding, expected_flip_fraction, fx_tensor_constant,
+from preclint.predict import (ModePrediction, expected_flip_fraction, fx_tensor_constant,
                               propagated_error, predict_mode, reaching_absmax, rounding_terms)
 from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
 
@@ -308,8 +308,9 @@ class Planner:
         key = frozenset(units)
         if key not in self._cache:
             kept = self.kept_nodes(key)
-            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept) | self._rounded_inputs(key),
-                                      cast_back=self._cast_back(key, kept) | self._rounded_inputs(key))
+            rounded = self._rounded_inputs(key)
+            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept) | rounded,
+                                      cast_back=self._cast_back(key, kept) | rounded)
             self._cache[key] = prediction
         return self._cache[key]
 
