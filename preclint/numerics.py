@@ -80,6 +80,11 @@ AUTOCAST_FP32 = frozenset(
 AUTOCAST_PROMOTE = frozenset(
     "addcdiv addcmul atan2 bilinear cross dot vdot index_put tensordot scatter_add cat stack".split()
 )
+# Batch norms that autocast does not list run in their input's dtype: batch_norm's mixed-dtype kernels
+# read float32 weights and statistics and store the activation's dtype. These leaf modules compute
+# ``x * scale + bias`` from float32 buffers instead (torchvision's and timm's FrozenBatchNorm2d), so
+# type promotion stores their result in float32 under autocast.
+PROMOTING_BATCHNORMS = frozenset({"FrozenBatchNorm2d"})
 
 
 def autocast_format(region, mode: Mode) -> Optional[Format]:

@@ -23,8 +23,8 @@ from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.ir import (DOT_PRODUCT_KINDS, Contraction, DecisionGains, DecisionMargins, Gains, Graph, Kind, Node, Reach,
                          RoundingMargins, Terms)
-from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, Format, Mode, autocast_format,
-                                autocast_policy, casting_region, gaussian_max_factor)
+from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, PROMOTING_BATCHNORMS, Format, Mode,
+                               autocast_format, autocast_policy, casting_region, gaussian_max_factor)
 
 # Ops whose result is one of their inputs' values (or a plain function of it with no rounding).
 EXACT_FNS = frozenset(
@@ -149,6 +149,8 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     # 'promote' and unlisted ops, and every op where autocast is off: the inputs' dtype (type
     # promotion). Parameters enter as fp32 under autocast, so an unlisted op with weights
     # (BatchNorm) keeps its activation input's dtype; in a cast model they hold the low format.
+    if not cast_model and node.kind == Kind.BATCHNORM and node.module_type in PROMOTING_BATCHNORMS:
+        return "fp32"
     if not cast_model and (node.kind in (Kind.BATCHNORM, Kind.ACTIVATION, Kind.POOL) or node.params):
         return input_formats[0] if input_formats else "fp32"
     return _widest(input_formats) if input_formats else (mode.low.name if cast_model else "fp32")

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from preclint.errors import UserError
 from preclint.numerics import C_INPUT
@@ -497,3 +498,64 @@ def test_a_mask_of_minus_inf_is_no_error():
         m = measure.nodes[fill.name]
         assert not m.nonfinite and m.received.rel_error < 0.05 and math.isfinite(m.local.rel_error), (mode, m)
         assert measure.first_nonfinite is None and measure.output_finite
+
+
+class _BranchesWithFunctionalBatchNorm(nn.Module):
+    """Two conv + ``F.batch_norm`` branches added up, as timm's BatchNormAct2d computes them: under
+    autocast the convs store float16 and batch_norm keeps its input's dtype (float32 weights and
+    statistics do not promote it), so the sum of two 4e4-sized branches overflows float16."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 4, 1, bias=False), nn.Conv2d(4, 4, 1, bias=False)
+        for conv in (self.a, self.b):
+            nn.init.constant_(conv.weight, 1.0)
+        self.weight, self.bias = nn.Parameter(torch.ones(4)), nn.Parameter(torch.zeros(4))
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("var", torch.ones(4))
+
+    def forward(self, x):
+        norm = lambda y: F.batch_norm(y, self.mean, self.var, self.weight, self.bias, False)  # noqa: E731
+        return norm(self.a(x)) + norm(self.b(x))
+
+
+def test_a_sum_of_batch_norm_branches_overflows_as_autocast_runs_it():
+    torch.manual_seed(0)
+    model = _BranchesWithFunctionalBatchNorm().eval()
+    x = torch.full((1, 4, 3, 3), 1e4)  # each branch 4e4: float16 holds it, their sum 8e4 it does not
+    with torch.autocast("cpu", dtype=torch.float16), torch.no_grad():
+        assert not torch.isfinite(model(x)).all()  # what autocast itself does
+    report, graph, ctx, result = probe(model, (x,), modes=("fp16",))
+    assert result.modes["fp16"].output_finite is False
+    apply(report, None, graph, ctx, None, result)
+    flagged = [f for f in report.findings if f.code == "PCL101"]
+    assert flagged and all(f.status == "confirmed" for f in flagged)
+
+
+def test_a_frozen_batch_norm_stores_float32_under_autocast_as_type_promotion_does():
+    from torchvision.ops import FrozenBatchNorm2d
+
+    from preclint.numerics import MODES
+    from preclint.predict import node_format
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), FrozenBatchNorm2d(4)).eval()
+    x = torch.randn(1, 3, 5, 5)
+    with torch.autocast("cpu", dtype=torch.float16), torch.no_grad():
+        assert model(x).dtype == torch.float32  # x * scale + bias, scale and bias float32
+    _r, graph, _c, result = probe(model, (x,), modes=("fp16",))
+    frozen = next(n for n in graph.nodes if n.module_type == "FrozenBatchNorm2d")
+    convolution = next(n for n in graph.nodes if n.kind == "conv")
+    assert node_format(frozen, MODES["fp16"], ["fp16"]) == "fp32"
+    assert node_format(convolution, MODES["fp16"], ["fp32"]) == "fp16"
+    # the emulation stores float32 too: written out by hand (the conv's operands and bias rounded to
+    # float16, its result stored in float16, the frozen batch norm computed and kept in float32), the
+    # output error equals the probe's to float32's resolution
+    r = lambda t: t.detach().half().float()  # noqa: E731
+    conv, frozen_bn = model
+    with torch.no_grad():
+        reference = model.double()(x.double())
+        model.float()
+        by_hand = frozen_bn(r(F.conv2d(r(x), r(conv.weight), r(conv.bias)))).double()
+    expected = float((by_hand - reference).norm() / reference.norm())
+    assert result.modes["fp16"].output.rel_error == pytest.approx(expected, rel=1e-3)

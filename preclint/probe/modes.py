@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from preclint import ops
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
-from preclint.numerics import MODES, Mode, autocast_format, autocast_policy, casting_region
+from preclint.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
 from preclint.probe.device import tf32
 from preclint.probe.execute import detached_state
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
@@ -154,7 +154,7 @@ class ModeRun:
             # -full: operands and parameters already hold low-format values; accumulate in float32
             rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
             return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
-        out_dtype = _promoted(args, kwargs)
+        out_dtype = _stored_dtype(node, callee, args, kwargs)
         if out_dtype not in REDUCED_FLOATS and not _any_reduced(args, kwargs):
             return args, kwargs, None
         return _map_floats(args, up), _map_floats(kwargs, up), Decision(out_dtype, target)
@@ -227,6 +227,22 @@ def _map_operands(node, callee, args, kwargs, fn):
 
 def _any_reduced(args, kwargs) -> bool:
     return any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in tree_flatten((args, kwargs))[0])
+
+
+def _stored_dtype(node, callee, args, kwargs) -> Optional[torch.dtype]:
+    """The dtype an op autocast does not list stores its result in: type promotion over its float
+    operands, except for batch norms (numerics.PROMOTING_BATCHNORMS says why): ``F.batch_norm``
+    keeps its input's dtype whatever its weights' and statistics', a FrozenBatchNorm2d promotes its
+    input with its buffers."""
+    if node.kind == Kind.BATCHNORM:
+        x = _first_tensor(args)
+        x = x if x is not None else kwargs.get("input")
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            if isinstance(callee, torch.nn.Module) and node.module_type in PROMOTING_BATCHNORMS:
+                buffers = [b.dtype for b in callee.buffers() if b.is_floating_point()]
+                return torch.promote_types(x.dtype, buffers[0]) if buffers else x.dtype
+            return x.dtype
+    return _promoted(args, kwargs)
 
 
 def _promoted(args, kwargs) -> Optional[torch.dtype]:
