@@ -420,7 +420,8 @@ class FxRunner(fx.Interpreter):
 
 def _mark_buffer_views(gm: fx.GraphModule, module: torch.nn.Module, nodes: List[Node]) -> None:
     """A tensor literal of the trace (``_tensor_constant0``) that is a view of one of the model's
-    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing) records its name in
+    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing, where the trace reads
+    buffers as plain tensors: the forward branches on one) records its name in
     ``attrs["view_of"]``: ``model.to`` casts it with the model, and keeping that tensor keeps it."""
     storages = {}
     for name, tensor in list(module.named_buffers()) + list(module.named_parameters()):
