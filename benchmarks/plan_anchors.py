@@ -53,6 +53,7 @@ sys.path.insert(0, ROOT)
 
 ATOL_REL = 1e-2
 RTOL = 1e-2
+ALL_TOOLS = ("preclint", "ort_auto_mixed_precision", "modelopt_autocast")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -467,10 +468,28 @@ def _mean(values) -> Optional[float]:
     return round(sum(values) / len(values), 4) if values else None
 
 
-def write(path: str, rows: List[Dict[str, Any]], tools: List[str]) -> Dict[str, Any]:
+def reuse_columns(rows: List[Dict[str, Any]], tools: List[str], previous: Dict[str, Any]) -> List[str]:
+    """Copy into ``rows`` the columns of the tools not run now from an earlier results file (a tool not
+    installed here), model by model; the tools whose columns were copied."""
+    earlier = {r["model"]: r for r in previous.get("models", [])}
+    copied = []
+    for tool in ALL_TOOLS:
+        if tool in tools:
+            continue
+        for row in rows:
+            if tool in earlier.get(row["model"], {}):
+                row[tool] = earlier[row["model"]][tool]
+                copied.append(tool)
+    return sorted(set(copied))
+
+
+def write(path: str, rows: List[Dict[str, Any]], tools: List[str], reused: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    columns = tools + [t for t in ALL_TOOLS if t not in tools and reused and t in reused]
     result = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
               "tolerance": f"rtol={RTOL}, atol={ATOL_REL} x RMS of the float64 output", "precision": "fp16-full",
-              "summary": summarize([r for r in rows if "skipped" not in r], tools), "models": rows}
+              "summary": summarize([r for r in rows if "skipped" not in r], columns), "models": rows}
+    if reused:
+        result["reused"] = reused
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
@@ -480,7 +499,9 @@ def write(path: str, rows: List[Dict[str, Any]], tools: List[str]) -> Dict[str, 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "plan_anchors_cpu.json"))
-    parser.add_argument("--tools", default="preclint,ort_auto_mixed_precision,modelopt_autocast")
+    parser.add_argument("--tools", default=",".join(ALL_TOOLS))
+    parser.add_argument("--reuse", metavar="RESULTS",
+                        help="take the columns of the tools not run from this earlier results file (a tool not installed)")
     parser.add_argument("--only", help="comma-separated substrings of model names")
     parser.add_argument("--torchvision", action="store_true", help="also resnet18, resnet50, mobilenet_v3_small at 64x64")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one tool may take on one model")
@@ -491,19 +512,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(markdown(json.load(f)))
         return 0
     tools = args.tools.split(",")
+    previous = None
+    if args.reuse:
+        with open(args.reuse) as f:
+            previous = json.load(f)
+    reused: Dict[str, str] = {}
     rows = []
     for entry in models(args.torchvision):
         if args.only and not any(s in entry["name"] for s in args.only.split(",")):
             continue
         row = bench(entry, tools, args.timeout)
         rows.append(row)
-        write(args.out, rows, tools)
+        if previous is not None:
+            for tool in reuse_columns([row], tools, previous):
+                reused[tool] = f"copied from {os.path.basename(args.reuse)}, not run here"
+        write(args.out, rows, tools, reused)
         shown = {t: (row[t].get("error") or f"meets={row[t].get('meets')} "
                      f"kept={row[t].get('kept_flops_fraction')} wall={row[t].get('wall_s', 0):.1f}s")
                  for t in tools if t in row}
         print(row["model"], "fails-in-fp16" if row.get("low_precision_fails") else "healthy", row.get("skipped", ""), shown,
               flush=True)
-    result = write(args.out, rows, tools)
+    result = write(args.out, rows, tools, reused)
     print(json.dumps(result["summary"], indent=1))
     return 0
 

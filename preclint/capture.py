@@ -210,9 +210,14 @@ def _set_reduction_length(node: Node, args, kwargs, callee) -> None:
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self) -> None:
+    def __init__(self, proxy_buffers: bool = True) -> None:
         super().__init__()
         self.record_stack_traces = True
+        # a buffer read is an attribute node, as a parameter's is: otherwise FX computes what the forward
+        # does with buffers alone while tracing (a frozen batch norm's w * (running_var + eps).rsqrt()) and
+        # stores the result as a trace constant, so that the ops a cast model runs on the rounded buffer
+        # (and the buffer itself) are not in the graph
+        self.proxy_buffer_attributes = proxy_buffers
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return ops.is_leaf_module(m)
@@ -232,11 +237,15 @@ def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
     """Trace ``module`` for a call with ``inputs``: parameters it gives no tensor (None, a flag,
     a default left out) are traced as the constants they are, so that ``if mask is not None``
     takes the branch the call takes; the graph's placeholders are the tensor inputs alone."""
-    tracer = _Tracer()
     constants = _constant_arguments(module, Inputs.of(inputs)) if inputs is not None else {}
     with warnings.catch_warnings(), autocast_regions.recording():
         warnings.simplefilter("ignore")  # FX warns about constants it cannot add an assertion for
-        graph = tracer.trace(module, concrete_args=constants or None)
+        try:
+            tracer = _Tracer()
+            graph = tracer.trace(module, concrete_args=constants or None)
+        except Exception:  # noqa: BLE001 - a buffer the forward branches on or reads as a number: as before
+            tracer = _Tracer(proxy_buffers=False)
+            graph = tracer.trace(module, concrete_args=constants or None)
     if constants:
         _drop_constant_placeholders(graph, module)
     return fx.GraphModule(tracer.root, graph, type(module).__name__)
@@ -411,7 +420,8 @@ class FxRunner(fx.Interpreter):
 
 def _mark_buffer_views(gm: fx.GraphModule, module: torch.nn.Module, nodes: List[Node]) -> None:
     """A tensor literal of the trace (``_tensor_constant0``) that is a view of one of the model's
-    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing) records its name in
+    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing, where the trace reads
+    buffers as plain tensors: the forward branches on one) records its name in
     ``attrs["view_of"]``: ``model.to`` casts it with the model, and keeping that tensor keeps it."""
     storages = {}
     for name, tensor in list(module.named_buffers()) + list(module.named_parameters()):

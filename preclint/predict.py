@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
-from preclint.ir import (DOT_PRODUCT_KINDS, Contraction, DecisionGains, DecisionMargins, Gains, Graph, Kind, Node, Reach,
-                         RoundingMargins, Terms)
+from preclint.ir import (DOT_PRODUCT_KINDS, BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Graph,
+                         Kind, Node, Reach, RoundingMargins, Terms)
 from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, PROMOTING_BATCHNORMS, Format, Mode,
                                autocast_format, autocast_policy, casting_region, gaussian_max_factor)
 
@@ -432,6 +432,20 @@ def _mark_poles(graph: Graph, prediction: ModePrediction, roundings: Dict[str, D
             position = 1 if ("arg1" in node.scalars or "other" in node.scalars) else 0
         if position < len(node.inputs) and zeroed.get(node.inputs[position]):
             p.pole = True
+    if not prediction.mode.autocast:
+        for node in graph.nodes:
+            if node.kind == Kind.BATCHNORM and _variance_flushes(node, prediction.nodes[node.name].fmt):
+                prediction.nodes[node.name].pole = True
+
+
+def _variance_flushes(node: Node, fmt: str) -> bool:
+    """A batch norm module of a cast model holds its running variance in the model's format: where it is
+    below half the smallest subnormal (1e-9 in float16) and eps is 0 too, the rsqrt inside the module
+    makes an infinite scale. (Under autocast its buffers stay float32.)"""
+    facts = node.record(BatchNormFolding)
+    if facts is None or fmt not in FORMATS or not node.params:
+        return False
+    return 0 <= facts.var_min + facts.eps < FORMATS[fmt].min_subnormal / 2
 
 
 def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:

@@ -152,3 +152,40 @@ def test_outputs_nothing_compares_are_noted(value, note):
     assert note in report.notes
     predicted = report.summary["fp16"]["predicted_output"]["rel_error"]
     assert (predicted is not None) == (value == "mixed")
+
+
+class _BufferFlag(nn.Module):
+    """A forward that branches on a buffer's value: FX cannot trace that with buffer reads as graph
+    values, and traces it as before (the buffer read while tracing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("enabled", torch.tensor(True))
+        self.register_buffer("scale", torch.full((8,), 2.0))
+
+    def forward(self, x):
+        if self.enabled:
+            x = x * self.scale
+        return self.fc(x)
+
+
+def test_buffers_are_graph_values_where_the_forward_computes_with_them():
+    report, graph = run_check(_BufferFlag(), (torch.randn(4, 8),))
+    assert graph.capture == "fx"  # the branch on a buffer: traced without buffer reads as values
+    assert any(n.fn == "mul" for n in graph.nodes)
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.register_buffer("scale", torch.full((8,), 2.0))
+
+        def forward(self, x):
+            return self.fc(x * (self.scale + 1.0).rsqrt())
+
+    report, graph = run_check(Scaled(), (torch.randn(4, 8),))
+    assert graph.capture == "fx"
+    reads = [n for n in graph.nodes if n.fn == "parameter"]
+    assert [n.params for n in reads] == [("scale",)]  # the buffer itself, not a constant the trace computed
+    assert {"add", "rsqrt"} <= {n.fn for n in graph.nodes}

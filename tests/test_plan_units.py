@@ -11,10 +11,11 @@ import torch
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
 from preclint.load import LoadedModel
-from preclint.plan import KeepEntry, Tolerance
+from preclint.numerics import MODES
+from preclint.plan import KeepEntry, Planner, Tolerance, Unit
 from preclint.plan_command import build_plan
 from preclint.policy import PolicyError, apply_policy, onnx_patterns, Kept
-from tests.models.plan_culprits import Healthy, OffsetInputs, TinyVariance, WideLayer
+from tests.models.plan_culprits import Healthy, InlineFrozenNorm, OffsetInputs, TinyVariance, WideLayer
 from tests.test_plan import MODELS, SCHEMA, keeps, plan_for, run
 
 
@@ -33,6 +34,42 @@ def test_a_parameter_the_format_cannot_hold_is_kept_alone_at_no_cost():
     assert plan.keep[0].reason.startswith("underflow") and plan.kept_flops_fraction == 0
     assert plan.measured["before"].finite is False  # float16 without the plan: inf
     assert plan.measured["after"].finite and plan.meets_tolerance and plan.measured["runs"] == 1
+
+
+def test_a_frozen_norm_inside_a_block_keeps_its_buffer_not_the_block():
+    """The block computes w * (running_var + eps).rsqrt() from its own buffers between two convs:
+    the buffer reads are ops of the graph (not one constant the trace computed), so the plan names
+    the buffer float16 flushes to 0 and keeps it alone, not the block around it."""
+    torch.manual_seed(0)
+    plan, graph, _ = verified_plan(InlineFrozenNorm(), (torch.randn(2, 3, 16, 16),), "fp16-full", Tolerance(1e-2, 1e-2))
+    assert {n.params[0] for n in graph.nodes if n.fn == "parameter" and n.module_path == "block"} >= {"block.running_var"}
+    assert ("block", None) not in keeps(plan)
+    block = Planner(graph, MODES["fp16-full"], Tolerance(1e-2, 1e-2)).cost([Unit("block")])
+    assert block > 0.5 and plan.kept_flops_fraction < 0.01 * block
+    assert keeps(plan) == {("<param:block.running_var>", None)}
+    assert plan.keep[0].reason.startswith("underflow")
+    assert plan.measured["before"].finite is False  # float16 without the plan: inf
+    assert plan.meets_tolerance and plan.measured["after"].failing_fraction == 0 and plan.measured["runs"] <= 3
+
+
+def test_a_batch_norm_module_whose_variance_flushes_is_kept_before_any_run():
+    """torchvision's FrozenBatchNorm2d(eps=0) with a running variance of 1e-9: the module is one node,
+    and its variance becomes 0 in a float16 model: predicted, so the first run with the plan is
+    finite and no run is spent finding it."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    norm = FrozenBatchNorm2d(8, eps=0.0)
+    with torch.no_grad():
+        norm.running_var[:2] = 1e-9
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), norm, torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 3, padding=1))
+    plan, _, _ = verified_plan(model, (torch.randn(2, 3, 8, 8) * 1e-4,), "fp16-full", Tolerance(1e-2, 1e-2))
+    entry = next(k for k in plan.keep if k.module == "1")
+    assert entry.reason.startswith("underflow")
+    assert plan.measured["before"].finite is False
+    assert plan.meets_tolerance and plan.measured["runs"] == 1
+    assert not any(n.startswith("refined") for n in plan.notes)
 
 
 def test_the_inputs_are_kept_when_their_rounding_is_the_culprit():

@@ -5,6 +5,10 @@
   one op, not a module, is the culprit.
 * ``Healthy``: a small conv net well inside float16's range: the right plan keeps nothing.
 * ``OffsetClassifier``: class scores around 1000 whose top-1 float16 rounding flips (``head``).
+* ``TinyVariance``: a frozen norm's variance of 1e-9, which float16 flushes to 0 before an rsqrt.
+* ``OffsetInputs``: inputs whose signal float16 cannot hold.
+* ``InlineFrozenNorm``: a frozen batch norm written into a block's own forward, on buffers, between
+  the block's two convs: the culprit is the rounded buffer inside a module that is mostly FLOPs.
 """
 
 import torch
@@ -87,9 +91,7 @@ class TinyVariance(nn.Module):
             self.fc.weight.mul_(0.1)
         var = torch.ones(16)
         var[:4] = 1e-9
-        # a parameter (frozen): torch.fx traces it as an attribute read, where a buffer used only with
-        # other constants would be folded into a trace constant
-        self.var = nn.Parameter(var, requires_grad=False)
+        self.var = nn.Parameter(var, requires_grad=False)  # frozen (InlineFrozenNorm holds buffers)
         self.head = nn.Linear(16, 4)
         with torch.no_grad():
             self.head.weight.mul_(1e-3)
@@ -110,3 +112,42 @@ class OffsetInputs(nn.Module):
 
     def forward(self, x):
         return self.fc((x - 1000.0) * 100.0)
+
+
+class _FrozenNormBlock(nn.Module):
+    """conv, a frozen batch norm on the block's own buffers (eps 0, as torchvision's old
+    FrozenBatchNorm2d) with four collapsed channels, relu, conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(8, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.register_buffer("weight", torch.ones(16))
+        self.register_buffer("bias", torch.zeros(16))
+        self.register_buffer("running_mean", torch.zeros(16))
+        var = torch.ones(16)
+        var[:4] = 1e-9  # what a checkpoint holds for channels whose batch variance collapsed
+        self.register_buffer("running_var", var)
+        self.eps = 0.0
+
+    def forward(self, x):
+        scale = self.weight * (self.running_var + self.eps).rsqrt()
+        shift = self.bias - self.running_mean * scale
+        h = self.conv1(x) * 1e-4 * scale[None, :, None, None] + shift[None, :, None, None]
+        return self.conv2(torch.relu(h))
+
+
+class InlineFrozenNorm(nn.Module):
+    """A stem conv, then ``block``: float16 flushes ``block.running_var``'s 1e-9 to 0 and the rsqrt
+    makes the scale inf. Keeping that buffer alone in float32 (0 FLOPs) is the plan, not ``block``
+    (most of the model's FLOPs)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.block = _FrozenNormBlock()
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.block(torch.relu(self.stem(x))).mean((2, 3)))
