@@ -225,3 +225,26 @@ def test_a_rounding_to_integers_is_a_decision_the_plan_predicts():
     # float16 inputs move a third of those flips: the layer alone is not enough, the inputs with it are
     assert keeps(plan) == {("<inputs>", None), ("fc", None)}
     assert plan.meets_tolerance and plan.measured["after"].flip_fraction == 0 and plan.measured["runs"] == 1
+
+
+def test_a_plan_that_meets_with_error_to_spare_is_made_cheaper_and_verified():
+    """PCL103's bad example: the error model over-predicts what two convolutions beside the collapsed
+    frozen batch norm add, so the first plan keeps more than the tolerance needs. The measurement
+    calibrates the model, a cheaper plan is run, and it is kept only because it meets too."""
+    from preclint.rules import all_rules
+
+    model, inputs = all_rules()["PCL103"].bad[0].build()
+    with torch.no_grad():
+        rms = float(model.double()(*[i.double() for i in inputs]).pow(2).mean().sqrt())
+    model.float()
+    tolerance = Tolerance(1e-2, 1e-2 * rms)
+    loaded = LoadedModel(model.eval(), tuple(inputs), "model", None)
+    report, graph, _ = check_model(loaded, Config(precisions=("fp16-full",)),
+                                   CheckOptions(modes=("fp16-full",), rtol=tolerance.rtol, atol=tolerance.atol))
+    predicted_only = build_plan(loaded, graph, report.findings, "fp16-full", tolerance, verify=False)
+    plan = build_plan(loaded, graph, report.findings, "fp16-full", tolerance, device="cpu")
+    assert plan.meets_tolerance and plan.measured["after"].rel_error < tolerance.rtol
+    assert plan.kept_flops_fraction < predicted_only.kept_flops_fraction
+    assert any(note.startswith("made cheaper after run 1") for note in plan.notes)
+    assert 2 <= plan.measured["runs"] <= 3
+    assert ("layer1.0.bn1", None) in keeps(plan)  # the collapsed norm stays whatever the calibration says
