@@ -676,13 +676,17 @@ class BackwardPasses:
             return None
         return observer.values[name]
 
+    def gains_toward(self, root: torch.Tensor) -> Dict[str, Tuple[float, float]]:
+        """The gains toward the value ``root`` (from ``root``), per element of it."""
+        return self.observer._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+
     def toward(self, node: Node) -> Tuple[Dict[str, Tuple[float, float]], Optional[Dict[str, Tuple[float, float]]]]:
         """The gains toward the input of decision ``node`` (its ``root``), and along its winner minus
         runner-up direction where it picks a winner per row."""
         root = self.root(node.inputs[0]) if node.inputs else None
         if root is None:
             raise ValueError(f"{node.name}'s input cannot root a backward pass")
-        gains = self.observer._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+        gains = self.gains_toward(root)
         gap = _gap_direction(node, root)
         return gains, (self.observer._gap_gains(root, *gap) if gap else None)
 

@@ -1,11 +1,15 @@
-"""Errors through an iterative refinement that adds each step's correction to coordinates detached
-from the step before (as RAFT does), measured by the CPU-emulated probe: ``detach`` stops gradients,
-not errors."""
+"""The error an op receives where errors of one origin meet again: an iterative refinement that adds
+each step's correction to coordinates detached from the step before (as RAFT does), measured by the
+CPU-emulated probe. ``detach`` stops gradients, not errors, and the steps' corrections share their
+errors' origin (the same features and context, rounded once), so the coordinates' error grows with
+the steps rather than with their square root."""
 import pytest
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from preclint.ir import ReceivedGains
+from preclint.predict import relative_errors
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
 
@@ -59,3 +63,19 @@ def within(predicted, measured):
 def test_rounding_upstream_of_a_detach_reaches_the_output(refinement):
     _graph, prediction, measure = refinement
     assert within(prediction.rel_error, measure.output.rel_error), (prediction.rel_error, measure.output.rel_error)
+
+
+def test_the_coordinates_error_an_amplifier_receives_grows_with_the_steps(refinement):
+    graph, prediction, measure = refinement
+    amplifiers = [n for n in graph.nodes if n.record(ReceivedGains) is not None]
+    assert len(amplifiers) >= 12  # each step's coords - coords0, and the last one
+    for node in amplifiers:
+        for name, received in prediction.nodes[node.name].inputs_received.items():
+            measured = measure.nodes[name].received.rel_error
+            assert within(received, measured), (node.name, name, received, measured)
+    # the class of model the gains toward the input are for: op by op, each input's error taken as
+    # independent, the last step's coordinates were predicted 3x too low (and falling with the steps)
+    last = amplifiers[-1]
+    coords = next(iter(prediction.nodes[last.name].inputs_received))
+    op_by_op = relative_errors(graph, prediction)[coords]
+    assert op_by_op < measure.nodes[coords].received.rel_error / FACTOR
