@@ -2,11 +2,11 @@
 backward pass rooted at each input (as for decisions, analyses/decision_gains.py).
 
 The error an op receives is otherwise estimated forward, op by op (predict.relative_errors), taking
-each op's inputs' errors as independent (predict.passed_on). Where errors of one origin meet again they add up instead:
-RAFT adds each iteration's flow update to coordinates that carry every earlier iteration's error, and
-the updates' errors share their origin (the same features and context, rounded once), so the
-coordinates' error grows with the iterations, not with their square root. A pass rooted at the input
-follows every path from every rounding, as the passes from the outputs do."""
+each op's inputs' errors as independent (predict.passed_on). Where errors of one origin meet again
+they add up instead: RAFT adds each iteration's flow update to coordinates that carry every earlier
+iteration's error, and the updates' errors share their origin (the same features and context,
+rounded once), so the coordinates' error grows with the iterations, not with their square root. A
+pass rooted at the input follows every path from every rounding, as the passes from the outputs do."""
 from __future__ import annotations
 
 from typing import Dict, Iterable, Tuple
@@ -22,9 +22,11 @@ AMPLIFICATION_LIMIT = 10.0
 # channels (PCL103): those rules judge them, and their inputs need no pass of their own here.
 EXPLAINED_ELSEWHERE = frozenset({Kind.BATCHNORM}) | DOT_PRODUCT_KINDS
 EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
-# Backward passes for the amplifiers' inputs, each as long as the model up to that input; the
-# strongest amplifiers first.
-MAX_RECEIVED_PASSES = 32
+# Backward passes for the amplifiers' inputs, each as long as the model up to that input (on a large
+# model each costs about what the pass from the outputs does); the strongest amplifiers first, and
+# the others keep the estimate op by op (raft_small has 24 amplifiers, one input each to pass toward:
+# its coordinates before and after each of 12 iterations).
+MAX_RECEIVED_PASSES = 16
 
 
 def from_constants(graph: Graph) -> Dict[str, bool]:
