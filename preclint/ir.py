@@ -6,6 +6,7 @@ method (``x.mean``) or an operator (``x + y``). Its statistics come from the ref
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar
 
@@ -134,6 +135,14 @@ class Gains:
     by_input: Dict[str, float] = field(default_factory=dict)
     rounding: Dict[str, float] = field(default_factory=dict)  # format -> the exact rounding of the result, where measured
 
+    @property
+    def amplification(self) -> Optional[float]:
+        """sqrt(inputs / out): how many times the op multiplies a relative error arriving at its inputs;
+        None where the gradients do not tell."""
+        if self.inputs is None or not self.out or self.out <= 0 or not math.isfinite(self.inputs / self.out):
+            return None
+        return math.sqrt(self.inputs / self.out)
+
 
 @dataclass
 class Reach:
@@ -151,6 +160,17 @@ class DecisionGains:
 
     upstream: Dict[str, Tuple[float, float]]
     gap: Optional[Dict[str, Tuple[float, float]]] = None  # along winner minus runner-up (argmax-like decisions)
+
+
+@dataclass
+class ReceivedGains:
+    """The gains toward the inputs of an op that amplifies error (analyses/received_gains.py): input
+    node name -> {upstream node name -> (gain of rounding its result, of rounding its operands)}, per
+    element of that input. The error an input receives is then weighed along every path at once,
+    where errors of one origin that meet again add up as they do (an iterative refinement adding
+    each step's correction to coordinates that carry the earlier steps' error)."""
+
+    upstream: Dict[str, Dict[str, Tuple[float, float]]]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.ir import (DOT_PRODUCT_KINDS, BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Graph,
-                         Kind, Node, Reach, RoundingMargins, Terms)
+                         Kind, Node, Reach, ReceivedGains, RoundingMargins, Terms)
 from preclint.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, PROMOTING_BATCHNORMS, Format, Mode,
                                autocast_format, autocast_policy, casting_region, gaussian_max_factor)
 
@@ -50,6 +50,8 @@ class NodePrediction:
     pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
+    # amplifiers (ReceivedGains): input node -> the relative RMS error it reaches the node with
+    inputs_received: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -532,7 +534,22 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.layers = module_calls(graph)
 
     _predict_decisions(graph, prediction, roundings)
+    _predict_received(graph, prediction, roundings)
     return prediction
+
+
+def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
+    """The relative error each input of an amplifier reaches it with, from the gains toward that input."""
+    for node in graph.nodes:
+        toward = node.record(ReceivedGains)
+        if toward is None:
+            continue
+        for name, gains in toward.upstream.items():
+            value = graph[name].out
+            if value is None or value.rms <= 0:
+                continue
+            error = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
+            prediction.nodes[node.name].inputs_received[name] = error / value.rms
 
 
 def module_calls(graph: Graph) -> Dict[str, str]:
@@ -551,12 +568,7 @@ def amplification(node: Node) -> Optional[float]:
     error through (a product, a division, a random conv); large for a subtraction of nearly equal
     values or exp/softmax of large arguments. None where the reference pass has no gradients."""
     gains = node.record(Gains)
-    if gains is None:
-        return None
-    gain_in, gain_out = gains.inputs, gains.out
-    if gain_in is None or not gain_out or gain_out <= 0 or not math.isfinite(gain_in / gain_out):
-        return None
-    return math.sqrt(gain_in / gain_out)
+    return gains.amplification if gains is not None else None
 
 
 def passed_on(node: Node, rel: Dict[str, float]) -> float:
@@ -571,7 +583,7 @@ def passed_on(node: Node, rel: Dict[str, float]) -> float:
     gains = node.record(Gains)
     if node.kind not in DOT_PRODUCT_KINDS and gains is not None and gains.by_input and gains.out and gains.out > 0:
         weighed = sum(rel.get(n, 0.0) ** 2 * gain / gains.out for n, gain in gains.by_input.items())
-        # (an input detached from autograd, coords1 in RAFT's coords1 - coords0, has no gain of its own)
+        # (an input without a gradient of its own, one the model computes under no_grad, has no gain of its own)
         rest = max((rel.get(n, 0.0) for n in node.inputs if n not in gains.by_input), default=0.0)
         rest *= amplification(node) or 1.0
         return max(math.sqrt(weighed), rest) if math.isfinite(weighed) else rest

@@ -130,6 +130,24 @@ def hook_gradient(t: torch.Tensor, fn) -> Any:
     return t.register_hook(fn)
 
 
+def carries_error(node: Node, args, output):
+    """What a ``detach`` returns, for the backward passes: the value it detaches, still attached.
+
+    ``detach`` stops gradients, not errors: the rounding upstream of it reaches everything computed
+    from its result (RAFT's refined coordinates, detached before each iteration reads them, carry
+    every earlier iteration's error on). Gradients that stopped there would weigh that error by the
+    last iteration alone. The model goes on with a view of the same value, which autograd follows;
+    a leaf (a parameter, an input) keeps its own detached copy, since a view of a leaf that requires
+    gradients cannot be written in place as the model may write its detached result."""
+    if node.fn != "detach" or not args or not isinstance(output, torch.Tensor) or not torch.is_grad_enabled():
+        return output
+    source = args[0]
+    if not (isinstance(source, torch.Tensor) and source.is_floating_point() and source.requires_grad
+            and not source.is_leaf):
+        return output
+    return source.view_as(source)
+
+
 def _storage_key(t: torch.Tensor) -> Optional[Tuple[int, torch.device]]:
     """What tensors that share memory have in common (a view and its base, two views of one buffer)."""
     try:
@@ -387,6 +405,8 @@ class ReferenceObserver(Observer):
 
     def __call__(self, node: Node, args, kwargs, callee, output):
         self.on_node()
+        if self.with_sensitivity:
+            output = carries_error(node, args, output)
         try:
             self._record(node, args, kwargs, callee, output)
         except Exception as exc:  # noqa: BLE001 - this node's statistics are lost, not the run
@@ -656,13 +676,17 @@ class BackwardPasses:
             return None
         return observer.values[name]
 
+    def gains_toward(self, root: torch.Tensor) -> Dict[str, Tuple[float, float]]:
+        """The gains toward the value ``root`` (from ``root``), per element of it."""
+        return self.observer._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+
     def toward(self, node: Node) -> Tuple[Dict[str, Tuple[float, float]], Optional[Dict[str, Tuple[float, float]]]]:
         """The gains toward the input of decision ``node`` (its ``root``), and along its winner minus
         runner-up direction where it picks a winner per row."""
         root = self.root(node.inputs[0]) if node.inputs else None
         if root is None:
             raise ValueError(f"{node.name}'s input cannot root a backward pass")
-        gains = self.observer._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
+        gains = self.gains_toward(root)
         gap = _gap_direction(node, root)
         return gains, (self.observer._gap_gains(root, *gap) if gap else None)
 

@@ -2,21 +2,16 @@
 from __future__ import annotations
 
 from preclint.findings import ErrorFigure, percent, sci
-from preclint.ir import DOT_PRODUCT_KINDS, Kind
+# AMPLIFICATION_LIMIT: the factor from which an op is reported (10: beyond ordinary ops and preclint's
+# factor of 3); EXPLAINED_*: amplifiers PCL203 and PCL103 explain better (sums, dot products, batch norms)
+from preclint.analyses.received_gains import AMPLIFICATION_LIMIT, EXPLAINED_ELSEWHERE, EXPLAINED_FNS
+from preclint.ir import ReceivedGains
 from preclint.numerics import C_OUTPUT, MODES, gaussian_max_factor
 from preclint.predict import PREDICTED_ERRORS_NEED, amplification, passed_on, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 from preclint.rules._dataflow import ancestors
 
-# An op is reported when it multiplies the relative error it receives by at least this factor: an
-# order of magnitude beyond ordinary ops (which pass relative error on about 1:1), and beyond the
-# factor of 3 within which preclint's predictions hold.
-AMPLIFICATION_LIMIT = 10.0
-# Sums and dot products that amplify do so by cancelling (PCL203); batch norms by collapsed
-# channels (PCL103). Those rules explain them better.
-EXPLAINED_ELSEWHERE = frozenset({Kind.BATCHNORM}) | DOT_PRODUCT_KINDS
-EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 # ops that can magnify error, named under --no-run where their amplification cannot be measured
 TYPICAL_AMPLIFIERS = frozenset({"softmax", "log_softmax", "exp", "sub", "layer_norm", "group_norm", "sigmoid",
                                 "cos", "sin", "tan", "log", "pow", "rsub"})
@@ -71,7 +66,7 @@ def _offset_layer_norm(offset: float):
 
 class ErrorAmplification(Rule):
     code = "PCL204"
-    needs = PREDICTED_ERRORS_NEED
+    needs = PREDICTED_ERRORS_NEED + (ReceivedGains,)
     name = "error-amplification"
     summary = "An op multiplies the relative error it receives many times over: softmax or exp of wide logits, removal of a large common offset."
     severity = "warning"
@@ -120,10 +115,13 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
             for mode in ctx.modes:
                 if mode not in received:
                     received[mode] = relative_errors(graph, ctx.predictions[mode])
-                incoming = max((received[mode].get(n, 0.0) for n in node.inputs), default=0.0)
+                # the inputs' errors along every path where a pass toward them tells (ReceivedGains),
+                # else as estimated op by op
+                arriving = {**received[mode], **ctx.predictions[mode].nodes[node.name].inputs_received}
+                incoming = max((arriving.get(n, 0.0) for n in node.inputs), default=0.0)
                 # each input's error as the op amplifies that input: a broadcast gate or a bias table
                 # the op amplifies does not amplify the activation beside it
-                outgoing = passed_on(node, received[mode])
+                outgoing = passed_on(node, arriving)
                 # reported where the error that leaves is beyond ordinary too: an order of magnitude
                 # above what storing the op's own result in the mode's format would cost
                 ordinary = C_OUTPUT * (MODES[mode].low or MODES[mode].dot_format).unit_roundoff

@@ -10,6 +10,7 @@ from preclint.analyses.batchnorm import BatchNormAnalysis
 from preclint.analyses.decision_gains import DecisionGainsAnalysis
 from preclint.analyses.margins import DecisionMarginsAnalysis, RoundingMarginsAnalysis
 from preclint.analyses.reach import ReachAnalysis
+from preclint.analyses.received_gains import ReceivedGainsAnalysis
 from preclint.engine import analyses_needed
 from preclint.ir import BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Reach, Terms
 from preclint.predict import PREDICTED_ERRORS_NEED
@@ -121,8 +122,11 @@ def test_only_the_analyses_the_selected_rules_read_are_computed():
     # PCL101 reads Reach only (no value here leaves float16's range, so not even the backward pass runs)
     _, graph, _ = check(model, inputs, select=["PCL101"], predict_errors=False)
     assert graph.analyses == (ReachAnalysis,) and _records(graph) == set()
+    # what the predicted errors read: neither the batch norm's folding (PCL103) nor the passes toward
+    # the amplifiers' inputs (PCL204)
+    assert set(check(model, inputs, select=["PCL101"])[1].analyses) == set(every_analysis()) - {BatchNormAnalysis,
+                                                                                                 ReceivedGainsAnalysis}
     # PCL103: the batch norm's folding and what the predicted errors read
-    assert set(check(model, inputs, select=["PCL101"])[1].analyses) == set(every_analysis()) - {BatchNormAnalysis}
     _, graph, _ = check(model, inputs, select=["PCL103"], predict_errors=False)
     assert set(graph.analyses) == set(resolve(PREDICTED_ERRORS_NEED + (BatchNormFolding,)))
 

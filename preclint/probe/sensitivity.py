@@ -14,7 +14,7 @@ from preclint.ir import Kind
 from preclint.modelio import Inputs
 from preclint.observer import Observer
 from preclint.probe.execute import Program, flatten, tensors
-from preclint.reference import hook_gradient
+from preclint.reference import carries_error, hook_gradient
 
 
 class Sensitivity(Observer):
@@ -34,6 +34,7 @@ class Sensitivity(Observer):
     def __call__(self, node, args, kwargs, callee, output):
         if node.kind == Kind.OUTPUT:
             return output
+        output = carries_error(node, args, output)  # errors flow on through a detach
         entry = None
         for j, t in enumerate(tensors(output)):
             if t.is_floating_point() and t.requires_grad:
