@@ -49,7 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclint` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint  # noqa: E402
+from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint, same_fingerprint  # noqa: E402
 from preclint.ir import DecisionMargins, RoundingMargins  # noqa: E402
 from preclint.numerics import AUTOCAST_FP32  # noqa: E402
 from preclint.probe.rounding import LOW_DTYPES as LOW, round_tf32  # noqa: E402
@@ -498,7 +498,7 @@ def compare(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, An
         p = predicted["models"].get(name)
         if p is None or "error" in m or "error" in p:
             continue
-        if m["fingerprint"] != p["fingerprint"]:
+        if not same_fingerprint(m["fingerprint"], p["fingerprint"]):
             mismatched.append(name)
             continue
         for mode, mm in m["modes"].items():

@@ -278,3 +278,14 @@ def fingerprint(module: nn.Module, inputs: tuple) -> str:
             total += float(t.sum())
             weighted += float(t[: 1024].sum()) * i
     return f"{total:.10e}/{weighted:.10e}"
+
+
+def same_fingerprint(a: str, b: str) -> bool:
+    """Whether two fingerprints name the same model: equal to 1e-9 relative. The sums are float64,
+    but their order follows the thread count (a parallel reduction over 28M weights moves the 11th
+    digit), so two machines, or one at two thread counts, do not print every digit alike."""
+    try:
+        pairs = list(zip((float(x) for x in a.split("/")), (float(y) for y in b.split("/"))))
+    except ValueError:
+        return a == b
+    return len(pairs) == 2 and all(abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1e-30) for x, y in pairs)
