@@ -153,6 +153,29 @@ def _coarse_quantizer():
     return Quantize(), (torch.randn(1, 8, 32, 32),)
 
 
+def _clamped_widths():
+    import torch
+
+    class BoxSizes(torch.nn.Module):
+        """Integer box sizes as torchvision's keypoint head computes them: widths clamped to at least
+        1 pixel, then ceil. Most boxes of this head are narrower than a pixel: they sit at the bound."""
+
+        def __init__(self):
+            super().__init__()
+            self.boxes = torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            boxes = self.boxes(x)
+            widths = (boxes[:, 2] - boxes[:, 0]).clamp(min=1).ceil()
+            return boxes * widths[:, None]
+
+    torch.manual_seed(0)
+    model = BoxSizes().eval()
+    with torch.no_grad():
+        model.boxes.weight.mul_(0.5)
+    return model, (torch.randn(64, 32),)
+
+
 class IntegerPrecision(Rule):
     code = "PCL104"
     needs = PREDICTED_ERRORS_NEED
@@ -190,7 +213,8 @@ float32.
                     "the angles as a matmul where the model switches autocast off", {"precisions": ("fp16", "bf16")}),
             Example(_huge_activations, "activations near 3e10, not whole numbers that mean anything",
                     {"precisions": ("bf16",)}),
-            Example(_coarse_quantizer, "integers from a sign test and exact integer arithmetic"))
+            Example(_coarse_quantizer, "integers from a sign test and exact integer arithmetic"),
+            Example(_clamped_widths, "ceil of box widths, most of them at the clamp's bound of 1 pixel"))
 
     def check_graph(self, ctx):
         if not ctx.graph.ran_reference:

@@ -16,6 +16,9 @@ from preclint.ir import DecisionMargins, Kind, Margins, Node, RoundingMargins
 
 MAX_MARGINS = 4096  # margins kept per node (subsampled deterministically beyond that)
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
+# Below this magnitude float32 values are 2^-10 apart or closer, so a continuous value lands on a whole
+# number by chance once in a thousand at most; beyond 2^23 every float32 value is one.
+EXACT_BELOW = 2.0 ** 13
 
 
 def sampled(margins: torch.Tensor, kind: type) -> Margins:
@@ -66,7 +69,12 @@ def rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
     v = v[torch.isfinite(v)]
     if node.fn == "round":
         return (0.5 - (v - v.round()).abs()).abs()
-    return (v - v.round()).abs()
+    distance = (v - v.round()).abs()
+    # A value that is a whole number already, where float32 still holds fractions, came from exact
+    # arithmetic (a clamp's bound: a box width clamped to 1 pixel, a ReLU's zero, a count, a size):
+    # the error of the continuous values around it does not reach it, and its integer does not move.
+    pinned = (distance == 0) & (v.abs() < EXACT_BELOW)
+    return torch.where(pinned, torch.full_like(distance, math.inf), distance)
 
 
 def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
