@@ -559,3 +559,16 @@ def test_a_frozen_batch_norm_stores_float32_under_autocast_as_type_promotion_doe
         by_hand = frozen_bn(r(F.conv2d(r(x), r(conv.weight), r(conv.bias)))).double()
     expected = float((by_hand - reference).norm() / reference.norm())
     assert result.modes["fp16"].output.rel_error == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_run_without_flips_refutes_only_a_rate_under_which_that_was_unlikely():
+    from preclint.findings import ErrorFigure
+    from preclint.probe.verdict import _no_flips
+
+    # keypointrcnn's box widths: 3.4% of 12 values predicted to move; no flip is the likelier run (66%)
+    assert _no_flips(ErrorFigure(0.01, 0.1, flip_fraction=0.034), 12) is None
+    # half of 64 thresholded values: a run with none flipped has probability 5e-20
+    assert _no_flips(ErrorFigure(0.01, 0.1, flip_fraction=0.5), 64) == "refuted"
+    # 1% of 4096 rows: 1.4e-18
+    assert _no_flips(ErrorFigure(0.01, 0.1, flip_fraction=0.01), 4096) == "refuted"
+    assert _no_flips(None, 12) == "refuted"  # nothing predicted per decision: no flip refutes it

@@ -9,7 +9,7 @@ A finding predicts one of a few things, which its rule declares (``Rule.measured
 | reference | a non-finite fp32 value | the node in float64 and in each mode | it is inf/NaN there too |
 | overflow | a float16 overflow | the node in the mode's run | it is inf/NaN there (the reference is finite) |
 | local | the node's own (local) error | its local error | measured >= predicted / 3 |
-| flips | decisions flip | the decisions of the mode's run (else its detections) | at least one flipped |
+| flips | decisions flip | the decisions of the mode's run (else its detections) | at least one flipped (refuted: none, where none had under 5% probability) |
 | received | the error the node's value carries | its received error | measured >= predicted / 3 |
 
 A third, because the error model's measured/predicted ratios over whole layers of ten torchvision
@@ -28,6 +28,9 @@ from preclint.ir import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
 
 CONFIRM_FRACTION = 1.0 / 3.0
+# A run with no flipped decision refutes a predicted flip fraction only when no flip at all had less
+# than this probability under it (decisions taken as independent).
+NO_FLIPS_UNLIKELY = 0.05
 
 
 def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str],
@@ -95,7 +98,7 @@ def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfi
         received = source.received if source is not None else None
         figure = ErrorFigure(received.rel_error if received else None, received.max_abs_error if received else None,
                              flip_fraction=changed / units if units else 0.0)
-        figure.status = "confirmed" if changed > 0 else "refuted"
+        figure.status = "confirmed" if changed > 0 else _no_flips(predicted, units)
         return figure
     if kind == "overflow":
         figure = ErrorFigure(m.received.rel_error if m.received else None, m.received.max_abs_error if m.received else None)
@@ -111,6 +114,16 @@ def _measure(kind: str, f: Finding, graph, measure: ModeMeasure, reference_nonfi
     figure = ErrorFigure(source.rel_error, source.max_abs_error)
     figure.status = _by_size(predicted, source.rel_error, m.nonfinite)
     return figure
+
+
+def _no_flips(predicted: Optional[ErrorFigure], units: int) -> Optional[str]:
+    """The verdict on a run where no decision flipped: refuted when that outcome is unlikely under
+    the predicted flip fraction, no verdict when it is not (3% of 12 values expect 0.4 flips: a run
+    with none is the likelier outcome, and says nothing against the rate)."""
+    fraction = predicted.flip_fraction if predicted is not None else None
+    if fraction is None or not units:
+        return "refuted"
+    return "refuted" if (1.0 - min(fraction, 1.0)) ** units < NO_FLIPS_UNLIKELY else None
 
 
 def _detections_figure(measure: ModeMeasure) -> Optional[ErrorFigure]:
