@@ -273,7 +273,11 @@ def test_the_probe_matches_detections_and_judges_decisions_by_them():
     assert doc["summary"]["bf16"]["measured_output"]["detections"]["kept"] == result.modes["bf16"].detections.kept
     assert any("detections against the float64 reference" in n for n in doc["notes"])
     decisions = [f for f in report.findings if f.code == "PCL301"]
-    assert decisions and all(f.status in ("confirmed", "refuted") for f in decisions)
+    # a verdict on each, except where no decision flipped and none flipping was the likelier run
+    # under the predicted rate (verdict._no_flips): that run says nothing either way
+    assert decisions and any(f.status == "confirmed" for f in decisions)
+    for f in decisions:
+        assert f.status in ("confirmed", "refuted") or all(m.flip_fraction == 0 for m in f.measured.values())
     assert all(m.flip_fraction is not None for f in decisions for m in f.measured.values())
     # the NMS is judged by the boxes it kept, not by their indices among candidates that top-k reordered
     nms = next(f for f in decisions if f.op == "torch.nms")
