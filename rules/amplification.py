@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from preclint.findings import ErrorFigure, percent, sci
 # AMPLIFICATION_LIMIT: the factor from which an op is reported (10: beyond ordinary ops and preclint's
-# factor of 3); EXPLAINED_*: amplifiers PCL203 and PCL103 explain better (sums, dot products, batch norms)
-from preclint.analyses.received_gains import AMPLIFICATION_LIMIT, EXPLAINED_ELSEWHERE, EXPLAINED_FNS
+# factor of 3); judged_amplification leaves out amplifiers PCL203 and PCL103 explain better (sums, dot
+# products, batch norms), so that the received-error passes go to the ops judged here
+from preclint.analyses.received_gains import AMPLIFICATION_LIMIT, judged_amplification
 from preclint.ir import ReceivedGains
 from preclint.numerics import C_OUTPUT, MODES, gaussian_max_factor
-from preclint.predict import PREDICTED_ERRORS_NEED, amplification, passed_on, relative_errors
+from preclint.predict import PREDICTED_ERRORS_NEED, passed_on, relative_errors
 from preclint.rulebase import Example, Rule
 from preclint.rules._norun import undecided
 from preclint.rules._dataflow import ancestors
@@ -106,10 +107,7 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
             return
         received = {}
         for node in graph.nodes:
-            if node.kind in EXPLAINED_ELSEWHERE or node.fn in EXPLAINED_FNS:
-                continue
-            factor = amplification(node)
-            if factor is None or factor < AMPLIFICATION_LIMIT:
+            if judged_amplification(node) is None:
                 continue
             figures = {}
             for mode in ctx.modes:
@@ -117,8 +115,9 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
                     received[mode] = relative_errors(graph, ctx.predictions[mode])
                 # the inputs' errors along every path where a pass toward them tells (ReceivedGains),
                 # else as estimated op by op
-                arriving = {**received[mode], **ctx.predictions[mode].nodes[node.name].inputs_received}
-                incoming = max((arriving.get(n, 0.0) for n in node.inputs), default=0.0)
+                along_paths = ctx.predictions[mode].nodes[node.name].inputs_received
+                arriving = {n: along_paths.get(n, received[mode].get(n, 0.0)) for n in node.inputs}
+                incoming = max(arriving.values(), default=0.0)
                 # each input's error as the op amplifies that input: a broadcast gate or a bias table
                 # the op amplifies does not amplify the activation beside it
                 outgoing = passed_on(node, arriving)

@@ -9,7 +9,7 @@ rounded once), so the coordinates' error grows with the iterations, not with the
 pass rooted at the input follows every path from every rounding, as the passes from the outputs do."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 from preclint.analyses import GradientAnalysis
 from preclint.ir import DOT_PRODUCT_KINDS, Gains, Graph, Kind, Node, ReceivedGains
@@ -27,6 +27,16 @@ EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 # the others keep the estimate op by op (raft_small has 24 amplifiers, one input each to pass toward:
 # its coordinates before and after each of 12 iterations).
 MAX_RECEIVED_PASSES = 16
+
+
+def judged_amplification(node: Node) -> Optional[float]:
+    """How many times ``node`` multiplies the relative error it receives, where PCL204 judges it: at
+    least AMPLIFICATION_LIMIT, and not an op a rule explains better (EXPLAINED_*); else None."""
+    if node.kind in EXPLAINED_ELSEWHERE or node.fn in EXPLAINED_FNS:
+        return None
+    gains = node.record(Gains)
+    factor = gains.amplification if gains is not None else None
+    return factor if factor is not None and factor >= AMPLIFICATION_LIMIT else None
 
 
 def from_constants(graph: Graph) -> Dict[str, bool]:
@@ -55,11 +65,8 @@ class ReceivedGainsAnalysis(GradientAnalysis):
     def finish(self, graph, passes) -> None:
         amplifiers = []
         for node in graph.nodes:
-            gains = node.record(Gains)
-            if gains is None or not gains.by_input or node.kind in EXPLAINED_ELSEWHERE or node.fn in EXPLAINED_FNS:
-                continue
-            factor = gains.amplification
-            if factor is not None and factor >= AMPLIFICATION_LIMIT:
+            factor = judged_amplification(node)
+            if factor is not None:
                 amplifiers.append((-factor, node.name, node))
         amplifiers.sort(key=lambda item: item[:2])
         constant = from_constants(graph)
