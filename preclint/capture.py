@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import SUPPORTED_NODES, tree_flatten
 
 from preclint import autocast_regions, ops
 from preclint.errors import UserError, one_line
@@ -80,22 +80,59 @@ def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
     return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
 
 
+# A frame's file, classified once: (preclint's own, the model's code). Every recorded op of every
+# pass walks the stack (30 frames deep in a transformer); normalising each frame's path again made
+# this walk a third of the probe's time on a Llama.
+_FILE_CLASSES: Dict[str, Tuple[bool, bool]] = {}
+
+
+def _file_class(path: str) -> Tuple[bool, bool]:
+    found = _FILE_CLASSES.get(path)
+    if found is None:
+        found = _FILE_CLASSES[path] = (os.path.abspath(path).startswith(_PRECLINT_DIR), _is_model_code(path))
+    return found
+
+
 def _model_frames() -> Tuple[Location, ...]:
     """The frames of the model's code that led to the running op, innermost first (as above), read
     from the live stack: past preclint's own frames (the hook that calls this), up to the next one
     (capture, which called the model)."""
     frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PRECLINT_DIR):
+    while frame is not None and _file_class(frame.f_code.co_filename)[0]:
         frame = frame.f_back
     found = []
     while frame is not None:
         path = frame.f_code.co_filename
-        if os.path.abspath(path).startswith(_PRECLINT_DIR):
+        own, model = _file_class(path)
+        if own:
             break
-        if _is_model_code(path):
+        if model:
             found.append(Location(path, frame.f_lineno, 1))
         frame = frame.f_back
     return tuple(found)
+
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _leaves(value) -> list:
+    """tree_flatten's leaves of ``value``; a tensor, or a flat tuple, list or dict of leaves (nearly
+    every op's arguments and outputs), without pytree's walk, which costs more than the op's record."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (tuple, list):
+        if all(map(_is_leaf, value)):
+            return list(value)
+        if len(value) == 2 and type(value[1]) is dict and type(value[0]) in (tuple, list):  # (args, kwargs)
+            args, kwargs = value
+            if all(map(_is_leaf, args)) and all(map(_is_leaf, kwargs.values())):
+                return list(args) + list(kwargs.values())
+    return tree_flatten(value)[0]
+
+
+def _is_leaf(value) -> bool:
+    """A leaf to pytree: neither a container nor a type registered as one (a ModelOutput, a dataclass)."""
+    return not isinstance(value, _CONTAINERS) and type(value) not in SUPPORTED_NODES
 
 
 def _display_target(target: Any, call: str) -> str:
@@ -473,9 +510,12 @@ def _property_name(func) -> Optional[str]:
 class _Recorder(TorchFunctionMode):
     """Records leaf-module calls and top-level torch calls of one eager run."""
 
-    def __init__(self, root: torch.nn.Module, observer: Observer) -> None:
+    def __init__(self, root: torch.nn.Module, observer: Observer, locate: bool = True) -> None:
         super().__init__()
         self.observer = observer
+        # where in the model's code each op is (the stack walked per op): the check's capture needs it
+        # for its findings; the probe's runs name nodes by the order they run, and need it not
+        self.locate = locate
         self.origin = observer.origin
         self.nodes: List[Node] = []
         self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
@@ -516,7 +556,7 @@ class _Recorder(TorchFunctionMode):
 
     def _inputs(self, values) -> Tuple[str, ...]:
         names = []
-        for v in tree_flatten(values)[0]:
+        for v in _leaves(values):
             if isinstance(v, torch.Tensor):
                 v = self.origin(v)  # an operand view the observer made stands for its tensor
             if isinstance(v, torch.Tensor) and id(v) in self.producer:
@@ -529,7 +569,7 @@ class _Recorder(TorchFunctionMode):
         """Whether the op reads a float tensor of at least one dim that no recorded op made (a parameter
         or buffer read directly, ``self.gamma * x``): it keeps its own dtype, float32 under autocast,
         and type promotion computes the op in it (FX records such reads as nodes of their own)."""
-        for v in tree_flatten(values)[0]:
+        for v in _leaves(values):
             if isinstance(v, torch.Tensor):
                 v = self.origin(v)
                 if v.is_floating_point() and v.dim() >= 1 and id(v) not in self.producer:
@@ -544,7 +584,7 @@ class _Recorder(TorchFunctionMode):
         finally:
             self.busy = False
         self.nodes.append(node)
-        for v in tree_flatten(output)[0]:
+        for v in _leaves(output):
             if isinstance(v, torch.Tensor):
                 self.producer[id(v)] = (node.name, v)
         if inplace_target is not None:
@@ -588,7 +628,7 @@ class _Recorder(TorchFunctionMode):
             path = self.paths.get(id(module), "")
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
-            frames = _model_frames()
+            frames = _model_frames() if self.locate else ()
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
                         module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
                         stack=frames,
@@ -616,7 +656,7 @@ class _Recorder(TorchFunctionMode):
         finally:
             self.busy = False
         output = func(*args, **kwargs)
-        flat_out = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        flat_out = [v for v in _leaves(output) if isinstance(v, torch.Tensor)]
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output
@@ -634,7 +674,7 @@ class _Recorder(TorchFunctionMode):
             target = f"Tensor.{getattr(func, '__name__', fn)}"
         else:
             target = _display_target(func, "call_function")
-        frames = _model_frames()
+        frames = _model_frames() if self.locate else ()
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
@@ -647,9 +687,12 @@ class _Recorder(TorchFunctionMode):
         return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
 
 
-def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer) -> Tuple[List[Node], Any]:
+def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer,
+                          locate: bool = True) -> Tuple[List[Node], Any]:
+    """The nodes of one eager run of ``module`` on ``inputs`` and its output; ``locate``: find each
+    node's lines in the model's code."""
     inputs = Inputs.of(inputs)
-    recorder = _Recorder(module, observer)
+    recorder = _Recorder(module, observer, locate)
     try:
         for name, value in inputs.named():
             recorder.add_input(recorder._unique(name), value)

@@ -74,7 +74,7 @@ class Program:
             observer = self.stream.observing(observer, root)
         try:
             if self.fx_graph is None:
-                return capture_function_mode(root, inputs, observer)[1]
+                return capture_function_mode(root, inputs, observer, locate=False)[1]
             # the graph runs on the copy itself: its call_module and get_attr targets are the copy's;
             # the check recorded the reduction lengths from the same shapes already
             runner = FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)

@@ -1,0 +1,33 @@
+#!/bin/bash
+# The large-model figures (benchmarks/README.md, "Large models") on the two-GPU machine, from the
+# repository root: PART=one runs the single-GPU runs, PART=two the two-GPU runs and the longer inputs.
+# Each run's JSON and log go into $OUT/large_models_$PART.tar.gz (the device tool brings back few files).
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/large-models}
+RUNS=$(mktemp -d)
+[ -e preclint/rules ] || ln -s ../rules preclint/rules
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$RUNS/gpu.txt" 2>&1
+one() {  # name, timeout, arguments
+  local name=$1 limit=$2; shift 2
+  local start=$EPOCHREALTIME
+  timeout "$limit" "$@" --out "$RUNS" > "$RUNS/$name.log" 2>&1
+  echo "$name rc=$? wall_s=$(awk "BEGIN{print $EPOCHREALTIME - $start}")" | tee -a "$RUNS/runs.txt"
+}
+two() { python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$@"; }
+if [ "${PART:-one}" = one ]; then
+  one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed
+  one 1b_streamed 150 python3 benchmarks/large_models.py --size 1b --mode streamed
+  one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed
+  one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed
+  one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed
+  python3 benchmarks/large_models.py --compare "$RUNS/1b_unstreamed.json" "$RUNS/1b_streamed.json" | head -5 | tee -a "$RUNS/runs.txt"
+else
+  one 7b_distributed 180 two benchmarks/large_models.py --size 7b --mode distributed
+  one 13b_distributed 200 two benchmarks/large_models.py --size 13b --mode distributed
+  one 1b_unstreamed_2048 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --tokens 2048
+  one 7b_streamed_1024 180 python3 benchmarks/large_models.py --size 7b --mode streamed --tokens 1024
+fi
+mkdir -p "$OUT"
+tar -czf "$OUT/large_models_${PART:-one}.tar.gz" -C "$RUNS" .
+for f in "$RUNS"/*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1], {k: round(d[k], 2) for k in ('check_s','probe_s','bare_s','over_bare','gpu_peak_gib','host_peak_gib')})" "$f"; done
