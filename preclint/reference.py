@@ -64,7 +64,14 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
                                float(nz.min()) if nz.numel() else math.inf, True, True)
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         a = x.abs()
-        absmax = float(a.max())  # inf or NaN (max propagates NaN) exactly when some value is not finite
+        # read back together, one wait for the device instead of four (the figures of the finite
+        # case; the rest is recomputed below where they do not hold)
+        absmax, rms, smallest, whole = torch.stack([
+            a.max(), a.pow(2).mean().sqrt(), torch.where(a == 0, torch.full_like(a, math.inf), a).min(),
+            (a == a.round()).all().to(a.dtype)]).tolist()
+        # absmax: inf or NaN (max propagates NaN) exactly when some value is not finite
+        if math.isfinite(absmax) and absmax <= 1e18:
+            return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, True, absmax >= 1 and whole == 1.0)
         finite = math.isfinite(absmax)
         if not finite:
             a = a[torch.isfinite(a)]
