@@ -3,6 +3,7 @@
     python benchmarks/large_models.py --size 7b --mode unstreamed --out $OUT            # one GPU
     python benchmarks/large_models.py --size 13b --mode streamed --out $OUT             # one GPU
     torchrun --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed --out $OUT
+    python benchmarks/large_models.py --size 1b --mode unstreamed --tokens 2048 --out $OUT  # a longer input
     python benchmarks/large_models.py --compare $OUT/1b_unstreamed.json $OUT/1b_streamed.json
     python benchmarks/large_models.py --size tiny --mode streamed --device cpu --out /tmp/lm   # the script itself
 
@@ -29,7 +30,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -71,12 +72,14 @@ def gpu_peak_gib(device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else 0.0
 
 
-def build(size: str, device, seed: int = 0):
-    """The model, made and initialised on ``device`` layer by layer, and its input ids."""
+def build(size: str, device, seed: int = 0, tokens: Optional[int] = None):
+    """The model, made and initialised on ``device`` layer by layer, and its input ids (``tokens`` of
+    them, the size's own number by default)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shape = dict(SIZES[size])
-    tokens = shape.pop("tokens")
+    own_length = shape.pop("tokens")
+    tokens = own_length if tokens is None else tokens
     config = LlamaConfig(**shape, max_position_embeddings=max(tokens, 64), bos_token_id=0, eos_token_id=0,
                          attn_implementation="sdpa", use_cache=False)  # the output: the logits alone
     torch.manual_seed(seed)
@@ -170,7 +173,7 @@ def run(args) -> Dict[str, Any]:
 
     sync(device)
     start = time.perf_counter()
-    model, ids = build(args.size, device)
+    model, ids = build(args.size, device, tokens=args.tokens)
     sync(device)
     build_s = time.perf_counter() - start
     params = sum(p.numel() for p in model.parameters())
@@ -207,7 +210,8 @@ def run(args) -> Dict[str, Any]:
         if not ranks.leader:
             return figures
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{args.size}_{args.mode}.json")
+    name = f"{args.size}_{args.mode}" + (f"_{args.tokens}tokens" if args.tokens else "")
+    path = os.path.join(args.out, f"{name}.json")
     with open(path, "w") as f:
         json.dump(figures, f, indent=1)
     shown = {k: v for k, v in figures.items() if k not in ("ledger", "stages_s")}
@@ -233,6 +237,7 @@ def main() -> int:
     parser.add_argument("--mode", choices=("unstreamed", "streamed", "distributed", "auto"), default="auto")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--precision", default=",".join(MODES))
+    parser.add_argument("--tokens", type=int, help="input length (default: the size's own, 256 for 1b-13b)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/large_models"))
     parser.add_argument("--compare", nargs=2, metavar="JSON")
     args = parser.parse_args()
