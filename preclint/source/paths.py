@@ -51,8 +51,14 @@ def display_place(path: str) -> Tuple[str, bool]:
     directory it is imported from, the same on every machine; any other relative to the working directory."""
     if path.startswith("<"):
         return path, False
+    return _display_place(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_place(path: str, cwd: str) -> Tuple[str, bool]:
+    # (a ledger prints the place of every node of a model: thousands of rows from a few dozen files)
     library = library_path(path)
-    return (library, True) if library is not None else (display_path(path), False)
+    return (library, True) if library is not None else (display_path(path, cwd), False)
 
 
 @functools.lru_cache(maxsize=512)
