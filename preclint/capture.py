@@ -115,22 +115,22 @@ def _model_frames() -> Tuple[Location, ...]:
 _CONTAINERS = (list, tuple, dict)
 
 
-def _leaves(value) -> list:
+def leaves(value) -> list:
     """tree_flatten's leaves of ``value``; a tensor, or a flat tuple, list or dict of leaves (nearly
     every op's arguments and outputs), without pytree's walk, which costs more than the op's record."""
     if isinstance(value, torch.Tensor):
         return [value]
     if type(value) in (tuple, list):
-        if all(map(_is_leaf, value)):
+        if all(map(is_leaf, value)):
             return list(value)
         if len(value) == 2 and type(value[1]) is dict and type(value[0]) in (tuple, list):  # (args, kwargs)
             args, kwargs = value
-            if all(map(_is_leaf, args)) and all(map(_is_leaf, kwargs.values())):
+            if all(map(is_leaf, args)) and all(map(is_leaf, kwargs.values())):
                 return list(args) + list(kwargs.values())
     return tree_flatten(value)[0]
 
 
-def _is_leaf(value) -> bool:
+def is_leaf(value) -> bool:
     """A leaf to pytree: neither a container nor a type registered as one (a ModelOutput, a dataclass)."""
     return not isinstance(value, _CONTAINERS) and type(value) not in SUPPORTED_NODES
 
@@ -556,7 +556,7 @@ class _Recorder(TorchFunctionMode):
 
     def _inputs(self, values) -> Tuple[str, ...]:
         names = []
-        for v in _leaves(values):
+        for v in leaves(values):
             if isinstance(v, torch.Tensor):
                 v = self.origin(v)  # an operand view the observer made stands for its tensor
             if isinstance(v, torch.Tensor) and id(v) in self.producer:
@@ -569,7 +569,7 @@ class _Recorder(TorchFunctionMode):
         """Whether the op reads a float tensor of at least one dim that no recorded op made (a parameter
         or buffer read directly, ``self.gamma * x``): it keeps its own dtype, float32 under autocast,
         and type promotion computes the op in it (FX records such reads as nodes of their own)."""
-        for v in _leaves(values):
+        for v in leaves(values):
             if isinstance(v, torch.Tensor):
                 v = self.origin(v)
                 if v.is_floating_point() and v.dim() >= 1 and id(v) not in self.producer:
@@ -584,7 +584,7 @@ class _Recorder(TorchFunctionMode):
         finally:
             self.busy = False
         self.nodes.append(node)
-        for v in _leaves(output):
+        for v in leaves(output):
             if isinstance(v, torch.Tensor):
                 self.producer[id(v)] = (node.name, v)
         if inplace_target is not None:
@@ -656,7 +656,7 @@ class _Recorder(TorchFunctionMode):
         finally:
             self.busy = False
         output = func(*args, **kwargs)
-        flat_out = [v for v in _leaves(output) if isinstance(v, torch.Tensor)]
+        flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output

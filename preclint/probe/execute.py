@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint import ops
 from preclint.capture import (FxRunner, ModelRunError, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
-                              tensors_with_history)
+                              is_leaf, tensors_with_history)
 from preclint.errors import one_line
 from preclint.ir import Graph
 from preclint.modelio import output_tensors
@@ -96,13 +96,13 @@ def tensors(value) -> List[torch.Tensor]:
 
 def flatten(args, kwargs):
     """(leaves, rebuild) of a call's arguments; flat calls (the common case) skip pytree."""
-    if not kwargs and all(not isinstance(a, (list, tuple, dict)) for a in args):
-        return list(args), lambda leaves: (tuple(leaves), {})
-    if all(not isinstance(a, (list, tuple, dict)) for a in args) and all(
-            not isinstance(v, (list, tuple, dict)) for v in kwargs.values()):
-        keys = list(kwargs)
-        n = len(args)
-        return list(args) + [kwargs[k] for k in keys], lambda leaves: (tuple(leaves[:n]), dict(zip(keys, leaves[n:])))
+    if all(map(is_leaf, args)):
+        if not kwargs:
+            return list(args), lambda leaves: (tuple(leaves), {})
+        if all(map(is_leaf, kwargs.values())):
+            keys = list(kwargs)
+            n = len(args)
+            return list(args) + [kwargs[k] for k in keys], lambda leaves: (tuple(leaves[:n]), dict(zip(keys, leaves[n:])))
     leaves, spec = tree_flatten((args, kwargs))
     return leaves, lambda new: tree_unflatten(list(new), spec)
 

@@ -270,11 +270,11 @@ class WeightStream:
     def fill_operands(self, args, kwargs, callee) -> None:
         """Fill (for the rest of the run) any empty streamed tensor an op is about to read outside
         its block: a weight the model's code reads from elsewhere."""
-        from preclint.probe.execute import flatten
+        from preclint.capture import leaves
 
         # (the observers call this with the recording paused: reading storages records nothing; the
         # streams' own ops, filling a tensor, are hidden. Hiding every op's check cost 0.1 ms an op.)
-        operands = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor)]
+        operands = [v for v in leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
         if isinstance(callee, nn.Module):
             operands += list(callee.parameters(recurse=False)) + list(callee.buffers(recurse=False))
         for t in operands:
