@@ -198,18 +198,29 @@ class _Watched:
 class _Sink:
     """Where the hooks of one backward pass add up their squared products (grad * value)."""
 
-    def __init__(self) -> None:
+    def __init__(self, defer: Optional[bool] = None) -> None:
+        # sums on a GPU stay there until resolve() (None: on every device but the CPU), see add
+        self.defer = defer
         self.out: Dict[str, float] = {}
         self.operands: Dict[int, float] = {}  # id(_Watched) -> sum
         self.exact: Dict[str, Dict[str, float]] = {}
         self.unknown: set = set()  # values written in place where the observer could not see it
         self.reach: Optional[Dict[str, float]] = None  # see ReferenceObserver._gains
+        self.queued: List[Tuple[dict, Any, torch.Tensor]] = []  # (acc, key, sum on the device), see add
 
-    @staticmethod
-    def add(acc: dict, key, grad: Optional[torch.Tensor], value: torch.Tensor) -> None:
+    def add(self, acc: dict, key, grad: Optional[torch.Tensor], value: torch.Tensor) -> None:
         if grad is None or grad.shape != value.shape:  # an empty tensor: no gradient, nothing to round
             return
         product = (grad.detach() * value).reshape(-1)
+        defer = product.device.type != "cpu" if self.defer is None else self.defer
+        if defer and product.is_floating_point():
+            # On a GPU the sum stays there until the pass has run (resolve): reading it at once would
+            # stop the backward pass at every hook until the device caught up. Taken in float64 over
+            # the finite products, which is what the CPU falls back to below.
+            product = product.double()
+            product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
+            self.queued.append((acc, key, torch.dot(product, product)))
+            return
         total = float(torch.dot(product, product)) if product.is_floating_point() else math.nan
         if not math.isfinite(total):
             # an intended infinity (a -inf attention mask) has gradient 0 and is exact: no error; and
@@ -218,6 +229,15 @@ class _Sink:
             product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
             total = float(torch.dot(product, product))
         acc[key] = acc.get(key, 0.0) + total
+
+    def resolve(self) -> None:
+        """Add the sums left on the device into their accumulators (one read for all)."""
+        if not self.queued:
+            return
+        totals = torch.stack([t for _, _, t in self.queued]).tolist()
+        for (acc, key, _), total in zip(self.queued, totals):
+            acc[key] = acc.get(key, 0.0) + total
+        self.queued = []
 
 
 # Operands autograd refuses to differentiate (a batch norm's running statistics, read by F.batch_norm
@@ -540,6 +560,7 @@ class ReferenceObserver(Observer):
                 # drawn on the CPU whatever the device: the same directions, so the same gains, everywhere
                 vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype).to(r.device) for r in roots]
                 backward_for_hooks(roots, leaves, vs)
+            sink.resolve()
         finally:
             self._sink = None
             for h in handles:

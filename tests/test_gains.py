@@ -1,6 +1,7 @@
 """The gains the reference pass records (ir.Gains) weigh each rounding on its way to the output."""
 import math
 
+import pytest
 import torch
 
 from preclint.ir import Gains, Kind, Node
@@ -161,3 +162,28 @@ def test_top_k_flips_when_the_chosen_set_can_change_not_their_order():
     for boundary in (False, True):
         report, _, _ = check(_Shortlist(boundary), (_shortlist_scores(boundary),), select=["PCL301"])
         assert ("PCL301" in codes(report)) is boundary
+
+
+def test_gradient_sums_left_on_the_device_are_the_ones_read_at_once():
+    """On a GPU the backward passes' squared products stay on the device until the pass ends
+    (reference._Sink defers them); the sums are those read hook by hook, an intended infinity
+    (a -inf mask, gradient 0) included, and a sum beyond float32's range taken in float64."""
+    from preclint.reference import _Sink
+
+    generator = torch.Generator().manual_seed(0)
+    cases = [
+        (torch.randn(1000, generator=generator), torch.randn(1000, generator=generator)),
+        (torch.zeros(50), torch.tensor([-math.inf] * 10 + [1.0] * 40)),  # 0 * -inf is no error
+        (torch.full((8,), 3e19), torch.full((8,), 3e19)),  # (grad * value)^2 overflows float32
+    ]
+    now, later = _Sink(defer=False), _Sink(defer=True)
+    for sink in (now, later):
+        for i, (grad, value) in enumerate(cases):
+            sink.add(sink.out, f"n{i}", grad, value)
+            sink.add(sink.out, "all", grad, value)
+    assert later.out == {} and len(later.queued) == 6  # nothing read before the pass ends
+    later.resolve()
+    assert set(later.out) == set(now.out)
+    for key, total in now.out.items():
+        assert math.isfinite(total)
+        assert later.out[key] == pytest.approx(total, rel=1e-6), key
