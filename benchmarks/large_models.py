@@ -11,8 +11,8 @@ The model is built on its device directly (``with torch.device(...)``: each laye
 and initialised there, never whole on the host). The probe is what `preclint probe` runs: the check
 (capture, reference statistics on the device, predictions, rules) and the measurement of every
 mode, with the ledger of every node. ``--mode``: ``unstreamed`` (whole copies on the device),
-``streamed`` (one block at a time, probe/stream.py), ``distributed`` (under torchrun: the ranks
-share the modes, probe/distributed.py).
+``streamed`` (one block at a time, probe/stream.py), ``distributed`` (under torchrun: rank 0 checks
+while the other ranks measure the modes, probe/distributed.py).
 
 The probe runs twice in the process (``--repeat``): the figures are the second run's, and the bare work
 is timed after it, so that both find the GPU's libraries and kernels loaded; the first run's times,
@@ -158,17 +158,28 @@ def digest(result) -> Dict[str, Dict[str, list]]:
 
 
 def probe(model, ids, device, modes, stream, ranks=None):
-    """`preclint probe` on the model, in this process; (report, result, seconds of the check, of the probe)."""
+    """`preclint probe` on the model, in this process; (report, result, seconds of the check, of the
+    probe). Under torchrun, as `torchrun -m preclint probe` runs: rank 0 checks and takes the other
+    ranks' measurements (its probe time is the wait for them); the others measure (their report and
+    result are None, their check time 0)."""
+    from preclint.probe.distributed import Exchange, measure_share
+
     loaded = LoadedModel(model, (ids,), "llama", None)
     placement = Placement(device, model, Inputs((ids,))) if device.type == "cuda" else None
     config = Config(precisions=tuple(modes))
+    options = ProbeOptions(device=device.type, ledger=True, stream=stream, ranks=ranks)
     sync(device)
     start = time.perf_counter()
+    if ranks is not None and not ranks.leader:
+        module, inputs = (model, (ids,)) if placement is None else (placement.model, placement.inputs)
+        Exchange(ranks).parts(measure_share(module, inputs, loaded.name, modes, options, ranks, None))
+        sync(device)
+        return None, None, 0.0, time.perf_counter() - start
     report, graph, ctx = check_model(loaded, config, CheckOptions(modes=tuple(modes), placement=placement))
     sync(device)
     checked = time.perf_counter()
-    options = ProbeOptions(device=device.type, ledger=True, stream=stream, ranks=ranks)
-    result = probe_report(loaded, report, graph, ctx, config, options, placement)
+    exchange = Exchange(ranks) if ranks is not None else None
+    result = probe_report(loaded, report, graph, ctx, config, options, placement, exchange)
     sync(device)
     return report, result, checked - start, time.perf_counter() - checked
 
@@ -197,6 +208,16 @@ def run(args) -> Dict[str, Any]:
             del report, result
             release(device)
         report, result, check_s, probe_s = probe(model, ids, device, modes, stream, ranks)
+    peaks = [gpu_peak_gib(device)]
+    if ranks is not None:  # every rank's peak GPU memory; then rank 0 alone goes on
+        import torch.distributed as dist
+        from preclint.probe.distributed import leave
+
+        peaks = [None] * ranks.world
+        dist.all_gather_object(peaks, gpu_peak_gib(device))
+        leave()
+        if not ranks.leader:
+            return {}
     figures: Dict[str, Any] = {
         "size": args.size, "mode": args.mode, "params": params, "tokens": ids.shape[1], "modes": list(modes),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -205,7 +226,7 @@ def run(args) -> Dict[str, Any]:
         # the process's first run, which also loads the GPU's libraries and kernels (the bare work,
         # timed after the runs, does not): what a one-off `preclint probe` pays on top
         "first_run": {"check_s": cold[0], "probe_s": cold[1]} if cold else None,
-        "gpu_peak_gib": gpu_peak_gib(device), "host_peak_gib": host_peak_gib(),
+        "gpu_peak_gib": max(peaks), "gpu_peak_gib_per_rank": peaks, "host_peak_gib": host_peak_gib(),
         "streamed": result.environment.get("streamed"), "stages_s": result.timings,
         "errors": {mode: m.error for mode, m in result.modes.items() if m.error},
         "output_rel_error": {mode: m.output.rel_error if m.output else None for mode, m in result.modes.items()},
@@ -221,12 +242,6 @@ def run(args) -> Dict[str, Any]:
     figures["bare_s"] = bare_total
     figures["over_bare"] = (build_s + check_s + probe_s) / bare_total
     figures["ledger"] = ledger
-    if ranks is not None:
-        from preclint.probe.distributed import leave
-
-        leave()
-        if not ranks.leader:
-            return figures
     os.makedirs(args.out, exist_ok=True)
     name = f"{args.size}_{args.mode}" + (f"_{args.tokens}tokens" if args.tokens else "")
     path = os.path.join(args.out, f"{name}.json")

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The large-model figures (benchmarks/README.md, "Large models") on the two-GPU machine, from the
-# repository root: PART=one runs the single-GPU runs, PART=two the two-GPU runs and the longer inputs.
+# repository root: PART=one runs the single-GPU runs, PART=two the two-GPU runs and the longer inputs,
+# PART=ranks the 7B and 13B on one GPU and on two, one after the other.
 # Each run's JSON and log go into $OUT/large_models_$PART.tar.gz (the device tool brings back few files).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -14,7 +15,7 @@ one() {  # name, timeout, arguments
   timeout "$limit" "$@" --out "$RUNS" > "$RUNS/$name.log" 2>&1
   echo "$name rc=$? wall_s=$(awk "BEGIN{print $EPOCHREALTIME - $start}")" | tee -a "$RUNS/runs.txt"
 }
-two() { python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$@"; }
+
 if [ "${PART:-one}" = one ]; then
   one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed
   one 1b_streamed 150 python3 benchmarks/large_models.py --size 1b --mode streamed
@@ -22,11 +23,16 @@ if [ "${PART:-one}" = one ]; then
   one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed
   one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed
   python3 benchmarks/large_models.py --compare "$RUNS/1b_unstreamed.json" "$RUNS/1b_streamed.json" | head -5 | tee -a "$RUNS/runs.txt"
-else
-  one 7b_distributed 180 two benchmarks/large_models.py --size 7b --mode distributed
-  one 13b_distributed 200 two benchmarks/large_models.py --size 13b --mode distributed
+elif [ "${PART}" = two ]; then
+  one 7b_distributed 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed
+  one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed
   one 1b_unstreamed_2048 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --tokens 2048
   one 7b_streamed_1024 180 python3 benchmarks/large_models.py --size 7b --mode streamed --tokens 1024
+else  # PART=ranks: one GPU against two on the same machine
+  one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed
+  one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed
+  one 7b_distributed 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed
+  one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed
 fi
 mkdir -p "$OUT"
 tar -czf "$OUT/large_models_${PART:-one}.tar.gz" -C "$RUNS" .

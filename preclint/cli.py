@@ -237,14 +237,38 @@ def _check_distributed(args, config, probe) -> int:
         raise UserError("--baseline and --write-baseline are for one process: run them without torchrun")
     probe.ranks = join(probe.device, config.timeout)
     try:
-        if not probe.ranks.leader:
-            _silence_stdout()  # every rank builds the report; one writes it
-            args.output = None
-            _check_all(args, config, probe)
+        if not probe.ranks.leader:  # rank 0 checks and writes the report; the others measure the modes
+            _silence_stdout()
+            for path in args.paths:
+                _measure_one(path, args, config, probe)
             return EXIT_OK
         return _check_all(args, config, probe)
     finally:
         leave()
+
+
+def _measure_one(path: str, args, config, probe) -> None:
+    """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
+    which reports any failure (and measures those modes itself)."""
+    from preclint.errors import one_line
+    from preclint.probe import place_for_probe, tolerance_of
+    from preclint.probe.distributed import Exchange, Measured, measure_share, share
+    from preclint.usercode import guard
+
+    exchange = Exchange(probe.ranks)
+    try:
+        with guard(path, config.timeout):
+            loaded = _load(path, args)
+            placement = place_for_probe(loaded, probe)
+            module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
+            exchange.parts(measure_share(module, inputs, loaded.name, tuple(config.precisions), probe, probe.ranks,
+                                         tolerance_of(config.rtol, config.atol)))
+    except Exception as exc:  # noqa: BLE001 - rank 0 says what failed, once
+        if exchange.gathered is None:
+            exchange.parts(Measured(probe.ranks.rank, share(tuple(config.precisions), probe.ranks),
+                                    error=one_line(exc)))
+    finally:
+        exchange.close()
 
 
 def _check_all(args, config, probe) -> int:
@@ -295,6 +319,11 @@ def _check_one(path: str, args, config, options, probe):
     from preclint.usercode import guard
 
     guarded = None
+    exchange = None
+    if probe is not None and probe.ranks is not None:
+        from preclint.probe.distributed import Exchange
+
+        exchange = Exchange(probe.ranks)  # the other ranks' measurements of this model, gathered once
     try:
         with guard(path, config.timeout) as guarded:
             loaded = _load(path, args)
@@ -307,7 +336,7 @@ def _check_one(path: str, args, config, options, probe):
             if probe is not None:
                 from preclint.probe import probe_report
 
-                probe_report(loaded, report, graph, ctx, config, probe, placement)
+                probe_report(loaded, report, graph, ctx, config, probe, placement, exchange)
             elif config.output_format == "html":  # the page's header records where the predictions ran
                 from preclint.probe.device import check_environment
 
@@ -315,6 +344,8 @@ def _check_one(path: str, args, config, options, probe):
     except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
         return Report(model=path, precisions=tuple(config.precisions), error=_report_error(exc, args.debug))
     finally:
+        if exchange is not None:
+            exchange.close()  # the other ranks wait for it even where this model could not be checked
         if guarded is not None and args.debug:
             for warning in guarded.warnings:
                 sys.stderr.write(f"preclint: debug: warning: {warning}\n")

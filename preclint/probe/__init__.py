@@ -34,7 +34,7 @@ class ProbeOptions:
     # one block of the model on the device at a time (stream.py): None streams exactly when the
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
-    ranks: Any = None  # distributed.Ranks under torchrun: this process measures its share of the modes
+    ranks: Any = None  # distributed.Ranks under torchrun: rank 0 checks, the others measure the modes
     bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.progress) for the stages
 
     def __post_init__(self) -> None:
@@ -478,28 +478,38 @@ def place_for_probe(loaded, options: ProbeOptions):
         raise UserError(f"{loaded.name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
 
 
-def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None):
+def tolerance_of(rtol: Optional[float], atol: Optional[float]) -> Optional[Tuple[float, float]]:
+    """The (rtol, atol) the output is judged by, where the user gave either."""
+    return None if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
+
+
+def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None, exchange=None):
     """``check --probe`` and ``probe``: measure ``loaded`` (its copy on the probe's device, where
-    ``placement`` made one) and put the results into ``report``."""
-    tolerance = None
-    if ctx.rtol is not None or ctx.atol is not None:
-        tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
+    ``placement`` made one) and put the results into ``report``. Under torchrun (``options.ranks``)
+    this is rank 0, which takes the other ranks' measurements from ``exchange``
+    (distributed.Exchange) and measures only what they could not."""
     from preclint.progress import task
 
+    tolerance = tolerance_of(ctx.rtol, ctx.atol)
     module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
     with task("probe") as bar:
         if options.ranks is None:
             result = measure_model(module, inputs, graph, ctx.modes, replace(options, bar=bar), tolerance, loaded.name)
         else:
-            from preclint.probe.distributed import gather, share
+            from preclint.probe.distributed import adopt, combine
 
-            result = measure_model(module, inputs, graph, share(ctx.modes, options.ranks), replace(options, bar=bar),
-                                   tolerance, loaded.name)
-            result = gather(result, ctx.modes, options.ranks)
+            adopted, missing, reasons = adopt(exchange.parts(None), graph, ctx.modes)
+            local = None
+            if missing:
+                local = measure_model(module, inputs, graph, missing, replace(options, bar=bar, ranks=None),
+                                      tolerance, loaded.name)
+            result = combine(adopted, local, ctx.modes)
+            result.notes.extend(f"{reason}: measured by rank 0" for reason in reasons)
+            result.environment["ranks"] = options.ranks.world
     if placement is not None:
         result.environment["reference"]["statistics_on"] = str(placement.device)
     apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "apply", "place_for_probe", "probe_report", "DEVICE_CHOICES"]
+__all__ = ["ProbeOptions", "measure_model", "apply", "place_for_probe", "probe_report", "tolerance_of", "DEVICE_CHOICES"]

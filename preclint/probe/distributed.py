@@ -2,20 +2,25 @@
 
     torchrun --nproc-per-node 2 -m preclint probe model.py --device cuda
 
-Every rank loads the model, runs the check and the probe's float64 reference on its own GPU, and
-measures its share of the precision modes (rank r takes modes r, r + N, ...); the measurements are
-then gathered to every rank, so each builds the same report, and rank 0 alone writes it. A mode is
-measured by one rank exactly as a single process measures it, so the ledger is the single-GPU one.
+Rank 0 runs the check (capture, the reference statistics, predictions, rules) while the other ranks
+measure the precision modes, side by side: rank r >= 1 takes modes r - 1, r - 1 + (N - 1), ... of
+the ones asked for, on its own GPU. The check and the probe need nothing of each other until the
+verdicts, so they overlap: on one GPU a Llama-2-13B's check takes 40% of the time and its probe the
+rest. A measuring rank records the model's graph for itself (the same capture, with no statistics)
+and measures a mode exactly as a single process does; the measurements (a few kilobytes per node)
+are gathered to rank 0, which checks that the ranks recorded its graph, node for node, narrows what
+needed the check's statistics (which decisions count flips, whether a product took TF32) and writes
+the one report: the ledger is the single process's. A rank whose graph differs, or that failed,
+leaves its modes to rank 0, which measures them as a single process would, with a note.
 
-The ranks exchange only the measurements (a few kilobytes per node), never activations or weights:
-several hosts work the same way (torchrun --nnodes M --node-rank i --rdzv-endpoint HOST:PORT), over
-NCCL on GPUs and gloo on CPUs.
+Only measurements cross between ranks, never activations or weights: several hosts work the same
+way (torchrun --nnodes M --node-rank i --rdzv-endpoint HOST:PORT), over NCCL on GPUs and gloo on CPUs.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ def launched() -> bool:
 
 def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:
     """Join the process group torchrun set up (NCCL where the probe runs on GPUs, gloo otherwise)
-    and make this rank's GPU the current one. A rank that fails before the measurements are gathered
+    and make this rank's GPU the current one. A rank that dies before the measurements are gathered
     leaves the others waiting ``timeout_s`` at most."""
     import datetime
 
@@ -62,31 +67,151 @@ def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:
 
 
 def share(modes: Sequence[str], ranks: Ranks) -> Tuple[str, ...]:
-    """The modes this rank measures."""
-    return tuple(modes[ranks.rank::ranks.world])
+    """The modes this rank measures: none on rank 0, which checks; the rest dealt out in turn."""
+    if ranks.leader:
+        return ()
+    return tuple(modes[ranks.rank - 1::ranks.world - 1])
 
 
-def gather(result, modes: Sequence[str], ranks: Ranks):
-    """``result`` with every rank's modes, in the order of ``modes``; timings are each stage's
-    longest, notes each rank's (once)."""
-    import torch.distributed as dist
+@dataclass
+class Measured:
+    """What a measuring rank sends rank 0: its result, and the graph it recorded to compare with the check's."""
 
-    parts = [None] * ranks.world
-    dist.all_gather_object(parts, result)
-    measured = {mode: measure for part in parts for mode, measure in part.modes.items()}
-    result.modes = {mode: measured[mode] for mode in modes if mode in measured}
-    timings = {}
+    rank: int
+    modes: Tuple[str, ...]
+    result: Any = None  # ledger.ProbeResult
+    capture: str = ""
+    order: List[str] = field(default_factory=list)
+    error: Optional[str] = None  # why this rank measured nothing
+
+
+def recorded_graph(module, inputs, name: str):
+    """The graph of ``module`` as the check captures it (FX when it traces, else one recorded run),
+    with each value's shape and dtype but none of the check's statistics: what a measuring rank runs its
+    passes on. The run is the check's: with gradients, from inputs that require them (a model may
+    branch on that), none of which is kept."""
+    import torch
+
+    from preclint.capture import capture
+    from preclint.engine import prepare_inputs
+    from preclint.ir import TensorStats
+    from preclint.modelio import output_tensors
+    from preclint.observer import Observer
+
+    class Shapes(Observer):
+        def __call__(self, node, args, kwargs, callee, output):
+            node.outputs = [TensorStats(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.numel())
+                            for t in output_tensors(output)]
+            return output
+
+    with torch.enable_grad():
+        graph, _ = capture(module, prepare_inputs(inputs, track=True), name, Shapes())
+    graph.ran_reference = True
+    return graph
+
+
+def measure_share(module, inputs, name: str, modes: Sequence[str], options, ranks: Ranks,
+                  tolerance: Optional[Tuple[float, float]]) -> Measured:
+    """On a rank other than 0: this rank's modes, measured on the graph it records for itself.
+    Any failure is sent to rank 0 (which measures those modes itself) rather than raised: rank 0
+    waits for every rank's part."""
+    from preclint.errors import one_line
+    from preclint.probe import measure_model
+
+    mine = share(modes, ranks)
+    part = Measured(ranks.rank, mine)
+    if not mine:
+        return part
+    try:
+        graph = recorded_graph(module, inputs, name)
+        part.capture, part.order = graph.capture, [n.name for n in graph.nodes]
+        part.result = measure_model(module, inputs, graph, mine, options, tolerance, name)
+    except Exception as exc:  # noqa: BLE001 - rank 0 measures these modes and says why
+        part.result, part.error = None, one_line(exc)
+    return part
+
+
+class Exchange:
+    """The one gathering of every rank's part for one model: ``parts(mine)`` gathers (every rank
+    calls it exactly once per model, ``close`` does so for a rank that failed before it could)."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.gathered: Optional[List[Optional[Measured]]] = None
+
+    def parts(self, mine: Optional[Measured]) -> List[Optional[Measured]]:
+        import torch.distributed as dist
+
+        if self.gathered is None:
+            parts: List[Optional[Measured]] = [None] * self.ranks.world
+            dist.all_gather_object(parts, mine)
+            self.gathered = parts
+        return self.gathered
+
+    def close(self) -> None:
+        if self.gathered is None:
+            self.parts(None)
+
+
+def adopt(parts: Sequence[Optional[Measured]], graph, modes: Sequence[str]):
+    """On rank 0: the measured modes of the parts that recorded ``graph`` (the check's) node for node,
+    as a ledger.ProbeResult with what needed the check's statistics filled in from ``graph``; and the
+    modes left to measure here, with why. (None, modes, reasons) when no part measured anything."""
+    from preclint.probe.readback import tf32_applied
+    from preclint.probe.sweep import counts_flips
+
+    order = [n.name for n in graph.nodes]
+    result, measured, reasons = None, {}, []
     for part in parts:
-        for stage, seconds in part.timings.items():
-            timings[stage] = max(timings.get(stage, 0.0), seconds)
-    result.timings = timings
-    notes = []
-    for part in parts:
-        notes.extend(n for n in part.notes if n not in notes)
-    result.notes = notes
-    result.environment["modes"] = {mode: m.how for mode, m in result.modes.items()}
-    result.environment["ranks"] = ranks.world
-    return result
+        if part is None or not part.modes:
+            continue
+        shown = ", ".join(part.modes)
+        if part.result is None:
+            reasons.append(f"rank {part.rank} could not measure {shown} ({part.error})")
+            continue
+        if part.capture != graph.capture or part.order != order:
+            reasons.append(f"rank {part.rank} recorded another graph than the check's for {shown}")
+            continue
+        if result is None:
+            result = part.result
+        for mode, measure in part.result.modes.items():
+            for name, m in measure.nodes.items():
+                node = graph.get(name)
+                if node is None:
+                    continue
+                if m.flips is not None and not counts_flips(node, graph):
+                    m.flips = m.units = None
+                if m.local_rms is not None:
+                    m.tf32_applied = tf32_applied(node, m)
+            measured[mode] = measure
+        _merge_run_facts(result, part.result)
+    if result is not None:
+        result.modes = {mode: measured[mode] for mode in modes if mode in measured}
+        result.environment["modes"] = {mode: m.how for mode, m in result.modes.items()}
+    missing = [mode for mode in modes if mode not in measured]
+    return result, missing, reasons
+
+
+def _merge_run_facts(into, other) -> None:
+    """Timings (each stage's longest) and notes (each once) of another rank's result."""
+    if other is into:
+        return
+    for stage, seconds in other.timings.items():
+        into.timings[stage] = max(into.timings.get(stage, 0.0), seconds)
+    into.notes.extend(n for n in other.notes if n not in into.notes)
+
+
+def combine(adopted, local, modes: Sequence[str]):
+    """``adopted`` (the other ranks' result, or None) with the modes rank 0 measured itself
+    (``local``, or None), in the order of ``modes``."""
+    if adopted is None:
+        return local
+    if local is not None:
+        adopted.modes.update(local.modes)
+        _merge_run_facts(adopted, local)
+    adopted.modes = {mode: adopted.modes[mode] for mode in modes if mode in adopted.modes}
+    adopted.environment["modes"] = {mode: m.how for mode, m in adopted.modes.items()}
+    return adopted
 
 
 def leave() -> None:
@@ -94,3 +219,7 @@ def leave() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+__all__ = ["Ranks", "launched", "join", "share", "Measured", "recorded_graph", "measure_share", "Exchange",
+           "adopt", "combine", "leave"]

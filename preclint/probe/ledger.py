@@ -46,6 +46,7 @@ class NodeMeasure:
     contribution: Optional[float] = None
     nonfinite: bool = False  # inf/NaN in the mode's run where the reference is finite
     tf32_applied: Optional[bool] = None  # conv/matmul under tf32: TF32-sized local error (True) or fp32-sized
+    local_rms: Optional[float] = None  # the local error's RMS, which tf32_applied is judged from (not printed)
     flips: Optional[int] = None  # decisions: units whose outcome changed
     units: Optional[int] = None
     ablation: Optional[Dict[str, float]] = None  # {"contribution", "alone"} from the exact one-node run

@@ -201,7 +201,10 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
                 any_contribution = True
         node = graph.get(name)
         if measure.mode == "tf32" and node is not None and node.kind in DOT_PRODUCT_KINDS and m.local is not None:
-            m.tf32_applied = _tf32_applied(node, m.local, slots, scalars, ref)
+            numel = node.out.numel if node.out is not None and node.out.numel else None
+            if numel:
+                m.local_rms = (sum(scalars[n2] ** 2 for _, n2, _ in slots.local) / numel) ** 0.5
+            m.tf32_applied = tf32_applied(node, m)
         measure.nodes[name] = m
     if any_contribution:
         measure.explained = explained
@@ -222,17 +225,16 @@ def _amplification(m: NodeMeasure, slots: NodeSlots, received: Dict[Tuple[str, i
     return passed_on / incoming
 
 
-def _tf32_applied(node, local: Figure, slots: NodeSlots, scalars: Scalars, ref: ReferenceStore) -> Optional[bool]:
-    """TF32-sized local error (True) or float32-sized (False), against the size of the summed terms."""
-    if local.rel_error is None or not _finite(local.rel_error):
+def tf32_applied(node, m: NodeMeasure) -> Optional[bool]:
+    """TF32-sized local error (True) or float32-sized (False), against the size of the summed terms
+    the check recorded for ``node`` (None without them: a rank that measured without the check's
+    statistics leaves it to rank 0, distributed.py)."""
+    if m.local is None or m.local.rel_error is None or not _finite(m.local.rel_error) or m.local_rms is None:
         return None
-    numel = node.out.numel if node.out is not None and node.out.numel else None
     terms = terms_rms(node) or (node.out.rms if node.out is not None else None)
-    if not terms or not numel:
+    if not terms:
         return None
-    sq = sum(scalars[n2] ** 2 for _, n2, _ in slots.local)
-    local_rms = (sq / numel) ** 0.5
-    return local_rms / (C_INPUT * terms) > TF32_THRESHOLD
+    return m.local_rms / (C_INPUT * terms) > TF32_THRESHOLD
 
 
 def _tolerance_slots(errors, refs, tolerance, scalars: Scalars):

@@ -58,6 +58,19 @@ class NodeSlots:
         self.note: Optional[str] = None
 
 
+def counts_flips(node, graph) -> bool:
+    """Whether a sweep counts the changed decisions of ``node``: decisions and comparisons, and the
+    ops the margins analysis gave margins (a max or min over a dim); where that analysis did not
+    run (a rank that measures without the check's statistics, distributed.py), every op it could
+    have given them, which rank 0 then narrows with its own graph."""
+    if node.kind in (Kind.DECISION, Kind.COMPARE):
+        return True
+    if graph.computed((DecisionMargins,)):
+        ir = graph.get(node.name)
+        return ir is not None and ir.record(DecisionMargins) is not None
+    return node.fn in ("max", "min") and "dim" in node.attrs
+
+
 class _Unmatched(Exception):
     pass
 
@@ -113,7 +126,7 @@ class SweepObserver(Observer):
         if aligned:
             slots = self.slots[node.name] = NodeSlots()
             self._received(node.name, outs, slots)
-            if node.kind in (Kind.DECISION, Kind.COMPARE) or self._has_margins(node.name):
+            if counts_flips(node, self.graph):
                 self._flips(node, outs, slots, orig_args)
             slots.inputs = self._input_producers(orig_args, orig_kwargs)
             self._local(node, orig_args, orig_kwargs, callee, outs, slots)
@@ -121,10 +134,6 @@ class SweepObserver(Observer):
         return output
 
     # ------------------------------------------------------------ helpers
-
-    def _has_margins(self, name: str) -> bool:
-        ir = self.graph.get(name)
-        return ir is not None and ir.record(DecisionMargins) is not None
 
     def _aligned(self, node) -> bool:
         if self.diverged_at is not None:
