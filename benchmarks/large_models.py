@@ -184,9 +184,27 @@ def probe(model, ids, device, modes, stream, ranks=None):
     return report, result, checked - start, time.perf_counter() - checked
 
 
+def share_one_gpu():
+    """--share-gpu: every rank on the one GPU there is, the ranks joined over gloo (NCCL wants a GPU
+    each). A stand-in where only a one-GPU machine is lent: the ranks' Python runs side by side as on
+    two GPUs, their kernels share one, and their copies of the model must fit it together."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from preclint.probe.distributed import Ranks
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    return Ranks(rank, world, 0)
+
+
 def run(args) -> Dict[str, Any]:
     ranks = None
-    if args.mode == "distributed":
+    if args.mode == "distributed" and args.share_gpu:
+        ranks = share_one_gpu()
+    elif args.mode == "distributed":
         from preclint.probe.distributed import join
 
         ranks = join(args.device)
@@ -200,7 +218,8 @@ def run(args) -> Dict[str, Any]:
     sync(device)
     build_s = time.perf_counter() - start
     params = sum(p.numel() for p in model.parameters())
-    stream = {"unstreamed": False, "streamed": True}.get(args.mode)
+    # (ranks sharing one GPU stream: two whole copies of the model do not fit beside each other)
+    stream = True if args.share_gpu else {"unstreamed": False, "streamed": True}.get(args.mode)
     cold = None
     for run_index in range(max(1, args.repeat)):
         if run_index:  # the earlier run's report and copies go before the next one is made
@@ -243,7 +262,7 @@ def run(args) -> Dict[str, Any]:
     figures["over_bare"] = (build_s + check_s + probe_s) / bare_total
     figures["ledger"] = ledger
     os.makedirs(args.out, exist_ok=True)
-    name = f"{args.size}_{args.mode}" + (f"_{args.tokens}tokens" if args.tokens else "")
+    name = f"{args.size}_{args.mode}" + ("_one_gpu" if args.share_gpu else "") + (f"_{args.tokens}tokens" if args.tokens else "")
     path = os.path.join(args.out, f"{name}.json")
     with open(path, "w") as f:
         json.dump(figures, f, indent=1)
@@ -273,6 +292,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of the probe in the process; the figures are the last one's, compared with "
                              "the bare work timed after it (the first run's times are kept beside them)")
+    parser.add_argument("--share-gpu", action="store_true",
+                        help="with --mode distributed on a one-GPU machine: every rank on that GPU (see share_one_gpu)")
     parser.add_argument("--tokens", type=int, help="input length (default: the size's own, 256 for 1b-13b)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/large_models"))
     parser.add_argument("--compare", nargs=2, metavar="JSON")

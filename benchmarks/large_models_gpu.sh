@@ -1,7 +1,8 @@
 #!/bin/bash
 # The large-model figures (benchmarks/README.md, "Large models") on the two-GPU machine, from the
 # repository root: PART=one runs the single-GPU runs, PART=two the two-GPU runs and the longer inputs,
-# PART=ranks the 7B and 13B on one GPU and on two, one after the other.
+# PART=ranks the 7B and 13B on one GPU and on two, one after the other; PART=shared the 1B and 7B with
+# two ranks on a one-GPU machine.
 # Each run's JSON and log go into $OUT/large_models_$PART.tar.gz (the device tool brings back few files).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -28,6 +29,11 @@ elif [ "${PART}" = two ]; then
   one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed
   one 1b_unstreamed_2048 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --tokens 2048
   one 7b_streamed_1024 180 python3 benchmarks/large_models.py --size 7b --mode streamed --tokens 1024
+elif [ "${PART}" = shared ]; then  # PART=shared: two ranks on a one-GPU machine (large_models.py --share-gpu)
+  one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed
+  one 1b_distributed_one_gpu 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 1b --mode distributed --share-gpu
+  one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed
+  one 7b_distributed_one_gpu 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed --share-gpu
 else  # PART=ranks: one GPU against two on the same machine
   one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed
   one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed
