@@ -54,6 +54,9 @@ MODES = ("tf32", "fp16", "bf16")
 SIZES: Dict[str, Dict[str, Any]] = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=256, tokens=16),
+    # a 7B's depth and graph (1795 nodes) at a width the CPU runs in seconds: the probe's cost per op
+    "narrow": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=32, num_attention_heads=8,
+                   num_key_value_heads=8, vocab_size=512, tokens=64),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                num_key_value_heads=4, vocab_size=32000, tokens=256),
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
