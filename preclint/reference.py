@@ -571,7 +571,9 @@ class ReferenceObserver(Observer):
         self.operand_gains = {key: v * scale for key, v in sink.operands.items()}
         op_acc = {name: sum(sink.operands.get(id(e), 0.0) for e in entries) for name, entries in self.operands.items()
                   if any(id(e) in sink.operands for e in entries)}
-        names = (set(sink.out) | set(op_acc)) - sink.unknown
+        # (in the order the pass met them, not a set's: sums over these gains then add up in the same
+        # order in every process, and a report is the same figure for figure on every run)
+        names = [n for n in dict.fromkeys([*sink.out, *op_acc]) if n not in sink.unknown]
         return {n: (sink.out.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
 
     def _input_gains(self, node: Node, entries: List[_Watched]) -> Tuple[float, Dict[str, float]]:

@@ -166,3 +166,18 @@ def test_a_model_rank_0_cannot_check_ends_every_rank_at_once(tmp_path):
                            "--timeout", "60"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode != 0 and done.stdout == ""
     assert "no memory on this rank" in done.stderr
+
+
+def test_a_report_is_the_same_figure_for_figure_in_every_process(tmp_path):
+    """What rank 0 reports must not depend on which process computed it: the gains were summed in
+    the order of a set of node names, which Python's hash seed changes from process to process."""
+    model = tmp_path / "gate.py"
+    model.write_text(textwrap.dedent(EAGER))
+    reports = []
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, OMP_NUM_THREADS="1")
+        done = subprocess.run([sys.executable, "-m", "preclint", "check", str(model), "--output-format", "json",
+                               "--exit-zero"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        reports.append(done.stdout)
+    assert reports[0] == reports[1]

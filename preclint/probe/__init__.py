@@ -80,7 +80,10 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     from preclint.probe.device import environment, is_out_of_memory, select_device
     from preclint.probe.execute import Program, copy_to
 
-    if not graph.ran_reference:
+    records_graph = graph is None
+    if records_graph:
+        graph = _graph_to_record(module, inputs, name)
+    elif not graph.ran_reference:
         raise UserError("--probe needs the reference pass that --no-run skips; drop --no-run")
     device = select_device(options.device)
     emulated = device.type == "cpu" if options.emulate is None else options.emulate
@@ -122,7 +125,26 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     setting = ProbeSetting(graph, tuple(modes), options, tolerance, name, device, emulated)
     copies = DeviceCopies(program, stream, model32, model64, inputs32, inputs64)
     with stream.active() if stream is not None else contextlib.nullcontext():
-        return ProbeSession(setting, copies, clock, env, notes).measure()
+        session = ProbeSession(setting, copies, clock, env, notes, records_graph)
+        result = session.measure()
+    if records_graph:
+        result.graph = session.setting.graph
+    return result
+
+
+def _graph_to_record(module, inputs, name: str):
+    """Where ``measure_model`` is given no graph (a rank measuring beside the check, distributed.py):
+    the graph torch.fx traces, as the check's capture does first (no run), or an empty eager one
+    that the float64 reference pass records (ProbeSession._recorded_graph). Either has no statistics."""
+    from preclint.capture import capture_fx
+    from preclint.ir import Graph
+
+    traced: list = []
+    try:
+        nodes, _ = capture_fx(module, inputs, None, traced)
+    except Exception:  # noqa: BLE001 - as the check's capture: what FX cannot trace is recorded
+        return Graph([], name, "function-mode", ran_reference=True)
+    return Graph(nodes, name, "fx", ran_reference=True, fx_graph=traced[0])
 
 
 @dataclass(frozen=True)
@@ -156,12 +178,13 @@ class ProbeSession:
     reports and the notes it adds; ``measure`` runs the passes over the copies."""
 
     def __init__(self, setting: ProbeSetting, copies: DeviceCopies, clock: _Clock, env: Dict[str, Any],
-                 notes: List[str]) -> None:
+                 notes: List[str], records_graph: bool = False) -> None:
         self.setting = setting
         self.copies = copies
         self.clock = clock
         self.env = env
         self.notes = notes
+        self.records_graph = records_graph  # the graph is the reference pass's (see _recorded_graph)
 
     def measure(self):
         """The passes of ``measure_model`` over the copies it made: a probe.ledger.ProbeResult."""
@@ -195,6 +218,9 @@ class ProbeSession:
                 raise UserError(_failure(name, "in float64", device, cause)) from cause
             notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
             env["reference"]["dtype"] = "float32"
+        if self.records_graph:
+            graph = self._recorded_graph(ref)
+            self.setting = setting = replace(setting, graph=graph)
         if not options.ablate:
             if stream is not None:
                 stream.forget(copies.model64)
@@ -263,6 +289,21 @@ class ProbeSession:
             how = " (TF32 on: the gradients only weight errors)"
         env["contributions"] = "one backward pass per mode through the float32 model" + how
         return result
+
+
+    def _recorded_graph(self, ref):
+        """The graph the passes run on, completed by the reference pass: an eager recording's nodes
+        are that run's, and every node gets its values' shapes (what the modes read of the check's
+        statistics: a product's rows, a value's size)."""
+        from preclint.ir import Graph, TensorStats
+
+        graph, program = self.setting.graph, self.copies.program
+        if not program.is_fx:
+            graph = Graph(list(program.recorded or ()), graph.model_name, "function-mode", ran_reference=True)
+        for node in graph.nodes:
+            node.outputs = [TensorStats(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.numel())
+                            for t in ref.values.get(node.name, ())]
+        return graph
 
 
 def streams(options: ProbeOptions, module, device, resident: bool = False) -> bool:

@@ -6,8 +6,9 @@ Rank 0 runs the check (capture, the reference statistics, predictions, rules) wh
 measure the precision modes, side by side: rank r >= 1 takes modes r - 1, r - 1 + (N - 1), ... of
 the ones asked for, on its own GPU. The check and the probe need nothing of each other until the
 verdicts, so they overlap: on one GPU a Llama-2-13B's check takes 40% of the time and its probe the
-rest. A measuring rank records the model's graph for itself (the same capture, with no statistics)
-and measures a mode exactly as a single process does; the measurements (a few kilobytes per node)
+rest. A measuring rank takes the model's graph as the check would capture it, with no statistics (the
+graph torch.fx traces, or the one its float64 reference run records) and measures a mode exactly as a
+single process does; the measurements (a few kilobytes per node)
 are gathered to rank 0, which checks that the ranks recorded its graph, node for node, narrows what
 needed the check's statistics (which decisions count flips, whether a product took TF32) and writes
 the one report: the ledger is the single process's. A rank whose graph differs, or that failed,
@@ -85,34 +86,9 @@ class Measured:
     error: Optional[str] = None  # why this rank measured nothing
 
 
-def recorded_graph(module, inputs, name: str):
-    """The graph of ``module`` as the check captures it (FX when it traces, else one recorded run),
-    with each value's shape and dtype but none of the check's statistics: what a measuring rank runs its
-    passes on. The run is the check's: with gradients, from inputs that require them (a model may
-    branch on that), none of which is kept."""
-    import torch
-
-    from preclint.capture import capture
-    from preclint.engine import prepare_inputs
-    from preclint.ir import TensorStats
-    from preclint.modelio import output_tensors
-    from preclint.observer import Observer
-
-    class Shapes(Observer):
-        def __call__(self, node, args, kwargs, callee, output):
-            node.outputs = [TensorStats(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.numel())
-                            for t in output_tensors(output)]
-            return output
-
-    with torch.enable_grad():
-        graph, _ = capture(module, prepare_inputs(inputs, track=True), name, Shapes())
-    graph.ran_reference = True
-    return graph
-
-
 def measure_share(module, inputs, name: str, modes: Sequence[str], options, ranks: Ranks,
                   tolerance: Optional[Tuple[float, float]]) -> Measured:
-    """On a rank other than 0: this rank's modes, measured on the graph it records for itself.
+    """On a rank other than 0: this rank's modes, measured on the graph the probe records for itself.
     Any failure is sent to rank 0 (which measures those modes itself) rather than raised: rank 0
     waits for every rank's part."""
     from preclint.errors import one_line
@@ -123,9 +99,11 @@ def measure_share(module, inputs, name: str, modes: Sequence[str], options, rank
     if not mine:
         return part
     try:
-        graph = recorded_graph(module, inputs, name)
-        part.capture, part.order = graph.capture, [n.name for n in graph.nodes]
-        part.result = measure_model(module, inputs, graph, mine, options, tolerance, name)
+        # no graph: the probe takes the one torch.fx traces, or the one its float64 run records
+        result = measure_model(module, inputs, None, mine, options, tolerance, name)
+        part.capture, part.order = result.graph.capture, [n.name for n in result.graph.nodes]
+        result.graph = None  # (rank 0 has the check's)
+        part.result = result
     except Exception as exc:  # noqa: BLE001 - rank 0 measures these modes and says why
         part.result, part.error = None, one_line(exc)
     return part
@@ -221,5 +199,5 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["Ranks", "launched", "join", "share", "Measured", "recorded_graph", "measure_share", "Exchange",
+__all__ = ["Ranks", "launched", "join", "share", "Measured", "measure_share", "Exchange",
            "adopt", "combine", "leave"]

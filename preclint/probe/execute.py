@@ -55,6 +55,7 @@ class Program:
         self.fx_graph: Optional[fx.Graph] = None
         self.note: Optional[str] = None
         self.stream = None  # the WeightStream the copies' blocks are filled from, when streamed
+        self.recorded: Optional[list] = None  # the nodes the last eager run recorded
         if graph.capture == "fx":
             traced = graph.fx_graph if graph.fx_graph is not None else _Tracer().trace(module)
             if [n.name for n in traced.nodes] == self.order:
@@ -74,7 +75,8 @@ class Program:
             observer = self.stream.observing(observer, root)
         try:
             if self.fx_graph is None:
-                return capture_function_mode(root, inputs, observer, locate=False)[1]
+                self.recorded, output = capture_function_mode(root, inputs, observer, locate=False)
+                return output
             # the graph runs on the copy itself: its call_module and get_attr targets are the copy's;
             # the check recorded the reduction lengths from the same shapes already
             runner = FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)

@@ -103,6 +103,7 @@ class ProbeResult:
     timings: Dict[str, float] = field(default_factory=dict)  # seconds per stage (benchmarks; not in reports)
     notes: List[str] = field(default_factory=list)
     reference_nonfinite: List[str] = field(default_factory=list)  # nodes inf/NaN already in float64
+    graph: Any = None  # the graph the probe recorded itself, where it was given none (distributed.py)
 
 
 def _finite(value: Optional[float]) -> Optional[float]:
