@@ -165,7 +165,8 @@ def probe(model, ids, device, modes, stream, ranks=None):
     probe). Under torchrun, as `torchrun -m preclint probe` runs: rank 0 checks and takes the other
     ranks' measurements (its probe time is the wait for them); the others measure (their report and
     result are None, their check time 0)."""
-    from preclint.probe.distributed import Exchange, measure_share
+    from preclint.probe import measure_share
+    from preclint.probe.distributed import Exchange
 
     loaded = LoadedModel(model, (ids,), "llama", None)
     placement = Placement(device, model, Inputs((ids,))) if device.type == "cuda" else None
@@ -175,14 +176,15 @@ def probe(model, ids, device, modes, stream, ranks=None):
     start = time.perf_counter()
     if ranks is not None and not ranks.leader:
         module, inputs = (model, (ids,)) if placement is None else (placement.model, placement.inputs)
-        Exchange(ranks).parts(measure_share(module, inputs, loaded.name, modes, options, ranks, None))
+        Exchange(ranks).parts(measure_share(module, inputs, loaded.name, modes, options, None))
         sync(device)
         return None, None, 0.0, time.perf_counter() - start
     report, graph, ctx = check_model(loaded, config, CheckOptions(modes=tuple(modes), placement=placement))
     sync(device)
     checked = time.perf_counter()
-    exchange = Exchange(ranks) if ranks is not None else None
-    result = probe_report(loaded, report, graph, ctx, config, options, placement, exchange)
+    if ranks is not None:
+        options.exchange = Exchange(ranks)
+    result = probe_report(loaded, report, graph, ctx, config, options, placement)
     sync(device)
     return report, result, checked - start, time.perf_counter() - checked
 

@@ -251,8 +251,8 @@ def _measure_one(path: str, args, config, probe) -> None:
     """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
     which reports any failure (and measures those modes itself)."""
     from preclint.errors import one_line
-    from preclint.probe import place_for_probe, tolerance_of
-    from preclint.probe.distributed import Exchange, Measured, measure_share, share
+    from preclint.probe import measure_share, place_for_probe, tolerance_of
+    from preclint.probe.distributed import Exchange, Measured, share
     from preclint.usercode import guard
 
     exchange = Exchange(probe.ranks)
@@ -261,7 +261,7 @@ def _measure_one(path: str, args, config, probe) -> None:
             loaded = _load(path, args)
             placement = place_for_probe(loaded, probe)
             module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
-            exchange.parts(measure_share(module, inputs, loaded.name, tuple(config.precisions), probe, probe.ranks,
+            exchange.parts(measure_share(module, inputs, loaded.name, tuple(config.precisions), probe,
                                          tolerance_of(config.rtol, config.atol)))
     except Exception as exc:  # noqa: BLE001 - rank 0 says what failed, once
         if exchange.gathered is None:
@@ -336,7 +336,7 @@ def _check_one(path: str, args, config, options, probe):
             if probe is not None:
                 from preclint.probe import probe_report
 
-                probe_report(loaded, report, graph, ctx, config, probe, placement, exchange)
+                probe_report(loaded, report, graph, ctx, config, dataclasses.replace(probe, exchange=exchange), placement)
             elif config.output_format == "html":  # the page's header records where the predictions ran
                 from preclint.probe.device import check_environment
 

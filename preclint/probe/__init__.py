@@ -35,6 +35,8 @@ class ProbeOptions:
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
     ranks: Any = None  # distributed.Ranks under torchrun: rank 0 checks, the others measure the modes
+    # on rank 0, the distributed.Exchange of the model being checked: the other ranks' measurements
+    exchange: Any = field(default=None, compare=False, repr=False)
     bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.progress) for the stages
 
     def __post_init__(self) -> None:
@@ -502,6 +504,28 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
         report.ledger = [node_row(graph, ctx, result, n.name) for n in graph.nodes if n.kind != "output"]
 
 
+def measure_share(module, inputs, name: str, modes: Sequence[str], options: ProbeOptions,
+                  tolerance: Optional[Tuple[float, float]]):
+    """On a rank other than 0 (``options.ranks``): its share of ``modes``, measured on the graph the
+    probe records for itself, as a distributed.Measured for rank 0. A failure is sent, not raised:
+    rank 0 waits for every rank's part, and measures these modes itself."""
+    from preclint.probe.distributed import Measured, share
+
+    mine = share(modes, options.ranks)
+    part = Measured(options.ranks.rank, mine)
+    if not mine:
+        return part
+    try:
+        # no graph: the probe takes the one torch.fx traces, or the one its float64 run records
+        result = measure_model(module, inputs, None, mine, options, tolerance, name)
+        part.capture, part.order = result.graph.capture, [n.name for n in result.graph.nodes]
+        result.graph = None  # (rank 0 has the check's)
+        part.result = result
+    except Exception as exc:  # noqa: BLE001 - rank 0 measures these modes and says why
+        part.result, part.error = None, one_line(exc)
+    return part
+
+
 def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
     (placement.py); None where the reference pass stays on the CPU."""
@@ -524,10 +548,10 @@ def tolerance_of(rtol: Optional[float], atol: Optional[float]) -> Optional[Tuple
     return None if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
 
 
-def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None, exchange=None):
+def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None):
     """``check --probe`` and ``probe``: measure ``loaded`` (its copy on the probe's device, where
     ``placement`` made one) and put the results into ``report``. Under torchrun (``options.ranks``)
-    this is rank 0, which takes the other ranks' measurements from ``exchange``
+    this is rank 0, which takes the other ranks' measurements from ``options.exchange``
     (distributed.Exchange) and measures only what they could not."""
     from preclint.progress import task
 
@@ -539,7 +563,7 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
         else:
             from preclint.probe.distributed import adopt, combine
 
-            adopted, missing, reasons = adopt(exchange.parts(None), graph, ctx.modes)
+            adopted, missing, reasons = adopt(options.exchange.parts(None), graph, ctx.modes)
             local = None
             if missing:
                 local = measure_model(module, inputs, graph, missing, replace(options, bar=bar, ranks=None),
@@ -553,4 +577,5 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "apply", "place_for_probe", "probe_report", "tolerance_of", "DEVICE_CHOICES"]
+__all__ = ["ProbeOptions", "measure_model", "measure_share", "apply", "place_for_probe", "probe_report", "tolerance_of",
+           "DEVICE_CHOICES"]

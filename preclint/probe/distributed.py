@@ -76,7 +76,8 @@ def share(modes: Sequence[str], ranks: Ranks) -> Tuple[str, ...]:
 
 @dataclass
 class Measured:
-    """What a measuring rank sends rank 0: its result, and the graph it recorded to compare with the check's."""
+    """What a measuring rank sends rank 0 (preclint.probe.measure_share): its result, and the graph it
+    recorded to compare with the check's."""
 
     rank: int
     modes: Tuple[str, ...]
@@ -84,29 +85,6 @@ class Measured:
     capture: str = ""
     order: List[str] = field(default_factory=list)
     error: Optional[str] = None  # why this rank measured nothing
-
-
-def measure_share(module, inputs, name: str, modes: Sequence[str], options, ranks: Ranks,
-                  tolerance: Optional[Tuple[float, float]]) -> Measured:
-    """On a rank other than 0: this rank's modes, measured on the graph the probe records for itself.
-    Any failure is sent to rank 0 (which measures those modes itself) rather than raised: rank 0
-    waits for every rank's part."""
-    from preclint.errors import one_line
-    from preclint.probe import measure_model
-
-    mine = share(modes, ranks)
-    part = Measured(ranks.rank, mine)
-    if not mine:
-        return part
-    try:
-        # no graph: the probe takes the one torch.fx traces, or the one its float64 run records
-        result = measure_model(module, inputs, None, mine, options, tolerance, name)
-        part.capture, part.order = result.graph.capture, [n.name for n in result.graph.nodes]
-        result.graph = None  # (rank 0 has the check's)
-        part.result = result
-    except Exception as exc:  # noqa: BLE001 - rank 0 measures these modes and says why
-        part.result, part.error = None, one_line(exc)
-    return part
 
 
 class Exchange:
@@ -199,5 +177,5 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["Ranks", "launched", "join", "share", "Measured", "measure_share", "Exchange",
+__all__ = ["Ranks", "launched", "join", "share", "Measured", "Exchange",
            "adopt", "combine", "leave"]
