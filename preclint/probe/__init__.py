@@ -292,7 +292,6 @@ class ProbeSession:
         env["contributions"] = "one backward pass per mode through the float32 model" + how
         return result
 
-
     def _recorded_graph(self, ref):
         """The graph the passes run on, completed by the reference pass: an eager recording's nodes
         are that run's, and every node gets its values' shapes (what the modes read of the check's

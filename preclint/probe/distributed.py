@@ -8,11 +8,11 @@ the ones asked for, on its own GPU. The check and the probe need nothing of each
 verdicts, so they overlap: on one GPU a Llama-2-13B's check takes 40% of the time and its probe the
 rest. A measuring rank takes the model's graph as the check would capture it, with no statistics (the
 graph torch.fx traces, or the one its float64 reference run records) and measures a mode exactly as a
-single process does; the measurements (a few kilobytes per node)
-are gathered to rank 0, which checks that the ranks recorded its graph, node for node, narrows what
-needed the check's statistics (which decisions count flips, whether a product took TF32) and writes
-the one report: the ledger is the single process's. A rank whose graph differs, or that failed,
-leaves its modes to rank 0, which measures them as a single process would, with a note.
+single process does; the measurements (a few kilobytes per node) are gathered to rank 0, which checks
+that the ranks recorded its graph node for node, narrows what needed the check's statistics (which
+decisions count flips, whether a product took TF32) and writes the one report: the ledger is the
+single process's. A rank whose graph differs, or that failed, leaves its modes to rank 0, which
+measures them as a single process would, with a note.
 
 Only measurements cross between ranks, never activations or weights: several hosts work the same
 way (torchrun --nnodes M --node-rank i --rdzv-endpoint HOST:PORT), over NCCL on GPUs and gloo on CPUs.
@@ -177,5 +177,4 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["Ranks", "launched", "join", "share", "Measured", "Exchange",
-           "adopt", "combine", "leave"]
+__all__ = ["Ranks", "launched", "join", "share", "Measured", "Exchange", "adopt", "combine", "leave"]
