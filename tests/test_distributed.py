@@ -75,7 +75,7 @@ def _single_and_distributed(model: str, tmp_path, ranks: int = 2, precisions: st
     assert single.returncode == 0, single.stderr[-2000:]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
                            "-m", "preclint", *argv], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[:3000] + "\n...\n" + done.stderr[-1000:]
     distributed = json.loads(done.stdout)  # one report: the other ranks wrote nothing
     assert distributed["environment"].pop("ranks") == ranks
     return json.loads(single.stdout), distributed

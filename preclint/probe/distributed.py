@@ -171,10 +171,16 @@ def combine(adopted, local, modes: Sequence[str]):
 
 
 def leave() -> None:
+    """Leave the process group, every rank together: a measuring rank is done long before rank 0,
+    which may still measure what a rank could not, and a rank tearing its connections down while
+    another still holds its own aborted now and then (gloo, SIGABRT)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 __all__ = ["Ranks", "launched", "join", "share", "Measured", "Exchange", "adopt", "combine", "leave"]
