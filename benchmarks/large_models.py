@@ -237,8 +237,12 @@ def run(args) -> Dict[str, Any]:
         import torch.distributed as dist
         from preclint.probe.distributed import leave
 
+        peak = gpu_peak_gib(device)
+        if not ranks.leader:  # its memory freed before rank 0 times the bare work (--share-gpu: the same GPU)
+            del model, ids, report, result
+            release(device)
         peaks = [None] * ranks.world
-        dist.all_gather_object(peaks, gpu_peak_gib(device))
+        dist.all_gather_object(peaks, peak)
         leave()
         if not ranks.leader:
             return {}
