@@ -223,7 +223,7 @@ def cmd_check(args) -> int:
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
     from preclint.probe.distributed import launched
 
-    if launched():  # torchrun: the ranks share the modes, rank 0 writes the report
+    if launched():  # torchrun: rank 0 checks and writes the report, the other ranks measure the modes
         return _check_distributed(args, config, probe)
     return _check_all(args, config, probe)
 
