@@ -165,7 +165,7 @@ def probe(model, ids, device, modes, stream, ranks=None):
     probe). Under torchrun, as `torchrun -m preclint probe` runs: rank 0 checks and takes the other
     ranks' measurements (its probe time is the wait for them); the others measure (their report and
     result are None, their check time 0)."""
-    from preclint.probe import measure_share
+    from preclint.probe import measure_share, probed
     from preclint.probe.distributed import Exchange
 
     loaded = LoadedModel(model, (ids,), "llama", None)
@@ -175,7 +175,7 @@ def probe(model, ids, device, modes, stream, ranks=None):
     sync(device)
     start = time.perf_counter()
     if ranks is not None and not ranks.leader:
-        module, inputs = (model, (ids,)) if placement is None else (placement.model, placement.inputs)
+        module, inputs = probed(loaded, placement)
         Exchange(ranks).parts(measure_share(module, inputs, loaded.name, modes, options, None))
         sync(device)
         return None, None, 0.0, time.perf_counter() - start

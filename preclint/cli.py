@@ -251,7 +251,7 @@ def _measure_one(path: str, args, config, probe) -> None:
     """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
     which reports any failure (and measures those modes itself)."""
     from preclint.errors import one_line
-    from preclint.probe import measure_share, place_for_probe, tolerance_of
+    from preclint.probe import measure_share, place_for_probe, probed, tolerance_of
     from preclint.probe.distributed import Exchange, Measured, share
     from preclint.usercode import guard
 
@@ -259,8 +259,7 @@ def _measure_one(path: str, args, config, probe) -> None:
     try:
         with guard(path, config.timeout):
             loaded = _load(path, args)
-            placement = place_for_probe(loaded, probe)
-            module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
+            module, inputs = probed(loaded, place_for_probe(loaded, probe))
             exchange.parts(measure_share(module, inputs, loaded.name, tuple(config.precisions), probe,
                                          tolerance_of(config.rtol, config.atol)))
     except Exception as exc:  # noqa: BLE001 - rank 0 says what failed, once

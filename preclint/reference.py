@@ -215,19 +215,13 @@ class _Sink:
         defer = product.device.type != "cpu" if self.defer is None else self.defer
         if defer and product.is_floating_point():
             # On a GPU the sum stays there until the pass has run (resolve): reading it at once would
-            # stop the backward pass at every hook until the device caught up. Taken in float64 over
-            # the finite products, which is what the CPU falls back to below.
-            product = product.double()
-            product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
-            self.queued.append((acc, key, torch.dot(product, product)))
+            # stop the backward pass at every hook until the device caught up. Taken as the CPU falls
+            # back to below.
+            self.queued.append((acc, key, _finite_squares(product)))
             return
         total = float(torch.dot(product, product)) if product.is_floating_point() else math.nan
         if not math.isfinite(total):
-            # an intended infinity (a -inf attention mask) has gradient 0 and is exact: no error; and
-            # a sum beyond float32's range is taken in float64
-            product = product.double()
-            product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
-            total = float(torch.dot(product, product))
+            total = float(_finite_squares(product))
         acc[key] = acc.get(key, 0.0) + total
 
     def resolve(self) -> None:
@@ -238,6 +232,14 @@ class _Sink:
         for (acc, key, _), total in zip(self.queued, totals):
             acc[key] = acc.get(key, 0.0) + total
         self.queued = []
+
+
+def _finite_squares(product: torch.Tensor) -> torch.Tensor:
+    """The sum of squares of the finite elements, in float64: an intended infinity (a -inf attention
+    mask) has gradient 0 and is exact, no error; and a sum beyond float32's range fits float64."""
+    product = product.double()
+    product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
+    return torch.dot(product, product)
 
 
 # Operands autograd refuses to differentiate (a batch norm's running statistics, read by F.batch_norm

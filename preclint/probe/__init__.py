@@ -542,6 +542,11 @@ def place_for_probe(loaded, options: ProbeOptions):
         raise UserError(f"{loaded.name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
 
 
+def probed(loaded, placement) -> Tuple[Any, Any]:
+    """(module, inputs) the probe measures: the copy on its device where ``placement`` made one."""
+    return (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
+
+
 def tolerance_of(rtol: Optional[float], atol: Optional[float]) -> Optional[Tuple[float, float]]:
     """The (rtol, atol) the output is judged by, where the user gave either."""
     return None if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
@@ -555,7 +560,7 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
     from preclint.progress import task
 
     tolerance = tolerance_of(ctx.rtol, ctx.atol)
-    module, inputs = (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
+    module, inputs = probed(loaded, placement)
     with task("probe") as bar:
         if options.ranks is None:
             result = measure_model(module, inputs, graph, ctx.modes, replace(options, bar=bar), tolerance, loaded.name)
@@ -576,5 +581,5 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "measure_share", "apply", "place_for_probe", "probe_report", "tolerance_of",
+__all__ = ["ProbeOptions", "measure_model", "measure_share", "apply", "place_for_probe", "probe_report", "probed", "tolerance_of",
            "DEVICE_CHOICES"]

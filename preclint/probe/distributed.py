@@ -142,8 +142,7 @@ def adopt(parts: Sequence[Optional[Measured]], graph, modes: Sequence[str]):
             measured[mode] = measure
         _merge_run_facts(result, part.result)
     if result is not None:
-        result.modes = {mode: measured[mode] for mode in modes if mode in measured}
-        result.environment["modes"] = {mode: m.how for mode, m in result.modes.items()}
+        result.modes = measured  # (combine puts them in order)
     missing = [mode for mode in modes if mode not in measured]
     return result, missing, reasons
 

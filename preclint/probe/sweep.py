@@ -65,10 +65,12 @@ def counts_flips(node, graph) -> bool:
     have given them, which rank 0 then narrows with its own graph."""
     if node.kind in (Kind.DECISION, Kind.COMPARE):
         return True
+    if node.fn not in ("max", "min") or "dim" not in node.attrs:
+        return False  # (the analysis gives no other op margins)
     if graph.computed((DecisionMargins,)):
         ir = graph.get(node.name)
         return ir is not None and ir.record(DecisionMargins) is not None
-    return node.fn in ("max", "min") and "dim" in node.attrs
+    return True
 
 
 class _Unmatched(Exception):
