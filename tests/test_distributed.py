@@ -65,11 +65,17 @@ BY_RANK = """
 """
 
 
-def _single_and_distributed(model: str, tmp_path, ranks: int = 2, precisions: str = "tf32,fp16,bf16"):
-    argv = ["probe", model, "--device", "cpu", "--precision", precisions, "--output-format", "json", "--exit-zero"]
-    # both as torchrun starts them (one thread each: CPU sums over threads differ in their last bits)
+def _outside_torchrun() -> dict:
+    """This environment without a process group's variables, one thread a process as torchrun starts
+    them (CPU sums over threads differ in their last bits)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _single_and_distributed(model: str, tmp_path, ranks: int = 2, precisions: str = "tf32,fp16,bf16"):
+    argv = ["probe", model, "--device", "cpu", "--precision", precisions, "--output-format", "json", "--exit-zero"]
+    env = _outside_torchrun()
     single = subprocess.run([sys.executable, "-m", "preclint", *argv], capture_output=True, text=True, timeout=300,
                             env=env, cwd=tmp_path)
     assert single.returncode == 0, single.stderr[-2000:]
@@ -159,7 +165,7 @@ def test_a_rank_that_fails_leaves_its_modes_to_rank_0(tmp_path):
 def test_a_model_rank_0_cannot_check_ends_every_rank_at_once(tmp_path):
     model = tmp_path / "fails_on_0.py"
     model.write_text(textwrap.dedent(FAILS_ON.replace("{rank}", "0")))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = _outside_torchrun()
     # (before rank 0 took part in the gathering of a model it could not check, rank 1 waited --timeout)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "preclint", "probe", str(model), "--device", "cpu", "--precision", "tf32",
