@@ -15,6 +15,7 @@ from preclint.config import Config
 from preclint.degenerate import all_outputs_degenerate, degenerate_note, degenerate_outputs
 from preclint.errors import UserError
 from preclint.findings import Finding
+from preclint.heap import long_lived_frozen
 from preclint.ir import Graph
 from preclint.numerics import MODES
 from preclint.placement import attach_source_locations, display_location, model_location, relativize
@@ -194,6 +195,7 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
     return rows
 
 
+@long_lived_frozen()
 def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     from preclint.predict import PREDICTED_ERRORS_NEED, predict
     from preclint.rules import selected_rules

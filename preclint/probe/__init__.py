@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.errors import UserError, one_line
+from preclint.heap import long_lived_frozen
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 
@@ -72,6 +73,7 @@ class _Clock:
                 self.bar.advance()
 
 
+@long_lived_frozen()
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
                   tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
