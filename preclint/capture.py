@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import SUPPORTED_NODES, tree_flatten
+from torch.utils._pytree import tree_flatten
 
 from preclint import autocast_regions, ops
 from preclint.errors import UserError, one_line
@@ -34,6 +34,7 @@ from preclint.findings import Location
 from preclint.ir import Graph, Kind, Node
 from preclint.modelio import Inputs, output_tensors
 from preclint.observer import Observer
+from preclint.trees import leaves
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rsplit(".", 1)[0]].__file__)) + os.sep
@@ -110,29 +111,6 @@ def _model_frames() -> Tuple[Location, ...]:
             found.append(Location(path, frame.f_lineno, 1))
         frame = frame.f_back
     return tuple(found)
-
-
-_CONTAINERS = (list, tuple, dict)
-
-
-def leaves(value) -> list:
-    """tree_flatten's leaves of ``value``; a tensor, or a flat tuple, list or dict of leaves (nearly
-    every op's arguments and outputs), without pytree's walk, which costs more than the op's record."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if type(value) in (tuple, list):
-        if all(map(is_leaf, value)):
-            return list(value)
-        if len(value) == 2 and type(value[1]) is dict and type(value[0]) in (tuple, list):  # (args, kwargs)
-            args, kwargs = value
-            if all(map(is_leaf, args)) and all(map(is_leaf, kwargs.values())):
-                return list(args) + list(kwargs.values())
-    return tree_flatten(value)[0]
-
-
-def is_leaf(value) -> bool:
-    """A leaf to pytree: neither a container nor a type registered as one (a ModelOutput, a dataclass)."""
-    return not isinstance(value, _CONTAINERS) and type(value) not in SUPPORTED_NODES
 
 
 def _display_target(target: Any, call: str) -> str:

@@ -42,6 +42,7 @@ from preclint.modelio import output_tensors
 from preclint.numerics import FP16
 from preclint.observer import Call, Observer
 from preclint.poison import PoisonTracker
+from preclint.trees import flatten, leaves
 
 
 # Ops whose operands get views so that their amplification of incoming error can be read off the
@@ -455,7 +456,7 @@ class ReferenceObserver(Observer):
 
     def _record(self, node: Node, args, kwargs, callee, output) -> None:
         node.input_stats = []
-        for v in tree_flatten((args, kwargs))[0]:
+        for v in flatten(args, kwargs)[0]:
             if isinstance(v, torch.Tensor):
                 known = self.by_id.get(id(self.origin(v)))
                 node.input_stats.append(known[0] if known is not None else tensor_stats(v))
@@ -479,7 +480,7 @@ class ReferenceObserver(Observer):
 
     def _track(self, node: Node, output):
         """Watch the node's float value for the backward passes (a constant becomes a leaf first)."""
-        outputs = [v for v in tree_flatten(output)[0] if isinstance(v, torch.Tensor)]
+        outputs = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
         # (not scalars: models turn them into Python numbers with .item(), which warns on a leaf;
         # nor values the model computes under no_grad, where it wants no gradient)
         if (isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel() > 1

@@ -19,11 +19,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint import ops
 from preclint.capture import (FxRunner, ModelRunError, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
-                              is_leaf, tensors_with_history)
+                              tensors_with_history)
 from preclint.errors import one_line
 from preclint.ir import Graph
 from preclint.modelio import output_tensors
@@ -94,19 +93,6 @@ def tensors(value) -> List[torch.Tensor]:
     """The tensors in a (nested) value: a node's outputs, numbered as the reference pass numbers them
     (dataclasses and ModelOutputs included)."""
     return output_tensors(value)
-
-
-def flatten(args, kwargs):
-    """(leaves, rebuild) of a call's arguments; flat calls (the common case) skip pytree."""
-    if all(map(is_leaf, args)):
-        if not kwargs:
-            return list(args), lambda leaves: (tuple(leaves), {})
-        if all(map(is_leaf, kwargs.values())):
-            keys = list(kwargs)
-            n = len(args)
-            return list(args) + [kwargs[k] for k in keys], lambda leaves: (tuple(leaves[:n]), dict(zip(keys, leaves[n:])))
-    leaves, spec = tree_flatten((args, kwargs))
-    return leaves, lambda new: tree_unflatten(list(new), spec)
 
 
 def invoke(callee, args, kwargs):

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from preclint import ops
 from preclint.ir import DOT_PRODUCT_KINDS, Kind
@@ -38,6 +37,7 @@ from preclint.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format
 from preclint.probe.device import tf32
 from preclint.probe.execute import detached_state
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
+from preclint.trees import flatten, map_tensors
 
 # Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
 # comparisons, decisions, attribute reads such as .dtype) run as they are, on the values they get.
@@ -163,7 +163,7 @@ class ModeRun:
         """A parameter the graph reads as a value (FX get_attr): low-format in a cast model."""
         if self.emulated and self.low is not None and not self.mode.autocast and node.fn == "parameter":
             low = self.low
-            return tree_map(lambda v: v.to(low) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, output)
+            return _map_floats(output, lambda t: t.to(low))
         return output
 
     def after(self, output, decision: Optional[Decision], replay: bool = False):
@@ -172,7 +172,7 @@ class ModeRun:
             return output
         if decision.out_dtype is not None:
             dtype = decision.out_dtype
-            output = tree_map(lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, output)
+            output = _map_floats(output, lambda t: t.to(dtype))
         target = decision.inplace_target
         if target is not None and not replay and isinstance(output, torch.Tensor) and output is not target:
             with torch.no_grad():
@@ -208,7 +208,7 @@ def _first_tensor(args) -> Optional[torch.Tensor]:
 
 
 def _map_floats(value, fn):
-    return tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
+    return map_tensors(lambda t: fn(t) if t.is_floating_point() else t, value)
 
 
 def _map_operands(node, callee, args, kwargs, fn):
@@ -226,7 +226,7 @@ def _map_operands(node, callee, args, kwargs, fn):
 
 
 def _any_reduced(args, kwargs) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in tree_flatten((args, kwargs))[0])
+    return any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in flatten(args, kwargs)[0])
 
 
 def _stored_dtype(node, callee, args, kwargs) -> Optional[torch.dtype]:
@@ -248,7 +248,7 @@ def _stored_dtype(node, callee, args, kwargs) -> Optional[torch.dtype]:
 def _promoted(args, kwargs) -> Optional[torch.dtype]:
     """The float dtype torch's type promotion gives these operands (dimensioned tensors win over
     zero-dimensional ones)."""
-    floats = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    floats = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
     if not floats:
         return None
     ranked = [t for t in floats if t.dim() > 0] or floats

@@ -10,8 +10,9 @@ import torch
 
 from preclint.ir import Kind
 from preclint.observer import Observer
-from preclint.probe.execute import Program, flatten, is_inplace_call, tensors
+from preclint.probe.execute import Program, is_inplace_call, tensors
 from preclint.probe.scalars import Scalars
+from preclint.trees import flatten
 
 
 class ReferenceStore:

@@ -13,8 +13,9 @@ import torch
 from preclint.ir import Kind
 from preclint.modelio import Inputs
 from preclint.observer import Observer
-from preclint.probe.execute import Program, flatten, tensors
+from preclint.probe.execute import Program, tensors
 from preclint.reference import carries_error, hook_gradient
+from preclint.trees import flatten
 
 
 class Sensitivity(Observer):

@@ -270,7 +270,7 @@ class WeightStream:
     def fill_operands(self, args, kwargs, callee) -> None:
         """Fill (for the rest of the run) any empty streamed tensor an op is about to read outside
         its block: a weight the model's code reads from elsewhere."""
-        from preclint.capture import leaves
+        from preclint.trees import leaves
 
         # (the observers call this with the recording paused: reading storages records nothing; the
         # streams' own ops, filling a tensor, are hidden. Hiding every op's check cost 0.1 ms an op.)
