@@ -24,7 +24,6 @@ hardware part; the report says which one it measured.
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
@@ -35,7 +34,7 @@ from preclint.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.modelio import Inputs
 from preclint.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
 from preclint.probe.device import tf32
-from preclint.probe.execute import detached_state
+from preclint.probe.execute import clone_module, detached_state
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
 from preclint.trees import flatten, map_tensors
 
@@ -442,7 +441,7 @@ def _variant(stream, model: torch.nn.Module, change) -> torch.nn.Module:
                 memo[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad)
             else:
                 memo[id(t)] = new
-    return copy.deepcopy(model, memo)
+    return clone_module(model, memo)
 
 
 def _tf32_modules(model: torch.nn.Module, graph) -> set:
