@@ -28,6 +28,13 @@ import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+try:  # (torch's own helpers for its stack of function modes; where a version lacks them, ``busy`` does it)
+    from torch.overrides import _get_current_function_mode as _current_function_mode
+    from torch.overrides import _pop_mode as _pop_function_mode
+    from torch.overrides import _push_mode as _push_function_mode
+except ImportError:  # pragma: no cover
+    _current_function_mode = None
+
 from preclint import autocast_regions, ops
 from preclint.errors import UserError, one_line
 from preclint.findings import Location
@@ -485,6 +492,31 @@ def _property_name(func) -> Optional[str]:
 
 
 
+class _Unrecorded:
+    """The observer's own work, which the recorder passes on unrecorded (``busy``). In a module's
+    hooks the recorder is the running function mode, and every op the observer runs would come back
+    through its ``__torch_function__`` only to be passed on (tens of thousands of calls a pass, each
+    a Python call); so there the recorder leaves torch's mode stack until the observer is done.
+    (Within ``__torch_function__`` torch has taken it off already.)"""
+
+    __slots__ = ("recorder", "popped")
+
+    def __init__(self, recorder: "_Recorder") -> None:
+        self.recorder = recorder
+        self.popped = False
+
+    def __enter__(self) -> None:
+        self.recorder.busy = True
+        if _current_function_mode is not None and _current_function_mode() is self.recorder:
+            _pop_function_mode()
+            self.popped = True
+
+    def __exit__(self, *exc) -> None:
+        if self.popped:
+            _push_function_mode(self.recorder)
+        self.recorder.busy = False
+
+
 class _Recorder(TorchFunctionMode):
     """Records leaf-module calls and top-level torch calls of one eager run."""
 
@@ -555,12 +587,9 @@ class _Recorder(TorchFunctionMode):
         return False
 
     def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
-        self.busy = True
-        try:
+        with _Unrecorded(self):
             _set_reduction_length(node, args, kwargs, callee)
             output = self.observer(node, args, kwargs, callee, output)
-        finally:
-            self.busy = False
         self.nodes.append(node)
         for v in leaves(output):
             if isinstance(v, torch.Tensor):
@@ -580,11 +609,8 @@ class _Recorder(TorchFunctionMode):
         if self.leaf_depth == 0 and ops.is_leaf_module(module):
             kind, fn = ops.classify_module(module)
             probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
-            self.busy = True
-            try:
+            with _Unrecorded(self):
                 args, kwargs = self.observer.before(probe, args, kwargs, module)
-            finally:
-                self.busy = False
             module._preclint_inputs = (args, kwargs, probe)
             self.leaf_depth += 1
             return args, kwargs
@@ -628,11 +654,8 @@ class _Recorder(TorchFunctionMode):
         fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
         kind = ops.classify_function(fn)
         pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
-        self.busy = True
-        try:
+        with _Unrecorded(self):
             args, kwargs = self.observer.before(pending, args, kwargs, func)
-        finally:
-            self.busy = False
         output = func(*args, **kwargs)
         flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
