@@ -3,9 +3,10 @@
 Every pass hands each op's arguments and outputs through these several times, and pytree's general
 walk (a registry lookup and a spec node per container) costs more than recording the op. Nearly
 all of them are plain tuples, lists and dicts of tensors, numbers, slices and None, nested a level
-or two (``torch.cat((a, b), dim=-1)``, ``x[..., :n]``); those are walked here directly, in pytree's
-order (a dict by insertion, as pytree flattens it), and anything else (a namedtuple, a torch.Size,
-a ModelOutput, a registered type) goes to pytree, so the leaves are always pytree's.
+or two (``torch.cat((a, b), dim=-1)``, ``x[..., :n]``, ``x.view(shape)``); those are walked here
+directly, in pytree's order (a dict by insertion, as pytree flattens it), and anything else (a namedtuple, a ModelOutput,
+a registered type) goes to pytree, so the leaves are always pytree's. (Rebuilt, a torch.Size stays a
+Size, as the op was given it; pytree makes it a tuple.)
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 from torch.utils._pytree import SUPPORTED_NODES, tree_flatten, tree_map, tree_unflatten
 
 _CONTAINERS = (list, tuple, dict)
-_PLAIN = (tuple, list, dict)  # exactly these types: their subclasses are registered on their own
+# exactly these types (their subclasses are registered on their own); a torch.Size is a tuple of ints
+_PLAIN = (tuple, list, dict, torch.Size)
 
 
 def is_leaf(value) -> bool:
@@ -45,6 +47,8 @@ def leaves(value) -> list:
         out: list = []
         if _collect(value, out):
             return out
+    elif is_leaf(value):  # a dtype, a device, a number (what a property returns)
+        return [value]
     return tree_flatten(value)[0]
 
 
@@ -53,7 +57,7 @@ def _rebuild(value, it):
     t = type(value)
     if t is dict:
         return {k: _rebuild(v, it) for k, v in value.items()}
-    if t is tuple or t is list:
+    if t is tuple or t is list or t is torch.Size:
         return t(_rebuild(v, it) for v in value)
     return next(it)
 
