@@ -14,9 +14,11 @@ mode, with the ledger of every node. ``--mode``: ``unstreamed`` (whole copies on
 ``streamed`` (one block at a time, probe/stream.py), ``distributed`` (under torchrun: rank 0 checks
 while the other ranks measure the modes, probe/distributed.py).
 
-The probe runs twice in the process (``--repeat``): the figures are the second run's, and the bare work
-is timed after it, so that both find the GPU's libraries and kernels loaded; the first run's times,
-which also pay for loading them, are kept beside (``first_run``).
+The probe runs ``--repeat`` times in the process (default 2) and the bare work ``--repeat`` - 1 times
+after it, so that both find the GPU's libraries and kernels loaded: the figures are the median of the
+probe's runs after the first (by their total) and the median bare work, as a single run of either
+moves by 20% from one run to the next on the GPU machines; every run is kept (``runs``,
+``bare_runs``), and the first one, which also pays for loading the libraries, beside (``first_run``).
 
 The bare work, timed in the same process on the same device: building the model, one float64
 forward (streamed a layer at a time where the float64 copy does not fit) and one forward per mode
@@ -225,13 +227,16 @@ def run(args) -> Dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     # (ranks sharing one GPU stream: two whole copies of the model do not fit beside each other)
     stream = True if args.share_gpu else {"unstreamed": False, "streamed": True}.get(args.mode)
-    cold = None
+    runs = []
     for run_index in range(max(1, args.repeat)):
         if run_index:  # the earlier run's report and copies go before the next one is made
-            cold = cold or (check_s, probe_s)
             del report, result
             release(device)
         report, result, check_s, probe_s = probe(model, ids, device, modes, stream, ranks)
+        runs.append({"check_s": check_s, "probe_s": probe_s, "stages_s": result.timings if result else None})
+    cold = runs[0] if len(runs) > 1 else None
+    typical = median(runs[1:] or runs, key=lambda r: r["check_s"] + r["probe_s"])
+    check_s, probe_s = typical["check_s"], typical["probe_s"]
     peaks = [gpu_peak_gib(device)]
     if ranks is not None:  # every rank's peak GPU memory; then rank 0 alone goes on
         import torch.distributed as dist
@@ -253,9 +258,10 @@ def run(args) -> Dict[str, Any]:
         "build_s": build_s, "check_s": check_s, "probe_s": probe_s, "preclint_s": check_s + probe_s,
         # the process's first run, which also loads the GPU's libraries and kernels (the bare work,
         # timed after the runs, does not): what a one-off `preclint probe` pays on top
-        "first_run": {"check_s": cold[0], "probe_s": cold[1]} if cold else None,
+        "first_run": {"check_s": cold["check_s"], "probe_s": cold["probe_s"]} if cold else None,
         "gpu_peak_gib": max(peaks), "gpu_peak_gib_per_rank": peaks, "host_peak_gib": host_peak_gib(),
-        "streamed": result.environment.get("streamed"), "stages_s": result.timings,
+        "streamed": result.environment.get("streamed"), "stages_s": typical["stages_s"],
+        "runs": [{k: v for k, v in r.items() if k != "stages_s"} for r in runs],
         "errors": {mode: m.error for mode, m in result.modes.items() if m.error},
         "output_rel_error": {mode: m.output.rel_error if m.output else None for mode, m in result.modes.items()},
     }
@@ -264,8 +270,10 @@ def run(args) -> Dict[str, Any]:
     release(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bare = bare_work(model, ids, device, modes)
+    bare_runs = [bare_work(model, ids, device, modes) for _ in range(max(1, args.repeat - 1))]
+    bare = median(bare_runs, key=lambda b: sum(b.values()))
     figures["bare"] = dict(bare, build_s=build_s, gpu_peak_gib=gpu_peak_gib(device))
+    figures["bare_runs"] = [sum(b.values()) for b in bare_runs]
     bare_total = build_s + sum(bare.values())
     figures["bare_s"] = bare_total
     figures["over_bare"] = (build_s + check_s + probe_s) / bare_total
@@ -278,6 +286,11 @@ def run(args) -> Dict[str, Any]:
     shown = {k: v for k, v in figures.items() if k not in ("ledger", "stages_s")}
     print(json.dumps(shown, indent=1))
     return figures
+
+
+def median(items: list, key):
+    """The middle item by ``key`` (the lower middle of an even number)."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
 
 
 def compare(a_path: str, b_path: str) -> int:
@@ -299,8 +312,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--precision", default=",".join(MODES))
     parser.add_argument("--repeat", type=int, default=2,
-                        help="runs of the probe in the process; the figures are the last one's, compared with "
-                             "the bare work timed after it (the first run's times are kept beside them)")
+                        help="runs of the probe in the process (the bare work runs one time fewer); the figures "
+                             "are the median of the runs after the first, and the median bare work")
     parser.add_argument("--share-gpu", action="store_true",
                         help="with --mode distributed on a one-GPU machine: every rank on that GPU (see share_one_gpu)")
     parser.add_argument("--tokens", type=int, help="input length (default: the size's own, 256 for 1b-13b)")

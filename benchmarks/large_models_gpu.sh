@@ -18,27 +18,27 @@ one() {  # name, timeout, arguments
 }
 
 if [ "${PART:-one}" = one ]; then
-  one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed
-  one 1b_streamed 150 python3 benchmarks/large_models.py --size 1b --mode streamed
-  one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed
-  one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed
-  one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed
+  one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --repeat ${REPEAT:-4}
+  one 1b_streamed 150 python3 benchmarks/large_models.py --size 1b --mode streamed --repeat ${REPEAT:-4}
+  one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed --repeat ${REPEAT:-4}
+  one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed --repeat ${REPEAT:-4}
+  one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed --repeat ${REPEAT:-4}
   python3 benchmarks/large_models.py --compare "$RUNS/1b_unstreamed.json" "$RUNS/1b_streamed.json" | head -5 | tee -a "$RUNS/runs.txt"
 elif [ "${PART}" = two ]; then
-  one 7b_distributed 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed
-  one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed
-  one 1b_unstreamed_2048 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --tokens 2048
-  one 7b_streamed_1024 180 python3 benchmarks/large_models.py --size 7b --mode streamed --tokens 1024
+  one 7b_distributed 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed --repeat ${REPEAT:-4}
+  one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed --repeat ${REPEAT:-4}
+  one 1b_unstreamed_2048 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --repeat ${REPEAT:-4} --tokens 2048
+  one 7b_streamed_1024 180 python3 benchmarks/large_models.py --size 7b --mode streamed --repeat ${REPEAT:-4} --tokens 1024
 elif [ "${PART}" = shared ]; then  # PART=shared: two ranks on a one-GPU machine (large_models.py --share-gpu)
-  one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed
-  one 1b_distributed_one_gpu 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 1b --mode distributed --share-gpu
-  one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed
-  one 7b_distributed_one_gpu 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed --share-gpu
+  one 1b_unstreamed 150 python3 benchmarks/large_models.py --size 1b --mode unstreamed --repeat ${REPEAT:-4}
+  one 1b_distributed_one_gpu 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 1b --mode distributed --repeat ${REPEAT:-4} --share-gpu
+  one 7b_streamed 150 python3 benchmarks/large_models.py --size 7b --mode streamed --repeat ${REPEAT:-4}
+  one 7b_distributed_one_gpu 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed --repeat ${REPEAT:-4} --share-gpu
 else  # PART=ranks: one GPU against two on the same machine
-  one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed
-  one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed
-  one 7b_distributed 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed
-  one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed
+  one 7b_unstreamed 150 python3 benchmarks/large_models.py --size 7b --mode unstreamed --repeat ${REPEAT:-4}
+  one 13b_streamed 180 python3 benchmarks/large_models.py --size 13b --mode streamed --repeat ${REPEAT:-4}
+  one 7b_distributed 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 7b --mode distributed --repeat ${REPEAT:-4}
+  one 13b_distributed 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/large_models.py --size 13b --mode distributed --repeat ${REPEAT:-4}
 fi
 mkdir -p "$OUT"
 tar -czf "$OUT/large_models_${PART:-one}.tar.gz" -C "$RUNS" .
