@@ -134,3 +134,19 @@ def test_a_backward_pass_refills_the_weights_and_their_autocast_copies():
     assert torch.equal(grads[0], grads[1])
     # each weight's bfloat16 copy was saved as a reference and made again, not kept
     assert stream.remade >= sum(m.weight.numel() * 4 for m in model if isinstance(m, nn.Linear))
+
+
+def test_nothing_of_a_streamed_probe_outlives_it():
+    """Autograd keeps what the stream's saved-tensor hook returns: a saved output returned as itself
+    would hold its own grad_fn, a cycle through C++ that no collection frees, and with it the stream
+    and every copy it made (in one process, a 7B's streamed probe on an H200 peaked 5.2 GiB higher after
+    three more runs)."""
+    import gc
+
+    model, inputs = llama()
+    _, graph, _ = check(model.eval(), inputs, precisions=("bf16",))
+    for _ in range(2):
+        measure_model(model, inputs, graph, ("bf16",), ProbeOptions(device="cpu", stream=True))
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, WeightStream)]
+    assert not [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]

@@ -321,7 +321,11 @@ class WeightStream:
         if entry is None:
             entry = self._cast_of(t)
             if entry is None:
-                return t
+                # detached: a saved output kept as itself would hold its own grad_fn, a cycle through
+                # autograd's C++ that no collection frees (with the stream and every copy it reaches)
+                # when the graph is not freed by a backward pass; autograd restores the history on unpack
+                with _unseen():
+                    return t.detach()
         with _unseen():
             return _Saved(entry, t.size(), t.stride(), t.storage_offset(), t.dtype)
 
