@@ -491,7 +491,6 @@ def _property_name(func) -> Optional[str]:
     return name if isinstance(name, str) else None
 
 
-
 class _Unrecorded:
     """The observer's own work, which the recorder passes on unrecorded (``busy``). In a module's
     hooks the recorder is the running function mode, and every op the observer runs would come back

@@ -4,13 +4,13 @@ Every pass hands each op's arguments and outputs through these several times, an
 walk (a registry lookup and a spec node per container) costs more than recording the op. Nearly
 all of them are plain tuples, lists and dicts of tensors, numbers, slices and None, nested a level
 or two (``torch.cat((a, b), dim=-1)``, ``x[..., :n]``, ``x.view(shape)``); those are walked here
-directly, in pytree's order (a dict by insertion, as pytree flattens it), and anything else (a namedtuple, a ModelOutput,
-a registered type) goes to pytree, so the leaves are always pytree's. (Rebuilt, a torch.Size stays a
-Size, as the op was given it; pytree makes it a tuple.)
+directly, in pytree's order (a dict by insertion, as pytree flattens it), and anything else (a
+namedtuple, a ModelOutput, a registered type) goes to pytree, so the leaves are always pytree's.
+(Rebuilt, a torch.Size stays a Size, as the op was given it; pytree makes it a tuple.)
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Tuple
 
 import torch
 from torch.utils._pytree import SUPPORTED_NODES, tree_flatten, tree_map, tree_unflatten
@@ -85,8 +85,3 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], value):
         if _collect(value, out):
             return _rebuild(value, iter([fn(v) if isinstance(v, torch.Tensor) else v for v in out]))
     return tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) else v, value)
-
-
-def float_tensors(value) -> List[torch.Tensor]:
-    """The floating-point tensors among ``value``'s leaves."""
-    return [v for v in leaves(value) if isinstance(v, torch.Tensor) and v.is_floating_point()]
