@@ -42,7 +42,7 @@ from preclint.modelio import output_tensors
 from preclint.numerics import FP16
 from preclint.observer import Call, Observer
 from preclint.poison import PoisonTracker
-from preclint.trees import flatten, leaves
+from preclint.trees import flatten
 
 
 # Ops whose operands get views so that their amplification of incoming error can be read off the
@@ -480,7 +480,7 @@ class ReferenceObserver(Observer):
 
     def _track(self, node: Node, output):
         """Watch the node's float value for the backward passes (a constant becomes a leaf first)."""
-        outputs = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
+        outputs = output_tensors(output)  # (as _record took the node's statistics)
         # (not scalars: models turn them into Python numbers with .item(), which warns on a leaf;
         # nor values the model computes under no_grad, where it wants no gradient)
         if (isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel() > 1

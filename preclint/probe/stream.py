@@ -21,13 +21,14 @@ Device memory: the activations the passes keep, plus ``capacity`` blocks of each
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from preclint.ir import Kind
 from preclint.modelio import output_tensors as tensors
+from preclint.trees import leaves
 
 # A container of layers (not of single ops) is split into its layers; any other module is split into
 # its children while it holds more than this share of the model's bytes (a wrapper around the model).
@@ -270,8 +271,6 @@ class WeightStream:
     def fill_operands(self, args, kwargs, callee) -> None:
         """Fill (for the rest of the run) any empty streamed tensor an op is about to read outside
         its block: a weight the model's code reads from elsewhere."""
-        from preclint.trees import leaves
-
         # (the observers call this with the recording paused: reading storages records nothing; the
         # streams' own ops, filling a tensor, are hidden. Hiding every op's check cost 0.1 ms an op.)
         operands = [v for v in leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
