@@ -136,12 +136,14 @@ def test_a_backward_pass_refills_the_weights_and_their_autocast_copies():
     assert stream.remade >= sum(m.weight.numel() * 4 for m in model if isinstance(m, nn.Linear))
 
 
-def test_nothing_of_a_streamed_probe_outlives_it():
+def test_nothing_of_a_streamed_probe_outlives_it(capsys, tiny):
     """Autograd keeps what the stream's saved-tensor hook returns: a saved output returned as itself
     would hold its own grad_fn, a cycle through C++ that no collection frees, and with it the stream
     and every copy it made (in one process, a 7B's streamed probe on an H200 peaked 5.2 GiB higher after
-    three more runs)."""
+    three more runs). `preclint probe` of two models in one process, streamed, leaves none behind."""
     import gc
+
+    from tests.test_probe_cli import run
 
     def alive():  # (by type: isinstance would touch deprecated module attributes, which warn)
         gc.collect()
@@ -149,11 +151,9 @@ def test_nothing_of_a_streamed_probe_outlives_it():
         return ([o for o in found if type(o) is WeightStream],
                 {id(o) for o in found if issubclass(type(o), torch.Tensor) and o.grad_fn is not None})
 
-    model, inputs = llama()
-    _, graph, _ = check(model.eval(), inputs, precisions=("bf16",))
     streams_before, graphs_before = alive()
-    for _ in range(2):
-        measure_model(model, inputs, graph, ("bf16",), ProbeOptions(device="cpu", stream=True))
+    code, _, err = run(capsys, "probe", tiny, tiny, "--device", "cpu", "--precision", "bf16", "--stream", "--exit-zero")
+    assert code == 0, err
     streams_after, graphs_after = alive()
     assert len(streams_after) == len(streams_before)
     assert not graphs_after - graphs_before  # no autograd graph of the probe's passes is left
