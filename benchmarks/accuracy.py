@@ -50,8 +50,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclin
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint, same_fingerprint  # noqa: E402
-from preclint.ir import DecisionMargins, RoundingMargins  # noqa: E402
-from preclint.numerics import AUTOCAST_FP32  # noqa: E402
+from preclint.core.ir import DecisionMargins, RoundingMargins  # noqa: E402
+from preclint.core.numerics import AUTOCAST_FP32  # noqa: E402
 from preclint.probe.rounding import LOW_DTYPES as LOW, round_tf32  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
@@ -193,8 +193,8 @@ def rel_rms(value: torch.Tensor, reference: torch.Tensor) -> float:
 def ranking_units(model: torch.nn.Module) -> List[str]:
     """Module paths of the leaf convs, linears and attention modules: the layers one can put in
     reduced precision alone."""
-    from preclint import ops
-    from preclint.ir import DOT_PRODUCT_KINDS
+    from preclint.capture import ops
+    from preclint.core.ir import DOT_PRODUCT_KINDS
 
     units = []
     for path, module in model.named_modules():
@@ -402,8 +402,8 @@ def describe_machine(device: str) -> Dict[str, Any]:
 def predict_model(entry: ZooModel, modes: Sequence[str] = MODES) -> Dict[str, Any]:
     from preclint.config import Config
     from preclint.engine import CheckOptions, check_model
-    from preclint.ir import DOT_PRODUCT_KINDS
-    from preclint.load import LoadedModel
+    from preclint.core.ir import DOT_PRODUCT_KINDS
+    from preclint.load.loader import LoadedModel
 
     model, inputs = entry.build()
     start = time.perf_counter()

@@ -64,7 +64,7 @@ def main() -> None:
 
     from preclint.config import Config
     from preclint.engine import CheckOptions, check_model
-    from preclint.load import LoadedModel
+    from preclint.load.loader import LoadedModel
     from preclint.report import render
     from preclint.report.html import plotly_js
 

@@ -45,10 +45,10 @@ if __package__ in (None, ""):
 
 from preclint.config import Config  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
-from preclint.load import LoadedModel  # noqa: E402
-from preclint.modelio import Inputs  # noqa: E402
+from preclint.load.loader import LoadedModel  # noqa: E402
+from preclint.load.modelio import Inputs  # noqa: E402
 from preclint.probe import ProbeOptions, probe_report  # noqa: E402
-from preclint.probe.placement import Placement  # noqa: E402
+from preclint.probe.device_copy import Placement  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
 

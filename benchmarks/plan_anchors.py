@@ -96,7 +96,7 @@ def _tv(torchvision, name):
 
 
 def flat(value) -> List[np.ndarray]:
-    from preclint.modelio import output_tensors
+    from preclint.load.modelio import output_tensors
 
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], np.ndarray):
         return [np.asarray(v) for v in value]
@@ -203,9 +203,9 @@ def run_preclint(module, args, tol, fp32_onnx, feeds, flops, reference) -> Dict[
 
     from preclint.config import Config
     from preclint.engine import CheckOptions, check_model
-    from preclint.load import LoadedModel
-    from preclint.plan import Tolerance
-    from preclint.plan_command import build_plan
+    from preclint.load.loader import LoadedModel
+    from preclint.plan.planner import Tolerance
+    from preclint.plan.command import build_plan
     from preclint.policy import onnx_nodes_to_exclude
 
     start = time.perf_counter()
@@ -299,9 +299,9 @@ def measured_in_torch(module, args, policy, tol) -> Dict[str, Any]:
     """A policy applied to the torch model in float16, measured against float64 (CPU float16 kernels
     store every result in float16, as a GPU does; ORT's CPU provider computes many float16 nodes in
     float32 and would flatter every plan)."""
-    from preclint.modelio import Inputs
-    from preclint.plan import Tolerance
-    from preclint.plan_verify import Verifier
+    from preclint.load.modelio import Inputs
+    from preclint.plan.planner import Tolerance
+    from preclint.plan.verify import Verifier
 
     verifier = Verifier(module, Inputs(tuple(args)), "fp16-full", Tolerance(tol["rtol"], tol["atol"]), "cpu")
     run = verifier.run(policy)

@@ -61,10 +61,10 @@ def build(name: str, batch: int) -> Tuple[torch.nn.Module, Callable[[int], tuple
 def make_plan(model, inputs, precision: str, rtol: float, atol_rel: float) -> Dict[str, Any]:
     from preclint.config import Config
     from preclint.engine import CheckOptions, check_model
-    from preclint.load import LoadedModel
-    from preclint.modelio import output_tensors
-    from preclint.plan import Tolerance
-    from preclint.plan_command import build_plan
+    from preclint.load.loader import LoadedModel
+    from preclint.load.modelio import output_tensors
+    from preclint.plan.planner import Tolerance
+    from preclint.plan.command import build_plan
 
     with torch.no_grad():
         outs = [t.double() for t in output_tensors(copy.deepcopy(model).double()(

@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 
 from preclint.config import Config  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
-from preclint.load import LoadedModel  # noqa: E402
+from preclint.load.loader import LoadedModel  # noqa: E402
 from preclint.probe import ProbeOptions, measure_model  # noqa: E402
 from benchmarks.accuracy import describe_machine as machine  # noqa: E402
 

@@ -17,8 +17,8 @@ import traceback
 from typing import List, Optional, Sequence
 
 from preclint import __version__
-from preclint.errors import UserError, one_line
-from preclint.exitcodes import EXIT_ERROR, EXIT_OK, exit_code
+from preclint.core.errors import UserError, one_line
+from preclint.core.exitcodes import EXIT_ERROR, EXIT_OK, exit_code
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                        no_cache=False, unsafe_fixes=False,
                        ledger=True)
 
-    from preclint.plan_command import add_parser as add_plan_parser
+    from preclint.plan.command import add_parser as add_plan_parser
 
     add_plan_parser(sub, _add_model_arguments, _add_output_arguments)
 
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str, args):
-    from preclint.load import load_model
+    from preclint.load.loader import load_model
 
     return load_model(path, model=args.model, input_shapes=args.input_shapes, input_dtype=args.input_dtype,
                       weights=args.weights, seed=args.seed, inputs=args.inputs)
@@ -250,10 +250,10 @@ def _check_distributed(args, config, probe) -> int:
 def _measure_one(path: str, args, config, probe) -> None:
     """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
     which reports any failure (and measures those modes itself)."""
-    from preclint.errors import one_line
+    from preclint.core.errors import one_line
     from preclint.probe import measure_share, place_for_probe, probed, tolerance_of
     from preclint.probe.distributed import Exchange, Measured, share
-    from preclint.usercode import guard
+    from preclint.capture.usercode import guard
 
     exchange = Exchange(probe.ranks)
     try:
@@ -315,7 +315,7 @@ def _check_one(path: str, args, config, options, probe):
     from preclint.engine import check_model
     from preclint.report import Report
     from preclint.source.command import suppress_graph_findings
-    from preclint.usercode import guard
+    from preclint.capture.usercode import guard
 
     guarded = None
     exchange = None
@@ -439,14 +439,14 @@ def _report_error(exc: Exception, debug: bool) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``preclint`` command; ``argv`` None means the process's own arguments (the program itself)."""
-    from preclint.interrupts import say_interrupted
+    from preclint.load.interrupts import say_interrupted
 
     try:
         code = _main(argv)
     except KeyboardInterrupt:  # a SIGINT before or after preclint's handler (parsing, the report's end)
         code = say_interrupted(signal.SIGINT)
     if argv is None:
-        from preclint.usercode import end_if_threads_linger
+        from preclint.capture.usercode import end_if_threads_linger
 
         end_if_threads_linger(code)  # a thread the model's code started must not keep the process alive
     return code
@@ -454,15 +454,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _import_torch() -> None:
     """torch (with numpy) is imported whole or not at all: an interrupt waits until it is in."""
-    from preclint.interrupts import interrupts_deferred
+    from preclint.load.interrupts import interrupts_deferred
 
     with interrupts_deferred():
-        import preclint.load  # noqa: F401  (imports torch)
+        import preclint.load.loader  # noqa: F401  (imports torch)
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
-    from preclint.interrupts import say_interrupted
-    from preclint.usercode import Interrupted, interrupt_signals
+    from preclint.load.interrupts import say_interrupted
+    from preclint.capture.usercode import Interrupted, interrupt_signals
 
     parser = build_parser()
     try:
@@ -473,7 +473,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
-    from preclint import progress
+    from preclint.core import progress
 
     progress.enable(progress.wanted(getattr(args, "quiet", False)))
     try:
@@ -488,7 +488,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             if args.command == "rule":
                 return cmd_rule(args)
             if args.command == "plan":
-                from preclint.plan_command import cmd_plan
+                from preclint.plan.command import cmd_plan
 
                 _import_torch()
                 return cmd_plan(args, _load, _use_color(args))

@@ -33,9 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from preclint.errors import UserError
-from preclint.findings import SEVERITIES
-from preclint.numerics import DEFAULT_MODES, MODES
+from preclint.core.errors import UserError
+from preclint.core.findings import SEVERITIES
+from preclint.core.numerics import DEFAULT_MODES, MODES
 OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "html")
 
 # Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
@@ -77,7 +77,7 @@ class Config:
         if not self.per_file_ignores:
             return False
         rel = self._relative(path)
-        from preclint.source.paths import glob_match
+        from preclint.text.paths import glob_match
 
         return any(
             glob_match(pattern, rel) and any(_matches(s, code) for s in codes)
@@ -164,7 +164,7 @@ def _is_finite_non_negative(value: Any) -> bool:
 
 def check_glob(pattern: str, where: str) -> None:
     """A pattern of ``exclude`` or ``per-file-ignores`` that preclint can match; else a UserError."""
-    from preclint.source.paths import glob_regex
+    from preclint.text.paths import glob_regex
 
     try:
         glob_regex(pattern.strip().replace(os.sep, "/").strip("/"))

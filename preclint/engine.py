@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
-from preclint.degenerate import all_outputs_degenerate, degenerate_note, degenerate_outputs
-from preclint.errors import UserError
-from preclint.findings import Finding
-from preclint.heap import long_lived_frozen
-from preclint.ir import Graph
-from preclint.numerics import MODES
-from preclint.placement import attach_source_locations, display_location, model_location, relativize
+from preclint.reference.degenerate import all_outputs_degenerate, degenerate_note, degenerate_outputs
+from preclint.core.errors import UserError
+from preclint.core.findings import Finding
+from preclint.capture.heap import long_lived_frozen
+from preclint.core.ir import Graph
+from preclint.core.numerics import MODES
+from preclint.locations.attach import attach_source_locations, display_location, model_location, relativize
 from preclint.report import Report
-from preclint.rulebase import RuleContext
+from preclint.rules.base import RuleContext
 
 
 @dataclass
@@ -39,9 +39,9 @@ class CheckOptions:
 
 
 def analyses_needed(rules: Iterable[type], also: Iterable[type] = ()) -> list:
-    """The analyses (preclint.analyses) that write the records ``rules`` read (``Rule.needs``; None:
+    """The analyses (preclint.reference.analyses) that write the records ``rules`` read (``Rule.needs``; None:
     every record) and the records in ``also``, each after those it depends on."""
-    from preclint.analyses import every_analysis, resolve
+    from preclint.reference.analyses import every_analysis, resolve
 
     records: List[type] = []
     for rule in rules:
@@ -61,7 +61,7 @@ def prepare_inputs(inputs, track: bool):
             v.requires_grad_(True)
         return v
 
-    from preclint.modelio import Inputs
+    from preclint.load.modelio import Inputs
 
     return Inputs.of(inputs).map(prep)
 
@@ -72,11 +72,11 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     analyses of the weights."""
     import torch
 
-    from preclint.analyses import WeightAnalysis, every_analysis, resolve
-    from preclint.capture import ModelRunError, capture
-    from preclint.modelio import output_notes
-    from preclint.progress import task
-    from preclint.reference import ReferenceObserver
+    from preclint.reference.analyses import WeightAnalysis, every_analysis, resolve
+    from preclint.capture.graph import ModelRunError, capture
+    from preclint.load.modelio import output_notes
+    from preclint.core.progress import task
+    from preclint.reference.statistics_pass import ReferenceObserver
 
     if analyses is None:
         analyses = resolve(a.record for a in every_analysis())
@@ -131,7 +131,7 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
 
 
 def _describe_inputs(inputs) -> str:
-    from preclint.modelio import Inputs
+    from preclint.load.modelio import Inputs
 
     return Inputs.of(inputs).describe()
 
@@ -175,7 +175,7 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
 def predicted_profile(ctx: RuleContext) -> List[Dict]:
     """Every node's predicted errors in execution order (the picture of the whole model the HTML
     report draws): local and received relative RMS error and share of the output error, per mode."""
-    from preclint.predict import relative_errors
+    from preclint.predict.error_model import relative_errors
 
     received = {mode: relative_errors(ctx.graph, ctx.predictions[mode]) for mode in ctx.modes}
     rows = []
@@ -197,7 +197,7 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
 
 @long_lived_frozen()
 def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
-    from preclint.predict import PREDICTED_ERRORS_NEED, predict
+    from preclint.predict.error_model import PREDICTED_ERRORS_NEED, predict
     from preclint.rules import selected_rules
 
     for mode in options.modes:

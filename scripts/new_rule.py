@@ -19,15 +19,15 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RULES = ROOT / "rules"
+RULES = ROOT / "preclint" / "rules"
 
 GRAPH = '''"""{code} {name}: {summary_line}"""
 from __future__ import annotations
 
-from preclint.findings import percent
-from preclint.ir import Kind
-from preclint.predict import PREDICTED_ERRORS_NEED
-from preclint.rulebase import Example, Rule
+from preclint.core.findings import percent
+from preclint.core.ir import Kind
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED
+from preclint.rules.base import Example, Rule
 
 # The ops the rule looks at (ir.Node.fn) and the predicted local error (relative to the op's RMS)
 # above which it reports one; say why this bound, with the measurement behind it.
@@ -49,7 +49,7 @@ class {cls}(Rule):
     summary = "{summary}"
     severity = "warning"
     precisions = ()  # the modes it concerns; () = all
-    # the analyses' records it reads (preclint.ir: Terms, Gains, Reach, ...): node_figure reads predicted errors
+    # the analyses' records it reads (preclint.core.ir: Terms, Gains, Reach, ...): node_figure reads predicted errors
     needs = PREDICTED_ERRORS_NEED
     why = """
 Why the pattern changes a model's numbers under reduced precision, and by how much.
@@ -82,8 +82,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from preclint.findings import Finding
-from preclint.rulebase import SourceRule
+from preclint.core.findings import Finding
+from preclint.rules.base import SourceRule
 
 API = ("{api}",)  # the qualified names the rule reports
 
@@ -140,9 +140,12 @@ def render(code: str, name: str, summary: str, source: bool = False, api: str = 
     return (SOURCE if source else GRAPH).format(**values)
 
 
-def scaffold(code: str, name: str, summary: str, directory: pathlib.Path = RULES, source: bool = False,
+def scaffold(code: str, name: str, summary: str, directory: "pathlib.Path | None" = None, source: bool = False,
              api: str = "torch.example") -> pathlib.Path:
-    """Write the rule's module into ``directory``; ValueError for a taken or malformed code or name."""
+    """Write the rule's module into ``directory`` (the pack's ``source/`` or ``model/``); ValueError for a
+    taken or malformed code or name."""
+    if directory is None:
+        directory = RULES / ("source" if source else "model")
     from preclint.rules import all_rules, rediscover
 
     if not re.match(r"^PCL[0-9]{3}$", code):

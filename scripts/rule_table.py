@@ -16,7 +16,7 @@ END = "<!-- end rule table -->\n"
 
 def generated_readme(text: str) -> str:
     """``text`` (the README) with the part between the markers replaced by the generated table."""
-    from preclint.rulebase import markdown_table
+    from preclint.rules.base import markdown_table
     from preclint.rules import all_rules
 
     start, end = text.find(BEGIN), text.find(END)

@@ -3,8 +3,8 @@ from typing import Any, Dict, Optional, Sequence
 
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
-from preclint.load import LoadedModel
-from preclint.numerics import DEFAULT_MODES
+from preclint.load.loader import LoadedModel
+from preclint.core.numerics import DEFAULT_MODES
 
 
 def check(module, inputs, precisions: Sequence[str] = DEFAULT_MODES, rtol: Optional[float] = None,

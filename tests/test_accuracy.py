@@ -36,7 +36,7 @@ def test_the_emulated_autocast_runs_in_float32_what_the_predictions_say_it_does(
     autocast runs in float32 (numerics.AUTOCAST_FP32), functions that decompose on the way included."""
     import torch.nn.functional as F
 
-    from preclint.numerics import autocast_policy
+    from preclint.core.numerics import autocast_policy
 
     x = torch.randn(4, 8)
     target = torch.tensor([1, 0, 3, 2])

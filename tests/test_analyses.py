@@ -5,15 +5,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from preclint.analyses import Analysis, DependencyError, every_analysis, resolve, writer_of
-from preclint.analyses.batchnorm import BatchNormAnalysis
-from preclint.analyses.decision_gains import DecisionGainsAnalysis
-from preclint.analyses.margins import DecisionMarginsAnalysis, RoundingMarginsAnalysis
-from preclint.analyses.reach import ReachAnalysis
-from preclint.analyses.received_gains import ReceivedGainsAnalysis
+from preclint.reference.analyses import Analysis, DependencyError, every_analysis, resolve, writer_of
+from preclint.reference.analyses.batchnorm import BatchNormAnalysis
+from preclint.reference.analyses.decision_gains import DecisionGainsAnalysis
+from preclint.reference.analyses.margins import DecisionMarginsAnalysis, RoundingMarginsAnalysis
+from preclint.reference.analyses.reach import ReachAnalysis
+from preclint.reference.analyses.received_gains import ReceivedGainsAnalysis
 from preclint.engine import analyses_needed
-from preclint.ir import BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Reach, Terms
-from preclint.predict import PREDICTED_ERRORS_NEED
+from preclint.core.ir import BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Reach, Terms
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules import all_rules, graph_rules
 from tests.helpers import check
 

@@ -5,8 +5,8 @@ import textwrap
 import pytest
 import torch
 
-from preclint.checkpoints import read_safetensors
-from preclint.load import load_model
+from preclint.load.checkpoints import read_safetensors
+from preclint.load.loader import load_model
 from tests.test_load import fixture, trained_state_dict, user_error  # noqa: F401  (a fixture)
 
 META_MODEL = """

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from preclint.cli import main
-from preclint.errors import UserError
+from preclint.core.errors import UserError
 from preclint.source.baseline import read_baseline, write_output_file
 
 SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())

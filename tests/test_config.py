@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from preclint.config import Config, find_config, known_codes, load_config
-from preclint.errors import UserError
+from preclint.core.errors import UserError
 
 # a family no rule uses, whatever rules are added later
 UNUSED = next(f"PCL{n}" for n in range(9, -1, -1) if not any(c.startswith(f"PCL{n}") for c in known_codes()))

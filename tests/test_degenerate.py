@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from preclint.cli import main
-from preclint.degenerate import degenerate_outputs
+from preclint.reference.degenerate import degenerate_outputs
 from tests.helpers import check
 
 # torchvision's VisionTransformer initialises its head to zero, as vit_b_16 does: every output is 0

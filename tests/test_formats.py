@@ -7,9 +7,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from preclint.findings import ErrorFigure, Finding, Location
+from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render
-from preclint.source.lines import _line_hashes
+from preclint.text.lines import _line_hashes
 
 SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 

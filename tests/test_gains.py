@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from preclint.ir import Gains, Kind, Node
-from preclint.predict import amplification, passed_on, propagated_error
+from preclint.core.ir import Gains, Kind, Node
+from preclint.predict.error_model import amplification, passed_on, propagated_error
 from tests.helpers import check, codes
 
 
@@ -168,7 +168,7 @@ def test_gradient_sums_left_on_the_device_are_the_ones_read_at_once():
     """On a GPU the backward passes' squared products stay on the device until the pass ends
     (reference._Sink defers them); the sums are those read hook by hook, an intended infinity
     (a -inf mask, gradient 0) included, and a sum beyond float32's range taken in float64."""
-    from preclint.reference import _Sink
+    from preclint.reference.statistics_pass import _Sink
 
     generator = torch.Generator().manual_seed(0)
     cases = [

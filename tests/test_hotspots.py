@@ -5,7 +5,7 @@ import torch
 
 from preclint.config import Config
 from preclint.probe import ProbeOptions, apply, measure_model
-from preclint.rules.unflagged_hotspot import UnflaggedHotspot, ordinary_local
+from preclint.rules.model.unflagged_hotspot import UnflaggedHotspot, ordinary_local
 from tests.helpers import check
 
 MODES = ("tf32", "fp16", "bf16")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from preclint.cli import main
-from preclint.findings import ErrorFigure, Finding, Location
+from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import FORMATS, Report, render
 from preclint.report.html import PlanSection, render_many
 

@@ -8,8 +8,8 @@ from torch import nn
 
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
-from preclint.ir import Kind
-from preclint.load import LoadedModel
+from preclint.core.ir import Kind
+from preclint.load.loader import LoadedModel
 from preclint.probe import ProbeOptions, probe_report
 
 

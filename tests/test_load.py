@@ -1,4 +1,4 @@
-"""preclint.load: from a target on the command line to (module, example inputs)."""
+"""preclint.load.loader: from a target on the command line to (module, example inputs)."""
 
 import argparse
 import os
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from preclint.errors import UserError
-from preclint.load import LoadedModel, load_model, parse_input, parse_shape
+from preclint.core.errors import UserError
+from preclint.load.loader import LoadedModel, load_model, parse_input, parse_shape
 
 MODELS = Path(__file__).parent / "models"
 

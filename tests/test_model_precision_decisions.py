@@ -6,11 +6,11 @@ softmax turns into zeros) and module calls counted once in the top contributors.
 """
 import torch
 
-from preclint.capture import capture
-from preclint.numerics import MODES
+from preclint.capture.graph import capture
+from preclint.core.numerics import MODES
 from preclint.probe import ProbeOptions, measure_model
-from preclint.predict import predict_mode
-from preclint.reference import ReferenceObserver
+from preclint.predict.error_model import predict_mode
+from preclint.reference.statistics_pass import ReferenceObserver
 from tests.helpers import check, codes
 
 
@@ -147,7 +147,7 @@ def test_a_region_entered_only_when_autocast_is_on_is_seen():
 
 
 def test_the_emulated_probe_runs_the_region_as_the_code_sets_it():
-    from rules.integer_precision import _angles_autocast_off, _einsum_angles, _rotary
+    from preclint.rules.model.integer_precision import _angles_autocast_off, _einsum_angles, _rotary
 
     def build(region):
         return _rotary(_angles_autocast_off if region else _einsum_angles, length=1024)()

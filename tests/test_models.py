@@ -5,7 +5,7 @@ import pytest
 import torch
 import torchvision
 
-from preclint.ir import DecisionMargins, Kind
+from preclint.core.ir import DecisionMargins, Kind
 from tests.helpers import check, codes
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torchvision
 
-from preclint.ir import Kind
+from preclint.core.ir import Kind
 from tests.helpers import check
 
 

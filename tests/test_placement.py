@@ -4,10 +4,10 @@ import torch
 
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
-from preclint.ir import Gains
-from preclint.load import LoadedModel
+from preclint.core.ir import Gains
+from preclint.load.loader import LoadedModel
 from preclint.probe import ProbeOptions, probe_report
-from preclint.probe.placement import place
+from preclint.probe.device_copy import place
 from tests.test_stream import sequential
 
 MODES = ("fp16", "bf16")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from preclint.cli import main
-from preclint.plan import Planner, Tolerance, Unit, make_plan
+from preclint.plan.planner import Planner, Tolerance, Unit, make_plan
 from preclint.policy import PolicyError, apply_policy, load_policy, onnx_patterns, Kept
 from tests.helpers import check
 from tests.models.plan_culprits import Healthy, OffsetClassifier, RMSHead, WideLayer
@@ -60,7 +60,7 @@ def test_a_tight_tolerance_keeps_a_minimal_set_that_meets_it():
     """bfloat16 against atol=1e-3: several layers must go; dropping any one of them fails again."""
     plan, graph = plan_for(WideLayer(), (torch.randn(8, 64),), "bf16")
     assert plan.keep and plan.meets_tolerance
-    planner = Planner(graph, __import__("preclint.numerics", fromlist=["MODES"]).MODES["bf16"], Tolerance(1e-2, 1e-3))
+    planner = Planner(graph, __import__("preclint.core.numerics", fromlist=["MODES"]).MODES["bf16"], Tolerance(1e-2, 1e-3))
     kept = {Unit(k.module, k.op) for k in plan.keep}
     assert planner.meets(planner.predict(kept))
     for unit in kept:

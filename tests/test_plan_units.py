@@ -10,10 +10,10 @@ import torch
 
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
-from preclint.load import LoadedModel
-from preclint.numerics import MODES
-from preclint.plan import KeepEntry, Planner, Tolerance, Unit
-from preclint.plan_command import build_plan
+from preclint.load.loader import LoadedModel
+from preclint.core.numerics import MODES
+from preclint.plan.planner import KeepEntry, Planner, Tolerance, Unit
+from preclint.plan.command import build_plan
 from preclint.policy import PolicyError, apply_policy, onnx_patterns, Kept
 from tests.models.plan_culprits import Healthy, InlineFrozenNorm, OffsetInputs, TinyVariance, WideLayer
 from tests.test_plan import MODELS, SCHEMA, keeps, plan_for, run
@@ -150,8 +150,8 @@ def test_the_run_without_a_plan_meeting_the_tolerance_empties_the_plan():
     model, x = Healthy().eval(), torch.randn(2, 3, 16, 16)
     loaded = LoadedModel(model, (x,), "model", None)
     report, graph, _ = check_model(loaded, Config(precisions=("fp16",)), CheckOptions(modes=("fp16",), rtol=1e-2, atol=1e-2))
-    from preclint import plan_command
-    from preclint.plan import make_plan
+    from preclint.plan import command as plan_command
+    from preclint.plan.planner import make_plan
 
     plan = make_plan(graph, "fp16", Tolerance(1e-2, 1e-2), "model", report.findings)
     plan.keep = [KeepEntry("conv1", None, "accuracy", 0.5, 0.4)]  # as a pessimistic prediction would

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from preclint.errors import UserError
-from preclint.numerics import C_INPUT
-from preclint.predict import terms_rms
+from preclint.core.errors import UserError
+from preclint.core.numerics import C_INPUT
+from preclint.predict.error_model import terms_rms
 from preclint.probe import ProbeOptions, apply, measure_model
 from preclint.probe.rounding import round_tf32
 from tests.helpers import check
@@ -262,7 +262,7 @@ def test_tf32_rounding_is_to_nearest_even_with_10_mantissa_bits():
 
 
 def test_overflow_under_fp16_is_measured_and_confirms_pcl101():
-    from preclint.rules.fp16_overflow import Fp16Overflow
+    from preclint.rules.model.fp16_overflow import Fp16Overflow
 
     model, inputs = Fp16Overflow.bad[0].build()
     report, graph, ctx, result = probe(model, inputs, modes=("fp16", "bf16"))
@@ -277,7 +277,7 @@ def test_overflow_under_fp16_is_measured_and_confirms_pcl101():
 
 
 def test_decision_flips_are_measured_for_pcl301():
-    from preclint.rules.decision_flip import DecisionFlip
+    from preclint.rules.model.decision_flip import DecisionFlip
 
     model, inputs = DecisionFlip.bad[0].build()
     report, graph, ctx, result = probe(model, inputs, modes=("bf16",))
@@ -297,7 +297,7 @@ def test_decision_flips_are_measured_for_pcl301():
 
 
 def test_pcl001_gets_the_smallest_passing_tolerance():
-    from rules.output_tolerance import OutputTolerance
+    from preclint.rules.model.output_tolerance import OutputTolerance
 
     model, inputs = OutputTolerance.bad[0].build()
     report, graph, ctx, result = probe(model, inputs, modes=("fp16-full",), rtol=1e-3, atol=1e-5)
@@ -535,8 +535,8 @@ def test_a_sum_of_batch_norm_branches_overflows_as_autocast_runs_it():
 def test_a_frozen_batch_norm_stores_float32_under_autocast_as_type_promotion_does():
     from torchvision.ops import FrozenBatchNorm2d
 
-    from preclint.numerics import MODES
-    from preclint.predict import node_format
+    from preclint.core.numerics import MODES
+    from preclint.predict.error_model import node_format
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 1), FrozenBatchNorm2d(4)).eval()
@@ -562,7 +562,7 @@ def test_a_frozen_batch_norm_stores_float32_under_autocast_as_type_promotion_doe
 
 
 def test_a_run_without_flips_refutes_only_a_rate_under_which_that_was_unlikely():
-    from preclint.findings import ErrorFigure
+    from preclint.core.findings import ErrorFigure
     from preclint.probe.verdict import _no_flips
 
     # keypointrcnn's box widths: 3.4% of 12 values predicted to move; no flip is the likelier run (66%)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from preclint.numerics import C_INPUT
-from preclint.predict import terms_rms
+from preclint.core.numerics import C_INPUT
+from preclint.predict.error_model import terms_rms
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from preclint import progress
+from preclint.core import progress
 from preclint.cli import main
 
 NET = """\

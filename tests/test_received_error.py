@@ -8,8 +8,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from preclint.ir import ReceivedGains
-from preclint.predict import relative_errors
+from preclint.core.ir import ReceivedGains
+from preclint.predict.error_model import relative_errors
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import jsonschema
 
-from preclint.exitcodes import exit_code
-from preclint.findings import ErrorFigure, Finding, Location
+from preclint.core.exitcodes import exit_code
+from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render, review_place
 
 SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"

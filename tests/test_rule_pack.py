@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from preclint import rulebase
+from preclint.rules import base as rulebase
 from preclint.rules import all_rules, graph_rules, rule_modules, rules_of, source_rules
-from preclint.rulebase import MEASURED_AS, Rule, SourceRule
+from preclint.rules.base import MEASURED_AS, Rule, SourceRule
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CODE = re.compile(r"^PCL[0-9]{3}$")
@@ -21,11 +21,21 @@ CODE = re.compile(r"^PCL[0-9]{3}$")
 @pytest.mark.parametrize("name", rule_modules())
 def test_every_rule_module_registers_a_rule(name):
     module = importlib.import_module(f"preclint.rules.{name}")
-    assert rules_of(module), f"rules/{name}.py defines no Rule or SourceRule with a code"
+    assert rules_of(module), f"preclint/rules/{name.replace('.', '/')}.py defines no Rule or SourceRule with a code"
+
+
+@pytest.mark.parametrize("name", rule_modules())
+def test_a_rule_module_holds_one_rule_named_after_it(name):
+    """``fp16-overflow`` lives in ``model/fp16_overflow.py``: a rule is found by its name."""
+    (rule,) = rules_of(importlib.import_module(f"preclint.rules.{name}"))
+    assert name.split(".")[-1] == rule.name.replace("-", "_")
+    assert name.split(".")[0] == ("source" if issubclass(rule, SourceRule) else "model")
 
 
 def test_every_module_file_of_the_pack_is_found():
-    files = sorted(p.stem for p in (ROOT / "rules").glob("*.py") if not p.stem.startswith("_"))
+    pack = ROOT / "preclint" / "rules"
+    files = sorted(f"{p.parent.name}.{p.stem}" for kind in ("model", "source") for p in (pack / kind).glob("*.py")
+                   if not p.stem.startswith(("_", "__")))
     assert files == rule_modules()
 
 
@@ -38,7 +48,7 @@ def test_codes_and_names_are_unique():
 
 
 def test_declared_values_are_known():
-    from preclint.numerics import MODES
+    from preclint.core.numerics import MODES
 
     for rule in graph_rules():
         assert rule.measured_as in MEASURED_AS, rule.code
@@ -78,5 +88,6 @@ def _code_literals(path: pathlib.Path):
 
 def test_no_code_outside_the_pack_names_a_rule_code():
     found = [f"{path.relative_to(ROOT)}:{line}: {code}"
-             for path in sorted((ROOT / "preclint").rglob("*.py")) for line, code in _code_literals(path)]
+             for path in sorted((ROOT / "preclint").rglob("*.py")) if path.relative_to(ROOT).parts[1:3] not in (("rules", "model"), ("rules", "source"))
+             for line, code in _code_literals(path)]
     assert not found, "engine code must read declared rule attributes, not rule codes: " + ", ".join(found)

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from benchmarks.accuracy import run as run_mode
-from preclint.ir import Kind, Node, TensorStats
-from preclint.numerics import MODES
-from preclint.predict import accumulation_error, exact_integers, node_format, tensor_core_tf32
-from preclint.rules.amplification import ErrorAmplification
-from preclint.rules.cancellation import Cancellation
-from preclint.rules.constants import UnrepresentableConstant
-from preclint.rules.integer_precision import IntegerPrecision
-from preclint.rules.reductions import LowPrecisionReduction
-from preclint.rules.statistics import LowPrecisionStatistics
+from preclint.core.ir import Kind, Node, TensorStats
+from preclint.core.numerics import MODES
+from preclint.predict.error_model import accumulation_error, exact_integers, node_format, tensor_core_tf32
+from preclint.rules.model.error_amplification import ErrorAmplification
+from preclint.rules.model.cancellation import Cancellation
+from preclint.rules.model.unrepresentable_constant import UnrepresentableConstant
+from preclint.rules.model.integer_precision import IntegerPrecision
+from preclint.rules.model.low_precision_reduction import LowPrecisionReduction
+from preclint.rules.model.low_precision_statistics import LowPrecisionStatistics
 from tests.helpers import check, check_example
 
 PACK = ("PCL102", "PCL104", "PCL201", "PCL202", "PCL203", "PCL204")

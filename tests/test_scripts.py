@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import preclint.rules
-from preclint.rulebase import markdown_table
+from preclint.rules.base import markdown_table
 from preclint.rules import all_rules
 from tests.test_rule_examples import assert_example
 
@@ -34,8 +34,12 @@ def test_the_readme_rule_table_is_generated_from_the_rules():
 
 @pytest.fixture
 def scratch_pack(tmp_path, monkeypatch):
-    """A directory the rule pack also walks, for rules scaffolded during a test."""
-    monkeypatch.setattr(preclint.rules, "__path__", list(preclint.rules.__path__) + [str(tmp_path)])
+    """A directory the rule pack also walks (``model/`` and ``source/`` in it), for rules scaffolded
+    during a test."""
+    for kind in preclint.rules.KINDS:
+        package = importlib.import_module(f"preclint.rules.{kind}")
+        (tmp_path / kind).mkdir()
+        monkeypatch.setattr(package, "__path__", list(package.__path__) + [str(tmp_path / kind)])
     preclint.rules.rediscover()
     before = set(sys.modules)
     yield tmp_path
@@ -48,7 +52,7 @@ def scratch_pack(tmp_path, monkeypatch):
 
 def test_a_scaffolded_graph_rule_is_discovered_and_its_examples_pass(scratch_pack):
     new_rule = _script("new_rule")
-    path = new_rule.scaffold("PCL298", "scaffolded-check", "A scaffolded rule.", directory=scratch_pack)
+    path = new_rule.scaffold("PCL298", "scaffolded-check", "A scaffolded rule.", directory=scratch_pack / "model")
     assert path.name == "scaffolded_check.py"
     rule = all_rules()["PCL298"]
     assert rule.why.strip() and rule.example.strip() and rule.fix.strip()
@@ -63,7 +67,7 @@ def test_a_scaffolded_source_rule_is_discovered_and_its_snippets_pass(scratch_pa
     from preclint.source.run import check_text
 
     new_rule = _script("new_rule")
-    new_rule.scaffold("PCL598", "scaffolded-source", "A scaffolded source rule.", directory=scratch_pack,
+    new_rule.scaffold("PCL598", "scaffolded-source", "A scaffolded source rule.", directory=scratch_pack / "source",
                       source=True, api="torch.testing.assert_allclose")
     rule = all_rules()["PCL598"]
     for snippet in rule.invalid:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from preclint.errors import UserError
-from preclint.source.discover import discover
-from preclint.source.paths import glob_match
+from preclint.core.errors import UserError
+from preclint.text.discover import discover
+from preclint.text.paths import glob_match
 
 TREE = {
     "pkg/a.py": "x = 1\n",

@@ -164,7 +164,7 @@ def test_the_guard_measures_a_broken_flat_file_without_tokenize(monkeypatch):
     # The guard's own scan stops as soon as a statement is past the budget.
     import tokenize
 
-    from preclint.source import guard, lexical
+    from preclint.text import guard, lexical
 
     def refuse(*args, **kwargs):
         raise AssertionError("the guard asked tokenize")
@@ -182,7 +182,7 @@ def test_the_guard_measures_a_broken_flat_file_without_tokenize(monkeypatch):
 
 
 def test_a_measurement_that_fails_is_a_file_preclint_cannot_check(monkeypatch):
-    from preclint.source import guard
+    from preclint.text import guard
     from preclint.source.run import check_text
 
     def broken(*args, **kwargs):
@@ -194,7 +194,7 @@ def test_a_measurement_that_fails_is_a_file_preclint_cannot_check(monkeypatch):
 
 
 def test_comments_are_found_in_strings_free_text_and_broken_files():
-    from preclint.source import lexical
+    from preclint.text import lexical
 
     text = 'a = f"#no" \'#no\'  # one\r\nb = """\n# no\n"""  # two\rc = (1,  # three\n  2 \'unterminated # four\n'
     assert [(c.line, c.column, c.text) for c in lexical.comments(text)] == [

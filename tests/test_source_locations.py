@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import textwrap
 
-from preclint.findings import Location
-from preclint.source.locations import definition_location, locate_calls, locate_definitions
+from preclint.core.findings import Location
+from preclint.locations.definitions import definition_location, locate_calls, locate_definitions
 
 MODEL = textwrap.dedent(
     """\

@@ -10,7 +10,7 @@ from preclint.config import Config
 from preclint.rules import source_rules
 from preclint.source.fix import fix_file
 from preclint.source.run import check_source, check_text, selected_rules
-from preclint.source.sourcefile import SourceFile
+from preclint.text.sourcefile import SourceFile
 
 RULES = source_rules()
 # snippets are checked as a library module (not a test, not a script), the strictest setting

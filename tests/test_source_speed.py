@@ -11,10 +11,10 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from preclint.config import Config
-from preclint.source.index import descendants
-from preclint.source.positions import Positions
+from preclint.text.index import descendants
+from preclint.text.positions import Positions
 from preclint.source.run import _active, check_paths, selected_rules, wanted
-from preclint.source.sourcefile import SourceFile
+from preclint.text.sourcefile import SourceFile
 from preclint.source.suppress import apply_suppressions, file_directives, may_name_preclint, parse_directives
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from preclint.findings import Finding, Location
+from preclint.core.findings import Finding, Location
 from preclint.source.run import check_text
 from preclint.source.suppress import apply_suppressions, parse_directives
 

@@ -1,4 +1,4 @@
-"""preclint.trees walks plain containers itself and must give exactly pytree's leaves, order and
+"""preclint.capture.trees walks plain containers itself and must give exactly pytree's leaves, order and
 structure, and hand anything else to pytree."""
 from collections import OrderedDict, namedtuple
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from preclint.trees import flatten, leaves, map_tensors
+from preclint.capture.trees import flatten, leaves, map_tensors
 
 
 def structure(value):

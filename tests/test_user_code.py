@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from preclint.errors import UserError
-from preclint.usercode import guard
+from preclint.core.errors import UserError
+from preclint.capture.usercode import guard
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +99,7 @@ def _run(argv, cwd, **kwargs):
 
 def test_hard_stop_when_the_code_never_lets_go(tmp_path):
     script = textwrap.dedent("""
-        from preclint import usercode
+        from preclint.capture import usercode
         usercode.HARD_STOP_GRACE = 0.5
         with usercode.guard("model.py", 0.2):
             while True:
@@ -190,8 +190,8 @@ def test_sigint_exits_130_and_sigterm_143_with_one_line(tmp_path):
 
 def test_an_interrupt_during_a_deferred_import_is_delivered_after_it():
     # numpy cut halfway by a SIGINT cannot be imported again in the process: imports of torch wait for it
-    from preclint.interrupts import interrupts_deferred
-    from preclint.usercode import Interrupted, interrupt_signals
+    from preclint.load.interrupts import interrupts_deferred
+    from preclint.capture.usercode import Interrupted, interrupt_signals
 
     done = []
     # a process started in the background (CI under nohup or `&`) begins with SIGINT ignored: the

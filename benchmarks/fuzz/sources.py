@@ -440,7 +440,7 @@ def check_api(case: SourceCase, directory: str) -> Checked:
         from benchmarks.fuzz.oracle import _innermost
 
         return Checked(Verdict("crash", text.strip().splitlines()[-1][:200], f"crash: check_file {_innermost(text)}"))
-    from preclint.source.sourcefile import SourceFile
+    from preclint.text.sourcefile import SourceFile
 
     try:
         lines = SourceFile.read(path, "target.py").text.splitlines() if findings else []

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from preclint.errors import UserError, one_line
-from preclint.heap import long_lived_frozen
+from preclint.core.errors import UserError, one_line
+from preclint.capture.heap import long_lived_frozen
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 
@@ -38,7 +38,7 @@ class ProbeOptions:
     ranks: Any = None  # distributed.Ranks under torchrun: rank 0 checks, the others measure the modes
     # on rank 0, the distributed.Exchange of the model being checked: the other ranks' measurements
     exchange: Any = field(default=None, compare=False, repr=False)
-    bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.progress) for the stages
+    bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.core.progress) for the stages
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
@@ -52,7 +52,7 @@ class _Clock:
         self.device = device
         self.timings = timings
         self.sync = sync
-        self.bar = bar  # a progress bar (preclint.progress) that shows the stage
+        self.bar = bar  # a progress bar (preclint.core.progress) that shows the stage
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -77,8 +77,8 @@ class _Clock:
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
                   tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
-    of positional inputs, or :class:`~preclint.modelio.Inputs` with keywords); ``options.bar``, a
-    progress bar (preclint.progress), follows the stages."""
+    of positional inputs, or :class:`~preclint.load.modelio.Inputs` with keywords); ``options.bar``, a
+    progress bar (preclint.core.progress), follows the stages."""
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
@@ -140,8 +140,8 @@ def _graph_to_record(module, inputs, name: str):
     """Where ``measure_model`` is given no graph (a rank measuring beside the check, distributed.py):
     the graph torch.fx traces, as the check's capture does first (no run), or an empty eager one
     that the float64 reference pass records (ProbeSession._recorded_graph). Either has no statistics."""
-    from preclint.capture import capture_fx
-    from preclint.ir import Graph
+    from preclint.capture.graph import capture_fx
+    from preclint.core.ir import Graph
 
     traced: list = []
     try:
@@ -298,7 +298,7 @@ class ProbeSession:
         """The graph the passes run on, completed by the reference pass: an eager recording's nodes
         are that run's, and every node gets its values' shapes (what the modes read of the check's
         statistics: a product's rows, a value's size)."""
-        from preclint.ir import Graph, TensorStats
+        from preclint.core.ir import Graph, TensorStats
 
         graph, program = self.setting.graph, self.copies.program
         if not program.is_fx:
@@ -448,7 +448,7 @@ def _release(device) -> None:
 
 def _move(inputs, device, dtype):
     """The inputs on ``device``; with ``dtype``, floating ones in it (token ids and masks stay)."""
-    from preclint.modelio import Inputs
+    from preclint.load.modelio import Inputs
     from preclint.probe.execute import to_device
 
     def move(v):
@@ -476,9 +476,9 @@ def _failure(name: str, what: str, device, exc: BaseException) -> str:
 def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> None:
     """Put the measurements into ``report``: measured figures and statuses, the findings of the rules
     that judge measurements (Rule.check_probe), notes, environment."""
-    from preclint.degenerate import all_outputs_degenerate
-    from preclint.findings import Finding
-    from preclint.placement import attach_source_locations, relativize
+    from preclint.reference.degenerate import all_outputs_degenerate
+    from preclint.core.findings import Finding
+    from preclint.locations.attach import attach_source_locations, relativize
     from preclint.probe.ledger import node_row
     from preclint.probe.verdict import judge, probe_notes, summary_entries
     from preclint.rules import rules_to_run
@@ -532,7 +532,7 @@ def place_for_probe(loaded, options: ProbeOptions):
     (placement.py); None where the reference pass stays on the CPU."""
     from preclint.probe.device import is_out_of_memory, select_device
     from preclint.probe.execute import one_line
-    from preclint.probe.placement import place
+    from preclint.probe.device_copy import place
 
     device = select_device(options.device)
     try:
@@ -559,7 +559,7 @@ def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, plac
     ``placement`` made one) and put the results into ``report``. Under torchrun (``options.ranks``)
     this is rank 0, which takes the other ranks' measurements from ``options.exchange``
     (distributed.Exchange) and measures only what they could not."""
-    from preclint.progress import task
+    from preclint.core.progress import task
 
     tolerance = tolerance_of(ctx.rtol, ctx.atol)
     module, inputs = probed(loaded, placement)

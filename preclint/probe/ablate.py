@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from preclint.ir import Kind
-from preclint.modelio import Inputs
-from preclint.observer import Observer
+from preclint.core.ir import Kind
+from preclint.load.modelio import Inputs
+from preclint.capture.observer import Observer
 from preclint.probe.execute import Program, tensors
 from preclint.probe.ledger import ModeMeasure
 from preclint.probe.readback import Pending

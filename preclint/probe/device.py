@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 
-from preclint.errors import UserError
+from preclint.core.errors import UserError
 
 
 def select_device(choice: str) -> torch.device:

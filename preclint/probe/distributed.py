@@ -52,7 +52,7 @@ def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:
     import torch
     import torch.distributed as dist
 
-    from preclint.errors import UserError
+    from preclint.core.errors import UserError
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

@@ -20,13 +20,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.fx as fx
 
-from preclint import ops
-from preclint.capture import (FxRunner, ModelRunError, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
+from preclint.capture import ops
+from preclint.capture.graph import (FxRunner, ModelRunError, capture_function_mode, fx_arguments, is_inplace_call,  # noqa: F401
                               tensors_with_history)
-from preclint.errors import one_line
-from preclint.ir import Graph
-from preclint.modelio import output_tensors
-from preclint.observer import Observer
+from preclint.core.errors import one_line
+from preclint.core.ir import Graph
+from preclint.load.modelio import output_tensors
+from preclint.capture.observer import Observer
 
 
 class _Tracer(fx.Tracer):

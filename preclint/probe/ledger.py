@@ -126,7 +126,7 @@ def node_row(graph, ctx, result: ProbeResult, name: str) -> Dict[str, Any]:
     node = graph[name]
     location = None
     if node.location is not None:
-        from preclint.placement import display_location
+        from preclint.locations.attach import display_location
 
         location = display_location(node.location).as_dict()
     row: Dict[str, Any] = {

@@ -29,14 +29,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from preclint import ops
-from preclint.ir import DOT_PRODUCT_KINDS, Kind
-from preclint.modelio import Inputs
-from preclint.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
+from preclint.capture import ops
+from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.load.modelio import Inputs
+from preclint.core.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
 from preclint.probe.device import tf32
 from preclint.probe.execute import clone_module, detached_state
 from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
-from preclint.trees import flatten, map_tensors
+from preclint.capture.trees import flatten, map_tensors
 
 # Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
 # comparisons, decisions, attribute reads such as .dtype) run as they are, on the values they get.

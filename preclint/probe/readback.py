@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from preclint.ir import DOT_PRODUCT_KINDS
-from preclint.numerics import C_INPUT
-from preclint.predict import terms_rms
+from preclint.core.ir import DOT_PRODUCT_KINDS
+from preclint.core.numerics import C_INPUT
+from preclint.predict.error_model import terms_rms
 from preclint.probe.detections import Comparison
 from preclint.probe.detections import compare as compare_detections
 from preclint.probe.execute import tensors

@@ -8,11 +8,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from preclint.ir import Kind
-from preclint.observer import Observer
+from preclint.core.ir import Kind
+from preclint.capture.observer import Observer
 from preclint.probe.execute import Program, is_inplace_call, tensors
 from preclint.probe.scalars import Scalars
-from preclint.trees import flatten
+from preclint.capture.trees import flatten
 
 
 class ReferenceStore:

@@ -10,12 +10,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from preclint.ir import Kind
-from preclint.modelio import Inputs
-from preclint.observer import Observer
+from preclint.core.ir import Kind
+from preclint.load.modelio import Inputs
+from preclint.capture.observer import Observer
 from preclint.probe.execute import Program, tensors
-from preclint.reference import carries_error, hook_gradient
-from preclint.trees import flatten
+from preclint.reference.statistics_pass import carries_error, hook_gradient
+from preclint.capture.trees import flatten
 
 
 class Sensitivity(Observer):

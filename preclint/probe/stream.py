@@ -26,9 +26,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
-from preclint.ir import Kind
-from preclint.modelio import output_tensors as tensors
-from preclint.trees import leaves
+from preclint.core.ir import Kind
+from preclint.load.modelio import output_tensors as tensors
+from preclint.capture.trees import leaves
 
 # A container of layers (not of single ops) is split into its layers; any other module is split into
 # its children while it holds more than this share of the model's bytes (a wrapper around the model).

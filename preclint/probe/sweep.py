@@ -11,17 +11,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from preclint.errors import one_line
-from preclint.ir import DecisionMargins, Kind
-from preclint.modelio import Inputs
-from preclint.observer import Observer
+from preclint.core.errors import one_line
+from preclint.core.ir import DecisionMargins, Kind
+from preclint.load.modelio import Inputs
+from preclint.capture.observer import Observer
 from preclint.probe.detections import changed_decisions, detection_tensor_ids
 from preclint.probe.execute import Producers, Program, invoke, is_inplace_call, tensors
 from preclint.probe.modes import ModeRun
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.rounding import REDUCED_FLOATS
 from preclint.probe.scalars import Scalars, difference, error_dtype
-from preclint.trees import flatten
+from preclint.capture.trees import flatten
 
 # ops that keep the value they are given (casts, clamps to a format's range): a precision may add them
 _VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone",

@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Set
 
-from preclint.findings import ErrorFigure, Finding, percent, sci
-from preclint.ir import DecisionMargins
+from preclint.core.findings import ErrorFigure, Finding, percent, sci
+from preclint.core.ir import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
 
 CONFIRM_FRACTION = 1.0 / 3.0
@@ -36,9 +36,9 @@ NO_FLIPS_UNLIKELY = 0.05
 def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfinite: Set[str],
           degenerate: bool = False) -> None:
     """Fill ``measured`` and ``status`` of each finding the probe can measure. ``degenerate``: the
-    output is all zero or rounding residue (preclint.degenerate), and its relative error is
+    output is all zero or rounding residue (preclint.reference.degenerate), and its relative error is
     noise over noise: not reported."""
-    from preclint.rulebase import Rule
+    from preclint.rules.base import Rule
     from preclint.rules import all_rules
 
     rules = all_rules()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from preclint.config import OUTPUT_FORMATS as FORMATS  # one list, which the config validates
-from preclint.report.model import Report, review_place
+from preclint.report.document import Report, review_place
 
 __all__ = ["FORMATS", "Report", "render", "render_reports", "review_place"]
 

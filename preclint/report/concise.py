@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from preclint.report.model import Report, is_refuted, merged, moved_note, review_place
+from preclint.report.document import Report, is_refuted, merged, moved_note, review_place
 
 
 def finding_line(finding, model: str = "", placed: bool = False) -> str:

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from preclint.findings import percent, sci
-from preclint.report.model import Report, is_refuted, ranked_ledger
+from preclint.core.findings import percent, sci
+from preclint.report.document import Report, is_refuted, ranked_ledger
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from preclint.findings import severity_rank
-from preclint.report.model import Report, failure_line, is_refuted, merged, review_place
+from preclint.core.findings import severity_rank
+from preclint.report.document import Report, failure_line, is_refuted, merged, review_place
 from preclint.report.concise import finding_line
 
 LEVELS = {"error": "error", "warning": "warning", "info": "notice"}

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from preclint import __version__
-from preclint.errors import UserError
-from preclint.findings import Finding, Location, percent, sci
-from preclint.report.model import Report, failure_line, is_refuted
+from preclint.core.errors import UserError
+from preclint.core.findings import Finding, Location, percent, sci
+from preclint.report.document import Report, failure_line, is_refuted
 
 SNIPPET_CONTEXT = 2  # lines shown above and below a finding's line
 DIGITS = 4  # significant digits of the numbers in the page's data: more would print noise as signal

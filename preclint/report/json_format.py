@@ -6,7 +6,7 @@ import math
 from typing import Sequence
 
 from preclint import __version__
-from preclint.report.model import Report, top_ledger
+from preclint.report.document import Report, top_ledger
 
 
 def _number(value):

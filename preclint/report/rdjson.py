@@ -17,9 +17,9 @@ import json
 import os
 from typing import Sequence
 
-from preclint.report.model import Report, failure_line, is_refuted, merged, moved_note, review_place
+from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.report.concise import finding_line
-from preclint.source.lines import utf8_column
+from preclint.text.lines import utf8_column
 
 SEVERITIES = {"error": "ERROR", "warning": "WARNING", "info": "INFO"}
 

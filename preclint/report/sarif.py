@@ -23,8 +23,8 @@ import math
 from typing import Sequence
 
 from preclint import __version__
-from preclint.report.model import Report, failure_line, is_refuted, merged, moved_note, review_place
-from preclint.source.lines import line_text, primary_location_line_hash
+from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
+from preclint.text.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
@@ -50,7 +50,7 @@ def _markdown(rule) -> str:
 
 
 def _rule_descriptor(rule) -> dict:
-    from preclint.rulebase import SourceRule
+    from preclint.rules.base import SourceRule
 
     source = isinstance(rule, type) and issubclass(rule, SourceRule)
     tags = ["precision", FAMILIES.get(rule.code[3:4], "other")] + list(rule.precisions)

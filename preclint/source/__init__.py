@@ -1,11 +1,9 @@
-"""Source side of preclint: libcst locations for graph findings, the source-only rules' machinery,
-suppression comments, fixes and baselines. Nothing in this package imports torch or the checked code.
+"""The source-only check: running the source rules over files, suppression comments, fixes, baselines
+and the cache. Nothing in this package imports torch or the checked code (reading the files is
+preclint.text's job).
 
 The entry points other parts of preclint call:
 
-    locate_definitions(path) -> {(class name, attribute): Location}       preclint.source.locations
-    definition_location(path, class_name, attr) -> Optional[Location]
-    locate_calls(path) -> {(class name, attribute): [Location, ...]}
     apply_suppressions(findings, report_unused, checked_codes=None, files=(), texts=None) -> [Finding]
     run_source_only(paths, config, fix=..., diff=..., baseline=..., write_baseline=...) -> exit code
     check_text(text, path) / check_file(filename) -> [Finding]      preclint.source.run (one file,
@@ -18,10 +16,6 @@ from __future__ import annotations
 
 def __getattr__(name):
     # lazy, so that importing one submodule does not import them all
-    if name in ("locate_definitions", "definition_location", "locate_calls"):
-        from preclint.source import locations
-
-        return getattr(locations, name)
     if name == "apply_suppressions":
         from preclint.source.suppress import apply_suppressions
 
@@ -34,8 +28,4 @@ def __getattr__(name):
         from preclint.source import run
 
         return getattr(run, name)
-    if name == "SourceFile":
-        from preclint.source.sourcefile import SourceFile
-
-        return SourceFile
     raise AttributeError(name)

@@ -19,9 +19,9 @@ import sys
 from collections import Counter
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from preclint.errors import UserError
-from preclint.findings import Finding
-from preclint.source.lines import line_text
+from preclint.core.errors import UserError
+from preclint.core.findings import Finding
+from preclint.text.lines import line_text
 
 FORMAT = "preclint-baseline"
 VERSION = 1
@@ -117,7 +117,7 @@ def write_output_file(filename: str, text: str, what: str) -> None:
         if stat.S_ISDIR(info.st_mode):
             raise UserError(f"{filename}: is a directory; name a file for the {what}")
         if stat.S_ISREG(info.st_mode):
-            from preclint.source.safe_io import write_atomic
+            from preclint.text.safe_io import write_atomic
 
             write_atomic(filename, text)
         else:

@@ -30,7 +30,7 @@ import platform
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from preclint.findings import Finding, Location
+from preclint.core.findings import Finding, Location
 from preclint.source.suppress import Directive
 
 FORMAT = 2
@@ -162,7 +162,7 @@ class Cache:
         """Write the cache; a cache that cannot be written is no error (a read-only home, a full disk)."""
         if not self._changed or self.filename is None:
             return
-        from preclint.source.safe_io import write_atomic
+        from preclint.text.safe_io import write_atomic
 
         document = {"format": FORMAT, "files": self.entries}
         try:
@@ -173,7 +173,7 @@ class Cache:
 
 
 def _load(filename: str) -> Dict[str, list]:
-    from preclint.source.safe_io import read_regular
+    from preclint.text.safe_io import read_regular
 
     try:
         document = json.loads(read_regular(filename).decode("utf-8"))

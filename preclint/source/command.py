@@ -9,10 +9,10 @@ import sys
 from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
-from preclint.errors import UserError
-from preclint.exitcodes import EXIT_FINDINGS, EXIT_OK, exit_code
-from preclint.findings import Finding
-from preclint.source.paths import display_path
+from preclint.core.errors import UserError
+from preclint.core.exitcodes import EXIT_FINDINGS, EXIT_OK, exit_code
+from preclint.core.findings import Finding
+from preclint.text.paths import display_path
 
 
 def apply_baseline(

@@ -6,7 +6,7 @@ its replacement, so one round applies them all; further rounds (at most ``MAX_RO
 round's result offers anew. Only safe fixes exist: a rule offers a replacement only
 where it can show the behaviour is the same (see each rule's Fix section).
 
-Files are written in place (preclint.source.safe_io.write_in_place): owner, mode and hard links stay;
+Files are written in place (preclint.text.safe_io.write_in_place): owner, mode and hard links stay;
 a file that changed on disk since it was read is left alone, and so is a file reached through a
 symlink that leads outside the paths the run was given.
 """
@@ -20,12 +20,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from preclint.config import Config
-from preclint.errors import UserError
-from preclint.findings import Finding
-from preclint.source.guard import run_with_deep_stack
+from preclint.core.errors import UserError
+from preclint.core.findings import Finding
+from preclint.text.guard import run_with_deep_stack
 from preclint.source.run import check_source
-from preclint.source.safe_io import ChangedOnDisk, write_in_place
-from preclint.source.sourcefile import Fix, SourceFile
+from preclint.text.safe_io import ChangedOnDisk, write_in_place
+from preclint.text.sourcefile import Fix, SourceFile
 from preclint.source.suppress import apply_suppressions
 
 MAX_ROUNDS = 10

@@ -2,7 +2,7 @@
 
 Files go to a pool of worker processes (forked where the platform allows it: the workers start with
 preclint and libcst already imported) in small batches, largest files first so that one big file
-does not finish last alone. Parsing is guarded (preclint.source.guard), so no worker should die; if
+does not finish last alone. Parsing is guarded (preclint.text.guard), so no worker should die; if
 one does all the same (a native crash), the files it had not finished are checked again one by one,
 each in a process of its own, and a file that kills that process too is reported, not the run.
 """

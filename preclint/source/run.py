@@ -3,12 +3,12 @@ per-file-ignores and suppressions. Never imports torch or the checked code.
 
 A file is parsed only when its text holds a word one of the selected rules needs (the TorchFix
 trick: most files of a project never mention ``allclose`` or ``allow_tf32``), and each parsed file is
-walked once (preclint.source.index) whatever the number of rules. Files are checked on every core the
+walked once (preclint.text.index) whatever the number of rules. Files are checked on every core the
 run may use (preclint.source.parallel), and a file that has not changed since the last run is
 neither parsed nor tokenized for its suppression comments again (preclint.source.cache).
 
 For one file in-process (an editor, a fuzzer): ``check_text(text, path)`` or ``check_file(filename)``.
-Neither can crash or hang on any input: parsing is guarded (preclint.source.guard).
+Neither can crash or hang on any input: parsing is guarded (preclint.text.guard).
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from preclint.config import Config
-from preclint.findings import Finding
-from preclint.source.discover import discover
-from preclint.source.guard import MAX_DEPTH, run_with_deep_stack
-from preclint.source.paths import display_path
-from preclint.source.safe_io import NotRegularFile
-from preclint.source.sourcefile import ParseFailure, SourceFile
+from preclint.core.findings import Finding
+from preclint.text.discover import discover
+from preclint.text.guard import MAX_DEPTH, run_with_deep_stack
+from preclint.text.paths import display_path
+from preclint.text.safe_io import NotRegularFile
+from preclint.text.sourcefile import ParseFailure, SourceFile
 from preclint.source.suppress import Directive, apply_suppressions, file_directives
 
 

@@ -9,7 +9,7 @@ finding's related location is the line that builds the module: a suppression the
     x = conv(y)  # noqa                            anything (flake8's and Ruff's blanket form)
 
 Unused suppressions are reported by the rule that declares it reports them
-(rules/unused_suppression.py): a listed PCL code whose rule ran over the file and found nothing on
+(preclint/rules/source/unused_suppression.py): a listed PCL code whose rule ran over the file and found nothing on
 that line, an unknown PCL code, or a bare ``# preclint: ignore`` with nothing to silence when every
 rule ran. A bare ``# noqa`` is never
 reported: it is shared with the other linters a project runs.
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from preclint.findings import Finding, Location
-from preclint.source import lexical
+from preclint.core.findings import Finding, Location
+from preclint.text import lexical
 
 _NOQA = re.compile(r"#\s*noqa(?::\s?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
 _PRECLINT = re.compile(r"#\s*preclint:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
@@ -47,7 +47,7 @@ class Directive:
 
 
 def _comments(text: str) -> Iterable[Tuple[int, int, str]]:
-    """(line, 1-based column, text) of each comment, broken file or not (``preclint.source.lexical``)."""
+    """(line, 1-based column, text) of each comment, broken file or not (``preclint.text.lexical``)."""
     for comment in lexical.comments(text):
         yield comment.line, comment.column + 1, comment.text
 
@@ -110,8 +110,8 @@ def file_directives(text: str, has_findings: bool) -> Dict[int, List[Directive]]
 def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
     if path in texts:
         return texts[path]
-    from preclint.source.safe_io import read_regular_or_none
-    from preclint.source.sourcefile import ParseFailure, decode
+    from preclint.text.safe_io import read_regular_or_none
+    from preclint.text.sourcefile import ParseFailure, decode
 
     data = read_regular_or_none(path)
     if data is None:

@@ -1,0 +1,851 @@
+"""Graph capture: an nn.Module and its example inputs -> ir.Graph.
+
+Two paths produce the same IR:
+
+* ``fx``: torch.fx symbolic tracing (with stack traces), then, unless told not to run, an
+  fx.Interpreter that executes the graph node by node and hands every value to an observer.
+* ``function-mode``: for models FX cannot trace (data-dependent control flow, as in torchvision's
+  detectors), the model runs once under a TorchFunctionMode plus module hooks that record each
+  leaf-module call and each torch function or tensor method called outside leaf modules.
+
+The observer (reference.py) sees ``(node, args, kwargs, callee, output)`` for each op on either path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import os
+import re
+import sys
+import sysconfig
+import warnings
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import torch
+import torch.fx as fx
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+try:  # (torch's own helpers for its stack of function modes; where a version lacks them, ``busy`` does it)
+    from torch.overrides import _get_current_function_mode as _current_function_mode
+    from torch.overrides import _pop_mode as _pop_function_mode
+    from torch.overrides import _push_mode as _push_function_mode
+except ImportError:  # pragma: no cover
+    _current_function_mode = None
+
+from preclint.capture import autocast_regions, ops
+from preclint.core.errors import UserError, one_line
+from preclint.core.findings import Location
+from preclint.core.ir import Graph, Kind, Node
+from preclint.load.modelio import Inputs, output_tensors
+from preclint.capture.observer import Observer
+from preclint.capture.trees import leaves
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rsplit(".", 1)[0]].__file__)) + os.sep
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
+_FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
+
+
+def _in_library(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+
+
+def _is_model_code(path: str) -> bool:
+    """Whether a frame's file is code of the model (the user's or a library's such as torchvision or
+    transformers), not torch's own machinery, Python's standard library or generated code."""
+    if path.startswith("<"):  # <frozen runpy>, <string>, <eval_with_key.3>: no file to point at
+        return False
+    path = os.path.abspath(path)
+    if path.startswith(_TORCH_DIR) or path.startswith(_PRECLINT_DIR):
+        return False
+    return _in_library(path) or not path.startswith(_STDLIB_DIRS)
+
+
+def is_internal_file(path: str) -> bool:
+    """Whether a source file belongs to torch, preclint or an installed library rather than to the user."""
+    path = os.path.abspath(path)
+    torchvision = sys.modules.get("torchvision")
+    if torchvision is not None and path.startswith(os.path.dirname(os.path.abspath(torchvision.__file__)) + os.sep):
+        return True
+    return not _is_model_code(path) or _in_library(path)
+
+
+def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
+    """The frames of the model's code in an FX stack trace, innermost first: the frames inside the
+    innermost preclint frame (outside it is whoever ran preclint: its console script, runpy, a test),
+    less torch's own and generated code. The first is the line that made the op."""
+    if not stack_trace:
+        return ()
+    frames = _FRAME_RE.findall(stack_trace)  # outermost first
+    # the innermost frames are FX's and the tracer's own (preclint's tracer records the op's region)
+    while frames and not _is_model_code(frames[-1][0]):
+        frames.pop()
+    entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
+    inner = frames[entered[-1] + 1:] if entered else frames
+    return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
+
+
+# A frame's file, classified once: (preclint's own, the model's code). Every recorded op of every
+# pass walks the stack (30 frames deep in a transformer); normalising each frame's path again made
+# this walk a third of the probe's time on a Llama.
+_FILE_CLASSES: Dict[str, Tuple[bool, bool]] = {}
+
+
+def _file_class(path: str) -> Tuple[bool, bool]:
+    found = _FILE_CLASSES.get(path)
+    if found is None:
+        found = _FILE_CLASSES[path] = (os.path.abspath(path).startswith(_PRECLINT_DIR), _is_model_code(path))
+    return found
+
+
+def _model_frames() -> Tuple[Location, ...]:
+    """The frames of the model's code that led to the running op, innermost first (as above), read
+    from the live stack: past preclint's own frames (the hook that calls this), up to the next one
+    (capture, which called the model)."""
+    frame = sys._getframe(1)
+    while frame is not None and _file_class(frame.f_code.co_filename)[0]:
+        frame = frame.f_back
+    found = []
+    while frame is not None:
+        path = frame.f_code.co_filename
+        own, model = _file_class(path)
+        if own:
+            break
+        if model:
+            found.append(Location(path, frame.f_lineno, 1))
+        frame = frame.f_back
+    return tuple(found)
+
+
+def _display_target(target: Any, call: str) -> str:
+    if call == "call_method":
+        return f"Tensor.{target}"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", str(target))
+    if module.startswith("torch.nn.functional"):
+        return f"F.{name}"
+    if module in ("_operator", "operator"):
+        return f"operator.{name}"
+    if module.startswith("torchvision"):
+        return f"torchvision.ops.{name}"
+    if module.startswith("torch") or module == "" or "torch._C" in module:
+        return f"torch.{name}"
+    return f"{module}.{name}"
+
+
+def _scalar_args(args, kwargs, skip_first: bool) -> Dict[str, float]:
+    scalars = {}
+    for i, value in enumerate(args):
+        if i == 0 and skip_first:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scalars[f"arg{i}"] = float(value)
+    for key, value in kwargs.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scalars[key] = float(value)
+    return scalars
+
+
+def _call_attrs(fn: str, kind: str, args, kwargs) -> Dict[str, Any]:
+    attrs: Dict[str, Any] = {}
+    dim = kwargs.get("dim", kwargs.get("axis"))
+    if dim is None and kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX, Kind.DECISION) and len(args) > 1:
+        candidate = args[1]
+        if isinstance(candidate, int) or (isinstance(candidate, (tuple, list)) and all(isinstance(d, int) for d in candidate)):
+            dim = candidate
+    if isinstance(dim, (int, tuple, list)):
+        attrs["dim"] = tuple(dim) if isinstance(dim, list) else dim
+    if kind == Kind.DECISION and fn == "topk":
+        k = kwargs.get("k", args[1] if len(args) > 1 else None)
+        if isinstance(k, int):
+            attrs["k"] = k
+        attrs.pop("dim", None)
+        d = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+        if isinstance(d, int):
+            attrs["dim"] = d
+    if kind == Kind.CONV:
+        groups = kwargs.get("groups", args[6] if len(args) > 6 else None)
+        if isinstance(groups, int):
+            attrs["groups"] = groups
+    for position, key in ((3, "stride"), (4, "padding"), (5, "dilation")):
+        value = kwargs.get(key, args[position] if kind == Kind.CONV and len(args) > position else None)
+        if isinstance(value, int):
+            value = (value,)
+        if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+            attrs[key] = tuple(value)
+    if kwargs.get("inplace"):
+        attrs["inplace"] = True
+    for key in ("dtype",):
+        if key in kwargs and isinstance(kwargs[key], torch.dtype):
+            attrs["dtype"] = str(kwargs[key]).replace("torch.", "")
+    for value in args:
+        if isinstance(value, torch.dtype):
+            attrs["dtype"] = str(value).replace("torch.", "")
+    return attrs
+
+
+_INPLACE_DUNDERS = frozenset({"__setitem__", "setitem", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                              "__ilshift__", "__irshift__", "iadd", "isub", "imul", "itruediv"})
+
+
+def is_inplace_call(callee, kwargs) -> bool:
+    """Whether this call writes into its first argument (a module with inplace=True, add_, setitem)."""
+    if kwargs.get("inplace") is True:
+        return True
+    if isinstance(callee, torch.nn.Module):
+        return getattr(callee, "inplace", None) is True
+    name = callee if isinstance(callee, str) else getattr(callee, "__name__", "")
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+
+
+def _direct_params(module: torch.nn.Module, path: str) -> Tuple[str, ...]:
+    names = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
+    prefix = f"{path}." if path else ""
+    return tuple(prefix + n for n in names)
+
+
+def _shape(value) -> Optional[Tuple[int, ...]]:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _set_reduction_length(node: Node, args, kwargs, callee) -> None:
+    """K of a dot product or N of a reduction, from the shapes the op really got."""
+    in_shapes = [_shape(a) for a in args if isinstance(a, torch.Tensor)]
+    if isinstance(callee, torch.nn.Module):
+        weight = getattr(callee, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            in_shapes = in_shapes[:1] + [tuple(weight.shape)]
+    if node.kind == Kind.CONV and "kernel_size" not in node.attrs and len(in_shapes) >= 2 and in_shapes[1]:
+        # a functional conv: its geometry is in the weight's shape (out, in/groups, *kernel)
+        weight = in_shapes[1]
+        node.attrs["kernel_size"] = tuple(weight[2:])
+        node.attrs["in_channels"] = weight[1] * (node.groups or 1)
+        node.attrs["out_channels"] = weight[0]
+    node.reduction_length = ops.reduction_length(node.kind, node.fn, node.attrs, in_shapes, None)
+
+
+# ---------------------------------------------------------------------------------------------- FX
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, proxy_buffers: bool = True) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        # a buffer read is an attribute node, as a parameter's is: otherwise FX computes what the forward
+        # does with buffers alone while tracing (a frozen batch norm's w * (running_var + eps).rsqrt()) and
+        # stores the result as a trace constant, so that the ops a cast model runs on the rounded buffer
+        # (and the buffer itself) are not in the graph
+        self.proxy_buffer_attributes = proxy_buffers
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return ops.is_leaf_module(m)
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta["autocast"] = autocast_regions.current()  # the region the model's code set around it
+        return node
+
+    def _filter_traceback_frames(self, user_stack_summary):
+        # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
+        # model_frames_from_trace picks the model's frames itself, so keep the frames as they are.
+        return user_stack_summary
+
+
+def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
+    """Trace ``module`` for a call with ``inputs``: parameters it gives no tensor (None, a flag,
+    a default left out) are traced as the constants they are, so that ``if mask is not None``
+    takes the branch the call takes; the graph's placeholders are the tensor inputs alone."""
+    constants = _constant_arguments(module, Inputs.of(inputs)) if inputs is not None else {}
+    with warnings.catch_warnings(), autocast_regions.recording():
+        warnings.simplefilter("ignore")  # FX warns about constants it cannot add an assertion for
+        try:
+            tracer = _Tracer()
+            graph = tracer.trace(module, concrete_args=constants or None)
+        except Exception:  # noqa: BLE001 - a buffer the forward branches on or reads as a number: as before
+            tracer = _Tracer(proxy_buffers=False)
+            graph = tracer.trace(module, concrete_args=constants or None)
+    if constants:
+        _drop_constant_placeholders(graph, module)
+    return fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def _constant_arguments(module: torch.nn.Module, inputs: Inputs) -> Dict[str, Any]:
+    """FX's concrete_args: forward()'s parameters whose value in this call is a leaf without a tensor."""
+    forward = inspect.unwrap(type(module).forward)
+    bound = inputs.bind(forward, module)  # TypeError: the call does not fit, FX falls back
+    constants = {}
+    for name, param in list(inspect.signature(forward).parameters.items())[1:]:
+        value = bound.arguments.get(name)
+        if param.kind == param.VAR_KEYWORD:
+            if value:  # FX has one placeholder for **kwargs and no way to fill it by name
+                raise TypeError(f"keyword inputs passed through **{name}")
+        elif param.kind != param.VAR_POSITIONAL and (value is None or isinstance(value, (bool, int, float, str))):
+            constants[name] = value
+    return constants
+
+
+def _drop_constant_placeholders(graph: fx.Graph, module: torch.nn.Module) -> None:
+    """Erase what FX makes of concrete_args (a placeholder per constant, named ``mask_1``, and the
+    assertion that it keeps its value): they are not the model's ops, and the graph then runs on the
+    tensors alone. A tensor input's placeholder has its parameter's name, which nothing else uses."""
+    if type(graph._codegen) is not fx.graph.CodeGen:
+        raise TypeError("this torch traces constant inputs through pytree code generation")
+    parameters = set(inspect.signature(inspect.unwrap(type(module).forward)).parameters)
+    doomed: Dict[fx.Node, None] = {}
+    frontier = [n for n in graph.nodes if n.op == "placeholder" and n.target not in parameters
+                and not str(n.target).startswith("*")]
+    while frontier:
+        node = frontier.pop()
+        if node not in doomed:
+            doomed[node] = None
+            frontier.extend(node.users)
+    if any(n.op != "placeholder" and n.target not in _SPECIALISATION_CHECKS for n in doomed):
+        raise TypeError("a constant input is used as a value")
+    for node in reversed(list(graph.nodes)):
+        if node in doomed:
+            graph.erase_node(node)
+
+
+_SPECIALISATION_CHECKS = (operator.eq, torch._assert, getattr(fx._symbolic_trace, "_assert_is_none", None))
+
+
+def fx_arguments(graph: fx.Graph, module: torch.nn.Module, inputs: Any) -> list:
+    """The values of the traced graph's placeholders for ``inputs``, in order: the named ones, then
+    what ``*args`` takes (the interpreter hands a ``*args`` placeholder all that is left)."""
+    inputs = Inputs.of(inputs)
+    names = [n.target for n in graph.nodes if n.op == "placeholder" and not str(n.target).startswith("*")]
+    if not inputs.kwargs and len(names) == len(inputs.args):  # the common case: no binding needed
+        return list(inputs.args)
+    forward = inspect.unwrap(type(module).forward)
+    arguments = inputs.bind(forward, module).arguments
+    rest = [name for name, p in inspect.signature(forward).parameters.items() if p.kind == p.VAR_POSITIONAL]
+    return [arguments[name] for name in names] + list(arguments.get(rest[0], ()) if rest else ())
+
+
+def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
+    inputs = tuple(a.name for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node))
+    frames = model_frames_from_trace(node.stack_trace)
+    location = frames[0] if frames else None
+    stack = node.meta.get("nn_module_stack") or {}
+    owner_path, owner_type = "", type(gm).__name__  # the root module's forward, unless a submodule's
+    if stack:
+        owner_path, owner_cls = list(stack.values())[-1]
+        owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
+        owner_type = owner_type.rsplit(".", 1)[-1].strip("'>")
+    if node.op == "placeholder":
+        return Node(node.name, Kind.INPUT, f"input:{node.target}", fn="input", location=location, stack=frames)
+    if node.op == "output":
+        return Node(node.name, Kind.OUTPUT, "output", fn="output", inputs=inputs)
+    if node.op == "get_attr":
+        return Node(node.name, Kind.CONSTANT, f"parameter:{node.target}", fn="parameter", module_path=owner_path,
+                    module_type=owner_type, location=location, stack=frames, params=(str(node.target),))
+    region = node.meta.get("autocast")
+    if node.op == "call_module":
+        sub = gm.get_submodule(node.target)
+        kind, fn = ops.classify_module(sub)
+        attrs = ops.module_attrs(sub)
+        return Node(node.name, kind, f"nn.{type(sub).__name__}", fn=fn, module_path=str(node.target),
+                    reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
+                    module_type=type(sub).__name__, location=location, stack=frames, inputs=inputs, attrs=attrs,
+                    params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
+                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"}, autocast=region)
+    fn, inplace = ops.function_name(node.target)
+    kind = ops.classify_function(fn)
+    if _builds_container(node.target):  # FX records a dataclass or named tuple output as its constructor call
+        kind = Kind.SHAPE
+    args, kwargs = node.args, dict(node.kwargs)
+    attrs = _call_attrs(fn, kind, args, kwargs)
+    if inplace:
+        attrs["inplace"] = True
+    return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
+                module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
+                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
+
+
+def _builds_container(target: Any) -> bool:
+    return isinstance(target, type) and (dataclasses.is_dataclass(target) or issubclass(target, tuple))
+
+
+def _mutable(value):
+    """FX hands a node's list and dict arguments over as immutable_list / immutable_dict; the graph's
+    own code builds a fresh list at each call, which the callee may change (torchvision's swin3d
+    sets shift sizes in the list it gets)."""
+    if isinstance(value, fx.immutable_collections.immutable_list):
+        return [_mutable(v) for v in value]
+    if isinstance(value, fx.immutable_collections.immutable_dict):
+        return {k: _mutable(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_mutable(v) for v in value)
+    if type(value) is dict:
+        return {k: _mutable(v) for k, v in value.items()}
+    return value
+
+
+class FxRunner(fx.Interpreter):
+    """Runs the traced graph, handing each node's values to the observer.
+
+    In-place ops run out of place: the observer keeps each node's output, and an in-place op would
+    overwrite the value (and the autograd history) of the node that produced it.
+    """
+
+    def __init__(self, gm: torch.nn.Module, ir_nodes: Dict[str, Node], observer: Observer,
+                 graph: Optional[fx.Graph] = None, record: bool = True) -> None:
+        # ``graph``: run it on ``gm``, any module of the traced hierarchy (no GraphModule to build);
+        # ``record``: set the IR nodes' reduction lengths (re-runs of a recorded graph need not)
+        super().__init__(gm, graph=graph)
+        self.ir_nodes = ir_nodes
+        self.observer = observer
+        self.record = record
+
+    def run_node(self, n: fx.Node) -> Any:
+        node = self.ir_nodes[n.name]
+        with self._set_current_node(n), autocast_regions.replaying(
+                node.autocast, *_mutable(self.fetch_args_kwargs_from_env(n))) as (args, kwargs):
+            callee = None
+            if n.op == "call_module":
+                callee = self.fetch_attr(n.target)
+                # out of place before the observer sees the call, so that it knows what will run
+                restore = getattr(callee, "inplace", None) is True
+                if restore:
+                    callee.inplace = False
+                try:
+                    args, kwargs = self.observer.before(node, args, kwargs, callee)
+                    result = callee(*args, **kwargs)
+                finally:
+                    if restore:
+                        callee.inplace = True
+            elif n.op == "call_function":
+                target = ops.INPLACE_OPERATORS.get(n.target, n.target)
+                if kwargs.get("inplace") is True:
+                    kwargs = {**kwargs, "inplace": False}
+                callee = target
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                result = target(*args, **kwargs)
+            elif n.op == "call_method":
+                name = n.target
+                obj = args[0]
+                if name.endswith("_") and not name.startswith("_") and hasattr(obj, name[:-1]):
+                    name = name[:-1]
+                callee = name
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                result = getattr(args[0], name)(*args[1:], **kwargs)
+            else:
+                result = getattr(self, n.op)(n.target, args, kwargs)
+            if self.record:
+                _set_reduction_length(node, args, kwargs, callee)
+            return self.observer(node, args, kwargs, callee, result)
+
+
+def _mark_buffer_views(gm: fx.GraphModule, module: torch.nn.Module, nodes: List[Node]) -> None:
+    """A tensor literal of the trace (``_tensor_constant0``) that is a view of one of the model's
+    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing, where the trace reads
+    buffers as plain tensors: the forward branches on one) records its name in
+    ``attrs["view_of"]``: ``model.to`` casts it with the model, and keeping that tensor keeps it."""
+    storages = {}
+    for name, tensor in list(module.named_buffers()) + list(module.named_parameters()):
+        if tensor.is_floating_point():
+            storages.setdefault(tensor.untyped_storage().data_ptr(), name)
+    for node in nodes:
+        if node.fn != "parameter" or not node.params or "_tensor_constant" not in node.params[0]:
+            continue
+        value = getattr(gm, node.params[0], None)
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in storages:
+            node.attrs["view_of"] = storages[value.untyped_storage().data_ptr()]
+
+
+def capture_fx(module: torch.nn.Module, inputs: Any, observer: Optional[Observer],
+               traced: Optional[list] = None) -> Tuple[List[Node], Any]:
+    gm = trace_fx(module, inputs)  # raises for untraceable code: the caller falls back
+    if traced is not None:  # the probe re-runs the traced graph on copies of the model
+        traced.append(gm.graph)
+    nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
+    _mark_buffer_views(gm, module, nodes)
+    output = None
+    if observer is not None:
+        runner = FxRunner(gm, {n.name: n for n in nodes}, observer)
+        arguments = fx_arguments(gm.graph, module, inputs)
+        try:
+            output = runner.run(*arguments)
+        except Exception as exc:
+            raise ModelRunError(exc) from exc
+    return nodes, output
+
+
+# ------------------------------------------------------------------------------------ function mode
+
+# Tensor properties that compute a value (x.T is a transpose): a property reaches a TorchFunctionMode
+# as its getter, named "__get__"; the node takes the op the property stands for.
+_PROPERTY_OPS = {"T": "t", "mT": "transpose", "H": "t", "mH": "transpose", "data": "detach", "real": "view_as",
+                 "imag": "view_as"}
+
+
+def _property_name(func) -> Optional[str]:
+    """``"T"`` for the getter of ``Tensor.T``; None for anything that is not a property getter."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    name = getattr(getattr(func, "__self__", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+class _Unrecorded:
+    """The observer's own work, which the recorder passes on unrecorded (``busy``). In a module's
+    hooks the recorder is the running function mode, and every op the observer runs would come back
+    through its ``__torch_function__`` only to be passed on (tens of thousands of calls a pass, each
+    a Python call); so there the recorder leaves torch's mode stack until the observer is done.
+    (Within ``__torch_function__`` torch has taken it off already.)"""
+
+    __slots__ = ("recorder", "popped")
+
+    def __init__(self, recorder: "_Recorder") -> None:
+        self.recorder = recorder
+        self.popped = False
+
+    def __enter__(self) -> None:
+        self.recorder.busy = True
+        if _current_function_mode is not None and _current_function_mode() is self.recorder:
+            _pop_function_mode()
+            self.popped = True
+
+    def __exit__(self, *exc) -> None:
+        if self.popped:
+            _push_function_mode(self.recorder)
+        self.recorder.busy = False
+
+
+class _Recorder(TorchFunctionMode):
+    """Records leaf-module calls and top-level torch calls of one eager run."""
+
+    def __init__(self, root: torch.nn.Module, observer: Observer, locate: bool = True) -> None:
+        super().__init__()
+        self.observer = observer
+        # where in the model's code each op is (the stack walked per op): the check's capture needs it
+        # for its findings; the probe's runs name nodes by the order they run, and need it not
+        self.locate = locate
+        self.origin = observer.origin
+        self.nodes: List[Node] = []
+        self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
+        self.paths = {id(m): p for p, m in root.named_modules()}
+        self.module_stack: List[Tuple[str, str]] = []
+        self.leaf_depth = 0
+        self.busy = False
+        self.counts: Dict[str, int] = {}
+        self.handles = []
+        for m in root.modules():
+            self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def _calling_module(self) -> Tuple[str, str]:
+        """(path, class) of the module whose method makes the running call: the innermost frame
+        whose ``self`` is one of the model's modules. A helper method called directly
+        (``self.corr.lookup(x)``: no forward hooks fire) makes its ops the helper module's, as its
+        forward would; the module stack of forward calls is the answer otherwise."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self":
+                path = self.paths.get(id(frame.f_locals.get("self")))
+                if path is not None:
+                    return path, type(frame.f_locals["self"]).__name__
+            frame = frame.f_back
+        return self.module_stack[-1] if self.module_stack else ("", "")
+
+    def _unique(self, base: str) -> str:
+        base = re.sub(r"\W", "_", base) or "op"
+        n = self.counts.get(base, 0)
+        self.counts[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def _inputs(self, values) -> Tuple[str, ...]:
+        names = []
+        for v in leaves(values):
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)  # an operand view the observer made stands for its tensor
+            if isinstance(v, torch.Tensor) and id(v) in self.producer:
+                name = self.producer[id(v)][0]
+                if name not in names:
+                    names.append(name)
+        return tuple(names)
+
+    def _reads_float_constant(self, values) -> bool:
+        """Whether the op reads a float tensor of at least one dim that no recorded op made (a parameter
+        or buffer read directly, ``self.gamma * x``): it keeps its own dtype, float32 under autocast,
+        and type promotion computes the op in it (FX records such reads as nodes of their own)."""
+        for v in leaves(values):
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)
+                if v.is_floating_point() and v.dim() >= 1 and id(v) not in self.producer:
+                    return True
+        return False
+
+    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
+        with _Unrecorded(self):
+            _set_reduction_length(node, args, kwargs, callee)
+            output = self.observer(node, args, kwargs, callee, output)
+        self.nodes.append(node)
+        for v in leaves(output):
+            if isinstance(v, torch.Tensor):
+                self.producer[id(v)] = (node.name, v)
+        if inplace_target is not None:
+            self.producer[id(inplace_target)] = (node.name, inplace_target)
+        return output
+
+    def add_input(self, name: str, value) -> None:
+        node = Node(name, Kind.INPUT, f"input:{name}", fn="input")
+        self._publish(node, (), {}, None, value)
+
+    def _pre_hook(self, module, args, kwargs):
+        if self.busy:
+            return None
+        path = self.paths.get(id(module), "")
+        if self.leaf_depth == 0 and ops.is_leaf_module(module):
+            kind, fn = ops.classify_module(module)
+            probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
+            with _Unrecorded(self):
+                args, kwargs = self.observer.before(probe, args, kwargs, module)
+            module._preclint_inputs = (args, kwargs, probe)
+            self.leaf_depth += 1
+            return args, kwargs
+        elif self.leaf_depth > 0:
+            self.leaf_depth += 1
+        else:
+            self.module_stack.append((path, type(module).__name__))
+        return None
+
+    def _post_hook(self, module, args, kwargs, output):
+        if self.busy:
+            return None
+        if self.leaf_depth > 1:
+            self.leaf_depth -= 1
+            return None
+        if self.leaf_depth == 1:
+            self.leaf_depth = 0
+            args, kwargs, probe = module.__dict__.pop("_preclint_inputs", (args, kwargs, None))
+            path = self.paths.get(id(module), "")
+            kind, fn = ops.classify_module(module)
+            attrs = ops.module_attrs(module)
+            frames = _model_frames() if self.locate else ()
+            node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
+                        module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
+                        stack=frames,
+                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
+                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
+                        autocast=autocast_regions.current())
+            self.observer.rename(probe, node.name)
+            result = self._publish(node, args, kwargs, module, output)
+            return result if result is not output else None
+        if self.module_stack:
+            self.module_stack.pop()
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.busy or self.leaf_depth > 0:
+            return func(*args, **kwargs)
+        prop = _property_name(func)
+        fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
+        kind = ops.classify_function(fn)
+        pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
+        with _Unrecorded(self):
+            args, kwargs = self.observer.before(pending, args, kwargs, func)
+        output = func(*args, **kwargs)
+        flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
+        inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
+        if not flat_out and not inplace:
+            return output
+        owner_path, owner_type = self._calling_module()
+        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
+            getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
+        attrs = _call_attrs(fn, kind, args, kwargs)
+        if inplace:
+            attrs["inplace"] = True
+        if kind == Kind.ELEMENTWISE and self._reads_float_constant((args, kwargs)):
+            attrs["float_constant"] = True
+        if prop:
+            target = f"Tensor.{prop}"
+        elif is_method:
+            target = f"Tensor.{getattr(func, '__name__', fn)}"
+        else:
+            target = _display_target(func, "call_function")
+        frames = _model_frames() if self.locate else ()
+        node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
+                    location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
+                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
+                    autocast=pending.autocast)
+        self.observer.rename(pending, node.name)
+        target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
+        if not flat_out and target_tensor is not None:
+            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor)
+            return output
+        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
+
+
+def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer,
+                          locate: bool = True) -> Tuple[List[Node], Any]:
+    """The nodes of one eager run of ``module`` on ``inputs`` and its output; ``locate``: find each
+    node's lines in the model's code."""
+    inputs = Inputs.of(inputs)
+    recorder = _Recorder(module, observer, locate)
+    try:
+        for name, value in inputs.named():
+            recorder.add_input(recorder._unique(name), value)
+        try:
+            with recorder, autocast_regions.recording():
+                output = inputs.call(module)
+        except Exception as exc:
+            raise ModelRunError(exc) from exc
+        out_node = Node("output", Kind.OUTPUT, "output", fn="output", inputs=recorder._inputs(output_tensors(output)))
+        recorder.nodes.append(out_node)
+        return recorder.nodes, output
+    finally:
+        recorder.close()
+
+
+# ------------------------------------------------------------------------------------------ entry
+
+
+def capture(
+    module: torch.nn.Module,
+    inputs: Any,
+    name: str,
+    observer: Optional[Observer] = None,
+    source_path: Optional[str] = None,
+    force: Optional[str] = None,
+) -> Tuple[Graph, Any]:
+    """Capture ``module`` as a Graph; with an observer also run it on ``inputs`` (a tuple of
+    positional inputs, or :class:`~preclint.load.modelio.Inputs` with keywords).
+
+    Returns the graph and the model's output (None when not run). ``force`` picks a path ("fx" or
+    "function-mode") instead of trying FX first.
+    """
+    keep = set(tensors_with_history(module)) if observer is not None else set()
+    try:
+        with warnings.catch_warnings():
+            # the inputs require gradients because preclint asked: the model's .item() calls would warn
+            warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
+            return _capture(module, inputs, name, observer, source_path, force)
+    finally:
+        if observer is not None:
+            release_autograd_state(module, keep)
+
+
+def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph, Any]:
+    notes: List[str] = []
+    if force != "function-mode":
+        try:
+            traced: list = []
+            nodes, output = capture_fx(module, inputs, observer, traced)
+            graph = Graph(nodes, name, "fx", source_path=source_path, notes=notes, fx_graph=traced[0])
+            return graph, output
+        except Exception as exc:  # FX raises many types for untraceable code; the fallback handles them all
+            if force == "fx":
+                raise UserError(f"torch.fx cannot trace {name}: {one_line(exc)}") from exc
+            if _is_model_error(exc):
+                # the traced graph failed where the model itself may not (code that only works
+                # eagerly): the eager run decides, with an observer that forgets the partial run
+                if not observer.reset():
+                    raise
+                notes.append(f"running the graph torch.fx traced failed ({exc}); recorded the ops of one run instead")
+            else:
+                notes.append(f"torch.fx could not trace the model ({one_line(exc)}); recorded the ops of one run instead")
+    if observer is None:
+        raise UserError(
+            f"torch.fx cannot trace {name} and --no-run forbids recording a run; drop --no-run to capture it"
+        )
+    nodes, output = capture_function_mode(module, inputs, observer)
+    return Graph(nodes, name, "function-mode", source_path=source_path, notes=notes), output
+
+
+def has_history(t: torch.Tensor) -> bool:
+    """Whether ``t`` has autograd history. torch refuses to read the ``grad_fn`` of a view made in
+    inference mode whose base was written in place since (RuntimeError): whether it requires grad
+    answers for it."""
+    try:
+        return t.grad_fn is not None
+    except RuntimeError:
+        return t.requires_grad
+
+
+def _without_history(value, keep: Set[int], depth: int = 0):
+    """``value`` with every tensor that has autograd history in it detached (but those in ``keep``):
+    containers are changed in place (lists, dicts) or rebuilt (tuples); anything else is returned as
+    it is. ``keep`` collects the tensors with history when it is given a fresh set to fill."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if has_history(value) and id(value) not in keep else value
+    if depth > 3:
+        return value
+    if type(value) is list:
+        for i, v in enumerate(value):
+            new = _without_history(v, keep, depth + 1)
+            if new is not v:
+                value[i] = new
+    elif type(value) in (dict, OrderedDict):
+        for k, v in list(value.items()):
+            new = _without_history(v, keep, depth + 1)
+            if new is not v:
+                value[k] = new
+    elif type(value) is tuple:
+        items = tuple(_without_history(v, keep, depth + 1) for v in value)
+        if any(a is not b for a, b in zip(items, value)):
+            return items
+    return value
+
+
+def _module_state(module: torch.nn.Module):
+    """(module, attribute name, value) of what a module keeps beside its parameters and submodules."""
+    for m in module.modules():
+        for key, value in list(vars(m).items()):
+            if key not in ("_parameters", "_modules") and not key.startswith("__"):
+                yield m, key, value
+
+
+def tensors_with_history(module: torch.nn.Module) -> Dict[int, torch.Tensor]:
+    """The tensors with autograd history that ``module`` holds beside its parameters, by id."""
+    found: Dict[int, torch.Tensor] = {}
+
+    def visit(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            if has_history(value):
+                found[id(value)] = value
+        elif depth <= 3 and type(value) in (list, tuple, dict, OrderedDict):
+            for v in (value.values() if isinstance(value, dict) else value):
+                visit(v, depth + 1)
+
+    for _, _, value in _module_state(module):
+        visit(value)
+    return found
+
+
+def release_autograd_state(module: torch.nn.Module, keep: Set[int] = frozenset()) -> None:
+    """Detach the tensors a model kept from a run with gradients (caches such as a detector's anchors).
+
+    preclint runs the model with inputs that require gradients, and hands it leaves for the constants
+    it computes; what the model stores on itself would then carry autograd history the user's own runs
+    never give it: the graph of the whole run stays alive, and the model can no longer be deep-copied.
+    ``keep``: tensors the model held before the run (tensors_with_history), left as they are.
+    """
+    for m, key, value in _module_state(module):
+        new = _without_history(value, keep)
+        if new is not value:
+            m.__dict__[key] = new
+
+
+class ModelRunError(Exception):
+    """The model itself raised while running on the example inputs (not a capture problem)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(one_line(cause))
+        self.cause = cause
+
+
+def _is_model_error(exc: BaseException) -> bool:
+    return isinstance(exc, ModelRunError)
+
+

@@ -1,0 +1,296 @@
+"""Running the user's code: a time limit, no exiting the process, warnings kept off the terminal, and
+the interrupt signals.
+
+Checking a model runs code preclint did not write: importing the file, building the model, its example
+inputs, tracing and running it (and the probe's runs). That code may loop forever, call ``sys.exit`` or
+``os._exit``, raise ``KeyboardInterrupt``, print to stdout (where the report goes) or raise warnings. :func:`guard` turns each of these into one
+:class:`~preclint.core.errors.UserError` naming the model, so the run can still report the other models.
+
+The time limit is an ``ITIMER_REAL`` alarm in the main thread whose handler raises
+:class:`TimeLimitExceeded`, a ``BaseException`` so that the user's ``except Exception`` cannot swallow it
+(and again each second, should something swallow it all the same). Code that never returns to the interpreter (one enormous kernel) or that catches ``BaseException`` would
+still hold the process, so a watchdog thread ends it ``HARD_STOP_GRACE`` seconds later, after printing
+the same line.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import warnings
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Iterator, List, Optional
+
+from preclint.load import interrupts
+from preclint.core.errors import UserError
+from preclint.core.exitcodes import EXIT_ERROR
+
+DEFAULT_TIMEOUT = 600.0  # seconds for one model: import, build, capture, reference pass and probe
+HARD_STOP_GRACE = 10.0  # seconds the alarm's exception gets to unwind before the process is ended
+NO_LIMIT_BEYOND = 1e8  # seconds (three years): a longer limit is no limit (timers overflow near 1e12)
+REPEAT_INTERVAL = 1.0  # seconds between repeats of the alarm while the model's code has not stopped
+
+_real_exit = os._exit  # kept before anything can patch it: the watchdog and the signal handlers use it
+_real_abort = os.abort
+
+
+class TimeLimitExceeded(BaseException):
+    """Raised in the main thread when the model's time is up (a BaseException: user code catching
+    Exception must not swallow it)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; the CLI exits with 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class ProcessExitRefused(BaseException):
+    """Raised in place of ``os._exit`` / ``os.abort`` called by the user's code."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__(call)
+        self.call = call
+
+
+# ------------------------------------------------------------------------------------------ signals
+
+
+@contextlib.contextmanager
+def interrupt_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` (not KeyboardInterrupt, which user code may raise
+    itself); a second signal ends the process at once. Previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: List[int] = []
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        if received:  # the first one did not get us out (user code caught it, or a long kernel): stop now
+            _real_exit(interrupts.say_interrupted(signum))
+        received.append(signum)
+        raise Interrupted(signum)
+
+    with interrupts.signals_handled_by(handler):
+        yield
+
+
+def end_if_threads_linger(code: int) -> None:
+    """End the process with ``code`` now if threads other than daemons are still running (started by
+    the model's code, they would keep the interpreter from exiting after the report is out)."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _real_exit(code)
+
+
+# ------------------------------------------------------------------------------------------- guard
+
+
+@dataclass
+class Guarded:
+    """What happened while user code ran: the warnings it (or torch) raised, deduplicated."""
+
+    warnings: List[str] = field(default_factory=list)
+    user_warnings: List[str] = field(default_factory=list)  # those raised at a line of the user's code
+
+
+@contextlib.contextmanager
+def guard(name: str, timeout: Optional[float]) -> Iterator[Guarded]:
+    """Run the body (everything done with one model) under the time limit ``timeout`` (seconds; None
+    or 0: no limit), with process exits refused and warnings recorded; user-caused endings become a
+    UserError that names ``name``."""
+    result = Guarded()
+    try:  # around the `with`: the time limit is disarmed before its exception is turned into an error line
+        with _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), _time_limit(name, timeout):
+            yield result
+    except TimeLimitExceeded as exc:
+        raise UserError(_time_message(name, timeout, exc.args[0] if exc.args else None)) from None
+    except ProcessExitRefused as exc:
+        raise UserError(f"{name}: the model's code called {exc.call}{_at(exc.__traceback__)}; "
+                        "preclint cannot check a model whose code ends the process") from None
+    except SystemExit as exc:
+        code = "" if exc.code is None else repr(exc.code)
+        raise UserError(f"{name}: the model's code called sys.exit({code}){_at(exc.__traceback__)}; "
+                        "preclint cannot check a model whose code ends the process") from None
+    except (Exception, Interrupted, GeneratorExit):
+        raise
+    except BaseException as exc:  # KeyboardInterrupt raised by the code itself (a real Ctrl-C arrives as
+        # Interrupted), or a BaseException of its own
+        text = " ".join(str(exc).split())
+        raise UserError(f"{name}: the model's code raised {type(exc).__name__}{': ' + text if text else ''}"
+                        f"{_at(exc.__traceback__)}") from None
+
+
+def _time_message(name: str, timeout: Optional[float], where: Optional[str]) -> str:
+    at = f", at {where}" if where else ""
+    return (f"{name}: gave up after {timeout:g} s{at} (loading, capturing and running the model must finish "
+            "within --timeout SECONDS, or `timeout` in [tool.preclint]; 0 means no limit)")
+
+
+@contextlib.contextmanager
+def _time_limit(name: str, timeout: Optional[float]) -> Iterator[None]:
+    usable = (timeout and timeout < NO_LIMIT_BEYOND and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+    assert timeout is not None
+    fired: List[Optional[str]] = []
+
+    def on_alarm(signum: int, frame: Optional[FrameType]) -> None:
+        fired.append(_user_frame_of(frame))
+        raise TimeLimitExceeded(next((where for where in fired if where), None))
+
+    def hard_stop() -> None:
+        where = next((where for where in fired if where), None)
+        sys.stderr.write(f"preclint: error: {_time_message(name, timeout, where)}; the model's code did not "
+                         f"stop within {HARD_STOP_GRACE:g} s more, so preclint ended without a report\n")
+        sys.stderr.flush()
+        _real_exit(EXIT_ERROR)
+
+    watchdog = threading.Timer(timeout + HARD_STOP_GRACE, hard_stop)
+    watchdog.daemon = True
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    # then once a second: an exception swallowed on its way out (an `except BaseException` in the
+    # model, a C++ frame that turns it into another error) is raised again
+    signal.setitimer(signal.ITIMER_REAL, timeout, REPEAT_INTERVAL)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        while True:  # an alarm that fires during the clean-up must not leave the timer armed
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                watchdog.cancel()
+                break
+            except TimeLimitExceeded:
+                continue
+
+
+@contextlib.contextmanager
+def _exits_refused() -> Iterator[None]:
+    """``os._exit`` and ``os.abort`` raise instead, in this process; a forked child (a DataLoader
+    worker) still exits as it asks."""
+    owner = os.getpid()
+
+    def refuse_exit(status: int) -> None:
+        if os.getpid() != owner:
+            _real_exit(status)
+        raise ProcessExitRefused(f"os._exit({status!r})")
+
+    def refuse_abort() -> None:
+        if os.getpid() != owner:
+            _real_abort()
+        raise ProcessExitRefused("os.abort()")
+
+    os._exit, os.abort = refuse_exit, refuse_abort  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit, os.abort = _real_exit, _real_abort  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """What the model's code prints goes to stderr: stdout carries the report, which may be a JSON or
+    SARIF document that one stray line would make invalid. Python's ``print`` and writes to file
+    descriptor 1 (C extensions) alike."""
+    try:
+        sys.stdout.flush()
+        redirect_fd = sys.stdout.fileno() == 1 and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (captured in tests)
+        redirect_fd = False
+    saved = None
+    if redirect_fd:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+@contextlib.contextmanager
+def _warnings_recorded(result: Guarded) -> Iterator[None]:
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            yield
+        finally:
+            _keep_warnings(caught, result)
+
+
+def _keep_warnings(caught: List[warnings.WarningMessage], result: Guarded) -> None:
+    seen = set()
+    for w in caught:
+        text = f"{_display(w.filename)}:{w.lineno}: {w.category.__name__}: {' '.join(str(w.message).split())}"
+        if text in seen:
+            continue
+        seen.add(text)
+        result.warnings.append(text)
+        if _is_user_file(w.filename):
+            result.user_warnings.append(text)
+
+
+# ---------------------------------------------------------------------------- where in the user's code
+
+# the standard library, the interpreter's own directories (console scripts in a venv's bin/) and preclint
+_NOT_USER = tuple(sorted({os.path.abspath(p) + os.sep for p in (
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], sys.prefix, sys.exec_prefix,
+    sys.base_prefix, os.path.dirname(os.path.abspath(__file__)))}))
+
+
+def _is_user_file(path: str) -> bool:
+    if not path or path.startswith("<"):
+        return False
+    absolute = os.path.abspath(path)
+    if absolute.startswith(_NOT_USER):
+        return False
+    if "torch" in sys.modules:
+        from preclint.capture.graph import is_internal_file
+
+        return not is_internal_file(absolute)
+    return f"{os.sep}site-packages{os.sep}" not in absolute
+
+
+def _display(path: str) -> str:
+    if not path or path.startswith("<"):
+        return path
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith(os.pardir) else relative
+
+
+def _user_frame_of(frame: Optional[FrameType]) -> Optional[str]:
+    """``file:line`` of the innermost frame of the user's code at or above ``frame``."""
+    while frame is not None:
+        if _is_user_file(frame.f_code.co_filename):
+            return f"{_display(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _at(tb: Optional[TracebackType]) -> str:
+    """`` at file:line`` of the innermost user frame of a traceback, or nothing."""
+    where = None
+    while tb is not None:
+        if _is_user_file(tb.tb_frame.f_code.co_filename):
+            where = f"{_display(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return f" at {where}" if where else ""

@@ -1,0 +1,148 @@
+"""Where a finding points: the line that made its op, the user's lines that lead there (the call into
+a library, the line that builds the module), the model's definition for findings without a line of
+their own, and paths as reports print them."""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Dict, List, Optional, Sequence
+
+from preclint.core.findings import Finding, Location
+from preclint.core.ir import Graph
+
+
+def model_location(loaded) -> Optional[Location]:
+    """Where the model is defined, for findings that have no line of their own: its class when the
+    model's file defines it, else the line there that defines the name it was loaded as (``model =
+    resnet18()``, ``def build():``), else the file's first line."""
+    path = loaded.source_path
+    if not path:
+        return None
+    line = None
+    try:
+        cls_file = inspect.getsourcefile(type(loaded.module))
+        if cls_file and os.path.abspath(cls_file) == os.path.abspath(path):
+            line = inspect.getsourcelines(type(loaded.module))[1]
+    except (OSError, TypeError):
+        pass
+    if line is None:
+        line = _top_level_definition(path, loaded.name.rsplit(":", 1)[-1]) or 1
+    return Location(path, line, 1)
+
+
+def _top_level_definition(path: str, name: str) -> Optional[int]:
+    """The line of the module-level class, function or assignment that defines ``name`` in ``path``."""
+    import ast
+
+    from preclint.text.lines import file_text
+
+    text = file_text(path)
+    if not text or not name.isidentifier():
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+            return stmt.lineno
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return stmt.lineno
+    return None
+
+
+def display_location(location: Location) -> Location:
+    """A location as reports print it: relative to the working directory, or, in a library's file,
+    to the directory the library is imported from (source.paths.display_place)."""
+    if location.library:
+        return location
+    from preclint.text.paths import display_place
+
+    path, library = display_place(location.path)
+    return Location(path, location.line, location.column, library)
+
+
+def relativize(findings: Sequence[Finding]) -> None:
+    for f in findings:
+        if f.location is not None:
+            f.location = display_location(f.location)
+        f.related = tuple((display_location(loc), text) for loc, text in f.related)
+
+
+def module_definition_locations(root, paths) -> Dict[str, Location]:
+    """module path -> the line in the user's code that builds that module.
+
+    A module is built by the nearest enclosing module whose class the user wrote (torchvision's and
+    torch's own classes are not the user's code): ``stages.0.depthwise`` is built by the class of
+    ``stages.0`` as its ``depthwise`` attribute; a block inside an ``nn.Sequential`` by the class that
+    builds the Sequential.
+    """
+    from preclint.capture.graph import is_internal_file
+    from preclint.locations.definitions import definition_location
+
+    modules = dict(root.named_modules())
+    files: Dict[str, Optional[str]] = {}
+
+    def user_file(path: str) -> Optional[str]:
+        if path not in files:
+            try:
+                source = inspect.getsourcefile(type(modules[path]))
+            except (TypeError, OSError):
+                source = None
+            files[path] = source if source and not is_internal_file(source) else None
+        return files[path]
+
+    found: Dict[str, Location] = {}
+    for path in paths:
+        if path not in modules or not path:
+            continue
+        parts = path.split(".")
+        for cut in range(len(parts) - 1, -1, -1):
+            owner = ".".join(parts[:cut])
+            source = user_file(owner)
+            if source is None:
+                continue
+            where = definition_location(source, type(modules[owner]).__name__, ".".join(parts[cut:]))
+            if where is not None:
+                found[path] = where
+            break
+    return found
+
+
+def attach_source_locations(findings: List[Finding], loaded, graph: Optional[Graph] = None) -> None:
+    """Point each finding at the line that made its op, and at the user's lines that lead there.
+
+    The op's line may be a library's (``torchvision/models/resnet.py``): the user's line that calls
+    into the library and the line that builds the module (or, failing both, the model's definition)
+    then follow as related locations, for the formats meant for code review to annotate. A finding
+    with no line of its own goes to the line that builds its module, else stays at the model's
+    definition.
+    """
+    from preclint.text.paths import library_path
+
+    modules = {f.module for f in findings if f.module}
+    # nothing to place: don't pay for parsing (or importing libcst)
+    definitions = module_definition_locations(loaded.module, modules) if modules else {}
+    fallback = model_location(loaded)
+    for f in findings:
+        built = definitions.get(f.module)
+        if f.location is None or f.location == fallback:
+            f.location = built or f.location
+            continue
+        related = []
+        if library_path(f.location.path) is not None:
+            node = graph.get(f.node) if graph is not None and f.node else None
+            call = next((loc for loc in (node.stack if node is not None else ()) if library_path(loc.path) is None), None)
+            if call is not None:
+                library = library_path(f.location.path).split("/", 1)[0].removesuffix(".py")
+                related.append((call, f"the call into {library} that reaches {f.module or f.op or 'this op'}"))
+            if built is None and call is None and fallback is not None and library_path(fallback.path) is None:
+                related.append((fallback, "the model is built here"))
+        if built is not None and not any(_same_line(built, loc) for loc in [f.location] + [loc for loc, _ in related]):
+            related.append((built, f"{f.module} is built here"))
+        f.related = f.related + tuple(related)
+
+
+def _same_line(a: Location, b: Location) -> bool:
+    return (os.path.abspath(a.path), a.line) == (os.path.abspath(b.path), b.line)

@@ -1,0 +1,1 @@
+"""The mixed-precision plan: what to keep in float32, its verification and its exports."""

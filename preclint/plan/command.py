@@ -1,0 +1,315 @@
+"""`preclint plan`: arguments, the plan-verify-refine loop, and the console and JSON output."""
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Optional
+
+from preclint.core.errors import UserError
+from preclint.core.ir import DecisionMargins
+
+MAX_RUNS = 3  # runs of the model with a plan applied, the first one included
+
+
+def _fraction(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0.0 <= value <= 1.0):
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to 1, not {text!r}")
+    return value
+
+
+def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
+    plan = sub.add_parser("plan", help="the fewest layers to keep in float32 that meet a tolerance, verified")
+    plan.add_argument("paths", nargs=1, metavar="PATH", help="a model file or package.module:attr")
+    add_model_arguments(plan)
+    plan.add_argument("--max-flip", type=_fraction, metavar="FRACTION",
+                      help="decision budget: the fraction of decisions (top-1 classes, thresholds, top-k) allowed to change")
+    plan.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                      help="where the verification runs: cuda, cpu (the CPU's float16/bfloat16 kernels) or auto")
+    plan.add_argument("--no-verify", action="store_true", help="only predict: do not run the model with the plan")
+    plan.add_argument("--policy", metavar="FILE", help="verify this plan (a JSON plan) instead of choosing one")
+    plan.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
+    plan.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    add_output_arguments(plan)
+
+
+def cmd_plan(args, load, use_color: bool) -> int:
+    from preclint.config import load_config
+    from preclint.engine import CheckOptions, check_model
+    from preclint.plan.planner import PLAN_MODES, Tolerance
+    from preclint.source.baseline import report_destination
+    from preclint.source.command import write_report
+    from preclint.capture.usercode import guard
+
+    config = load_config(config_file=args.config_file, isolated=args.isolated)
+    config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
+                               output_format=args.output_format)
+    modes = args.precisions or ["fp16"]
+    if len(modes) != 1 or modes[0] not in PLAN_MODES:
+        raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
+    mode = modes[0]
+    tolerance = Tolerance(config.rtol, config.atol, config.max_flip)
+    if not tolerance.compares_values and tolerance.max_flip is None:
+        raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
+                        "or a decision budget --max-flip (or max-flip in [tool.preclint])")
+    fmt = args.output_format or "full"
+    if fmt not in ("full", "json", "html"):
+        raise UserError("plan writes --output-format full, json or html")
+    output = report_destination(getattr(args, "output", None), fmt, args.paths)
+    path = args.paths[0]
+    with guard(path, config.timeout):
+        loaded = load(path, args)
+        report, graph, ctx = check_model(loaded, config, CheckOptions(modes=(mode,), rtol=config.rtol, atol=config.atol,
+                                                                     capture=args.capture))
+        plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=not args.no_verify,
+                          device=args.device, policy_file=args.policy)
+    if fmt == "json":
+        text = json.dumps(plan.to_json(), indent=2) + "\n"
+    elif fmt == "html":
+        from preclint.report.html import render_many
+
+        text = render_many([report], plan=plan_section(plan))
+    else:
+        text = render_console(plan, use_color and output is None)
+    if output is not None:
+        from preclint.source.baseline import write_output_file
+
+        write_output_file(output, text, "report")
+    else:
+        write_report(text)
+    return 0 if plan.meets_tolerance else 1
+
+
+def _tolerance_text(tol) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (("rtol", tol.rtol), ("atol", tol.atol), ("max_flip", tol.max_flip))
+                     if v is not None)
+
+
+def plan_section(plan):
+    """The plan as the HTML report shows it: what is kept and why, and the output error before and
+    after it, predicted and (when a run verified it) measured."""
+    from preclint.core.findings import percent
+    from preclint.report.html import PlanSection
+
+    wanted = _tolerance_text(plan.tolerance)
+    verdict = "meets" if plan.meets_tolerance else "does not meet"
+    summary = (f"Under {plan.precision}, keeping {len(plan.keep)} unit(s) in float32 ({percent(plan.kept_flops_fraction)} "
+               f"of the FLOPs) {verdict} the tolerance ({wanted})." + "".join(f" {n}" for n in plan.notes))
+    rows = [(k.module or "<root>", k.op or "", k.reason + (f" (faster fix: {k.alternative})" if k.alternative else ""),
+             percent(k.share) if k.share is not None else "", percent(k.flops_fraction)) for k in plan.keep]
+    series = {}
+    for label, figures in (("predicted", plan.predicted), ("measured", plan.measured or {})):
+        values = [figures.get(when).rel_error if figures.get(when) is not None and figures.get(when).finite else None
+                  for when in ("before", "after")]
+        if any(v is not None for v in values):
+            series[label] = values
+    chart = {"x": ["before the plan", "with the plan"], "series": series,
+             "y_title": "output error (relative RMS)", "log": True} if series else None
+    return PlanSection(summary, ("module", "op", "reason", "share of the error", "FLOPs kept"), rows, chart)
+
+
+def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = True, device: str = "auto",
+               policy_file: Optional[str] = None):
+    """Plan (or take the given policy), verify, refine: at most MAX_RUNS runs with a plan."""
+    from preclint.plan.planner import make_plan, onnx_exclude_patterns
+
+    try:
+        from preclint.plan.source_edit import source_diff
+    except ImportError:  # libcst missing (a serving machine): the plan without the source diff
+        source_diff = None
+
+    margins = ()
+    if tolerance.max_flip is not None and not any(n.record(DecisionMargins) is not None for n in graph.nodes):
+        from preclint.load.modelio import Inputs
+        from preclint.plan.planner import output_margins
+
+        margins = output_margins(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)))
+    plan = make_plan(graph, mode, tolerance, loaded.name, findings, output_margins=margins)
+    floor = next((n for n in plan.notes if n.startswith("float32 itself")), None)
+    if floor is not None and policy_file is None:
+        raise UserError(floor)
+    if policy_file is not None:
+        _take_policy(plan, policy_file, loaded.module, graph)
+    if verify:
+        plan = _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None,
+                       margins=margins)
+    plan.onnx_exclude = onnx_exclude_patterns(plan)
+    plan.source_diff = source_diff(plan, graph, loaded.source_path) if source_diff is not None else None
+    return plan
+
+
+def _take_policy(plan, policy_file: str, module, graph) -> None:
+    """The plan's keep list from a policy file, checked against the model."""
+    from preclint.plan.planner import KeepEntry, Planner, Unit, MODES
+    import copy
+
+    from preclint.policy import PolicyError, apply_policy, load_policy
+
+    try:
+        policy = load_policy(policy_file)
+    except PolicyError as exc:
+        raise UserError(str(exc)) from None
+    if policy.precision != plan.precision:
+        raise UserError(f"the policy {policy_file} is for {policy.precision}, not --precision {plan.precision}")
+    try:
+        apply_policy(copy.deepcopy(module), policy)  # names every module and parameter it keeps?
+    except PolicyError as exc:
+        raise UserError(f"{policy_file}: {exc}") from None
+    planner = Planner(graph, MODES[plan.precision], plan.tolerance)
+    units = [Unit(k.module, k.op) for k in policy.keep]
+    before = planner.predict(set())
+    after = planner.predict(set(units))
+    plan.keep = [KeepEntry(u.module, u.op, f"from {policy_file}", planner.unit_share(before.contributions, u),
+                           planner.cost([u])) for u in units]
+    plan.kept_flops_fraction = planner.cost(units)
+    plan.predicted["after"] = planner.summary(after)
+    plan.meets_tolerance = planner.meets(after)
+
+
+def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool, margins=()):
+    """The plan measured, and refined where the measurement fails it: the plan that was run last."""
+    from preclint.load.modelio import Inputs
+    from preclint.plan.planner import Unit, make_plan
+    from preclint.plan.verify import Verifier
+    from preclint.probe.execute import one_line
+
+    try:
+        verifier = Verifier(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)), mode, tolerance, device)
+        before = verifier.run(None)
+    except UserError:
+        raise
+    except Exception as exc:
+        plan.notes.append(f"not verified: the model did not run for the measurement ({one_line(exc)})")
+        return plan
+    if before.meets and not fixed:
+        # the run without a plan meets the tolerance already: nothing needs keeping, and no run is
+        # spent verifying what the prediction kept as a surplus
+        if plan.keep:
+            plan.notes.append(f"the run without a plan meets the tolerance: nothing is kept (the prediction "
+                              f"alone would have kept {len(plan.keep)} unit(s))")
+        plan.keep, plan.kept_flops_fraction = [], 0.0
+        plan.predicted["after"] = plan.predicted["before"]
+        plan.measured = {"before": before.summary, "after": before.summary, "float32": verifier.float32.summary,
+                         "how": verifier.how, "runs": 0}
+        plan.meets_tolerance = True
+        return plan
+    margin, extra = 1.0, []
+    after = None
+    for attempt in range(MAX_RUNS):
+        after = verifier.run(plan.policy())
+        if after.meets or fixed or attempt == MAX_RUNS - 1:
+            break
+        # refine: keep the module the run first went inf/NaN in, and demand more of the prediction by
+        # as much as it fell short of the measurement
+        if after.first_nonfinite is not None:
+            extra.append(Unit(after.first_nonfinite))
+        predicted = plan.predicted["after"].rel_error
+        measured = after.summary.rel_error
+        ratio = measured / predicted if measured and predicted and math.isfinite(measured / predicted) else 2.0
+        margin *= max(ratio, 2.0)
+        refined = make_plan(graph, mode, tolerance, loaded.name, findings, margin=margin, extra_must=extra,
+                            output_margins=margins)
+        if refined.policy() == plan.policy():  # nothing more the error model can offer: no run is spent on it
+            plan.notes.append(f"the measured error was {ratio:.2g}x the predicted, and no further layer is predicted to help")
+            break
+        refined.notes = plan.notes + [f"refined after run {attempt + 1}: the measured error was {ratio:.2g}x the predicted"]
+        plan = refined
+    while after.meets and not fixed and verifier.runs - 1 < MAX_RUNS:
+        pruned, after, margin = _prune(plan, after, verifier, graph, mode, tolerance, loaded.name, findings, margin,
+                                       extra, margins)
+        if pruned is plan:
+            break
+        plan = pruned
+    plan.measured = {"before": before.summary, "after": after.summary, "float32": verifier.float32.summary,
+                     "how": verifier.how, "runs": verifier.runs - 1}
+    for label, run in (("without the plan", before), ("with the plan", after)):
+        if run.error:
+            plan.notes.append(f"the run {label} failed: {run.error}")
+    if not verifier.float32.meets:
+        plan.notes.append("float32 itself misses the tolerance against float64 in this measurement: no plan can meet it")
+    plan.meets_tolerance = after.meets
+    return plan
+
+
+def _prune(plan, after, verifier, graph, mode, tolerance, name, findings, margin, extra, margins):
+    """A plan that met with error to spare, made cheaper: the error model, calibrated by the
+    measurement (the measured error over the predicted), chooses again, and a cheaper plan it finds
+    is run. It replaces the plan only if it meets the tolerance too. Returns the plan, its run and
+    the calibrated margin (the plan given back unchanged: nothing cheaper to try, or it missed)."""
+    from preclint.plan.planner import make_plan
+
+    predicted, measured = plan.predicted["after"].rel_error, after.summary.rel_error
+    if not plan.keep or not predicted or measured is None or not math.isfinite(measured) \
+            or measured >= predicted * margin:
+        return plan, after, margin
+    calibrated = measured / predicted  # the margin that makes this plan's prediction its measurement
+    cheaper = make_plan(graph, mode, tolerance, name, findings, margin=calibrated, extra_must=extra,
+                        output_margins=margins)
+    if cheaper.kept_flops_fraction >= plan.kept_flops_fraction or cheaper.policy() == plan.policy() \
+            or not cheaper.meets_tolerance:
+        return plan, after, margin
+    tried = verifier.run(cheaper.policy())
+    if not tried.meets:
+        plan.notes.append(f"a cheaper plan (the error model calibrated by the measured error, {calibrated:.2g}x the "
+                          f"predicted) was run and missed the tolerance: the plan above is kept")
+        return plan, after, margin
+    cheaper.notes = plan.notes + [f"made cheaper after run {verifier.runs - 2}: the measured error was {calibrated:.2g}x "
+                                  f"the predicted; the cheaper plan was run and meets the tolerance"]
+    return cheaper, tried, calibrated
+
+
+def render_console(plan, color: bool) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    from preclint.core.findings import percent, sci
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=color, no_color=not color, width=120, highlight=False)
+    console.print(f"plan for {plan.model} under {plan.precision} ({_tolerance_text(plan.tolerance)})")
+    if plan.keep:
+        table = Table(show_edge=False)
+        for column in ("module", "op", "reason", "share", "FLOPs"):
+            table.add_column(column)
+        for k in plan.keep:
+            table.add_row(k.module or "<root>", k.op or "", k.reason + (f"\n  faster fix: {k.alternative}" if k.alternative else ""),
+                          percent(k.share) if k.share is not None else "", percent(k.flops_fraction))
+        console.print(table)
+    else:
+        console.print("nothing to keep in float32: the whole model meets the tolerance in " + plan.precision)
+    console.print(f"kept in float32: {percent(plan.kept_flops_fraction)} of the FLOPs")
+    rows = [("predicted", plan.predicted)] + ([("measured", plan.measured)] if plan.measured else [])
+    for label, figures in rows:
+        parts = []
+        for when in ("before", "after", "float32"):
+            s = figures.get(when)
+            if s is None:
+                continue
+            shown = f"rel {sci(s.rel_error)}, max abs {sci(s.max_abs_error)}" if s.finite else "inf/NaN"
+            if s.failing_fraction is not None and s.finite:
+                shown += f", failing {percent(s.failing_fraction)}"
+            if s.flip_fraction is not None:
+                shown += f", flips {percent(s.flip_fraction)}"
+            parts.append(f"{when}: {shown}")
+        extra = f" ({plan.measured['how']}, {plan.measured['runs']} run(s) with a plan)" if label == "measured" else ""
+        console.print(f"{label}{extra}: " + "; ".join(parts))
+    console.print("meets the tolerance: " + ("yes" if plan.meets_tolerance else "no"))
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    if plan.keep:
+        console.print("\nmodules: " + ", ".join(k.module + (f":{k.op}" if k.op else "") or "<root>" for k in plan.keep))
+        console.print("ONNX nodes_to_exclude (regular expressions over exported node names):")
+        for pattern in plan.onnx_exclude:
+            console.print(f"  {pattern}")
+        console.print("apply at inference: from preclint.policy import load_policy, apply_policy; "
+                      "model = apply_policy(model, load_policy('plan.json'))")
+    if plan.source_diff:
+        console.print("\nthe kept calls in your source:")
+        console.print(plan.source_diff, markup=False)
+    return buffer.getvalue()

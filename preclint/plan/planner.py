@@ -1,0 +1,688 @@
+"""The mixed-precision plan: the fewest float32 FLOPs that bring a precision mode under a tolerance.
+
+From the error model's per-node shares of the output error (predict.py) the plan chooses units to
+keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of a module's own
+forward (``exp`` in ``block``), and, for a cast model (``-full``), what is not a module: the
+model's inputs (``<inputs>``: not cast down on entry), its outputs (``<outputs>``: not cast back)
+and a parameter the format cannot hold (``<param:layer1.0.bn1.running_var>``). Those three cost no
+FLOPs; their share is what the predicted output error loses when they are kept.
+
+1. what must be kept: values that overflow the format, values that underflow to 0 and then feed a
+   division, rsqrt or log, constants the format cannot hold; where keeping a value moves the
+   overflow on (a float32 result too large for the next float16 layer), that layer is kept too.
+2. then, while the predicted output error fails the tolerance (or a decision flips more often than
+   the budget allows), the unit with the largest share of what fails per FLOP it costs in float32;
+   afterwards every chosen unit the tolerance can do without is dropped again, dearest first, so
+   the set is not a prefix of any ranking.
+
+Every candidate set is judged by predicting the whole mode again with those nodes in float32
+(``predict_mode(float32=...)``), so what a kept layer changes downstream (a float32 residual stream,
+an overflow moved to the next conv) is in the figure. ``plan_verify`` measures the result.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+
+from preclint.core.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node, RoundingMargins
+from preclint.core.numerics import FP32, MODES, Mode
+from preclint.predict.error_model import (ModePrediction, expected_flip_fraction, fx_tensor_constant,
+                              propagated_error, predict_mode, reaching_absmax, rounding_terms)
+from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
+
+PLAN_VERSION = 1
+PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
+# kinds whose nodes compute nothing a float32 unit would change
+_NO_ARITHMETIC = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.SHAPE, Kind.CONSTANT, Kind.DECISION, Kind.COMPARE})
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    max_flip: Optional[float] = None  # fraction of decisions (argmax, thresholds, top-k) allowed to change
+
+    @property
+    def compares_values(self) -> bool:
+        return self.rtol is not None or self.atol is not None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A leaf module (``op`` None), or every call of one op in a module's own forward."""
+
+    module: str
+    op: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        where = self.module or "<root>"
+        return where if self.op is None else f"{where}: {self.op}"
+
+    @property
+    def is_module(self) -> bool:
+        """A module or an op in one, not the inputs, the outputs or a parameter."""
+        return is_module(self.module)
+
+
+INPUTS_UNIT, OUTPUTS_UNIT = Unit(INPUTS), Unit(OUTPUTS)
+
+
+def param_unit(name: str) -> Unit:
+    return Unit(f"{PARAM}{name}>")
+
+
+@dataclass
+class KeepEntry:
+    module: str
+    op: Optional[str]
+    reason: str
+    share: Optional[float]  # the unit's share of the predicted output error variance before the plan
+    flops_fraction: float = 0.0
+    alternative: Optional[str] = None  # a fix that keeps the speed, where a rule knows one
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {"module": self.module, "op": self.op, "reason": self.reason,
+               "share": None if self.share is None else round(self.share, 4),
+               "flops_fraction": round(self.flops_fraction, 6)}
+        if self.alternative:
+            out["alternative"] = self.alternative
+        return out
+
+
+@dataclass
+class ErrorSummary:
+    rel_error: Optional[float]
+    max_abs_error: Optional[float]
+    finite: bool = True
+    failing_fraction: Optional[float] = None  # elements outside atol + rtol |ref|
+    flip_fraction: Optional[float] = None  # the largest over the decisions judged
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"rel_error": _sig(self.rel_error), "max_abs_error": _sig(self.max_abs_error), "finite": self.finite,
+                "failing_fraction": _sig(self.failing_fraction), "flip_fraction": _sig(self.flip_fraction)}
+
+
+@dataclass
+class Plan:
+    """The plan as ``preclint plan --output-format json`` writes it (``to_json``), and as
+    ``preclint.policy.load_policy`` reads it back."""
+
+    model: str
+    precision: str
+    tolerance: Tolerance
+    keep: List[KeepEntry] = field(default_factory=list)
+    kept_flops_fraction: float = 0.0
+    predicted: Dict[str, ErrorSummary] = field(default_factory=dict)  # "before", "after"
+    measured: Optional[Dict[str, Any]] = None  # "before", "after", "float32", "device", "runs"
+    meets_tolerance: bool = False
+    notes: List[str] = field(default_factory=list)
+    onnx_exclude: List[str] = field(default_factory=list)  # nodes_to_exclude-style regular expressions
+    source_diff: Optional[str] = None
+
+    @property
+    def modules(self) -> List[str]:
+        return [k.module for k in self.keep if k.op is None]
+
+    def policy(self) -> Dict[str, Any]:
+        return {"precision": self.precision, "keep": [{"module": k.module, "op": k.op} for k in self.keep]}
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {
+            "version": PLAN_VERSION,
+            "model": self.model,
+            "precision": self.precision,
+            "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
+            "keep": [k.to_json() for k in self.keep],
+            "kept_flops_fraction": round(self.kept_flops_fraction, 6),
+            "predicted": {k: v.to_json() for k, v in self.predicted.items()},
+            "meets_tolerance": self.meets_tolerance,
+        }
+        if self.tolerance.max_flip is not None:
+            out["tolerance"]["max_flip"] = self.tolerance.max_flip
+        if self.measured is not None:
+            out["measured"] = {k: (v.to_json() if isinstance(v, ErrorSummary) else v) for k, v in self.measured.items()}
+        out["onnx_nodes_to_exclude"] = list(self.onnx_exclude)
+        out["notes"] = list(self.notes)
+        return out
+
+
+def _sig(value: Optional[float]) -> Optional[float]:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}")
+
+
+# ----------------------------------------------------------------------------------- units and cost
+
+
+def node_flops(node: Node) -> float:
+    """Arithmetic of a node: 2 K per output element of a dot product, else one per element it
+    reads or writes (elementwise ops, norms, reductions)."""
+    if node.kind in _NO_ARITHMETIC or not node.outputs:
+        return 0.0
+    numel = sum(s.numel for s in node.outputs if s.is_float)
+    if node.kind in DOT_PRODUCT_KINDS:
+        return 2.0 * (node.reduction_length or 1) * numel
+    read = sum(s.numel for s in node.input_stats if s is not None and s.is_float)
+    return float(max(numel, read))
+
+
+def is_model_tensor(node: Node) -> bool:
+    """A parameter or buffer the model holds (or a view of one), not a tensor its forward creates
+    (fx_tensor_constant)."""
+    return node.fn == "parameter" and bool(node.params) and not fx_tensor_constant(node) \
+        and not (_FX_CONSTANT in node.params[0] and not node.attrs.get("view_of"))
+
+
+_FX_CONSTANT = "_tensor_constant"
+
+
+def promotes(graph: Graph, node: Node, modules_cast: bool = False, formats: Optional[Dict[str, str]] = None) -> bool:
+    """Whether every op that reads the tensor (through views and indexing) promotes a float32
+    operand by type promotion (elementwise ops, reductions): then keeping the tensor alone in
+    float32 runs in a cast model. A dot product or a module call (F.linear, a conv) would refuse a
+    float32 weight beside low activations, unless its other operands are float32 too (``formats``:
+    each node's format in the cast model, a position table made in float32 by the forward).
+    ``modules_cast``: a module call reads it anyway (a layer of the cast model casts a float32
+    input to its own dtype, as apply_policy makes it)."""
+    readers: Dict[str, List[Node]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    frontier, seen, chain = [node.name], set(), {node.name}
+    while frontier:
+        name = frontier.pop()
+        for reader in readers.get(name, []):
+            if reader.name in seen:
+                continue
+            seen.add(reader.name)
+            if reader.target.startswith("nn."):
+                if modules_cast:
+                    continue
+                return False
+            if reader.kind in DOT_PRODUCT_KINDS or reader.fn in _NO_PROMOTION:
+                others = [i for i in reader.inputs if i not in chain and graph.get(i) is not None
+                          and graph[i].out is not None and graph[i].out.is_float]
+                if formats is None or any(formats.get(i) != "fp32" for i in others):
+                    return False
+            if reader.kind == Kind.SHAPE:
+                frontier.append(reader.name)
+                chain.add(reader.name)
+    return True
+
+
+# ops that take their operands' dtypes as given instead of promoting them
+_NO_PROMOTION = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "bmm", "mm", "einsum", "addmm", "baddbmm",
+                           "layer_norm", "group_norm", "batch_norm", "embedding", "scaled_dot_product_attention"})
+
+
+def _keepable(planner: "Planner", node: Node) -> bool:
+    """An input or a model tensor that a cast model can take in float32 by itself."""
+    formats = {name: p.fmt for name, p in planner.predict(set()).nodes.items()}
+    if node.kind == Kind.INPUT:
+        return promotes(planner.graph, node, modules_cast=True, formats=formats)
+    return is_model_tensor(node) and promotes(planner.graph, node, formats=formats)
+
+
+def tensor_name(node: Node) -> str:
+    """The model's name of the parameter or buffer a parameter node reads."""
+    return node.attrs.get("view_of") or node.params[0]
+
+
+def unit_of(node: Node, mode: Optional[Mode] = None) -> Unit:
+    """The unit that keeps ``node``; in a cast model an input or a parameter is its own unit."""
+    cast_model = mode is not None and not mode.autocast
+    if cast_model and node.kind == Kind.INPUT:
+        return INPUTS_UNIT
+    if cast_model and is_model_tensor(node):
+        return param_unit(tensor_name(node))
+    if node.target.startswith("nn.") or node.fn == "parameter":
+        return Unit(node.module_path)
+    return Unit(node.module_path, node.fn)
+
+
+def _inside(path: str, outer: str) -> bool:
+    if not is_module(path) or not is_module(outer):
+        return path == outer
+    return outer == "" or path == outer or path.startswith(outer + ".")
+
+
+def unit_nodes(graph: Graph, unit: Unit) -> List[str]:
+    if unit == INPUTS_UNIT:
+        return [n.name for n in graph.nodes if n.kind == Kind.INPUT]
+    if param_name(unit.module) is not None:
+        return [n.name for n in graph.nodes if is_model_tensor(n) and tensor_name(n) == param_name(unit.module)]
+    if not unit.is_module:  # <outputs>: no node, the cast back at the output (Planner._cast_back)
+        return []
+    if unit.op is None:
+        return [n.name for n in graph.nodes if n.kind not in (Kind.INPUT, Kind.OUTPUT) and _inside(n.module_path, unit.module)]
+    return [n.name for n in graph.nodes
+            if n.module_path == unit.module and n.fn == unit.op and not n.target.startswith("nn.")]
+
+
+def parent(unit: Unit) -> Optional[Unit]:
+    """The module around a unit: an op's own module, a module's parent; None above the root (and
+    for the inputs, the outputs and a parameter)."""
+    if not unit.is_module:
+        return None
+    if unit.op is not None:
+        return Unit(unit.module)
+    if unit.module == "":
+        return None
+    return Unit(unit.module.rpartition(".")[0])
+
+
+class Planner:
+    """Predictions of ``mode`` on ``graph`` with a set of units in float32."""
+
+    def __init__(self, graph: Graph, mode: Mode, tolerance: Tolerance, output_margins: Sequence[float] = ()) -> None:
+        self.graph = graph
+        # top-1 minus top-2 of each row of a classifier's scores: the output itself is the decision
+        # where the graph holds none (the argmax happens after the model)
+        self.output_margins = list(output_margins)
+        self.mode = mode
+        self.tolerance = tolerance
+        self.margin = 1.0  # the predicted error is multiplied by this before the comparison (refinement)
+        self.flops = {n.name: node_flops(n) for n in graph.nodes}
+        self.total_flops = sum(self.flops.values()) or 1.0
+        self._nodes: Dict[Unit, Tuple[str, ...]] = {}
+        self._cache: Dict[FrozenSet[Unit], ModePrediction] = {}
+        # a rounding to integers decides as much as an argmax: both flip under a low precision
+        self.decisions = [n for n in graph.nodes
+                          if n.record(DecisionMargins) is not None or n.record(RoundingMargins) is not None]
+
+    def nodes(self, unit: Unit) -> Tuple[str, ...]:
+        if unit not in self._nodes:
+            self._nodes[unit] = tuple(unit_nodes(self.graph, unit))
+        return self._nodes[unit]
+
+    def kept_nodes(self, units) -> Set[str]:
+        return {n for u in units for n in self.nodes(u)}
+
+    def cost(self, units) -> float:
+        return sum(self.flops[n] for n in self.kept_nodes(units)) / self.total_flops
+
+    def predict(self, units) -> ModePrediction:
+        key = frozenset(units)
+        if key not in self._cache:
+            kept = self.kept_nodes(key)
+            rounded = self._rounded_inputs(key)
+            prediction = predict_mode(self.graph, self.mode, float32=frozenset(kept) | rounded,
+                                      cast_back=self._cast_back(key, kept) | rounded)
+            self._cache[key] = prediction
+        return self._cache[key]
+
+    def _rounded_inputs(self, units) -> FrozenSet[str]:
+        """A cast model's inputs are rounded to the low format on entry (the error model leaves that
+        rounding to the caller: predict's EXACT_FNS); the plan counts it, in the output error and in
+        every decision downstream, since keeping ``<inputs>`` is how it is undone."""
+        if self.mode.autocast or INPUTS_UNIT in units:
+            return frozenset()
+        return frozenset(n.name for n in self.graph.nodes
+                         if n.kind == Kind.INPUT and n.out is not None and n.out.is_float and n.out.finite)
+
+    @property
+    def returned(self) -> FrozenSet[str]:
+        return frozenset(n for out in self.graph.output_nodes for n in out.inputs)
+
+    def _cast_back(self, units, kept: Set[str]) -> FrozenSet[str]:
+        """-full modes: float32 results the model returns (kept, or promoted by a kept input), which
+        apply_policy casts back to the low dtype (a layer of the cast model that reads a kept result
+        casts it itself: node_format's parameters)."""
+        return frozenset() if self.mode.autocast or OUTPUTS_UNIT in units else self.returned
+
+    # ------------------------------------------------------------------ judging a prediction
+
+    def flip_budget(self, node: Node) -> float:
+        if self.tolerance.max_flip is not None:
+            return self.tolerance.max_flip
+        margins = node.record(DecisionMargins) or node.record(RoundingMargins)
+        units = margins.units if margins is not None else 1  # every decision, not only those sampled
+        return 0.5 / units  # no budget given: fewer than one decision expected to change
+
+    def judges_decisions(self) -> bool:
+        """Decisions count where the user gave a budget, or where the output has no float values."""
+        return self.tolerance.max_flip is not None or not self.tolerance.compares_values
+
+    def failing_fraction(self, p: ModePrediction) -> Optional[float]:
+        from preclint.rules.model.output_tolerance import failing_fraction
+
+        if not self.tolerance.compares_values or p.output_error is None or not p.output_numel:
+            return None
+        return failing_fraction(p.output_error * self.margin, p.output_rms, self.tolerance.rtol or 0.0,
+                                self.tolerance.atol or 0.0)
+
+    def values_fail(self, p: ModePrediction) -> bool:
+        fraction = self.failing_fraction(p)
+        return fraction is not None and fraction * p.output_numel >= 0.5
+
+    def flipping(self, p: ModePrediction) -> List[Node]:
+        if not self.judges_decisions():
+            return []
+        return [d for d in self.decisions
+                if (p.nodes[d.name].flip_fraction or 0.0) * self.margin > self.flip_budget(d)]
+
+    def output_flips(self, p: ModePrediction) -> Optional[float]:
+        """Expected fraction of the output's top-1 decisions that change (classifier scores)."""
+        if not self.output_margins or p.output_error is None:
+            return None
+        return expected_flip_fraction(self.output_margins, p.output_error * self.margin, False)
+
+    def output_flipping(self, p: ModePrediction) -> bool:
+        flips = self.output_flips(p)
+        return self.tolerance.max_flip is not None and flips is not None and flips > self.tolerance.max_flip
+
+    def meets(self, p: ModePrediction) -> bool:
+        return p.finite and not self.values_fail(p) and not self.flipping(p) and not self.output_flipping(p)
+
+    def summary(self, p: ModePrediction) -> ErrorSummary:
+        flips = [p.nodes[d.name].flip_fraction for d in self.decisions if p.nodes[d.name].flip_fraction is not None]
+        if self.output_flips(p) is not None:
+            flips.append(self.output_flips(p))
+        return ErrorSummary(p.rel_error, p.max_abs_error, p.finite, self.failing_fraction(p), max(flips) if flips else None)
+
+    # ------------------------------------------------------------------ shares
+
+    def output_terms(self, p: ModePrediction) -> Dict[str, float]:
+        return dict(p.contributions)
+
+    def decision_terms(self, p: ModePrediction, decision: Node) -> Dict[str, float]:
+        """Each node's share of the error a decision receives (its upstream gains), as fractions."""
+        toward = decision.record(DecisionGains)
+        gains = (toward.gap or toward.upstream) if toward is not None else {}
+        terms = {}
+        for name, gain in gains.items():
+            node = self.graph.get(name)
+            if node is None:
+                continue
+            term = propagated_error(node, rounding_terms(node, self.mode, p.nodes[name].fmt), gain)
+            if term > 0:
+                terms[name] = term
+        total = sum(terms.values())
+        return {n: t / total for n, t in terms.items()} if total > 0 else {}
+
+    def unit_share(self, terms: Dict[str, float], unit: Unit) -> float:
+        return sum(terms.get(n, 0.0) for n in self.nodes(unit))
+
+    def marginal_share(self, kept: Set[Unit], unit: Unit) -> float:
+        """The fraction of the predicted output error variance (or of a failing decision's flips) that
+        keeping ``unit`` as well removes: the share of a unit that is no computation (inputs, outputs,
+        a parameter)."""
+        p, q = self.predict(kept), self.predict(set(kept) | {unit})
+        if not q.finite:
+            return 0.0
+        if not p.finite:
+            return 1.0
+        share = 0.0
+        if p.output_error is not None and q.output_error is not None and p.output_error > 0:
+            share = 1.0 - (q.output_error / p.output_error) ** 2
+        for decision in self.flipping(p):  # and what it takes off the flips of a decision that fails
+            before, after = p.nodes[decision.name].flip_fraction or 0.0, q.nodes[decision.name].flip_fraction or 0.0
+            if before > 0:
+                share = max(share, 1.0 - after / before)
+        return max(0.0, share)
+
+
+# ---------------------------------------------------------------------------------------- planning
+
+
+def must_keep(planner: Planner, kept: Set[Unit], reasons: Dict[Unit, str]) -> None:
+    """Add to ``kept`` what the format cannot hold, until the prediction is finite (or nothing helps)."""
+    graph, mode = planner.graph, planner.mode
+    low = mode.low.name
+    for _ in range(len(graph.nodes) + 1):
+        p = planner.predict(kept)
+        bad = [n for n in graph.nodes if p.nodes[n.name].overflow or p.nodes[n.name].pole]
+        if not bad:
+            return
+        added = False
+        for node in bad:
+            if node.kind == Kind.OUTPUT:
+                continue
+            if not mode.autocast and node.name in planner.returned and OUTPUTS_UNIT not in kept \
+                    and reaching_absmax(node) > mode.low.max_finite:
+                # a cast model casts its outputs back to the low format: return them as computed
+                kept.add(OUTPUTS_UNIT)
+                reasons.setdefault(OUTPUTS_UNIT, f"overflow: an output (|x| up to {reaching_absmax(node):.3g}) "
+                                                 f"does not fit {low}: returned in float32")
+                added = True
+                break
+            unit = unit_of(node, mode) if node.kind != Kind.INPUT and not is_model_tensor(node) \
+                or _keepable(planner, node) else unit_of(node)
+            why = _must_reason(node, p, low)
+            source = _flushed_source(planner, kept, node) if p.nodes[node.name].pole and not mode.autocast else None
+            if source is not None:  # the value that flushes to 0 is an input or a parameter: keep it, not the layer
+                unit, why = source, f"underflow: its values become 0 in {low}, and a division, rsqrt or log reads them"
+            # a unit already kept still overflows where its result goes back to the low format: widen it
+            while unit is not None and unit in kept:
+                unit = parent(unit)
+            if unit is None or node.kind == Kind.INPUT and mode.autocast:
+                continue
+            kept.difference_update({u for u in kept if u.op is not None and _inside(u.module, unit.module)
+                                    or u.op is None and unit.op is None and u.module != unit.module
+                                    and _inside(u.module, unit.module)})
+            kept.add(unit)
+            reasons.setdefault(unit, why)
+            added = True
+            break  # predict again: keeping one value in range often brings the next ones back too
+        if not added:
+            return
+
+
+def _flushed_source(planner: Planner, kept: Set[Unit], pole: Node, depth: int = 6) -> Optional[Unit]:
+    """The input or parameter upstream of ``pole`` whose smallest values flush to 0 in the low format,
+    where keeping it alone in float32 removes the pole (a running variance of 1e-9 read by rsqrt)."""
+    graph, low = planner.graph, planner.mode.low
+    seen, frontier, sources = set(), list(pole.inputs), []
+    for _ in range(depth):
+        following = []
+        for name in frontier:
+            node = graph.get(name)
+            if node is None or name in seen:
+                continue
+            seen.add(name)
+            out = node.out
+            if _keepable(planner, node) and out is not None and out.is_float \
+                    and out.finite and 0 < out.absmin_nonzero < low.min_subnormal / 2:
+                sources.append(unit_of(node, planner.mode))
+            following += list(node.inputs)
+        frontier = following
+    for unit in sources:
+        if unit not in kept and not planner.predict(set(kept) | {unit}).nodes[pole.name].pole:
+            return unit
+    return None
+
+
+def _must_reason(node: Node, p: ModePrediction, low: str) -> str:
+    if p.nodes[node.name].pole:
+        return f"underflow: a value that becomes 0 in {low} reaches a division, rsqrt or log here"
+    out = node.out
+    if node.scalars and any(abs(v) > 0 and math.isfinite(v) and abs(v) > 65504 for v in node.scalars.values()):
+        return f"constant: a constant of this op does not fit in {low}"
+    limit = MODES[low].low.max_finite
+    if out is not None and out.is_float and reaching_absmax(node) <= limit:
+        inputs = [n for n in (planner_inputs(node, p)) if n is not None]
+        if inputs:
+            return f"overflow: a float32 input (|x| up to {max(inputs):.3g}) does not fit {low} where this layer reads it"
+    size = f" (|x| up to {reaching_absmax(node):.3g})" if out is not None and out.is_float else ""
+    return f"overflow: its values leave {low}'s range{size}"
+
+
+def planner_inputs(node: Node, p: ModePrediction) -> List[float]:
+    """The magnitudes of the node's inputs, from the reference statistics."""
+    return [s.absmax for s in node.input_stats if s is not None and s.is_float and s.finite]
+
+
+def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
+    """Add units by share of what fails per unit of cost until the prediction meets the tolerance,
+    then drop every added one the tolerance can do without, dearest first."""
+    kept = set(must)
+    candidates = _candidates(planner)
+    for _ in range(len(candidates) + 1):
+        p = planner.predict(kept)
+        if planner.meets(p) or not p.finite:
+            break
+        shares: List[Dict[str, float]] = []
+        if planner.values_fail(p) or planner.output_flipping(p):
+            shares.append(planner.output_terms(p))
+        shares += [planner.decision_terms(p, d) for d in planner.flipping(p)]
+        best, best_score = None, 0.0
+        for unit in candidates:
+            if unit in kept or any(u.op is None and _inside(unit.module, u.module) for u in kept):
+                continue
+            if unit.is_module:
+                share = max((planner.unit_share(s, unit) for s in shares), default=0.0)
+            else:
+                share = planner.marginal_share(kept, unit)
+            if share <= 0:
+                continue
+            score = share / max(planner.cost([unit]), 1e-12)
+            if score > best_score:
+                best, best_score = unit, score
+        if best is None:
+            break
+        kept.add(best)
+    if not planner.meets(planner.predict(kept)):
+        # an op kept alone still reads the module's rounded parameters: keep its module instead
+        widened = {parent(u) if u.op is not None else u for u in kept}
+        if not planner.meets(planner.predict(widened)):
+            return kept
+        kept = widened
+    for unit in sorted(kept - must, key=lambda u: (-planner.cost([u]), u.label)):
+        trial = kept - {unit}
+        if planner.meets(planner.predict(trial)):
+            kept = trial
+    return kept
+
+
+def _candidates(planner: Planner) -> List[Unit]:
+    units = []
+    cast_model = not planner.mode.autocast
+    for node in planner.graph.nodes:
+        if node.out is None or not node.out.is_float:
+            continue
+        if cast_model and _keepable(planner, node):
+            units.append(unit_of(node, planner.mode))  # the low format rounds it, or cannot hold it
+        if node.kind in _NO_ARITHMETIC:
+            continue
+        units.append(unit_of(node))
+    if cast_model:
+        units.append(OUTPUTS_UNIT)
+    return sorted(dict.fromkeys(units), key=lambda u: u.label)
+
+
+def output_margins(module, inputs) -> List[float]:
+    """Top-1 minus top-2 per row of the model's float outputs that look like class scores (the last
+    dimension holds more than one score), from one float32 forward pass; at most 4096 rows."""
+    import torch
+
+    from preclint.load.modelio import output_tensors
+
+    with torch.no_grad():
+        outputs = output_tensors(inputs.call(module))
+    margins: List[float] = []
+    for t in outputs:
+        if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] > 1:
+            top = t.detach().float().reshape(-1, t.shape[-1]).topk(2, dim=-1).values
+            margins += (top[:, 0] - top[:, 1]).tolist()
+    return margins[:: max(1, len(margins) // 4096)]
+
+
+def float32_floor(graph: Graph, mode: Mode) -> Optional[ModePrediction]:
+    """The error float32 itself has against float64: every rounding of the cast model, at float32's
+    unit roundoff (the error model is linear in u)."""
+    full = predict_mode(graph, MODES[f"{mode.low.name}-full"])
+    if full.output_error is None:
+        return None
+    scale = FP32.unit_roundoff / mode.low.unit_roundoff
+    floor = ModePrediction(full.mode, output_rms=full.output_rms, output_numel=full.output_numel,
+                           output_error=full.output_error * scale, finite=True)
+    return floor
+
+
+def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, findings: Sequence[Any] = (),
+              margin: float = 1.0, extra_must: Sequence[Unit] = (), output_margins: Sequence[float] = ()) -> Plan:
+    """The plan for ``mode_name`` from the error model (no run of the model)."""
+    from preclint.core.errors import UserError
+
+    if mode_name not in PLAN_MODES:
+        raise UserError(f"plan chooses layers for a reduced precision: --precision one of {', '.join(PLAN_MODES)}, "
+                        f"not {mode_name!r}")
+    if not graph.ran_reference:
+        raise UserError("plan predicts from the reference pass that --no-run skips")
+    mode = MODES[mode_name]
+    planner = Planner(graph, mode, tolerance, output_margins)
+    planner.margin = margin
+    plan = Plan(model, mode_name, tolerance)
+    if tolerance.compares_values:
+        floor = float32_floor(graph, mode)
+        if floor is not None and planner.values_fail(floor):
+            plan.notes.append(_floor_note(floor, tolerance, planner))
+    reasons: Dict[Unit, str] = {}
+    must: Set[Unit] = set(extra_must)
+    for unit in extra_must:
+        reasons[unit] = "refinement: the verification run went inf/NaN here"
+    must_keep(planner, must, reasons)
+    everything = {Unit("")} | (set() if mode.autocast else {INPUTS_UNIT, OUTPUTS_UNIT})
+    if planner.meets(planner.predict(everything)):
+        kept = choose(planner, must)
+    else:  # not even the whole model in float32 meets it
+        kept = set(must)
+        plan.notes.append("no plan is predicted to meet the tolerance: even the whole model in float32 misses it; "
+                          "only what must be kept is kept")
+    before, after = planner.predict(set()), planner.predict(kept)
+    plan.predicted = {"before": planner.summary(before), "after": planner.summary(after)}
+    plan.meets_tolerance = planner.meets(after) and not any(n.startswith("float32 itself") for n in plan.notes)
+    terms = before.contributions
+    alternatives = _alternatives(graph, findings, mode_name)
+    for unit in sorted(kept, key=lambda u: (-planner.unit_share(terms, u), u.label)):
+        share = planner.unit_share(terms, unit) if terms else None
+        reason = reasons.get(unit) or _share_reason(planner, unit, before)
+        alternative = next((alternatives[n] for n in planner.nodes(unit) if n in alternatives), None)
+        plan.keep.append(KeepEntry(unit.module, unit.op, reason, share, planner.cost([unit]), alternative))
+    plan.kept_flops_fraction = planner.cost(kept)
+    inputs = sum(share for name, share in after.contributions.items() if graph[name].kind == Kind.INPUT)
+    if not plan.meets_tolerance and inputs > 0.5:
+        plan.notes.append(f"{inputs:.0%} of the remaining error is the rounding of the model's inputs to {mode.low.name}, "
+                          "which no layer kept in float32 undoes: feed float32 inputs (apply_policy casts them where a "
+                          "float16 layer reads them)")
+    if not after.finite:
+        plan.notes.append(f"the plan could not keep every value in {mode.low.name}'s range: keeping more in float32 "
+                          "does not help where the model's inputs or outputs themselves leave it (a cast model returns "
+                          f"{mode.low.name})")
+    return plan
+
+
+def _share_reason(planner: Planner, unit: Unit, before: ModePrediction) -> str:
+    if planner.output_flipping(before) or planner.flipping(before):
+        return "decisions: its rounding flips decisions"
+    return "accuracy: a large share of the output error for its cost"
+
+
+def _floor_note(floor: ModePrediction, tolerance: Tolerance, planner: Planner) -> str:
+    from preclint.rules.model.output_tolerance import passing_atol
+
+    honest = passing_atol(floor.output_error, floor.output_numel)
+    return (f"float32 itself is predicted to miss rtol={tolerance.rtol}, atol={tolerance.atol} against float64 "
+            f"(max abs error about {floor.max_abs_error:.2g}): no plan can meet it; atol >= {honest:.2g} can be met")
+
+
+def _alternatives(graph: Graph, findings: Sequence[Any], mode: str) -> Dict[str, str]:
+    """node -> a rule's fix for the value it must keep (a rescaling, an epsilon the format holds)."""
+    out: Dict[str, str] = {}
+    for f in findings:
+        node = getattr(f, "node", None)
+        if node and f.severity != "info" and (not f.precisions or mode in f.precisions) and f.fix:
+            out.setdefault(node, f"{f.code}: {f.fix.strip().splitlines()[0]}")
+    return out
+
+
+# ------------------------------------------------------------------------------ deployment forms
+
+
+def onnx_exclude_patterns(plan: Plan) -> List[str]:
+    from preclint.policy import Kept, onnx_patterns
+
+    return onnx_patterns([Kept(k.module, k.op) for k in plan.keep])

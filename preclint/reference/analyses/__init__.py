@@ -1,0 +1,105 @@
+"""Analyses: each computes one statistic of the graph's nodes and stores it as one typed record on
+them (``node.put(Terms(...))``; the record types live in preclint.core.ir, beside the nodes they describe).
+
+An analysis declares the record it writes and the records it reads (``needs``); the engine runs only
+the analyses whose records the selected rules (``Rule.needs``), the predictions, the plan or the probe
+read, each after those it depends on (``resolve``). Three kinds, by what they read:
+
+- ForwardAnalysis: each node's operands and result as the reference pass runs it (``observe``);
+- GradientAnalysis: the reference pass's backward passes, after the forward pass (``finish``);
+- WeightAnalysis: the model's weights alone, also under --no-run (``annotate``).
+
+A new statistic is one new module here with one Analysis subclass; nothing to register.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from typing import ClassVar, Iterable, List, Tuple, Type
+
+from preclint.capture.observer import Call
+
+
+class Analysis:
+    """One statistic: the record type it writes (``record``) and the record types it reads (``needs``)."""
+
+    record: ClassVar[type]
+    needs: ClassVar[Tuple[type, ...]] = ()
+    reference_pass: ClassVar[bool] = True  # computed by the reference pass (so not under --no-run)
+    gradients: ClassVar[bool] = False  # needs the reference pass's backward passes
+
+
+class ForwardAnalysis(Analysis):
+    def observe(self, node, call: "Call") -> None:
+        """Record what ``call`` shows of ``node`` (no gradients are recorded meanwhile)."""
+        raise NotImplementedError
+
+
+class GradientAnalysis(Analysis):
+    gradients = True
+
+    def finish(self, graph, passes) -> None:
+        """Record what the backward passes show (``passes``: reference.BackwardPasses)."""
+        raise NotImplementedError
+
+
+class WeightAnalysis(Analysis):
+    reference_pass = False
+
+    def annotate(self, graph, module) -> None:
+        """Record what the weights of ``module`` (the model ``graph`` was captured from) tell."""
+        raise NotImplementedError
+
+
+class DependencyError(Exception):
+    """Analyses whose needs form a cycle, or a record no analysis writes."""
+
+
+def analysis_modules() -> List[str]:
+    return sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
+
+
+@functools.lru_cache(maxsize=None)
+def every_analysis() -> Tuple[Type[Analysis], ...]:
+    """Every analysis of the package, found by walking its modules."""
+    found = []
+    for name in analysis_modules():
+        module = importlib.import_module(f"{__name__}.{name}")
+        found += [value for value in vars(module).values()
+                  if isinstance(value, type) and issubclass(value, Analysis) and value.__module__ == module.__name__
+                  and hasattr(value, "record")]
+    return tuple(sorted(found, key=lambda a: a.__name__))
+
+
+def writer_of(record: type, analyses: Iterable[Type[Analysis]] = ()) -> Type[Analysis]:
+    """The analysis that writes ``record`` (among ``analyses``, else among every one)."""
+    writers = [a for a in (tuple(analyses) or every_analysis()) if a.record is record]
+    if len(writers) != 1:
+        raise DependencyError(f"{len(writers)} analyses write {record.__name__}; one must")
+    return writers[0]
+
+
+def resolve(records: Iterable[type], analyses: Iterable[Type[Analysis]] = ()) -> List[Type[Analysis]]:
+    """The analyses that write ``records`` and those they depend on, each after its dependencies
+    (ties in the order of the records asked for, then of the needs declared)."""
+    pool = tuple(analyses) or every_analysis()
+    ordered: List[Type[Analysis]] = []
+    visiting: List[type] = []
+
+    def visit(record: type) -> None:
+        analysis = writer_of(record, pool)
+        if analysis in ordered:
+            return
+        if record in visiting:
+            cycle = visiting[visiting.index(record):] + [record]
+            raise DependencyError("analyses depend on each other: " + " -> ".join(r.__name__ for r in cycle))
+        visiting.append(record)
+        for need in analysis.needs:
+            visit(need)
+        visiting.pop()
+        ordered.append(analysis)
+
+    for record in records:
+        visit(record)
+    return ordered

@@ -1,0 +1,118 @@
+"""Decision margins: per decision unit (a row of an argmax, a comparison, a pair of NMS scores), how far
+the deciding values are from changing the outcome; and for roundings to integers (casts, round,
+floor, ceil, trunc), how far each value is from the boundary where its integer changes. Flips are
+predicted from them and the error that reaches the decision."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from preclint.reference.analyses import ForwardAnalysis
+from preclint.capture.observer import Call
+from preclint.core.ir import DecisionMargins, Kind, Margins, Node, RoundingMargins
+
+MAX_MARGINS = 4096  # margins kept per node (subsampled deterministically beyond that)
+ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
+# Below this magnitude float32 values are 2^-10 apart or closer, so a continuous value lands on a whole
+# number by chance once in a thousand at most; beyond 2^23 every float32 value is one.
+EXACT_BELOW = 2.0 ** 13
+
+
+def sampled(margins: torch.Tensor, kind: type) -> Margins:
+    """The margins as a record: all of them up to MAX_MARGINS, every n-th beyond."""
+    units = int(margins.numel())
+    if units > MAX_MARGINS:
+        margins = margins[:: math.ceil(units / MAX_MARGINS)]
+    return kind([float(m) for m in margins], units)
+
+
+class DecisionMarginsAnalysis(ForwardAnalysis):
+    record = DecisionMargins
+
+    def observe(self, node: Node, call: Call) -> None:
+        if node.kind in (Kind.DECISION, Kind.COMPARE) or (node.fn in ("max", "min") and "dim" in node.attrs):
+            margins = decision_margins(node, call.args, call.kwargs)
+            if margins is not None and margins.numel():
+                node.put(sampled(margins, DecisionMargins))
+
+
+class RoundingMarginsAnalysis(ForwardAnalysis):
+    record = RoundingMargins
+
+    def observe(self, node: Node, call: Call) -> None:
+        if node.kind == Kind.CAST or node.fn in ROUNDING_FNS:
+            margins = rounding_margins(node, call.args, call.outputs[0] if call.outputs else None)
+            if margins is not None and margins.numel():
+                node.put(sampled(margins, RoundingMargins))
+
+
+def first_tensor(values) -> Optional[torch.Tensor]:
+    for v in tree_flatten(values)[0]:
+        if isinstance(v, torch.Tensor):
+            return v
+    return None
+
+
+def rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
+    """Distance of each value to the boundary where its integer changes (a cast to an integer dtype
+    truncates, so integers are the boundaries; round's boundaries are the half-integers)."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not isinstance(output, torch.Tensor):
+        return None
+    to_int = not output.is_floating_point() and output.dtype != torch.bool
+    if not (to_int or node.fn in ROUNDING_FNS):
+        return None
+    v = x.detach().double().flatten()
+    v = v[torch.isfinite(v)]
+    if node.fn == "round":
+        return (0.5 - (v - v.round()).abs()).abs()
+    distance = (v - v.round()).abs()
+    # A value that is a whole number already, where float32 still holds fractions, came from exact
+    # arithmetic (a clamp's bound: a box width clamped to 1 pixel, a ReLU's zero, a count, a size):
+    # the error of the continuous values around it does not reach it, and its integer does not move.
+    pinned = (distance == 0) & (v.abs() < EXACT_BELOW)
+    return torch.where(pinned, torch.full_like(distance, math.inf), distance)
+
+
+def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
+    """Per decision unit, how far the deciding values are from changing the outcome."""
+    x = first_tensor(args)
+    if x is None or not x.is_floating_point() or x.numel() == 0:  # nothing to decide (no detections)
+        return None
+    x = x.detach().double()
+    fn = node.fn
+    if node.kind == Kind.COMPARE:
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        if isinstance(other, torch.Tensor):
+            other = other.detach().double()
+        elif not isinstance(other, (int, float)):
+            return None
+        return (x - other).abs().flatten()
+    dim = node.attrs.get("dim")
+    if fn in ("nms", "batched_nms"):
+        scores = args[1] if len(args) > 1 else None
+        if not isinstance(scores, torch.Tensor) or scores.numel() < 2:
+            return None
+        s = scores.detach().double().sort(descending=True).values
+        return (s[:-1] - s[1:]).abs()
+    if fn in ("argmax", "argmin", "max", "min", "topk", "sort", "argsort", "kthvalue", "msort"):
+        if fn in ("max", "min") and dim is None:
+            return None  # the value of a full reduction; no index decision
+        rows = x.flatten() if dim is None else x.movedim(dim if isinstance(dim, int) else dim[0], -1)
+        rows = rows.reshape(-1, rows.shape[-1])
+        if rows.shape[-1] < 2:
+            return None
+        ordered = rows.sort(dim=-1, descending=fn not in ("argmin", "min")).values
+        gaps = (ordered[:, :-1] - ordered[:, 1:]).abs()
+        if fn in ("argmax", "argmin", "max", "min"):
+            return gaps[:, 0]
+        if fn == "topk":
+            # which k values are chosen, not their order (detectors sort what they keep again, a
+            # mixture of experts sums its chosen experts): the gap between the k-th and the next
+            k = node.attrs.get("k", 1)
+            return gaps[:, k - 1] if 0 < k <= gaps.shape[-1] else None
+        return gaps.min(dim=-1).values
+    return None

@@ -1,0 +1,23 @@
+"""Reach: for values beyond float16's range, the largest magnitude among the elements the output
+depends on. What a ``where`` or ``masked_fill`` drops, or softmax turns into an exact 0 (a
+finfo.min mask), has gradient 0, so overflowing there reaches nothing (PCL101, PCL102)."""
+from __future__ import annotations
+
+from preclint.reference.analyses import GradientAnalysis
+from preclint.core.ir import Reach
+
+
+class ReachAnalysis(GradientAnalysis):
+    record = Reach
+
+    def finish(self, graph, passes) -> None:
+        if not passes.large:  # nothing beyond float16's range: no backward pass needed for this
+            return
+        main = passes.main()
+        if main is None:
+            return
+        # (a value without any nonzero gradient is on a path autograd cannot follow: unknown)
+        for name, largest in main.reach.items():
+            node = graph.get(name)
+            if node is not None:
+                node.put(Reach(largest))

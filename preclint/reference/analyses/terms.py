@@ -1,0 +1,104 @@
+"""The terms a dot product or a sum adds up: the RMS over outputs of sqrt(sum_k (a_k b_k)^2), or
+sqrt(sum_k x_k^2) for sums, means and cumulative sums. Rounding a sum errs in proportion to its terms,
+not to its result, and a result far below its terms has cancelled (PCL203)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from preclint.reference.analyses import ForwardAnalysis
+from preclint.capture.observer import Call
+from preclint.core.ir import DOT_PRODUCT_KINDS, Node, Terms
+from preclint.capture.ops import SUMS
+
+CONDITION_THRESHOLDS = (10, 100, 1000)  # Terms.condition: the fractions of outputs whose terms exceed them
+
+
+class TermsAnalysis(ForwardAnalysis):
+    record = Terms
+
+    def observe(self, node: Node, call: Call) -> None:
+        if not call.outputs:
+            return
+        output = call.outputs[0]
+        if node.kind in DOT_PRODUCT_KINDS:
+            terms = dot_terms(node, call.args, call.kwargs, call.callee)
+            if terms is not None and terms.shape == output.shape:
+                y = output.detach().float().abs()
+                ratio = terms / y.clamp_min(1e-30)
+                node.put(Terms(float(terms.pow(2).mean().sqrt()),
+                               {t: float((ratio > t).float().mean()) for t in CONDITION_THRESHOLDS}))
+        if node.fn in SUMS and output.is_floating_point():
+            terms = sum_terms(node, call.args, call.kwargs, call.callee, output)
+            if terms is not None:
+                y = output.detach().double().abs()
+                ratio = terms / y.clamp_min(1e-300)
+                node.put(Terms(float(terms.pow(2).mean().sqrt()),
+                               {t: float((ratio > t).double().mean()) for t in CONDITION_THRESHOLDS}))
+
+
+def dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
+    """sqrt(sum_k (a_k b_k)^2) per output element: the same op applied to the squared operands."""
+    sq = lambda t: t.detach().float().pow(2)  # noqa: E731 - local shorthand
+    if isinstance(callee, torch.nn.Module):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return None
+        weight = getattr(callee, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            return None
+        if isinstance(callee, torch.nn.modules.conv._ConvNd) and not callee.transposed:
+            w2 = sq(weight)
+            if callee.padding_mode != "zeros":
+                return None
+            conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[w2.dim() - 2]
+            return conv(sq(x), w2, None, callee.stride, callee.padding, callee.dilation, callee.groups).sqrt()
+        if isinstance(callee, torch.nn.Linear):
+            return F.linear(sq(x), sq(weight)).sqrt()
+        return None
+    fn = node.fn
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    try:
+        if fn in ("conv1d", "conv2d", "conv3d") and len(tensors) >= 2:
+            conv = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[fn]
+            rest = list(args[3:]) if len(args) > 3 else []
+            kw = {k: v for k, v in kwargs.items() if k not in ("bias", "input", "weight")}
+            return conv(sq(args[0]), sq(args[1]), None, *rest, **kw).sqrt()
+        if fn == "linear" and len(tensors) >= 2:
+            return F.linear(sq(args[0]), sq(args[1])).sqrt()
+        if fn in ("matmul", "mm", "bmm") and len(tensors) == 2:
+            return torch.matmul(sq(tensors[0]), sq(tensors[1])).sqrt()
+        if fn in ("addmm", "baddbmm") and len(tensors) >= 3:
+            return torch.matmul(sq(tensors[1]), sq(tensors[2])).sqrt()
+        if fn == "einsum" and isinstance(args[0], str) and len(tensors) >= 2:
+            return torch.einsum(args[0], *[sq(t) for t in tensors]).sqrt()
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return None
+
+
+def sum_terms(node: Node, args, kwargs, callee, output: torch.Tensor) -> Optional[torch.Tensor]:
+    """sqrt(sum_k x_k^2) per output of a sum, mean or cumsum: the same call on the squared input."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+        return None
+    squares = x.detach().double().pow(2)
+    rest = {k: v for k, v in kwargs.items() if k != "dtype"}
+    try:
+        if isinstance(callee, str):
+            terms = getattr(squares, callee)(*args[1:], **rest)
+        elif callable(callee):
+            terms = callee(squares, *args[1:], **rest)
+        else:
+            return None
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    if not isinstance(terms, torch.Tensor) or terms.shape != output.shape:
+        return None
+    if node.fn in ("mean", "nanmean"):
+        # mean = sum / N: its terms are x_k / N, and mean(x^2) = sum(x^2) / N
+        n = max(1, x.numel() // max(1, output.numel()))
+        return (terms / n).sqrt()
+    return terms.sqrt()

@@ -1,0 +1,1 @@
+"""Graph rules: one module per rule, named after it, with its good and bad example models."""

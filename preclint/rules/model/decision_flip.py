@@ -1,0 +1,119 @@
+"""PCL301 decision-flip."""
+from __future__ import annotations
+
+from preclint.core.findings import ErrorFigure, percent, sci
+from preclint.core.ir import DecisionMargins, Kind
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED
+from preclint.rules.base import Example, Rule
+
+# A decision is reported when, under some mode, at least this fraction of its units (rows for argmax,
+# elements for a threshold) is expected to flip, or at least one flip is more likely than not.
+MIN_FLIP_FRACTION = 0.01
+MIN_EXPECTED_FLIPS = 0.5
+
+
+def _offset_logits_classifier():
+    import torch
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(256, 256)
+            self.head = torch.nn.Linear(256, 10)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.body(x))).argmax(dim=-1)
+
+    torch.manual_seed(0)
+    model = Classifier()
+    with torch.no_grad():
+        model.head.bias.fill_(64.0)  # a common offset: gaps of ~0.1 between logits near 64
+    return model, (torch.randn(64, 256),)
+
+
+def _confident_classifier():
+    import torch
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(x).argmax(dim=-1)
+
+    torch.manual_seed(0)
+    model = Classifier()
+    with torch.no_grad():
+        model.head.weight.copy_(torch.eye(4, 16) * 10)
+        model.head.bias.zero_()
+    x = torch.zeros(8, 16)
+    x[torch.arange(8), torch.arange(8) % 4] = 5.0  # one class far ahead in every row
+    return model, (x,)
+
+
+class DecisionFlip(Rule):
+    code = "PCL301"
+    needs = PREDICTED_ERRORS_NEED
+    measured_as = "flips"
+    name = "decision-flip"
+    summary = "An argmax, top-k, sort, NMS or threshold decides on values whose margins are within the predicted error."
+    severity = "warning"
+    why = """
+A decision turns a small numeric difference into a different index, box or mask. When the gap
+between the top two scores, or between a score and its threshold, is smaller than the error the
+precision adds, the decision flips: another class wins, NMS keeps a different box, a detection
+appears or disappears. Elementwise comparison of the outputs then fails by whole units, which is
+why torchvision compares detection scores rather than boxes.
+"""
+    example = """
+scores = self.head(features)        # top-2 logits 3e-4 apart
+label = scores.argmax(dim=-1)       # flips under bf16 in a fraction of rows
+"""
+    fix = """
+Compare pre-decision scores (or match detections) in tests instead of indices and boxes; keep the
+values that feed the decision in float32; use a stable sort.
+"""
+    bad = (Example(_offset_logits_classifier, "argmax over logits that share a large offset"),)
+    good = (Example(_confident_classifier, "argmax with a wide margin in every row"),)
+
+    def check_graph(self, ctx):
+        # One finding per decision site: a loop (NMS per class, a threshold per level) runs the same
+        # line many times, and its flips add up.
+        sites = {}
+        for node in ctx.graph.nodes:
+            if node.record(DecisionMargins) is not None:
+                sites.setdefault((node.module_path, node.fn, node.location), []).append(node)
+        for nodes in sites.values():
+            finding = self._site_finding(ctx, nodes)
+            if finding is not None:
+                yield finding
+
+    def _site_finding(self, ctx, nodes):
+        units = sum(n.record(DecisionMargins).units for n in nodes)
+        per_mode = {}
+        for mode in ctx.modes:
+            preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
+            preds = [(n, p) for n, p in preds if p.flip_fraction is not None]
+            if not preds:
+                continue
+            expected = sum(p.flip_fraction * n.record(DecisionMargins).units for n, p in preds)
+            relative = [p.received / n.input_stats[0].rms for n, p in preds
+                        if n.input_stats and n.input_stats[0] is not None and n.input_stats[0].rms > 0]
+            per_mode[mode] = (expected, max(p.received for _, p in preds), max(relative) if relative else None)
+        flagged = [m for m, (expected, _, _) in per_mode.items()
+                   if expected / units >= MIN_FLIP_FRACTION or expected >= MIN_EXPECTED_FLIPS]
+        if not flagged:
+            return None
+        first = nodes[0]
+        predicted = {m: ErrorFigure(rel, None, expected / units) for m, (expected, _, rel) in per_mode.items()}
+        what = "threshold comparison" if first.kind == Kind.COMPARE else first.fn
+        calls = f" ({len(nodes)} calls)" if len(nodes) > 1 else ""
+        flips = ", ".join(f"{percent(per_mode[m][0] / units)} under {m}" for m in flagged)
+        smallest = min(min(n.record(DecisionMargins).values) for n in nodes)
+        message = (
+            f"{ctx.display(first.name)} ({what}{calls}) decides on margins as small as {sci(smallest)} while the "
+            f"predicted error of its input is {sci(per_mode[flagged[0]][1])} ({flagged[0]}): about {flips} of its "
+            f"{units} decisions flip."
+        )
+        return self.finding(first, message, predicted=predicted, precisions=tuple(flagged))
