@@ -32,6 +32,21 @@ def test_the_readme_rule_table_is_generated_from_the_rules():
         assert f"| {code} | {rule.name} |" in text
 
 
+def test_every_rule_has_its_generated_page():
+    rule_table = _script("rule_table")
+    assert rule_table.stale_pages() == [], "run python scripts/rule_table.py"
+    for code, rule in all_rules().items():
+        page = (rule_table.RULE_PAGES / f"{code}.md").read_text(encoding="utf-8")
+        assert page.startswith(f"# {code} {rule.name}\n") and "## Why it matters" in page and "## Fix" in page
+
+
+def test_a_changed_rule_makes_its_page_stale(monkeypatch):
+    rule_table = _script("rule_table")
+    rule = all_rules()["PCL101"]
+    monkeypatch.setattr(rule, "fix", rule.fix + " And one more thing.")
+    assert rule_table.stale_pages() == ["PCL101.md"]
+
+
 @pytest.fixture
 def scratch_pack(tmp_path, monkeypatch):
     """A directory the rule pack also walks (``model/`` and ``source/`` in it), for rules scaffolded
