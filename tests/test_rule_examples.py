@@ -6,6 +6,7 @@ import pytest
 
 from preclint.rules import graph_rules
 from tests.helpers import check_example, codes
+from tests.snapshots import assert_matches_snapshot, read_snapshot
 
 CASES = [
     pytest.param(rule, kind, i, example, id=f"{rule.code}-{kind}-{i}")
@@ -16,8 +17,15 @@ CASES = [
 
 
 @pytest.mark.parametrize("rule, kind, index, example", CASES)
-def test_rule_example(rule, kind, index, example):
-    assert_example(rule, kind, example)
+def test_rule_example(rule, kind, index, example, update_snapshots):
+    report = assert_example(rule, kind, example)
+    if kind == "bad":
+        assert_matches_snapshot(rule.code, f"bad-{index}", report.findings, update_snapshots)
+
+
+def test_every_snapshot_entry_is_an_example():
+    for rule in graph_rules():
+        assert set(read_snapshot(rule.code)) == {f"bad-{i}" for i in range(len(rule.bad))}, rule.code
 
 
 def assert_example(rule, kind, example):
@@ -31,6 +39,7 @@ def assert_example(rule, kind, example):
             assert finding.precisions, "a finding names the precisions it concerns"
     else:
         assert not found, f"{rule.code} should not fire on: {example.description}: {[f.message for f in found]}"
+    return report
 
 
 def test_every_graph_rule_has_examples_and_docs():

@@ -11,6 +11,7 @@ from preclint.rules import source_rules
 from preclint.source.fix import fix_file
 from preclint.source.run import check_source, check_text, selected_rules
 from preclint.text.sourcefile import SourceFile
+from tests.snapshots import assert_matches_snapshot, read_snapshot
 
 RULES = source_rules()
 # snippets are checked as a library module (not a test, not a script), the strictest setting
@@ -39,8 +40,16 @@ def test_every_source_rule_has_examples_and_docs():
 
 
 @pytest.mark.parametrize("rule, snippet", _cases("invalid"))
-def test_invalid_snippet_is_reported(rule, snippet):
-    assert rule.code in codes(snippet)
+def test_invalid_snippet_is_reported(rule, snippet, update_snapshots, request):
+    findings = check_text(snippet, PATH)
+    assert rule.code in [f.code for f in findings]
+    index = request.node.callspec.id.rpartition("-")[2]
+    assert_matches_snapshot(rule.code, f"invalid-{index}", findings, update_snapshots)
+
+
+def test_every_snapshot_entry_is_an_example():
+    for rule in RULES:
+        assert set(read_snapshot(rule.code)) == {f"invalid-{i}" for i in range(len(rule.invalid))}, rule.code
 
 
 @pytest.mark.parametrize("rule, snippet", _cases("valid"))
