@@ -44,7 +44,7 @@ from preclint.capture.observer import Observer
 from preclint.capture.trees import leaves
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rsplit(".", 1)[0]].__file__)) + os.sep
+_PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.split(".", 1)[0]].__file__)) + os.sep  # the package, all stages
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
 _FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
 

@@ -251,7 +251,7 @@ def _keep_warnings(caught: List[warnings.WarningMessage], result: Guarded) -> No
 # the standard library, the interpreter's own directories (console scripts in a venv's bin/) and preclint
 _NOT_USER = tuple(sorted({os.path.abspath(p) + os.sep for p in (
     sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], sys.prefix, sys.exec_prefix,
-    sys.base_prefix, os.path.dirname(os.path.abspath(__file__)))}))
+    sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}))  # (preclint/, not capture/)
 
 
 def _is_user_file(path: str) -> bool:

@@ -59,17 +59,17 @@ def settings_key(codes: Sequence[str]) -> str:
 
     parts = [f"format={FORMAT}", f"preclint={__version__}", f"python={platform.python_version()}",
              f"libcst={getattr(libcst, '__version__', '') or _libcst_version()}", "codes=" + ",".join(sorted(codes))]
-    here = os.path.dirname(os.path.abspath(__file__))
-    import preclint.rules as rules_package
-
-    for directory in (here, os.path.dirname(os.path.abspath(rules_package.__file__))):
-        for name in sorted(os.listdir(directory)):
+    # every module of the package: the source rules, the text layer they read files with, this command
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for directory, folders, names in os.walk(package):
+        folders.sort()
+        for name in sorted(names):
             if name.endswith(".py"):
                 try:
                     info = os.stat(os.path.join(directory, name))
                 except OSError:
                     continue
-                parts.append(f"{name}:{info.st_size}:{info.st_mtime_ns}")
+                parts.append(f"{os.path.relpath(os.path.join(directory, name), package)}:{info.st_size}:{info.st_mtime_ns}")
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=12).hexdigest()
 
 
