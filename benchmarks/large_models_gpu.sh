@@ -8,7 +8,6 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/large-models}
 RUNS=$(mktemp -d)
-[ -e preclint/rules ] || ln -s ../rules preclint/rules
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$RUNS/gpu.txt" 2>&1
 one() {  # name, timeout, arguments
   local name=$1 limit=$2; shift 2

@@ -6,8 +6,6 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/plan-gpu}
 mkdir -p "$OUT"
-# preclint.rules is rules/ (pyproject's package-dir); without an install, a link stands in for it
-[ -e preclint/rules ] || ln -s ../rules preclint/rules
 timeout 60 python3 -m preclint plan tests/models/plan_culprits.py --model WideLayer --input 8x64 --precision fp16 \
     --rtol 1e-2 --atol 1e-3 --device cuda --output-format json > "$OUT/widelayer_fp16_cuda.json" 2> "$OUT/widelayer.err"
 timeout 60 python3 -m preclint plan tests/models/plan_culprits.py --model OffsetClassifier --input 256x32 \

@@ -6,8 +6,6 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/probe-gpu}
 mkdir -p "$OUT"
-# preclint.rules is rules/ (pyproject's package-dir); without an install, a link stands in for it
-[ -e preclint/rules ] || ln -s ../rules preclint/rules
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())" >> "$OUT/gpu.txt"
 timeout 180 python3 benchmarks/probe.py speed --device cuda --model resnet50 --batch 32 --ablate \

@@ -254,7 +254,7 @@ def _format_of(argv: Sequence[str]) -> str:
 def _innermost(text: str) -> str:
     """``file:function`` of the innermost frame of preclint in a traceback, and the exception type."""
     frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)
-    ours = [(f, fn) for f, fn in frames if "/preclint/" in f or "/rules/" in f]
+    ours = [(f, fn) for f, fn in frames if "/preclint/" in f]
     where = f"{Path(ours[-1][0]).name}:{ours[-1][1]}" if ours else (f"{Path(frames[-1][0]).name}:{frames[-1][1]}" if frames else "?")
     last = [line for line in text.strip().splitlines() if line and not line.startswith(" ")]
     exc = last[-1].split(":")[0] if last else "?"

@@ -66,7 +66,7 @@ class SourceCase:
 def own_files() -> List[Path]:
     """preclint's own Python files: the corpus the test suite uses (it ships with the code)."""
     files = []
-    for folder in ("preclint", "rules", "tests", "benchmarks", "examples"):
+    for folder in ("preclint", "tests", "benchmarks", "examples"):
         files += sorted((ROOT / folder).rglob("*.py"))
     return [f for f in files if f.stat().st_size < 120_000]
 
