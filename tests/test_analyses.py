@@ -6,13 +6,15 @@ import pytest
 import torch
 
 from preclint.reference.analyses import Analysis, DependencyError, every_analysis, resolve, writer_of
-from preclint.reference.analyses.batchnorm import BatchNormAnalysis
-from preclint.reference.analyses.decision_gains import DecisionGainsAnalysis
-from preclint.reference.analyses.margins import DecisionMarginsAnalysis, RoundingMarginsAnalysis
-from preclint.reference.analyses.reach import ReachAnalysis
+from preclint.reference.analyses.batchnorm import BatchNormAnalysis, BatchNormFolding
+from preclint.reference.analyses.contraction import Contraction
+from preclint.reference.analyses.decision_gains import DecisionGains, DecisionGainsAnalysis
+from preclint.reference.analyses.gains import Gains
+from preclint.reference.analyses.margins import DecisionMargins, DecisionMarginsAnalysis, RoundingMarginsAnalysis
+from preclint.reference.analyses.reach import Reach, ReachAnalysis
 from preclint.reference.analyses.received_gains import ReceivedGainsAnalysis
+from preclint.reference.analyses.terms import Terms
 from preclint.engine import analyses_needed
-from preclint.core.ir import BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Reach, Terms
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules import all_rules, graph_rules
 from tests.helpers import check
@@ -58,6 +60,16 @@ def test_each_analysis_writes_one_record_no_other_writes():
         assert writer_of(analysis.record) is analysis
         for need in analysis.needs:
             writer_of(need)  # every record an analysis reads has a writer
+
+
+def test_analysis_modules_and_their_records_import_no_torch():
+    """Rules import the records from the analyses' modules, and importing the rule pack imports no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom preclint.reference.analyses import analysis_modules, every_analysis\n"
+            "every_analysis()\nassert analysis_modules() and 'torch' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_dependencies_come_first():

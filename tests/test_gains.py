@@ -1,10 +1,11 @@
-"""The gains the reference pass records (ir.Gains) weigh each rounding on its way to the output."""
+"""The gains the reference pass records (Gains) weigh each rounding on its way to the output."""
 import math
 
 import pytest
 import torch
 
-from preclint.core.ir import Gains, Kind, Node
+from preclint.core.ir import Kind, Node
+from preclint.reference.analyses.gains import Gains
 from preclint.predict.error_model import amplification, passed_on, propagated_error
 from tests.helpers import check, codes
 

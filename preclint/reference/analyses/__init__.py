@@ -1,5 +1,6 @@
 """Analyses: each computes one statistic of the graph's nodes and stores it as one typed record on
-them (``node.put(Terms(...))``; the record types live in preclint.core.ir, beside the nodes they describe).
+them (``node.put(Terms(...))``, read with ``node.record(Terms)``); the record type is declared in the
+analysis's module, beside the code that writes it.
 
 An analysis declares the record it writes and the records it reads (``needs``); the engine runs only
 the analyses whose records the selected rules (``Rule.needs``), the predictions, the plan or the probe
@@ -9,7 +10,9 @@ read, each after those it depends on (``resolve``). Three kinds, by what they re
 - GradientAnalysis: the reference pass's backward passes, after the forward pass (``finish``);
 - WeightAnalysis: the model's weights alone, also under --no-run (``annotate``).
 
-A new statistic is one new module here with one Analysis subclass; nothing to register.
+A new statistic is one new module here with its record and one Analysis subclass; nothing to
+register. The modules import no torch at import time (the rules import their records, and importing
+the rule pack imports no torch): the functions that compute import it.
 """
 from __future__ import annotations
 

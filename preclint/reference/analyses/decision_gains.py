@@ -4,14 +4,25 @@ the margins. For argmax-like decisions, also along the winner-minus-runner-up di
 two values share (both logits come from the same features) do not flip the decision."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 from preclint.reference.analyses import GradientAnalysis
-from preclint.core.ir import DecisionGains, DecisionMargins, Node, RoundingMargins
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
+from preclint.core.ir import Node
 
 # Decisions whose input is checked for flips by a backward pass of its own; more would make the
 # reference pass slow on detectors, and the riskiest ones (smallest relative margin) come first.
 MAX_DECISION_PASSES = 8
+
+
+@dataclass
+class DecisionGains:
+    """The gains toward a decision's (or rounding's) input rather than the output: node name -> (gain of
+    rounding its result, of rounding its operands), per decision unit."""
+
+    upstream: Dict[str, Tuple[float, float]]
+    gap: Optional[Dict[str, Tuple[float, float]]] = None  # along winner minus runner-up (argmax-like decisions)
 
 
 class DecisionGainsAnalysis(GradientAnalysis):

@@ -3,8 +3,18 @@ depends on. What a ``where`` or ``masked_fill`` drops, or softmax turns into an 
 finfo.min mask), has gradient 0, so overflowing there reaches nothing (PCL101, PCL102)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from preclint.reference.analyses import GradientAnalysis
-from preclint.core.ir import Reach
+
+
+@dataclass
+class Reach:
+    """The largest magnitude among the elements the output depends on (nonzero gradient), for values
+    beyond float16's range: below absmax where the model masks or discards large values. Without it,
+    absmax stands."""
+
+    absmax: float
 
 
 class ReachAnalysis(GradientAnalysis):
