@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
-from preclint.reference.analyses import GradientAnalysis
-from preclint.reference.analyses.gains import Gains
+from preclint.capture.observer import Call
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
+from preclint.reference.analyses import GradientAnalysis
+from preclint.reference.analyses.gains import Gains, gains_toward, rounded_operands
 
 # An op amplifies relative error when it multiplies it by at least this factor (sqrt(inputs / out) of
 # its gains): an order of magnitude beyond ordinary ops, beyond the factor of 3 within which
@@ -75,6 +76,9 @@ class ReceivedGainsAnalysis(GradientAnalysis):
     record = ReceivedGains
     needs = (Gains,)
 
+    def watch(self, node: Node, call: Call) -> list:
+        return rounded_operands(node, call)  # the gains toward an input weigh what the gains do
+
     def finish(self, graph, passes) -> None:
         amplifiers = []
         for node in graph.nodes:
@@ -93,7 +97,7 @@ class ReceivedGainsAnalysis(GradientAnalysis):
                     if root is None or budget <= 0:
                         continue
                     budget -= 1
-                    done[name] = passes.gains_toward(root)
+                    done[name] = gains_toward(passes, root)
                 upstream[name] = done[name]
             if upstream:
                 node.put(ReceivedGains(upstream))
