@@ -11,8 +11,9 @@ read, each after those it depends on (``resolve``). Three kinds, by what they re
 - WeightAnalysis: the model's weights alone, also under --no-run (``annotate``).
 
 A new statistic is one new module here with its record and one Analysis subclass; nothing to
-register. The modules import no torch at import time (the rules import their records, and importing
-the rule pack imports no torch): the functions that compute import it.
+register (``python scripts/new_rule.py --statistic NAME SUMMARY`` writes one). The modules import
+no torch at import time (the rules import their records, and importing the rule pack imports no
+torch): the functions that compute import it.
 """
 from __future__ import annotations
 
@@ -109,6 +110,12 @@ def every_analysis() -> Tuple[Type[Analysis], ...]:
                   if isinstance(value, type) and issubclass(value, Analysis) and value.__module__ == module.__name__
                   and hasattr(value, "record")]
     return tuple(sorted(found, key=lambda a: a.__name__))
+
+
+def rediscover() -> None:
+    """Forget the analyses found, so that the next look walks the package again (after a module is added)."""
+    importlib.invalidate_caches()
+    every_analysis.cache_clear()
 
 
 def writer_of(record: type, analyses: Iterable[Type[Analysis]] = ()) -> Type[Analysis]:
