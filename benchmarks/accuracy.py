@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclin
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint, same_fingerprint  # noqa: E402
-from preclint.core.ir import DecisionMargins, RoundingMargins  # noqa: E402
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins  # noqa: E402
 from preclint.core.numerics import AUTOCAST_FP32  # noqa: E402
 from preclint.probe.rounding import LOW_DTYPES as LOW, round_tf32  # noqa: E402
 

@@ -4,12 +4,18 @@ the module, and the README's table is regenerated.
 
     python scripts/new_rule.py PCL206 wide-softmax "A softmax over logits wider than its format resolves."
     python scripts/new_rule.py PCL506 deprecated-thing "..." --source --api torch.deprecated.thing
+    python scripts/new_rule.py --statistic divisor-underflow "The smallest nonzero divisor of a division."
 
 A graph rule starts as a working rule over the IR: it flags the ops of ``OPS`` whose predicted local
 error exceeds ``LIMIT``, with a bad and a good example model. A source rule (``--source``) flags
 references to ``--api``, with invalid and valid snippets. Replace the check, the examples and the
 documentation with the rule's own; ``python -m pytest tests/test_rule_examples.py
 tests/test_source_rules.py`` runs the examples.
+
+A statistic (``--statistic NAME``) is one module in preclint/reference/analyses/ with its record and
+its analysis: a forward analysis that sees each op's operands and result as the reference pass runs
+it, or with ``--gradient`` one that hears the backward pass from the model's outputs. A rule reads it
+by naming the record in its ``needs``.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RULES = ROOT / "preclint" / "rules"
+ANALYSES = ROOT / "preclint" / "reference" / "analyses"
 
 GRAPH = '''"""{code} {name}: {summary_line}"""
 from __future__ import annotations
@@ -49,7 +56,8 @@ class {cls}(Rule):
     summary = "{summary}"
     severity = "warning"
     precisions = ()  # the modes it concerns; () = all
-    # the analyses' records it reads (preclint.core.ir: Terms, Gains, Reach, ...): node_figure reads predicted errors
+    # the analyses' records it reads (Terms, Gains, Reach, ... of preclint.reference.analyses): node_figure
+    # reads predicted errors
     needs = PREDICTED_ERRORS_NEED
     why = """
 Why the pattern changes a model's numbers under reduced precision, and by how much.
@@ -125,6 +133,80 @@ y = {api}(x)
             yield source.report(self, node, "`{api}` is used.", "Replace it.")
 '''
 
+FORWARD_STATISTIC = '''"""{summary_line}: what the record holds, how the analysis computes it, and what reads it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from preclint.capture.observer import Call
+from preclint.core.ir import Kind, Node
+from preclint.reference.analyses import ForwardAnalysis
+
+# The ops whose results the statistic is taken of; say why these.
+KINDS = frozenset({{Kind.ELEMENTWISE, Kind.ACTIVATION}})
+
+
+@dataclass
+class {cls}:
+    """{summary}"""
+
+    zero_fraction: float  # the fraction of the op's float results that are exactly zero
+
+
+class {cls}Analysis(ForwardAnalysis):
+    record = {cls}
+    needs = ()  # the records of other analyses it reads, which then run before it
+
+    def observe(self, node: Node, call: Call) -> None:
+        # (this module imports no torch, as the rules that import its record must not: tensor methods
+        # need none, and a function that needs torch imports it where it computes)
+        output = call.outputs[0] if call.outputs else None
+        if node.kind not in KINDS or output is None or not output.is_floating_point() or not output.numel():
+            return
+        node.put({cls}(float((output == 0).float().mean())))
+'''
+
+GRADIENT_STATISTIC = '''"""{summary_line}: what the record holds, how the analysis computes it, and what reads it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from preclint.reference.analyses import GradientAnalysis
+
+
+@dataclass
+class {cls}:
+    """{summary}"""
+
+    largest: float  # the largest gradient magnitude of the node's value in the pass from the model's outputs
+
+
+class {cls}Analysis(GradientAnalysis):
+    record = {cls}
+    needs = ()  # the records of other analyses it reads, which then run before it
+
+    # watch(node, call) would add operands of an op to what the passes weigh (analyses/gains.py
+    # watches those of dot products); passes.run(roots, listeners) in finish runs passes of its own.
+
+    def listen(self, passes) -> Optional["{cls}Analysis"]:
+        """Hear the pass from the model's outputs (on_grad; on_operand_grad for watched operands)."""
+        self.largest: Dict[str, float] = {{}}
+        return self
+
+    def on_grad(self, name: str, value, grad) -> None:
+        if grad.numel():
+            self.largest[name] = max(self.largest.get(name, 0.0), float(grad.detach().abs().max()))
+
+    def finish(self, graph, passes) -> None:
+        if passes.main() is None:  # no float output has a gradient
+            return
+        for name, largest in self.largest.items():
+            node = graph.get(name)
+            if node is not None:
+                node.put({cls}(largest))
+'''
+
 
 def module_name(name: str) -> str:
     return name.replace("-", "_")
@@ -167,16 +249,59 @@ def scaffold(code: str, name: str, summary: str, directory: "pathlib.Path | None
     return path
 
 
+def scaffold_statistic(name: str, summary: str, directory: "pathlib.Path | None" = None,
+                       gradient: bool = False) -> pathlib.Path:
+    """Write a statistic's module (its record and its analysis) into ``directory`` (the analyses'
+    package); ValueError for a malformed name or one an analysis, a record or a module has."""
+    directory = ANALYSES if directory is None else directory
+    from preclint.reference.analyses import every_analysis, rediscover
+
+    if not re.match(r"^[a-z][a-z0-9]*([-_][a-z0-9]+)*$", name):
+        raise ValueError(f"a statistic's name is kebab-case, not {name!r}")
+    if not summary.strip():
+        raise ValueError("give the statistic a one-line summary")
+    record = class_name(name)
+    taken = {a.__name__ for a in every_analysis()} | {a.record.__name__ for a in every_analysis()}
+    if record in taken or f"{record}Analysis" in taken:
+        raise ValueError(f"an analysis or a record is already named {record}")
+    path = directory / f"{module_name(name)}.py"
+    if path.exists():
+        raise ValueError(f"{path} exists")
+    template = GRADIENT_STATISTIC if gradient else FORWARD_STATISTIC
+    summary = summary.strip()
+    path.write_text(template.format(cls=record, summary=summary.replace('"', '\\"'), summary_line=summary.rstrip(".")),
+                    encoding="utf-8")
+    rediscover()
+    return path
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("code", help="PCL and three digits: 0 model-level, 1 range, 2 accuracy, 3 decisions, 5 source")
-    parser.add_argument("name", help="kebab-case, e.g. wide-softmax")
-    parser.add_argument("summary", help="one line, a sentence")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     usage="%(prog)s CODE NAME SUMMARY [--source [--api API]]\n"
+                                           "       %(prog)s --statistic NAME SUMMARY [--gradient]")
+    parser.add_argument("words", nargs="+", metavar="CODE NAME SUMMARY",
+                        help="a rule's code (PCL and three digits: 0 model-level, 1 range, 2 accuracy, 3 decisions, "
+                             "5 source), its kebab-case name (wide-softmax) and a one-line summary; with "
+                             "--statistic, the summary alone")
     parser.add_argument("--source", action="store_true", help="a source rule (libcst) rather than a graph rule")
     parser.add_argument("--api", default="torch.example", help="for --source: the qualified name it reports")
+    parser.add_argument("--statistic", metavar="NAME", help="scaffold a statistic (an analysis and its record), not a rule")
+    parser.add_argument("--gradient", action="store_true", help="for --statistic: one of the backward passes")
     args = parser.parse_args(argv)
+    if args.statistic is not None:
+        if len(args.words) != 1 or args.source:
+            parser.error("--statistic NAME takes one SUMMARY (and --gradient), no rule code or name")
+        try:
+            path = scaffold_statistic(args.statistic, args.words[0], gradient=args.gradient)
+        except ValueError as exc:
+            print(f"new_rule: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        return 0
+    if len(args.words) != 3 or args.gradient:
+        parser.error("a rule takes CODE NAME SUMMARY (--gradient is for --statistic)")
     try:
-        path = scaffold(args.code, args.name, args.summary, source=args.source, api=args.api)
+        path = scaffold(*args.words, source=args.source, api=args.api)
     except ValueError as exc:
         print(f"new_rule: {exc}", file=sys.stderr)
         return 2

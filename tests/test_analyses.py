@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from preclint.reference.analyses import Analysis, DependencyError, every_analysis, resolve, writer_of
-from preclint.reference.analyses.batchnorm import BatchNormAnalysis
-from preclint.reference.analyses.decision_gains import DecisionGainsAnalysis
-from preclint.reference.analyses.margins import DecisionMarginsAnalysis, RoundingMarginsAnalysis
-from preclint.reference.analyses.reach import ReachAnalysis
-from preclint.reference.analyses.received_gains import ReceivedGainsAnalysis
+from preclint.reference.analyses.batchnorm import BatchNormFolding
+from preclint.reference.analyses.contraction import Contraction
+from preclint.reference.analyses.decision_gains import DecisionGains, DecisionGainsAnalysis
+from preclint.reference.analyses.gains import Gains
+from preclint.reference.analyses.margins import DecisionMargins
+from preclint.reference.analyses.reach import Reach, ReachAnalysis
+from preclint.reference.analyses.terms import Terms
 from preclint.engine import analyses_needed
-from preclint.core.ir import BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Reach, Terms
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules import all_rules, graph_rules
 from tests.helpers import check
@@ -60,9 +61,19 @@ def test_each_analysis_writes_one_record_no_other_writes():
             writer_of(need)  # every record an analysis reads has a writer
 
 
+def test_analysis_modules_and_their_records_import_no_torch():
+    """Rules import the records from the analyses' modules, and importing the rule pack imports no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom preclint.reference.analyses import analysis_modules, every_analysis\n"
+            "every_analysis()\nassert analysis_modules() and 'torch' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_dependencies_come_first():
     order = resolve([DecisionGains])
-    assert order == [DecisionMarginsAnalysis, RoundingMarginsAnalysis, DecisionGainsAnalysis]
+    assert order == [writer_of(need) for need in DecisionGainsAnalysis.needs] + [DecisionGainsAnalysis]
     everything = resolve(a.record for a in every_analysis())
     assert len(everything) == len(every_analysis())
     for i, analysis in enumerate(everything):
@@ -122,10 +133,10 @@ def test_only_the_analyses_the_selected_rules_read_are_computed():
     # PCL101 reads Reach only (no value here leaves float16's range, so not even the backward pass runs)
     _, graph, _ = check(model, inputs, select=["PCL101"], predict_errors=False)
     assert graph.analyses == (ReachAnalysis,) and _records(graph) == set()
-    # what the predicted errors read: neither the batch norm's folding (PCL103) nor the passes toward
-    # the amplifiers' inputs (PCL204)
-    assert set(check(model, inputs, select=["PCL101"])[1].analyses) == set(every_analysis()) - {BatchNormAnalysis,
-                                                                                                 ReceivedGainsAnalysis}
+    # with the predicted errors: what they read besides, and nothing else (not the batch norm's folding
+    # of PCL103, nor the passes toward the amplifiers' inputs of PCL204)
+    needs = PREDICTED_ERRORS_NEED + all_rules()["PCL101"].needs
+    assert set(check(model, inputs, select=["PCL101"])[1].analyses) == set(resolve(needs))
     # PCL103: the batch norm's folding and what the predicted errors read
     _, graph, _ = check(model, inputs, select=["PCL103"], predict_errors=False)
     assert set(graph.analyses) == set(resolve(PREDICTED_ERRORS_NEED + (BatchNormFolding,)))
@@ -150,6 +161,22 @@ def test_a_rule_checked_alone_finds_what_it_finds_in_a_full_check():
             assert set(graph.analyses) <= set(resolve(rule.needs))
             mine = [f.message for f in full.findings if f.code == code]
             assert mine and mine == [f.message for f in alone.findings], (code, example.description)
+
+
+def test_the_gains_toward_a_decision_are_the_same_without_the_gains():
+    """The passes toward a decision weigh the operands the gains weigh: they watch them themselves, so
+    computed alone they are those of a full reference pass."""
+    from preclint.engine import CheckOptions, build_graph
+    from preclint.load.loader import LoadedModel
+
+    model, inputs = _model()
+    loaded = LoadedModel(model, inputs, "model", None)
+    graphs = [build_graph(loaded, CheckOptions(modes=("bf16",)), analyses)
+              for analyses in (resolve([DecisionGains]), resolve(a.record for a in every_analysis()))]
+    alone, full = ({n.name: n.record(DecisionGains) for n in g.nodes if n.record(DecisionGains)} for g in graphs)
+    assert Gains not in {a.record for a in graphs[0].analyses}
+    assert alone and alone == full
+    assert any(operands > 0 for record in alone.values() for _, operands in record.upstream.values())
 
 
 def test_reach_is_recorded_where_values_leave_float16s_range():

@@ -1,10 +1,11 @@
-"""The gains the reference pass records (ir.Gains) weigh each rounding on its way to the output."""
+"""The gains the reference pass records (Gains) weigh each rounding on its way to the output."""
 import math
 
 import pytest
 import torch
 
-from preclint.core.ir import Gains, Kind, Node
+from preclint.core.ir import Kind, Node
+from preclint.reference.analyses.gains import Gains
 from preclint.predict.error_model import amplification, passed_on, propagated_error
 from tests.helpers import check, codes
 
@@ -166,9 +167,9 @@ def test_top_k_flips_when_the_chosen_set_can_change_not_their_order():
 
 def test_gradient_sums_left_on_the_device_are_the_ones_read_at_once():
     """On a GPU the backward passes' squared products stay on the device until the pass ends
-    (reference._Sink defers them); the sums are those read hook by hook, an intended infinity
+    (analyses.gains.GainSums defers them); the sums are those read hook by hook, an intended infinity
     (a -inf mask, gradient 0) included, and a sum beyond float32's range taken in float64."""
-    from preclint.reference.statistics_pass import _Sink
+    from preclint.reference.analyses.gains import GainSums
 
     generator = torch.Generator().manual_seed(0)
     cases = [
@@ -176,7 +177,7 @@ def test_gradient_sums_left_on_the_device_are_the_ones_read_at_once():
         (torch.zeros(50), torch.tensor([-math.inf] * 10 + [1.0] * 40)),  # 0 * -inf is no error
         (torch.full((8,), 3e19), torch.full((8,), 3e19)),  # (grad * value)^2 overflows float32
     ]
-    now, later = _Sink(defer=False), _Sink(defer=True)
+    now, later = GainSums(defer=False), GainSums(defer=True)
     for sink in (now, later):
         for i, (grad, value) in enumerate(cases):
             sink.add(sink.out, f"n{i}", grad, value)

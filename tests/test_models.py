@@ -5,7 +5,8 @@ import pytest
 import torch
 import torchvision
 
-from preclint.core.ir import DecisionMargins, Kind
+from preclint.core.ir import Kind
+from preclint.reference.analyses.margins import DecisionMargins
 from tests.helpers import check, codes
 
 

@@ -4,7 +4,7 @@ import torch
 
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
-from preclint.core.ir import Gains
+from preclint.reference.analyses.gains import Gains
 from preclint.load.loader import LoadedModel
 from preclint.probe import ProbeOptions, probe_report
 from preclint.probe.device_copy import place

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from preclint.core.ir import ReceivedGains
+from preclint.reference.analyses.received_gains import ReceivedGains
 from preclint.predict.error_model import relative_errors
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from preclint.core.ir import Gains
+from preclint.reference.analyses.gains import Gains
 from preclint.probe import ProbeOptions, apply, measure_model
 from preclint.report.json_format import to_dict
 from tests.helpers import check

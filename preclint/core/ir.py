@@ -6,7 +6,6 @@ method (``x.mean``) or an operator (``x + y``). Its statistics come from the ref
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar
 
@@ -81,114 +80,9 @@ class TensorStats:
         return self.dtype.startswith("float") or self.dtype.startswith("bfloat")
 
 
-# Records: what one analysis (preclint/analyses/) finds out about a node, stored on it by type
-# (``node.put(record)``, read with ``node.record(Type)``). A node has a record only where its analysis
-# ran and had something to say.
-
-
-@dataclass
-class Terms:
-    """The size of the terms a dot product or a sum adds up (analyses/terms.py): the RMS over outputs
-    of sqrt(sum_k (a_k b_k)^2) (sqrt(sum_k x_k^2) for a sum), against which rounding and cancellation
-    are judged."""
-
-    rms: float
-    # t -> the fraction of outputs whose terms exceed the result t times (10, 100, 1000); dot products only
-    condition: Dict[int, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Contraction:
-    """How a dot product accumulates (analyses/contraction.py)."""
-
-    contracts: bool = True  # False: an einsum that only multiplies (an outer product), no sum to round
-    fp16_accumulation: bool = False  # the model's code let cuBLAS accumulate float16 products in float16
-
-
-@dataclass
-class Margins:
-    """How far the values a node decides on are from changing the outcome (analyses/margins.py)."""
-
-    values: List[float]  # at most MAX_MARGINS, a deterministic sample of ``units`` beyond that
-    units: int  # how many decisions (or rounded values) the margins stand for
-
-
-class DecisionMargins(Margins):
-    """A decision's margins: top-1 minus top-2 per row, the gaps of a sort, or the distance to a threshold."""
-
-
-class RoundingMargins(Margins):
-    """A rounding to integers: each value's distance to the boundary where its integer changes."""
-
-
-@dataclass
-class Gains:
-    """How much the error a node adds reaches the output, from the reference pass's backward passes
-    (analyses/gains.py): each is ||J^T v||^2 / N_out for a unit relative error of what is rounded."""
-
-    out: float  # rounding the node's result
-    operands: Optional[float] = None  # rounding the operands of a dot product
-    inputs: Optional[float] = None  # rounding the inputs of another op: sqrt(inputs / out) is how it amplifies
-    # the same per input node (what ``inputs`` adds up): each input's error weighed by its own gain.
-    # An input spread over many outputs (a broadcast, a gathered table) counts per output element, so
-    # its gain is divided by the outputs each of its elements reaches (see reference.py)
-    by_input: Dict[str, float] = field(default_factory=dict)
-    rounding: Dict[str, float] = field(default_factory=dict)  # format -> the exact rounding of the result, where measured
-
-    @property
-    def amplification(self) -> Optional[float]:
-        """sqrt(inputs / out): how many times the op multiplies a relative error arriving at its inputs;
-        None where the gradients do not tell."""
-        if self.inputs is None or not self.out or self.out <= 0 or not math.isfinite(self.inputs / self.out):
-            return None
-        return math.sqrt(self.inputs / self.out)
-
-
-@dataclass
-class Reach:
-    """The largest magnitude among the elements the output depends on (nonzero gradient), for values
-    beyond float16's range (analyses/reach.py): below absmax where the model masks or discards large
-    values. Without it, absmax stands."""
-
-    absmax: float
-
-
-@dataclass
-class DecisionGains:
-    """The gains toward a decision's (or rounding's) input rather than the output (analyses/decision_gains.py):
-    node name -> (gain of rounding its result, of rounding its operands), per decision unit."""
-
-    upstream: Dict[str, Tuple[float, float]]
-    gap: Optional[Dict[str, Tuple[float, float]]] = None  # along winner minus runner-up (argmax-like decisions)
-
-
-@dataclass
-class ReceivedGains:
-    """The gains toward the inputs of an op that amplifies error (analyses/received_gains.py): input
-    node name -> {upstream node name -> (gain of rounding its result, of rounding its operands)}, per
-    element of that input. The error an input receives is then weighed along every path at once,
-    where errors of one origin that meet again add up as they do (an iterative refinement adding
-    each step's correction to coordinates that carry the earlier steps' error)."""
-
-    upstream: Dict[str, Dict[str, Tuple[float, float]]]
-
-
-@dataclass
-class BatchNormFolding:
-    """What a batch norm's weights alone tell (analyses/batchnorm.py): its folded scale gamma / sqrt(var + eps)
-    against float16's range, and how it amplifies the relative error of its input."""
-
-    eps: float
-    channels: int
-    var_min: float
-    scale_absmax: float
-    amplification: float  # RMS(scale * |x|) / RMS(y) over channels whose inputs are ~ N(mean, var)
-    scale_nonfinite: int  # channels, as every count below
-    channels_var_zero_in_fp16: int  # running_var + eps is 0 in float16
-    channels_var_over_fp16: int  # running_var beyond float16's 65504
-    channels_scale_over_fp16: int  # the scale beyond float16's 65504
-    folded_weight_absmax: Optional[float] = None  # the conv's weights times the scale, when it folds into one
-    folds_into: Optional[str] = None  # that conv's module path
+# Records: what one analysis (preclint/reference/analyses/) finds out about a node, stored on it by
+# type (``node.put(record)``, read with ``node.record(Type)``). Each record type is declared beside
+# the analysis that writes it. A node has a record only where its analysis ran and had something to say.
 
 
 R = TypeVar("R")

@@ -7,7 +7,7 @@ import math
 from typing import Optional
 
 from preclint.core.errors import UserError
-from preclint.core.ir import DecisionMargins
+from preclint.reference.analyses.margins import DecisionMargins
 
 MAX_RUNS = 3  # runs of the model with a plan applied, the first one included
 

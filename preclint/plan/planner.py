@@ -25,7 +25,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from preclint.core.ir import DOT_PRODUCT_KINDS, DecisionGains, DecisionMargins, Graph, Kind, Node, RoundingMargins
+from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
+from preclint.reference.analyses.decision_gains import DecisionGains
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
 from preclint.core.numerics import FP32, MODES, Mode
 from preclint.predict.error_model import (ModePrediction, expected_flip_fraction, fx_tensor_constant,
                               propagated_error, predict_mode, reaching_absmax, rounding_terms)

@@ -10,7 +10,7 @@ Local error (RMS, absolute) of a node, from docs/error-model.md:
   that only select or move values (relu, max-pool, reshapes), which are exact.
 
 The output error adds, over nodes, each rounding's relative RMS squared times its gain to the
-output (ir.Gains from analyses/gains.py: ``out`` for rounding a result, ``operands`` for rounding the
+output (Gains, of reference/analyses/gains.py: ``out`` for rounding a result, ``operands`` for rounding the
 operands of a dot product), assuming independent rounding errors. One operand rounding has relative RMS
 C_INPUT / sqrt(2) * u (two operands give C_INPUT * u); a stored result C_OUTPUT * u.
 """
@@ -21,8 +21,15 @@ import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
-from preclint.core.ir import (DOT_PRODUCT_KINDS, BatchNormFolding, Contraction, DecisionGains, DecisionMargins, Gains, Graph,
-                         Kind, Node, Reach, ReceivedGains, RoundingMargins, Terms)
+from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
+from preclint.reference.analyses.batchnorm import BatchNormFolding
+from preclint.reference.analyses.contraction import Contraction
+from preclint.reference.analyses.decision_gains import DecisionGains
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
+from preclint.reference.analyses.gains import Gains
+from preclint.reference.analyses.reach import Reach
+from preclint.reference.analyses.received_gains import ReceivedGains
+from preclint.reference.analyses.terms import Terms
 from preclint.core.numerics import (C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, FP32, MODES, PROMOTING_BATCHNORMS, Format, Mode,
                                autocast_format, autocast_policy, casting_region, gaussian_max_factor)
 

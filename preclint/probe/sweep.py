@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.errors import one_line
-from preclint.core.ir import DecisionMargins, Kind
+from preclint.core.ir import Kind
+from preclint.reference.analyses.margins import DecisionMargins
 from preclint.load.modelio import Inputs
 from preclint.capture.observer import Observer
 from preclint.probe.detections import changed_decisions, detection_tensor_ids

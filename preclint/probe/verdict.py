@@ -24,7 +24,7 @@ import math
 from typing import Dict, List, Optional, Set
 
 from preclint.core.findings import ErrorFigure, Finding, percent, sci
-from preclint.core.ir import DecisionMargins
+from preclint.reference.analyses.margins import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
 
 CONFIRM_FRACTION = 1.0 / 3.0

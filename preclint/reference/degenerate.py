@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from preclint.core.findings import sci
-from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Terms
+from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind
+from preclint.reference.analyses.terms import Terms
 
 # An output whose RMS is below a millionth of the values that produce it (the RMS of sqrt(sum (a b)^2)
 # over the terms of the dot product that makes it, else its operands) is rounding residue, not a

@@ -1,29 +1,21 @@
 """The reference pass: run the model once in fp32 on the CPU and record what the analyses need.
 
 Per node: statistics of its outputs (absmax, RMS, smallest nonzero magnitude, finiteness, whether the
-values are whole numbers); the forward analyses (preclint/analyses/: terms of dot products and sums,
-decision margins, ...) see each op's operands and result as it runs; and the backward passes show the
-gradient analyses how rounding at each node reaches the output.
+values are whole numbers); the forward analyses (preclint/reference/analyses/: terms of dot products
+and sums, decision margins, ...) see each op's operands and result as it runs; and the gradient
+analyses (gains, reach, the gains toward decisions and amplifiers) hear the backward passes they ask
+for. The observer here is the runner and the analyses record, as torch.fx's ShapeProp has it: the
+interpreter runs, the pass records.
 
-That last part uses one backward pass with a random output cotangent v ~ N(0, I). A relative rounding
-error delta (RMS r, independent per element) of a value z moves v.output by sum_j g_j z_j delta_j,
-where g = J^T v is z's gradient; its expected square over v and delta is r^2 sum_j (g_j z_j)^2. So
-one pass gives, for every node at once, the gain of rounding its result (``Gains.out`` of ir.py) and of
-rounding its operands (``Gains.operands``: the activation a conv or matmul reads, and its weight).
-Weights are rounded once for all output positions, so their error is coherent across the output;
-weighting by the weight gradient accounts for that where a per-element model would not.
+For the backward passes the runner keeps every node's float value as the node made it (the model
+may write into it later) and hands an op views of the operands a gradient analysis watches
+(``GradientAnalysis.watch``), so that a hook sees the gradient flowing through that op alone (an
+activation read by two convs is rounded separately for each). A pass (``BackwardPasses``) calls its
+listeners from those hooks; what the gradients mean is the analyses' business (analyses/gains.py
+says how one pass gives every node's gain to the output).
 
-Other ops that compute values get views of their float operands too (``Gains.inputs``, and per input
-node ``Gains.by_input``): the ratio inputs / out is how much the op amplifies a relative error that
-arrives at its inputs, the relative condition number of the op weighted by what reaches the output.
-An operand spread over many outputs (an SE gate broadcast over the image, a bias table gathered into
-an attention map, coordinates sampling a correlation volume) sums the gradients of all the outputs
-it reaches; where those agree in sign (a pooling after it), its gain grows with their number R
-though no output element's relative error does. The ratio is per output element: such an operand's
-gain is divided by R, the outputs per operand element.
-
-The backward passes run only where a gradient analysis asks for them (BackwardPasses), and values
-are tracked for them only when one is among the analyses run.
+The backward passes run only where a gradient analysis asks for them, and values are tracked for
+them only when one is among the analyses run.
 """
 from __future__ import annotations
 
@@ -37,18 +29,12 @@ from torch.utils._pytree import tree_flatten
 
 from preclint.capture.graph import is_inplace_call
 from preclint.core.errors import one_line
-from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
+from preclint.core.ir import Graph, Kind, Node, TensorStats
 from preclint.load.modelio import output_tensors
 from preclint.core.numerics import FP16
 from preclint.capture.observer import Call, Observer
 from preclint.reference.poison import PoisonTracker
 from preclint.capture.trees import flatten
-
-
-# Ops whose operands get views so that their amplification of incoming error can be read off the
-# gradients (shape ops move values and amplify nothing; decisions and comparisons are judged by margins).
-AMPLIFYING_KINDS = frozenset({Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.SOFTMAX, Kind.NORM, Kind.REDUCTION,
-                              Kind.SCAN, Kind.POOL, Kind.RESAMPLE, Kind.BATCHNORM})
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
@@ -84,47 +70,6 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         smallest = float(torch.where(a == 0, torch.full_like(a, math.inf), a).min())
         integer_valued = absmax >= 1 and bool((a == a.round()).all())
         return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, finite, integer_valued)
-
-
-def _gap_direction(node: Node, value: torch.Tensor) -> Optional[Tuple[torch.Tensor, int, int]]:
-    """For an argmax/argmin (or max/min over a dim): +1 at each row's winner and -1 at its runner-up,
-    the number of rows, and the dim. A backward pass along it weighs what changes the margin itself: errors
-    the two values share (both logits come from the same features) do not flip the decision."""
-    dim = node.attrs.get("dim")
-    if node.fn not in ("argmax", "argmin", "max", "min") or not isinstance(dim, int) or value.dim() == 0 or not value.numel():
-        return None
-    if value.shape[dim] < 2:
-        return None
-    with torch.no_grad():
-        x = value.detach()
-        top = x.topk(2, dim=dim, largest=node.fn in ("argmax", "max")).indices
-        direction = torch.zeros_like(x)
-        direction.scatter_(dim, top.narrow(dim, 0, 1), 1.0)
-        direction.scatter_(dim, top.narrow(dim, 1, 1), -1.0)
-    return direction, x.numel() // x.shape[dim], dim % x.dim()
-
-
-def _rounding_error(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """What rounding ``value`` to ``dtype`` changes, element by element (0 where it overflows, which
-    the range checks report)."""
-    with torch.no_grad():
-        v = value.detach()
-        error = v.to(dtype).to(v.dtype) - v
-        return torch.where(torch.isfinite(error), error, torch.zeros_like(error))
-
-
-def _module_weights(module: torch.nn.Module) -> List[torch.Tensor]:
-    """The weights a conv, linear or attention module multiplies with (MultiheadAttention keeps them
-    in in_proj_weight, or q/k/v_proj_weight, and out_proj)."""
-    found = []
-    for name in ("weight", "in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
-        value = getattr(module, name, None)
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-    out_proj = getattr(module, "out_proj", None)
-    if isinstance(out_proj, torch.nn.Linear):
-        found.append(out_proj.weight)
-    return found
 
 
 def hook_gradient(t: torch.Tensor, fn) -> Any:
@@ -196,53 +141,6 @@ class _Watched:
         return None if self.changed else self.tensor.detach()
 
 
-class _Sink:
-    """Where the hooks of one backward pass add up their squared products (grad * value)."""
-
-    def __init__(self, defer: Optional[bool] = None) -> None:
-        # sums on a GPU stay there until resolve() (None: on every device but the CPU), see add
-        self.defer = defer
-        self.out: Dict[str, float] = {}
-        self.operands: Dict[int, float] = {}  # id(_Watched) -> sum
-        self.exact: Dict[str, Dict[str, float]] = {}
-        self.unknown: set = set()  # values written in place where the observer could not see it
-        self.reach: Optional[Dict[str, float]] = None  # see ReferenceObserver._gains
-        self.queued: List[Tuple[dict, Any, torch.Tensor]] = []  # (acc, key, sum on the device), see add
-
-    def add(self, acc: dict, key, grad: Optional[torch.Tensor], value: torch.Tensor) -> None:
-        if grad is None or grad.shape != value.shape:  # an empty tensor: no gradient, nothing to round
-            return
-        product = (grad.detach() * value).reshape(-1)
-        defer = product.device.type != "cpu" if self.defer is None else self.defer
-        if defer and product.is_floating_point():
-            # On a GPU the sum stays there until the pass has run (resolve): reading it at once would
-            # stop the backward pass at every hook until the device caught up. Taken as the CPU falls
-            # back to below.
-            self.queued.append((acc, key, _finite_squares(product)))
-            return
-        total = float(torch.dot(product, product)) if product.is_floating_point() else math.nan
-        if not math.isfinite(total):
-            total = float(_finite_squares(product))
-        acc[key] = acc.get(key, 0.0) + total
-
-    def resolve(self) -> None:
-        """Add the sums left on the device into their accumulators (one read for all)."""
-        if not self.queued:
-            return
-        totals = torch.stack([t for _, _, t in self.queued]).tolist()
-        for (acc, key, _), total in zip(self.queued, totals):
-            acc[key] = acc.get(key, 0.0) + total
-        self.queued = []
-
-
-def _finite_squares(product: torch.Tensor) -> torch.Tensor:
-    """The sum of squares of the finite elements, in float64: an intended infinity (a -inf attention
-    mask) has gradient 0 and is exact, no error; and a sum beyond float32's range fits float64."""
-    product = product.double()
-    product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
-    return torch.dot(product, product)
-
-
 # Operands autograd refuses to differentiate (a batch norm's running statistics, read by F.batch_norm
 # in modules FX looks into): the model gets them without gradient. fn -> positions in
 # torch.nn.functional's signature, positions in torch's (weight and bias come first there), keywords.
@@ -268,7 +166,8 @@ class ReferenceObserver(Observer):
         self.analyses = tuple(analyses)
         # (the reference pass sits below the analyses: it knows them by what they do, not their classes)
         self.forward = [a for a in self.analyses if hasattr(a, "observe")]
-        self.with_sensitivity = with_sensitivity and any(a.gradients for a in self.analyses)
+        self.gradient = [a for a in self.analyses if a.gradients]
+        self.with_sensitivity = with_sensitivity and bool(self.gradient)
         self.by_id: Dict[int, Tuple[TensorStats, torch.Tensor]] = {}
         self.values: Dict[str, torch.Tensor] = {}  # node name -> float output kept for the backward passes
         self.watched: Dict[str, _Watched] = {}  # node name -> its value as the node made it
@@ -277,19 +176,17 @@ class ReferenceObserver(Observer):
         self.view_origin: Dict[int, torch.Tensor] = {}  # id of an operand view -> the tensor it views
         self.producers: Dict[int, str] = {}  # id of a value the run made (kept alive by by_id) -> its node
         self.operand_sources: Dict[int, Optional[str]] = {}  # id of an operand view -> the node that made its value
-        self.operand_gains: Dict[int, float] = {}  # id of an operand view -> its gain in the last backward pass
         self.handles: List[Any] = []  # hooks on values made during the run
-        self._sink: Optional[_Sink] = None  # set during a backward pass
+        self._listeners: Optional[Tuple[Any, ...]] = None  # set during a backward pass, see backward
+        self._unknown: set = set()  # values of that pass written in place where the observer could not see it
         self.first_nonfinite: Optional[str] = None
         self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
         self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
         self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
-        self.exact_rounding: Dict[str, Dict[str, float]] = {}
         self.input_names: List[str] = []
         self.failures: List[str] = []  # "node: error" of statistics that could not be computed
-        self.unknown_values: set = set()
         self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
-        self.large: set = set()  # nodes with values beyond float16's range, see _gains' ``reach``
+        self.large: set = set()  # nodes with values beyond float16's range (analyses/reach.py)
         self.on_node: Callable[[], None] = lambda: None  # called once a node ran (a progress bar)
 
     def reset(self) -> bool:
@@ -340,32 +237,24 @@ class ReferenceObserver(Observer):
                 entry.snapshot = entry.tensor.detach().clone()
 
     def _on_value_grad(self, name: str, entry: _Watched, grad: Optional[torch.Tensor]) -> None:
-        sink = self._sink
-        if sink is None or grad is None:  # a backward pass of the model's own, or nothing to weigh
+        listeners = self._listeners
+        if listeners is None or grad is None:  # a backward pass of the model's own, or nothing to weigh
             return
         value = entry.value()
         if value is None:
-            sink.unknown.add(name)
+            self._unknown.add(name)
             return
-        sink.add(sink.out, name, grad, value)
-        if sink.reach is not None and name in self.large and grad.shape == value.shape:
-            live = value.abs()[(grad.detach() != 0) & torch.isfinite(value)]
-            if live.numel():
-                sink.reach[name] = max(sink.reach.get(name, 0.0), float(live.max()))
-        if name in self.constant_names:
-            # Constants (buffers, parameters read as values, tables the forward builds) are rounded
-            # once, with errors that are known exactly: weigh those instead of a statistical model of
-            # them. A position table's highest frequency is often exactly 1.0, which no format rounds.
-            for fmt, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-                sink.add(sink.exact.setdefault(name, {}), fmt, grad, _rounding_error(value, dtype))
+        for listener in listeners:
+            listener.on_grad(name, value, grad)
 
     def _on_operand_grad(self, entry: _Watched, grad: Optional[torch.Tensor]) -> None:
-        sink = self._sink
-        if sink is None or grad is None:
+        listeners = self._listeners
+        if listeners is None or grad is None:
             return
         value = entry.value()
         if value is not None:
-            sink.add(sink.operands, id(entry), grad, value)
+            for listener in listeners:
+                listener.on_operand_grad(entry, value, grad)
 
     # ------------------------------------------------------------------ observer protocol
 
@@ -397,17 +286,17 @@ class ReferenceObserver(Observer):
             # without (a constant the backward passes made a leaf of, an activation)
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v  # noqa: E731
             return tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}
-        dot = node.kind in DOT_PRODUCT_KINDS
-        amplifying = node.kind in AMPLIFYING_KINDS
-        if not (dot or amplifying):
+        wanted = [t for analysis in self.gradient for t in analysis.watch(node, Call(args, kwargs, callee, []))]
+        if not wanted:
             return args, kwargs
+        chosen = {id(t) for t in wanted}
+        operands = {id(v) for v in (*args, *kwargs.values())}
         views: List[_Watched] = []
 
         def as_view(v, position=None):
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
+            if isinstance(v, torch.Tensor) and id(v) in chosen and v.is_floating_point() and v.requires_grad:
                 if v.is_leaf:  # a weight passed as an argument: hook the parameter itself
-                    if dot:  # only a dot product rounds its weights; other ops' inputs are activations
-                        views.append(_Watched(v))
+                    views.append(_Watched(v))
                     return v
                 if inplace and position == 0:
                     # the op writes into it: a view of it would lose its history to the write (autograd
@@ -425,10 +314,10 @@ class ReferenceObserver(Observer):
 
         args = tuple(as_view(a, i) for i, a in enumerate(args))
         kwargs = {k: as_view(v) for k, v in kwargs.items()}
-        if dot and isinstance(callee, torch.nn.Module):
-            for weight in _module_weights(callee):
-                if weight.requires_grad and weight.is_leaf:
-                    views.append(_Watched(weight))
+        # what is watched beyond the operands: weights the callee holds, hooked as they are
+        for weight in {id(t): t for t in wanted if id(t) not in operands}.values():
+            if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
+                views.append(_Watched(weight))
         if views:
             self.operands[node.name] = views
         return args, kwargs
@@ -495,7 +384,7 @@ class ReferenceObserver(Observer):
             value = outputs[0]
             self.values[node.name] = value
             entry = self.watched[node.name] = self._watch(value)
-            if not value.is_leaf:  # leaves (inputs, parameters) are hooked per pass, see _gains
+            if not value.is_leaf:  # leaves (inputs, parameters) are hooked per pass, see backward
                 self.handles.append(hook_gradient(value, partial(self._on_value_grad, node.name, entry)))
             if node.kind == Kind.INPUT:
                 self.input_names.append(node.name)
@@ -527,19 +416,10 @@ class ReferenceObserver(Observer):
 
     # ------------------------------------------------------------------ backward passes
 
-    def _gains(self, roots: List[torch.Tensor], seed: int, probes: int,
-               cotangents: Optional[List[torch.Tensor]] = None, count: Optional[int] = None,
-               reach: Optional[Dict[str, float]] = None) -> Dict[str, Tuple[float, float]]:
-        """Per node, E over v of (sum_j (g_j y_j)^2, sum over operands of sum_k (g_k a_k)^2) / N_roots.
-
-        With ``cotangents`` (one pass), the gains of those fixed directions, per one of ``count`` units:
-        the error of a decision's margins rather than of its input's elements. ``reach`` receives, for
-        the nodes in ``self.large``, the largest magnitude among the elements with a nonzero gradient:
-        the elements the roots depend on. What a ``where`` or ``masked_fill`` drops, or softmax turns
-        into an exact 0 (a finfo.min mask), has gradient 0, so overflowing there reaches nothing."""
-        n_out = count or sum(r.numel() for r in roots)
-        sink = _Sink()
-        sink.reach = reach
+    def backward(self, roots: List[torch.Tensor], listeners: Sequence[Any], *, seed: int, probes: int,
+                 cotangents: Optional[List[torch.Tensor]] = None) -> "Pass":
+        """Backward passes from ``roots`` whose gradients ``listeners`` hear: ``probes`` of them along
+        random directions v ~ N(0, I) drawn with ``seed``, or one along ``cotangents``."""
         handles = []
         # Leaves (inputs, weights, parameters read as values) are hooked for the pass only: they
         # belong to the user's model and cannot be written in place while they require gradients.
@@ -557,64 +437,19 @@ class ReferenceObserver(Observer):
         leaves = [self.values[n] for n in self.input_names] or list(self.values.values())
         leaves = leaves + list(weights.values()) + self.constant_leaves
         generator = torch.Generator().manual_seed(seed)
-        self._sink = sink
+        directions = probes if cotangents is None else 1
+        self._listeners, self._unknown = tuple(listeners), set()
         try:
-            for _ in range(probes if cotangents is None else 1):
+            for _ in range(directions):
                 # drawn on the CPU whatever the device: the same directions, so the same gains, everywhere
                 vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype).to(r.device) for r in roots]
                 backward_for_hooks(roots, leaves, vs)
-            sink.resolve()
+            unknown = frozenset(self._unknown)
         finally:
-            self._sink = None
+            self._listeners = None
             for h in handles:
                 h.remove()
-        scale = 1.0 / (n_out * (probes if cotangents is None else 1))
-        self.exact_rounding = {n: {fmt: v * scale for fmt, v in per.items()} for n, per in sink.exact.items()}
-        self.unknown_values = sink.unknown
-        self.operand_gains = {key: v * scale for key, v in sink.operands.items()}
-        op_acc = {name: sum(sink.operands.get(id(e), 0.0) for e in entries) for name, entries in self.operands.items()
-                  if any(id(e) in sink.operands for e in entries)}
-        # (in the order the pass met them, not a set's: sums over these gains then add up in the same
-        # order in every process, and a report is the same figure for figure on every run)
-        names = [n for n in dict.fromkeys([*sink.out, *op_acc]) if n not in sink.unknown]
-        return {n: (sink.out.get(n, 0.0) * scale, op_acc.get(n, 0.0) * scale) for n in names}
-
-    def _input_gains(self, node: Node, entries: List[_Watched]) -> Tuple[float, Dict[str, float]]:
-        """The gains of rounding the operands of an op that is not a dot product, per output element (an
-        operand reused by R outputs: its gain / R), in all and per input node."""
-        out_numel = node.out.numel if node.out is not None else 0
-        total = 0.0
-        by_input: Dict[str, float] = {}
-        for entry in entries:
-            gain = self.operand_gains.get(id(entry))
-            if gain is None:
-                continue
-            numel = entry.tensor.numel()
-            if numel and out_numel > numel:
-                gain *= numel / out_numel
-            total += gain
-            source = self.operand_sources.get(id(entry))
-            if source is not None:
-                by_input[source] = by_input.get(source, 0.0) + gain
-        return total, by_input
-
-    def _gap_gains(self, root: torch.Tensor, direction: torch.Tensor, rows: int, dim: int) -> Dict[str, Tuple[float, float]]:
-        """Gains of the decisions' margins: backward passes along the winner-minus-runner-up direction
-        with a random sign per row, so that errors shared by different rows (a rounded weight) add up
-        as they do row by row, not as one sum over all rows."""
-        generator = torch.Generator().manual_seed(2)
-        probes = max(1, min(4, math.ceil(64 / rows)))
-        total: Dict[str, List[float]] = {}
-        for _ in range(probes):
-            shape = list(direction.shape)
-            shape[dim] = 1
-            signs = torch.randint(0, 2, shape, generator=generator).to(direction.device, direction.dtype) * 2 - 1
-            for name, (gain_out, gain_operands) in self._gains([root], seed=1, probes=1, cotangents=[direction * signs],
-                                                                count=rows).items():
-                acc = total.setdefault(name, [0.0, 0.0])
-                acc[0] += gain_out / probes
-                acc[1] += gain_operands / probes
-        return {name: (v[0], v[1]) for name, v in total.items()}
+        return Pass(sum(r.numel() for r in roots) * directions, unknown)
 
     def finish(self, graph: Graph, output: Any) -> None:
         """The gradient analyses' backward passes (each node's gains to the output, and to the input of
@@ -640,14 +475,13 @@ class ReferenceObserver(Observer):
             self.by_id.clear()
             self.producers.clear()
             self.operand_sources.clear()
-            self.operand_gains.clear()
             self.constant_leaves.clear()
 
     def _backward_passes(self, graph: Graph, output: Any) -> None:
         passes = BackwardPasses(self, graph, output)
         # (those that read the passes from the outputs first, as they ran before there were analyses:
         # a decision's pass that fails costs the gains nothing)
-        gradient = sorted((a for a in self.analyses if a.gradients), key=lambda a: bool(a.needs))
+        gradient = sorted(self.gradient, key=lambda a: bool(a.needs))
         try:
             for analysis in gradient:
                 analysis.finish(graph, passes)
@@ -656,49 +490,59 @@ class ReferenceObserver(Observer):
             graph.notes.append(f"error propagation estimated without gradients ({text[0] if text else type(exc).__name__})")
 
 
-@dataclass
-class MainPass:
-    """What the backward passes from the model's outputs found, per node name."""
+@dataclass(frozen=True)
+class Pass:
+    """What a backward pass tells its listeners beyond the gradients they heard."""
 
-    gains: Dict[str, Tuple[float, float]]  # (gain of rounding the result, of rounding the operands)
-    operands: frozenset  # nodes whose operands were watched (their second gain is meaningful)
-    exact: Dict[str, Dict[str, float]]  # constants: format -> the gain of their exact rounding errors
-    reach: Dict[str, float]  # values beyond float16's range: the largest magnitude the outputs depend on
-    # ops other than dot products: (the gain of rounding their operands per output element, the same per input node)
-    inputs: Dict[str, Tuple[float, Dict[str, float]]]
+    units: int  # the roots' elements times the directions drawn: what sums over the pass are per
+    unknown: frozenset  # values overwritten in place where the observer could not see it: no gradient of theirs
 
 
 class BackwardPasses:
-    """The reference pass's backward passes, run when a gradient analysis first asks for them: the
-    pass from the model's outputs (``main``, once) and one from each decision's input (``toward``)."""
+    """The reference pass's backward passes, run when a gradient analysis asks for them: the pass from
+    the model's outputs (``main``, once, heard by every analysis that listens to it) and passes from
+    other roots, each heard by the listeners an analysis gives it (``run``)."""
 
     def __init__(self, observer: "ReferenceObserver", graph: Graph, output: Any) -> None:
         self.observer = observer
         self.graph = graph
         self.roots = [v for v in output_tensors(output) if v.is_floating_point() and v.requires_grad and v.numel()]
-        self._main: Optional[MainPass] = None
+        self._main: Optional[Pass] = None
 
     @property
     def large(self) -> set:
         """Nodes with values beyond float16's range."""
         return self.observer.large
 
-    def main(self) -> Optional[MainPass]:
-        """The passes from the model's outputs (None when no float output has a gradient)."""
+    @property
+    def constants(self) -> set:
+        """Nodes whose value is a constant (a buffer, a parameter read as a value, a table the forward
+        builds from constants): rounded once, with errors known exactly."""
+        return self.observer.constant_names
+
+    @property
+    def operands(self) -> Dict[str, List[_Watched]]:
+        """Node name -> the operands it reads whose gradients the passes weigh, as the analyses watched
+        them (``operand.tensor``: the view the op read, or a weight)."""
+        return self.observer.operands
+
+    def source(self, operand: _Watched) -> Optional[str]:
+        """The node that made the value ``operand`` views (None for a weight)."""
+        return self.observer.operand_sources.get(id(operand))
+
+    def main(self) -> Optional[Pass]:
+        """The pass from the model's outputs, along as many random directions as make 64 output
+        elements (at most 4), heard by what each gradient analysis ``listen``s with; run the first time
+        it is asked for, None when no float output has a gradient."""
         if self._main is None and self.roots:
-            observer = self.observer
+            listeners = [heard for heard in (a.listen(self) for a in self.observer.gradient) if heard is not None]
             n_out = sum(r.numel() for r in self.roots)
-            probes = max(1, min(4, math.ceil(64 / n_out)))
-            reach: Dict[str, float] = {}
-            gains = observer._gains(self.roots, seed=0, probes=probes, reach=reach)
-            # (per input node, from this pass's operand gains, which the decisions' passes replace)
-            inputs = {name: observer._input_gains(self.graph[name], entries) for name, entries in observer.operands.items()
-                      if self.graph.get(name) is not None and self.graph[name].kind not in DOT_PRODUCT_KINDS}
-            self._main = MainPass(gains, frozenset(observer.operands), observer.exact_rounding, reach, inputs)
-            if observer.unknown_values:
+            self._main = self.run(self.roots, listeners, seed=0, probes=max(1, min(4, math.ceil(64 / n_out))))
+            unknown = self._main.unknown
+            if unknown:
                 self.graph.notes.append(
-                    f"{len(observer.unknown_values)} value(s) were overwritten in place where preclint could not "
-                    f"see it (first: {sorted(observer.unknown_values)[0]}); their error propagation is not estimated")
+                    f"{len(unknown)} value(s) were overwritten in place where preclint could not "
+                    f"see it (first: {sorted(unknown)[0]}); their error propagation is not estimated")
         return self._main
 
     def root(self, name: str) -> Optional[torch.Tensor]:
@@ -709,19 +553,11 @@ class BackwardPasses:
             return None
         return observer.values[name]
 
-    def gains_toward(self, root: torch.Tensor) -> Dict[str, Tuple[float, float]]:
-        """The gains toward the value ``root`` (from ``root``), per element of it."""
-        return self.observer._gains([root], seed=1, probes=max(1, min(2, math.ceil(64 / root.numel()))))
-
-    def toward(self, node: Node) -> Tuple[Dict[str, Tuple[float, float]], Optional[Dict[str, Tuple[float, float]]]]:
-        """The gains toward the input of decision ``node`` (its ``root``), and along its winner minus
-        runner-up direction where it picks a winner per row."""
-        root = self.root(node.inputs[0]) if node.inputs else None
-        if root is None:
-            raise ValueError(f"{node.name}'s input cannot root a backward pass")
-        gains = self.gains_toward(root)
-        gap = _gap_direction(node, root)
-        return gains, (self.observer._gap_gains(root, *gap) if gap else None)
+    def run(self, roots: List[torch.Tensor], listeners: Sequence[Any], *, seed: int = 1, probes: int = 1,
+            cotangents: Optional[List[torch.Tensor]] = None) -> Pass:
+        """Backward passes from ``roots`` heard by ``listeners`` (analyses.GradientListener): ``probes``
+        of them along random directions drawn with ``seed``, or one along ``cotangents``."""
+        return self.observer.backward(roots, listeners, seed=seed, probes=probes, cotangents=cotangents)
 
 
 def backward_for_hooks(roots: List[torch.Tensor], leaves: List[torch.Tensor], cotangents: List[torch.Tensor]) -> None:

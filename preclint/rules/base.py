@@ -123,9 +123,10 @@ class Rule(RuleDoc):
 
     bad: ClassVar[Sequence[Example]] = ()
     good: ClassVar[Sequence[Example]] = ()
-    # The records (preclint.core.ir: Terms, Gains, Reach, ...) it reads off the nodes: the engine computes
-    # only the analyses the selected rules need. A rule that reads predicted errors needs what they
-    # read (preclint.predict.error_model.PREDICTED_ERRORS_NEED). None: every record.
+    # The records (Terms, Gains, Reach, ..., each beside its analysis in preclint.reference.analyses) it
+    # reads off the nodes: the engine computes only the analyses the selected rules need. A rule that
+    # reads predicted errors needs what they read (preclint.predict.error_model.PREDICTED_ERRORS_NEED).
+    # None: every record.
     needs: ClassVar[Optional[Tuple[type, ...]]] = None
     needs_probe: ClassVar[bool] = False  # fires only on measurements (check_probe), never on a plain check
     probe_bad: ClassVar[Sequence[Example]] = ()

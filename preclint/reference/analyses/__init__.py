@@ -1,22 +1,26 @@
 """Analyses: each computes one statistic of the graph's nodes and stores it as one typed record on
-them (``node.put(Terms(...))``; the record types live in preclint.core.ir, beside the nodes they describe).
+them (``node.put(Terms(...))``, read with ``node.record(Terms)``); the record type is declared in the
+analysis's module, beside the code that writes it.
 
 An analysis declares the record it writes and the records it reads (``needs``); the engine runs only
 the analyses whose records the selected rules (``Rule.needs``), the predictions, the plan or the probe
 read, each after those it depends on (``resolve``). Three kinds, by what they read:
 
 - ForwardAnalysis: each node's operands and result as the reference pass runs it (``observe``);
-- GradientAnalysis: the reference pass's backward passes, after the forward pass (``finish``);
+- GradientAnalysis: the reference pass's backward passes (``watch``, ``listen``, ``finish``);
 - WeightAnalysis: the model's weights alone, also under --no-run (``annotate``).
 
-A new statistic is one new module here with one Analysis subclass; nothing to register.
+A new statistic is one new module here with its record and one Analysis subclass; nothing to
+register (``python scripts/new_rule.py --statistic NAME SUMMARY`` writes one). The modules import
+no torch at import time (the rules import their records, and importing the rule pack imports no
+torch): the functions that compute import it.
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import pkgutil
-from typing import ClassVar, Iterable, List, Tuple, Type
+from typing import Any, ClassVar, Iterable, List, Optional, Sequence, Tuple, Type
 
 from preclint.capture.observer import Call
 
@@ -36,11 +40,47 @@ class ForwardAnalysis(Analysis):
         raise NotImplementedError
 
 
-class GradientAnalysis(Analysis):
+class GradientListener:
+    """What hears the gradients of a backward pass: the reference pass calls it from the gradient hooks,
+    as the pass reaches each tensor it watches (once per direction the pass is run along)."""
+
+    def on_grad(self, name: str, value, grad) -> None:
+        """``grad``: the gradient of node ``name``'s value, ``value`` as the node made it."""
+
+    def on_operand_grad(self, operand, value, grad) -> None:
+        """``grad``: the gradient of ``operand``, one of the operands a node reads that the pass watches
+        (``BackwardPasses.operands``), ``value`` its value as the node read it."""
+
+
+class GradientAnalysis(Analysis, GradientListener):
+    """A statistic of the backward passes. The reference pass runs the model and the passes, the analysis
+    says what to watch and records what the gradients show (as torch.fx's ShapeProp: the interpreter
+    runs, the pass records). The runner tracks every node's float value; beyond those, an analysis
+
+    - ``watch``es operands of an op before it runs (the runner hands the op views of them, so that a
+      hook sees the gradient flowing through that op alone);
+    - ``listen``s to the pass from the model's outputs, which runs once for every analysis that does
+      (its listener is often itself: ``on_grad``, ``on_operand_grad``);
+    - in ``finish``, after the forward pass, runs passes of its own from other roots
+      (``passes.run(roots, listeners)``) and writes its records.
+    """
+
     gradients = True
 
+    def watch(self, node, call: "Call") -> Sequence[Any]:
+        """The operands of ``node`` whose gradients this analysis weighs: tensors among ``call.args`` and
+        ``call.kwargs``, or weights the callee holds. The op has not run yet (``call.outputs`` is empty)."""
+        return ()
+
+    def listen(self, passes) -> Optional[GradientListener]:
+        """What hears the pass from the model's outputs for this analysis (``passes``:
+        reference.statistics_pass.BackwardPasses), called once, before that pass runs; None where the
+        analysis does not read it."""
+        return None
+
     def finish(self, graph, passes) -> None:
-        """Record what the backward passes show (``passes``: reference.BackwardPasses)."""
+        """Record what the backward passes show (``passes.main()``: the pass from the outputs, run the
+        first time an analysis asks for it)."""
         raise NotImplementedError
 
 
@@ -70,6 +110,12 @@ def every_analysis() -> Tuple[Type[Analysis], ...]:
                   if isinstance(value, type) and issubclass(value, Analysis) and value.__module__ == module.__name__
                   and hasattr(value, "record")]
     return tuple(sorted(found, key=lambda a: a.__name__))
+
+
+def rediscover() -> None:
+    """Forget the analyses found, so that the next look walks the package again (after a module is added)."""
+    importlib.invalidate_caches()
+    every_analysis.cache_clear()
 
 
 def writer_of(record: type, analyses: Iterable[Type[Analysis]] = ()) -> Type[Analysis]:

@@ -5,12 +5,32 @@ Runs under --no-run too, so the batch-norm rule can decide from the checkpoint.
 """
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from preclint.reference.analyses import WeightAnalysis
-from preclint.core.ir import BatchNormFolding, Graph, Kind
+from preclint.core.ir import Graph, Kind
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class BatchNormFolding:
+    """What a batch norm's weights alone tell: its folded scale gamma / sqrt(var + eps) against float16's
+    range, and how it amplifies the relative error of its input."""
+
+    eps: float
+    channels: int
+    var_min: float
+    scale_absmax: float
+    amplification: float  # RMS(scale * |x|) / RMS(y) over channels whose inputs are ~ N(mean, var)
+    scale_nonfinite: int  # channels, as every count below
+    channels_var_zero_in_fp16: int  # running_var + eps is 0 in float16
+    channels_var_over_fp16: int  # running_var beyond float16's 65504
+    channels_scale_over_fp16: int  # the scale beyond float16's 65504
+    folded_weight_absmax: Optional[float] = None  # the conv's weights times the scale, when it folds into one
+    folds_into: Optional[str] = None  # that conv's module path
 
 
 class BatchNormAnalysis(WeightAnalysis):
@@ -27,6 +47,8 @@ class BatchNormAnalysis(WeightAnalysis):
 
 def fold(graph: Graph, node, modules) -> Optional[BatchNormFolding]:
     """The batch norm of ``node`` folded: None where it keeps no running variance."""
+    import torch
+
     bn = modules[node.module_path]
     var = getattr(bn, "running_var", None)
     if not isinstance(var, torch.Tensor):

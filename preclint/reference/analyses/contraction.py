@@ -2,11 +2,19 @@
 cuBLAS accumulate float16 products in float16 (torch.backends.cuda.matmul.allow_fp16_accumulation)."""
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
 from preclint.reference.analyses import ForwardAnalysis
 from preclint.capture.observer import Call
-from preclint.core.ir import DOT_PRODUCT_KINDS, Contraction, Node
+from preclint.core.ir import DOT_PRODUCT_KINDS, Node
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """How a dot product accumulates."""
+
+    contracts: bool = True  # False: an einsum that only multiplies (an outer product), no sum to round
+    fp16_accumulation: bool = False  # the model's code let cuBLAS accumulate float16 products in float16
 
 
 class ContractionAnalysis(ForwardAnalysis):
@@ -32,4 +40,6 @@ def einsum_contracts(equation: str) -> bool:
 
 def fp16_accumulation() -> bool:
     """torch.backends.cuda.matmul.allow_fp16_accumulation, as the model's code left it (torch >= 2.7)."""
+    import torch
+
     return bool(getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", False))

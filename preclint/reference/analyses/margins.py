@@ -5,20 +5,37 @@ predicted from them and the error that reaches the decision."""
 from __future__ import annotations
 
 import math
-from typing import Optional
-
-import torch
-from torch.utils._pytree import tree_flatten
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
 
 from preclint.reference.analyses import ForwardAnalysis
 from preclint.capture.observer import Call
-from preclint.core.ir import DecisionMargins, Kind, Margins, Node, RoundingMargins
+from preclint.core.ir import Kind, Node
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_MARGINS = 4096  # margins kept per node (subsampled deterministically beyond that)
 ROUNDING_FNS = frozenset({"round", "floor", "ceil", "trunc"})
 # Below this magnitude float32 values are 2^-10 apart or closer, so a continuous value lands on a whole
 # number by chance once in a thousand at most; beyond 2^23 every float32 value is one.
 EXACT_BELOW = 2.0 ** 13
+
+
+@dataclass
+class Margins:
+    """How far the values a node decides on are from changing the outcome."""
+
+    values: List[float]  # at most MAX_MARGINS, a deterministic sample of ``units`` beyond that
+    units: int  # how many decisions (or rounded values) the margins stand for
+
+
+class DecisionMargins(Margins):
+    """A decision's margins: top-1 minus top-2 per row, the gaps of a sort, or the distance to a threshold."""
+
+
+class RoundingMargins(Margins):
+    """A rounding to integers: each value's distance to the boundary where its integer changes."""
 
 
 def sampled(margins: torch.Tensor, kind: type) -> Margins:
@@ -50,6 +67,9 @@ class RoundingMarginsAnalysis(ForwardAnalysis):
 
 
 def first_tensor(values) -> Optional[torch.Tensor]:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
     for v in tree_flatten(values)[0]:
         if isinstance(v, torch.Tensor):
             return v
@@ -59,6 +79,8 @@ def first_tensor(values) -> Optional[torch.Tensor]:
 def rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
     """Distance of each value to the boundary where its integer changes (a cast to an integer dtype
     truncates, so integers are the boundaries; round's boundaries are the half-integers)."""
+    import torch
+
     x = args[0] if args else None
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not isinstance(output, torch.Tensor):
         return None
@@ -79,6 +101,8 @@ def rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
 
 def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
     """Per decision unit, how far the deciding values are from changing the outcome."""
+    import torch
+
     x = first_tensor(args)
     if x is None or not x.is_floating_point() or x.numel() == 0:  # nothing to decide (no detections)
         return None

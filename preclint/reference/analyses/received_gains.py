@@ -9,10 +9,13 @@ rounded once), so the coordinates' error grows with the iterations, not with the
 pass rooted at the input follows every path from every rounding, as the passes from the outputs do."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
+from preclint.capture.observer import Call
+from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.reference.analyses import GradientAnalysis
-from preclint.core.ir import DOT_PRODUCT_KINDS, Gains, Graph, Kind, Node, ReceivedGains
+from preclint.reference.analyses.gains import Gains, gains_toward, rounded_operands
 
 # An op amplifies relative error when it multiplies it by at least this factor (sqrt(inputs / out) of
 # its gains): an order of magnitude beyond ordinary ops, beyond the factor of 3 within which
@@ -27,6 +30,17 @@ EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 # the others keep the estimate op by op (raft_small has 24 amplifiers, one input each to pass toward:
 # its coordinates before and after each of 12 iterations).
 MAX_RECEIVED_PASSES = 16
+
+
+@dataclass
+class ReceivedGains:
+    """The gains toward the inputs of an op that amplifies error: input node name -> {upstream node name
+    -> (gain of rounding its result, of rounding its operands)}, per element of that input. The error
+    an input receives is then weighed along every path at once, where errors of one origin that meet
+    again add up as they do (an iterative refinement adding each step's correction to coordinates that
+    carry the earlier steps' error)."""
+
+    upstream: Dict[str, Dict[str, Tuple[float, float]]]
 
 
 def judged_amplification(node: Node) -> Optional[float]:
@@ -62,6 +76,9 @@ class ReceivedGainsAnalysis(GradientAnalysis):
     record = ReceivedGains
     needs = (Gains,)
 
+    def watch(self, node: Node, call: Call) -> list:
+        return rounded_operands(node, call)  # the gains toward an input weigh what the gains do
+
     def finish(self, graph, passes) -> None:
         amplifiers = []
         for node in graph.nodes:
@@ -80,7 +97,7 @@ class ReceivedGainsAnalysis(GradientAnalysis):
                     if root is None or budget <= 0:
                         continue
                     budget -= 1
-                    done[name] = passes.gains_toward(root)
+                    done[name] = gains_toward(passes, root)
                 upstream[name] = done[name]
             if upstream:
                 node.put(ReceivedGains(upstream))

@@ -3,17 +3,28 @@ sqrt(sum_k x_k^2) for sums, means and cumulative sums. Rounding a sum errs in pr
 not to its result, and a result far below its terms has cancelled (PCL203)."""
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, Optional
 
 from preclint.reference.analyses import ForwardAnalysis
 from preclint.capture.observer import Call
-from preclint.core.ir import DOT_PRODUCT_KINDS, Node, Terms
+from preclint.core.ir import DOT_PRODUCT_KINDS, Node
 from preclint.capture.ops import SUMS
 
+if TYPE_CHECKING:
+    import torch
+
 CONDITION_THRESHOLDS = (10, 100, 1000)  # Terms.condition: the fractions of outputs whose terms exceed them
+
+
+@dataclass
+class Terms:
+    """The size of the terms a dot product or a sum adds up: the RMS over outputs of sqrt(sum_k (a_k b_k)^2)
+    (sqrt(sum_k x_k^2) for a sum), against which rounding and cancellation are judged."""
+
+    rms: float
+    # t -> the fraction of outputs whose terms exceed the result t times (10, 100, 1000); dot products only
+    condition: Dict[int, float] = field(default_factory=dict)
 
 
 class TermsAnalysis(ForwardAnalysis):
@@ -41,6 +52,9 @@ class TermsAnalysis(ForwardAnalysis):
 
 def dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
     """sqrt(sum_k (a_k b_k)^2) per output element: the same op applied to the squared operands."""
+    import torch
+    import torch.nn.functional as F
+
     sq = lambda t: t.detach().float().pow(2)  # noqa: E731 - local shorthand
     if isinstance(callee, torch.nn.Module):
         x = args[0] if args else None
@@ -81,6 +95,8 @@ def dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
 
 def sum_terms(node: Node, args, kwargs, callee, output: torch.Tensor) -> Optional[torch.Tensor]:
     """sqrt(sum_k x_k^2) per output of a sum, mean or cumsum: the same call on the squared input."""
+    import torch
+
     x = args[0] if args else None
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from preclint.core.findings import ErrorFigure, sci
-from preclint.core.ir import BatchNormFolding
+from preclint.reference.analyses.batchnorm import BatchNormFolding
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules.base import Example, Rule
 

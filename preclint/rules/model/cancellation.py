@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.core.ir import DOT_PRODUCT_KINDS, Kind, Terms
+from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.reference.analyses.terms import Terms
 from preclint.core.numerics import gaussian_max_factor
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED, relative_errors
 from preclint.rules.base import Example, Rule

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.core.ir import DecisionMargins, Kind
+from preclint.core.ir import Kind
+from preclint.reference.analyses.margins import DecisionMargins
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules.base import Example, Rule
 

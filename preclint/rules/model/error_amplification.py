@@ -5,8 +5,7 @@ from preclint.core.findings import ErrorFigure, percent, sci
 # AMPLIFICATION_LIMIT: the factor from which an op is reported (10: beyond ordinary ops and preclint's
 # factor of 3); judged_amplification leaves out amplifiers PCL203 and PCL103 explain better (sums, dot
 # products, batch norms), so that the received-error passes go to the ops judged here
-from preclint.reference.analyses.received_gains import AMPLIFICATION_LIMIT, judged_amplification
-from preclint.core.ir import ReceivedGains
+from preclint.reference.analyses.received_gains import AMPLIFICATION_LIMIT, ReceivedGains, judged_amplification
 from preclint.core.numerics import C_OUTPUT, MODES, gaussian_max_factor
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED, passed_on, relative_errors
 from preclint.rules.base import Example, Rule

@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.core.ir import DOT_PRODUCT_KINDS, Kind, RoundingMargins
+from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.reference.analyses.margins import RoundingMargins
 from preclint.core.numerics import FORMATS, FP32, MODES, dtype_name, gaussian_max_factor
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules.base import Example, Rule

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, sci
-from preclint.core.ir import Kind, Reach
+from preclint.core.ir import Kind
+from preclint.reference.analyses.reach import Reach
 from preclint.core.numerics import FORMATS, dtype_name, representable, round_to
 from preclint.predict.error_model import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rules.base import Example, Rule
