@@ -1,0 +1,232 @@
+"""Detections measured against the float64 reference: which boxes a precision keeps, loses, adds or moves.
+
+A detector's output is a set per image (torchvision: ``{"boxes": (N, 4), "scores": (N,), "labels":
+(N,)}``) whose order and length follow from top-k, score thresholds and NMS. Elementwise comparison
+means nothing there: one box more shifts every later row. The probe matches the detections of a
+precision's run to the reference's instead, greedily by IoU (pairs of the same label first), and counts:
+
+* ``kept``: matched, same label, IoU >= KEPT_IOU: the box is where it was;
+* ``moved``: matched, same label, MATCH_IOU <= IoU < KEPT_IOU: the same object, another box;
+* ``relabelled``: matched by IoU to a detection of another label only;
+* ``lost`` / ``added``: detections of the reference / of the run without a match.
+
+Scores and boxes of the matched pairs give the numeric error; the changed detections (all but the kept)
+over all detections (kept plus changed) are the fraction of the output's decisions that flipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+# IoU at which two detections are the same one (COCO's criterion for a true positive).
+MATCH_IOU = 0.5
+# A box whose IoU with its reference is below this has visibly moved: rounding alone moves a box by a
+# fraction of a pixel (IoU > 0.99 for boxes of ten pixels and more), a different NMS winner moves it
+# by a good part of its size.
+KEPT_IOU = 0.9
+
+
+@dataclass
+class DetectionChanges:
+    reference: int = 0  # detections in the reference run
+    measured: int = 0  # detections in this precision's run
+    kept: int = 0
+    moved: int = 0
+    relabelled: int = 0
+    lost: int = 0
+    added: int = 0
+    score_max_abs_error: Optional[float] = None  # over matched pairs
+    box_max_abs_error: Optional[float] = None  # pixels, over matched pairs
+    sets: int = 0  # detection sets compared (images)
+
+    @property
+    def changed(self) -> int:
+        return self.moved + self.relabelled + self.lost + self.added
+
+    @property
+    def units(self) -> int:
+        return self.kept + self.changed
+
+    @property
+    def flip_fraction(self) -> Optional[float]:
+        return self.changed / self.units if self.units else None
+
+    def add(self, other: "DetectionChanges") -> None:
+        for key in ("reference", "measured", "kept", "moved", "relabelled", "lost", "added", "sets"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for key in ("score_max_abs_error", "box_max_abs_error"):
+            a, b = getattr(self, key), getattr(other, key)
+            setattr(self, key, b if a is None else a if b is None else max(a, b))
+
+    def as_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {k: getattr(self, k) for k in ("reference", "measured", "kept", "moved", "relabelled",
+                                                             "lost", "added")}
+        out["flip_fraction"] = self.flip_fraction
+        out["score_max_abs_error"] = self.score_max_abs_error
+        out["box_max_abs_error"] = self.box_max_abs_error
+        return out
+
+    def describe(self) -> str:
+        """One line for the report."""
+        if not self.reference and not self.measured:
+            return f"no detections in the reference or in this run ({self.sets} image(s))"
+        parts = [f"{self.kept} of {self.reference} reference detections kept"]
+        for key in ("moved", "relabelled", "lost", "added"):
+            if getattr(self, key):
+                parts.append(f"{getattr(self, key)} {key}")
+        text = ", ".join(parts)
+        errors = []
+        if self.score_max_abs_error is not None:
+            errors.append(f"scores by up to {self.score_max_abs_error:.3g}")
+        if self.box_max_abs_error is not None:
+            errors.append(f"matched boxes by up to {self.box_max_abs_error:.3g} px")
+        return text + (f"; {' and '.join(errors)}" if errors else "")
+
+
+def is_detection_set(value) -> bool:
+    boxes = value.get("boxes") if isinstance(value, dict) else None
+    return (isinstance(boxes, torch.Tensor) and boxes.is_floating_point() and boxes.dim() == 2
+            and boxes.shape[-1] == 4)
+
+
+def detection_sets(output) -> List[Dict[str, torch.Tensor]]:
+    """The detection sets in a model's output, in order (dicts with (N, 4) float "boxes")."""
+    found: List[Dict[str, torch.Tensor]] = []
+
+    def visit(value, depth: int) -> None:
+        if is_detection_set(value):
+            found.append(value)
+        elif depth < 4 and isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, depth + 1)
+        elif depth < 4 and isinstance(value, dict):
+            for v in value.values():
+                visit(v, depth + 1)
+
+    visit(output, 0)
+    return found
+
+
+def detection_tensor_ids(output) -> set:
+    """ids of the tensors inside detection sets: compared by matching, never position by position."""
+    return {id(t) for s in detection_sets(output) for t in s.values() if isinstance(t, torch.Tensor)}
+
+
+def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU of every box of ``a`` (N, 4, x1 y1 x2 y2) with every box of ``b`` (M, 4); degenerate boxes
+    match only themselves."""
+    a, b = a.double(), b.double()
+    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
+    area_b = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    lt = torch.max(a[:, None, :2], b[None, :, :2])
+    rb = torch.min(a[:, None, 2:], b[None, :, 2:])
+    wh = (rb - lt).clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]
+    union = area_a[:, None] + area_b[None, :] - inter
+    same = (a[:, None, :] == b[None, :, :]).all(-1).double()
+    return torch.where(union > 0, inter / union.clamp(min=1e-300), same)
+
+
+def match(boxes: torch.Tensor, reference: torch.Tensor, labels: Optional[torch.Tensor] = None,
+          reference_labels: Optional[torch.Tensor] = None, threshold: float = MATCH_IOU) -> List[Tuple[int, int, float]]:
+    """(index in ``boxes``, index in ``reference``, IoU) of greedily matched pairs at IoU >= threshold:
+    pairs of the same label before pairs of different labels, and higher IoU first within each."""
+    if not len(boxes) or not len(reference):
+        return []
+    iou = box_iou(boxes.detach().cpu(), reference.detach().cpu())
+    rows, cols = torch.nonzero(iou >= threshold, as_tuple=True)
+    if not len(rows):
+        return []
+    values = iou[rows, cols]
+    same = torch.zeros_like(values)
+    if labels is not None and reference_labels is not None:
+        same = (labels.detach().cpu()[rows] == reference_labels.detach().cpu()[cols]).double()
+    order = torch.argsort(same * 2.0 + values, descending=True)  # IoU <= 1: a label match outranks any IoU
+    pairs, used_a, used_b = [], set(), set()
+    for i, j, v in zip(rows[order].tolist(), cols[order].tolist(), values[order].tolist()):
+        if i not in used_a and j not in used_b:
+            used_a.add(i)
+            used_b.add(j)
+            pairs.append((i, j, v))
+    return pairs
+
+
+@dataclass
+class DetectionComparison:
+    """A run's detection sets against the reference's: the changes, and the matched values' errors."""
+
+    changes: DetectionChanges
+    errors: List[torch.Tensor] = field(default_factory=list)  # matched boxes and scores, run minus reference
+    references: List[torch.Tensor] = field(default_factory=list)  # the reference values of those
+
+
+def compare_detections(output, reference) -> Optional[DetectionComparison]:
+    """Match the detection sets of ``output`` to those of ``reference`` (None: the output has none)."""
+    runs, refs = detection_sets(output), detection_sets(reference)
+    if not refs or len(runs) != len(refs):
+        return None
+    total = DetectionComparison(DetectionChanges())
+    for run, ref in zip(runs, refs):
+        changes, errors, references = _compare_set(run, ref)
+        total.changes.add(changes)
+        total.errors += errors
+        total.references += references
+    return total
+
+
+def _compare_set(run: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]):
+    boxes, ref_boxes = run["boxes"].detach(), ref["boxes"].detach()
+    labels, ref_labels = run.get("labels"), ref.get("labels")
+    if not (isinstance(labels, torch.Tensor) and isinstance(ref_labels, torch.Tensor)
+            and len(labels) == len(boxes) and len(ref_labels) == len(ref_boxes)):
+        labels = ref_labels = None
+    pairs = match(boxes, ref_boxes, labels, ref_labels)
+    changes = DetectionChanges(reference=len(ref_boxes), measured=len(boxes), sets=1)
+    for i, j, iou in pairs:
+        if labels is not None and int(labels[i]) != int(ref_labels[j]):
+            changes.relabelled += 1
+        elif iou >= KEPT_IOU:
+            changes.kept += 1
+        else:
+            changes.moved += 1
+    changes.lost = len(ref_boxes) - len(pairs)
+    changes.added = len(boxes) - len(pairs)
+    errors, references = [], []
+    if pairs:
+        device = ref_boxes.device
+        run_index = torch.tensor([i for i, _, _ in pairs], device=boxes.device)
+        ref_index = torch.tensor([j for _, j, _ in pairs], device=device)
+        for key in ("boxes", "scores"):
+            a, b = run.get(key), ref.get(key)
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
+                    and len(a) == len(boxes) and len(b) == len(ref_boxes)):
+                continue
+            r = b.detach()[ref_index].double()
+            e = a.detach()[run_index].to(device).double() - r
+            errors.append(e)
+            references.append(r)
+            largest = float(e.abs().max()) if e.numel() else None
+            setattr(changes, "box_max_abs_error" if key == "boxes" else "score_max_abs_error", largest)
+    return changes, errors, references
+
+
+def changed_decisions(kept: torch.Tensor, reference_kept: torch.Tensor, boxes: torch.Tensor,
+                      reference_boxes: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                      reference_labels: Optional[torch.Tensor] = None) -> Tuple[int, int]:
+    """(changed, units) of an NMS: the boxes it kept here against those it kept in the reference, by
+    position (IoU >= MATCH_IOU, same label) rather than by index, since the candidates it chose from
+    may differ in number and order between the runs. (Not KEPT_IOU: a low format rounds the boxes
+    NMS compares, and the offsets of batched NMS's per-class trick make that coarse: bfloat16 holds
+    coordinates near 300 to 2 pixels.)"""
+    a = boxes.detach()[kept.long().to(boxes.device)]
+    b = reference_boxes.detach()[reference_kept.long().to(reference_boxes.device)]
+    la = labels.detach()[kept.long().to(labels.device)] if labels is not None else None
+    lb = reference_labels.detach()[reference_kept.long().to(reference_labels.device)] if reference_labels is not None else None
+    if la is None or lb is None:
+        la = lb = None
+    pairs = [p for p in match(a, b, la, lb)
+             if la is None or int(la[p[0]]) == int(lb[p[1]])]
+    units = len(a) + len(b) - len(pairs)
+    return units - len(pairs), units
