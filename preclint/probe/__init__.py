@@ -82,7 +82,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
-    from preclint.probe.execute import Program, copy_to
+    from preclint.measure.copies import copy_to
+    from preclint.measure.program import Program
 
     records_graph = graph is None
     if records_graph:
@@ -200,8 +201,9 @@ class ProbeSession:
         program, stream, model32, inputs32 = copies.program, copies.stream, copies.model32, copies.inputs32
 
         from preclint.probe.device import is_out_of_memory
-        from preclint.probe.execute import RunFailed, one_line
-        from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
+        from preclint.measure.program import RunFailed
+        from preclint.probe.reference_pass import reference_pass, resolve_reference
+        from preclint.probe.sensitivity import sensitivity_pass
 
         try:
             # TF32 off: values a model computes below float64 even here are then float32's best
@@ -265,7 +267,7 @@ class ProbeSession:
                          "the reference there is as precise as the model makes it")
 
         from preclint.probe.ledger import ProbeResult
-        from preclint.probe.modes import SharedCopies
+        from preclint.measure.modes import SharedCopies
 
         result = ProbeResult(env, {}, list(ref.order), clock.timings, notes)
         result.reference_nonfinite = reference_nonfinite
@@ -355,20 +357,23 @@ class _ModePasses:
         back. Returns (measure, what ``finish`` needs, or None after a failure)."""
         import torch
 
+        from preclint.measure.compare import output_differences
+        from preclint.measure.runners import runner_for
         from preclint.probe.ledger import ModeMeasure
-        from preclint.probe.measure import output_error, plain_run, queue_figures, sweep
-        from preclint.probe.modes import describe_mode, build_mode_run
+        from preclint.probe.readback import queue_figures
+        from preclint.probe.sweep import sweep
 
         setting, copies, clock, sens = self.session.setting, self.session.copies, self.session.clock, self.sens
         device, graph = setting.device, setting.graph
-        measure = ModeMeasure(mode, describe_mode(mode, device, setting.emulated))
+        runner = runner_for(mode, device, setting.emulated)
+        measure = ModeMeasure(mode, runner.how)
         swept = None
         try:
             with clock(f"{mode}: sweep"):
-                run = build_mode_run(mode, device, setting.emulated, copies.model32, copies.inputs32, graph, self.shared)
+                run = runner.prepare(copies.model32, copies.inputs32, graph, self.shared)
                 measure.how = run.how
                 swept = sweep(copies.program, run, self.ref, graph, keep_errors=sens is not None)
-            outputs = output_error(swept.output, self.ref)
+            outputs = output_differences(swept.output, self.ref.output)
             present = outputs.present()
             contributions = ([], None)
             if sens is not None and present:
@@ -379,7 +384,7 @@ class _ModePasses:
             plain = None
             if not run.emulated:
                 with clock(f"{mode}: plain run"):
-                    plain = plain_run(run)
+                    plain = runner.run(run)
             with clock(f"{mode}: figures"):
                 pending = queue_figures(swept, contributions, outputs, setting.tolerance, plain,
                                         ablate=setting.options.ablate and sens is not None)
@@ -397,7 +402,7 @@ class _ModePasses:
     def finish(self, measure, pending) -> None:
         """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
         from preclint.probe.ablate import ablate
-        from preclint.probe.measure import finish
+        from preclint.probe.readback import finish
 
         session, swept = self.session, pending.swept
         graph, copies = session.setting.graph, session.copies
@@ -414,8 +419,8 @@ class _ModePasses:
 
 
 def _failed(measure, mode, device, exc) -> None:
+    from preclint.measure.program import RunFailed
     from preclint.probe.device import is_out_of_memory
-    from preclint.probe.execute import RunFailed
 
     cause = exc.cause if isinstance(exc, RunFailed) else exc
     if is_out_of_memory(cause):
@@ -430,7 +435,7 @@ def _failed(measure, mode, device, exc) -> None:
 @contextmanager
 def _tf32_on_gpu(device, enabled: bool) -> Iterator[None]:
     """TF32 on or off for the stage, on a GPU (the CPU has no TF32)."""
-    from preclint.probe.device import tf32
+    from preclint.measure.backends import tf32
 
     if device.type != "cuda":
         yield
@@ -449,7 +454,7 @@ def _release(device) -> None:
 def _move(inputs, device, dtype):
     """The inputs on ``device``; with ``dtype``, floating ones in it (token ids and masks stay)."""
     from preclint.load.modelio import Inputs
-    from preclint.probe.execute import to_device
+    from preclint.measure.copies import to_device
 
     def move(v):
         v = to_device(v, device) if v.device != device else v.detach()
@@ -531,7 +536,6 @@ def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
     (placement.py); None where the reference pass stays on the CPU."""
     from preclint.probe.device import is_out_of_memory, select_device
-    from preclint.probe.execute import one_line
     from preclint.probe.device_copy import place
 
     device = select_device(options.device)

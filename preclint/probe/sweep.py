@@ -14,12 +14,14 @@ import torch
 from preclint.core.errors import one_line
 from preclint.core.ir import DecisionMargins, Kind
 from preclint.load.modelio import Inputs
+from preclint.capture.graph import is_inplace_call
 from preclint.capture.observer import Observer
-from preclint.probe.detections import changed_decisions, detection_tensor_ids
-from preclint.probe.execute import Producers, Program, invoke, is_inplace_call, tensors
-from preclint.probe.modes import ModeRun
+from preclint.measure.detections import changed_decisions, detection_tensor_ids
+from preclint.measure.modes import ModeRun
+from preclint.measure.program import Program
+from preclint.measure.rounding import REDUCED_FLOATS
+from preclint.probe.execute import Producers, invoke, tensors
 from preclint.probe.reference_pass import ReferenceStore
-from preclint.probe.rounding import REDUCED_FLOATS
 from preclint.probe.scalars import Scalars, difference, error_dtype
 from preclint.capture.trees import flatten
 
