@@ -228,15 +228,17 @@ def run_mode(model: torch.nn.Module, inputs, mode: str, device="cpu", emulated: 
     return runner_for(mode, device, emulated).output(model, inputs, graph)
 
 
-def run_reference(model: torch.nn.Module, inputs, device="cpu", dtype: torch.dtype = torch.float64,
+def run_reference(model: torch.nn.Module, inputs, device="cpu", dtype: Optional[torch.dtype] = torch.float64,
                   sets_tf32: bool = True) -> Any:
     """The output of a copy of ``model`` whose floating tensors, and the inputs', are ``dtype``
-    (float64: the reference; float32: the floor no mode goes below), on ``device``; TF32 off there
-    unless ``sets_tf32`` is False (the switches then stay as they are)."""
+    (float64: the reference), on ``device``; ``dtype`` None runs the model as it is (on ``device``
+    already: a float32 model's floor, which no mode goes below). TF32 is off on a GPU unless
+    ``sets_tf32`` is False (the switches then stay as they are)."""
     device = torch.device(device)
     with torch.no_grad():
-        copy = copy_to(model, device, dtype)
-        inputs = Inputs.of(inputs).map(lambda t: t.to(device, dtype) if t.is_floating_point() else t.to(device))
+        copy = model if dtype is None else copy_to(model, device, dtype)
+        inputs = Inputs.of(inputs).map(lambda t: t.to(device, dtype) if dtype is not None and t.is_floating_point()
+                                       else t.to(device))
         if sets_tf32 and device.type == "cuda":
             with tf32(False):
                 return inputs.call(copy)
