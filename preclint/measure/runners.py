@@ -108,7 +108,7 @@ class EmulatedRunner(Runner):
         if graph is None:
             raise ValueError("an emulated run follows the model's graph: capture it first (capture_graph)")
         program = Program(graph, prepared.variant)
-        observer = Emulation(prepared, inplace_semantics=not program.is_fx)
+        observer = EmulatingObserver(prepared, inplace_semantics=not program.is_fx)
         with torch.no_grad(), prepared.context():
             return program.run(prepared.variant, prepared.inputs, observer)
 
@@ -121,7 +121,7 @@ def runner_for(name: str, device, emulated: Optional[bool] = None) -> Runner:
     return EmulatedRunner(name, device) if emulated else NativeRunner(name, device)
 
 
-class Emulation(Observer):
+class EmulatingObserver(Observer):
     """Applies a prepared emulated mode's arithmetic to each op of a run, and watches nothing (the
     probe's sweep applies it the same way, and measures besides). With ``only``, the ops of that
     module alone, whose float results then flow on in float32."""

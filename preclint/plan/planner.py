@@ -17,7 +17,7 @@ FLOPs; their share is what the predicted output error loses when they are kept.
 
 Every candidate set is judged by predicting the whole mode again with those nodes in float32
 (``predict_mode(float32=...)``), so what a kept layer changes downstream (a float32 residual stream,
-an overflow moved to the next conv) is in the figure. ``plan_verify`` measures the result.
+an overflow moved to the next conv) is in the figure. ``plan/verify.py`` measures the result.
 """
 from __future__ import annotations
 

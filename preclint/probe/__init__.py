@@ -1,13 +1,21 @@
 """The probe: the error each node of a model really has under TF32, float16 and bfloat16.
 
-On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (modes.py). Per
-mode and node it measures the local and received error, the amplification and the contribution to
-the output error (ledger.py), against a float64 reference on the same device; then every finding
+On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (measure/modes.py).
+Per mode and node it measures the local and received error, the amplification and the contribution
+to the output error (ledger.py), against a float64 reference on the same device; then every finding
 is confirmed or refuted (verdict.py), and the rules that judge measurements (such as layers that
 hold much of the error without a finding) add theirs.
 
     result = measure_model(module, inputs, graph, modes, ProbeOptions(device="auto"))
     apply(report, loaded, graph, ctx, config, result, ledger=True)
+
+The passes: the reference (reference_pass.py), the model in float64 on the probe's device, each
+node's value kept (in float32 unless the ablation needs float64); the sensitivity (sensitivity.py),
+one backward pass per mode with its measured output error as the cotangent: J_i^T E at every node at
+once, so each contribution <J_i e_i, E> (gradients only weight errors: bfloat16 autocast on a GPU);
+the sweep (sweep.py), the mode's run (measure/runners.py) observed and never altered: each node's
+value against the reference's (received), the node replayed on reference inputs (local). Figures
+are read back once per pass, after every mode was issued (readback.py): not to stall the GPU.
 """
 from __future__ import annotations
 

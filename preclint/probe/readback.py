@@ -58,7 +58,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         first = scalars.add_vector(values)
         pending.contribution_slots = {name: first + i for i, name in enumerate(names)}
         pending.norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in outputs.present())))
-    # detection sets: their matched boxes and scores count as output values (detections.py)
+    # detection sets: their matched boxes and scores count as output values (measure/detections.py)
     pending.detections = compare_detections(swept.output, obs.ref.output)
     if pending.detections is not None:
         errors, ref_outputs = errors + pending.detections.errors, ref_outputs + pending.detections.references
