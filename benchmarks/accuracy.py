@@ -16,13 +16,13 @@ and the prediction here:
     python -m benchmarks.accuracy predict --out predicted.json
     python -m benchmarks.accuracy report predicted.json cpu.json gpu.json            # markdown tables
 
-How each mode runs:
+Each mode runs as the probe runs it (preclint.measure's runners), compared with measure.compare:
 
-| mode | cuda | cpu |
+| mode | cuda (NativeRunner) | cpu (EmulatedRunner, preclint/measure/modes.py) |
 |---|---|---|
-| tf32 | TF32 on for cuDNN and cuBLAS | conv/matmul operands rounded to 10 mantissa bits, fp32 accumulation |
-| fp16, bf16 | torch.autocast('cuda') | torch.autocast('cpu'), with the ops CUDA's autocast runs in fp32 run in fp32 |
-| fp16-full, bf16-full | model and inputs cast with .to(dtype) | the same, on CPU kernels |
+| tf32 | TF32 on for cuDNN and cuBLAS | operands of the convs and matmuls an H200 runs in TF32 rounded to 10 mantissa bits, fp32 accumulation |
+| fp16, bf16 | torch.autocast('cuda') | CUDA autocast's op lists: listed ops round operands and parameters, fp32 accumulation |
+| fp16-full, bf16-full | model and inputs cast with .to(dtype) | parameters, buffers and inputs rounded; every op in fp32, stored in the format |
 
 The reference is the model in float64 on the same device; decisions are compared with the fp32 run
 (TF32 off), whose margins preclint reads.
@@ -30,8 +30,6 @@ The reference is the model in float64 on the same device; decisions are compared
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
 import math
 import os
@@ -42,17 +40,16 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclint` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint, same_fingerprint  # noqa: E402
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins  # noqa: E402
-from preclint.core.numerics import AUTOCAST_FP32  # noqa: E402
-from preclint.probe.rounding import LOW_DTYPES as LOW, round_tf32  # noqa: E402
+from preclint.load.modelio import Inputs, output_tensors  # noqa: E402
+from preclint.measure.compare import compare as compare_outputs  # noqa: E402
+from preclint.measure.program import RunFailed  # noqa: E402
+from preclint.measure.runners import capture_graph, run_mode, run_reference, runner_for  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
 RANKING_MODES = ("tf32", "fp16", "bf16")
@@ -61,133 +58,7 @@ WITHIN = 3.0  # a prediction "holds" when it is within this factor of the measur
 BROKEN = 0.5  # a relative error this large is no rounding: the values were destroyed (inf divided away)
 
 # ---------------------------------------------------------------------------------------- running
-
-
-# aten ops that multiply-accumulate, and the positions of the operands they round (not the bias)
-_DOT_OPERANDS = {
-    "convolution": (0, 1),
-    "mm": (0, 1),
-    "bmm": (0, 1),
-    "addmm": (1, 2),
-    "baddbmm": (1, 2),
-    "addbmm": (1, 2),
-    "mv": (0, 1),
-    "addmv": (1, 2),
-    "dot": (0, 1),
-}
-
-
-class Tf32Emulation(TorchDispatchMode):
-    """Rounds the operands of every conv/matmul to TF32 while ``active`` (fp32 accumulation)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.active = True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        positions = _DOT_OPERANDS.get(func.overloadpacket.__name__) if self.active else None
-        if positions:
-            args = tuple(round_tf32(a) if i in positions and isinstance(a, torch.Tensor) else a
-                         for i, a in enumerate(args))
-        return func(*args, **kwargs)
-
-
-# CPU autocast leaves most of what CUDA's autocast runs in float32 in the input's dtype, so the CPU run
-# casts those ops up to follow the CUDA policy preclint predicts with (numerics.AUTOCAST_FP32).
-_CUDA_LOWER_NOT_CPU = frozenset("einsum mv addmv addr chain_matmul".split())
-
-
-class CudaAutocastLists(TorchFunctionMode):
-    """Under CPU autocast, runs the ops of CUDA's fp32 list in fp32 (and its extra lower ops in ``dtype``)."""
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.dtype = dtype
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "").lstrip("_")
-        if name in AUTOCAST_FP32 and kwargs.get("dtype") is None:  # F.softmax passes dtype=None on
-            up = lambda v: v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v  # noqa: E731
-            with torch.autocast("cpu", enabled=False):
-                return func(*tree_map(up, args), **tree_map(up, kwargs))
-        if name in _CUDA_LOWER_NOT_CPU:
-            down = lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
-            return func(*tree_map(down, args), **tree_map(down, kwargs))
-        return func(*args, **kwargs)
-
-
-def _to(values, device: str, dtype: Optional[torch.dtype] = None):
-    def move(v):
-        if isinstance(v, torch.Tensor):
-            v = v.to(device)
-            return v.to(dtype) if dtype is not None and v.is_floating_point() else v
-        return v
-
-    return tree_map(move, values)
-
-
-def _set_tf32(on: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = on
-    torch.backends.cudnn.allow_tf32 = on
-
-
-@contextlib.contextmanager
-def _cpu_tf32():
-    """Whole-model TF32 emulation: fused attention kernels are decomposed so their matmuls are seen."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    emulation = Tf32Emulation()
-    try:
-        with sdpa_kernel(SDPBackend.MATH), emulation:
-            yield emulation
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-
-
-def run(model: torch.nn.Module, inputs: tuple, mode: str, device: str):
-    """The model's output under ``mode`` ('fp64', 'fp32' or a precision mode) on ``device``."""
-    with torch.no_grad():
-        if mode in ("fp64", "fp16-full", "bf16-full"):
-            dtype = {"fp64": torch.float64, "fp16-full": torch.float16, "bf16-full": torch.bfloat16}[mode]
-            cast = copy.deepcopy(model).to(dtype)
-            return cast(*_to(inputs, device, dtype))
-        args = _to(inputs, device)
-        if device == "cuda":
-            _set_tf32(mode == "tf32")
-            try:
-                if mode in LOW:
-                    with torch.autocast("cuda", dtype=LOW[mode]):
-                        return model(*args)
-                return model(*args)
-            finally:
-                _set_tf32(False)
-        if mode == "tf32":
-            with _cpu_tf32():
-                return model(*args)
-        if mode in LOW:
-            with torch.autocast("cpu", dtype=LOW[mode]), CudaAutocastLists(LOW[mode]):
-                return model(*args)
-        return model(*args)
-
-
-def _leaves(output) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """(float values as one float64 vector, integer values as one int64 vector) of an output."""
-    floats, ints = [], []
-    for v in tree_flatten(output)[0]:
-        if isinstance(v, torch.Tensor):
-            (floats if v.is_floating_point() else ints).append(v.detach().flatten().cpu())
-    f = torch.cat([t.double() for t in floats]) if floats else None
-    i = torch.cat([t.long() for t in ints]) if ints else None
-    return f, i
-
-
-def rel_rms(value: torch.Tensor, reference: torch.Tensor) -> float:
-    scale = float(reference.pow(2).mean().sqrt())
-    return float((value - reference).pow(2).mean().sqrt()) / scale if scale > 0 else 0.0
+# (the modes run as the probe runs them: preclint.measure's runners, emulated on the CPU)
 
 
 def ranking_units(model: torch.nn.Module) -> List[str]:
@@ -204,62 +75,20 @@ def ranking_units(model: torch.nn.Module) -> List[str]:
     return units
 
 
-@contextlib.contextmanager
-def _one_unit(model: torch.nn.Module, path: str, mode: str, device: str, emulation: Optional[Tf32Emulation]):
-    """Run the module at ``path`` in ``mode`` and everything else in fp32."""
-    module = model.get_submodule(path)
-    state: Dict[str, Any] = {}
-
-    def pre(_m, _args):
-        if mode == "tf32":
-            if device == "cuda":
-                _set_tf32(True)
-            else:
-                emulation.active = True
-        else:
-            state["autocast"] = torch.autocast(device, dtype=LOW[mode])
-            state["autocast"].__enter__()
-
-    def post(_m, _args, output):
-        if mode == "tf32":
-            if device == "cuda":
-                _set_tf32(False)
-            else:
-                emulation.active = False
-            return None
-        state.pop("autocast").__exit__(None, None, None)
-        return tree_map(lambda v: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v, output)
-
-    handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def measure_ranking(model, inputs, device: str, modes: Sequence[str] = RANKING_MODES) -> Dict[str, Dict[str, float]]:
-    """Per mode, per unit: relative mean-square output error with only that unit in reduced precision."""
+def measure_ranking(model, inputs, device: str, modes: Sequence[str] = RANKING_MODES,
+                    graph=None) -> Dict[str, Dict[str, float]]:
+    """Per mode, per unit: relative mean-square output error with only that unit in reduced precision
+    (the rest in float32; ``graph``: the model's capture, which the CPU's emulated runs follow)."""
     units = ranking_units(model)
-    with torch.no_grad():
-        reference, _ = _leaves(run(model, inputs, "fp32", device))
-        args = _to(inputs, device)
-        result: Dict[str, Dict[str, float]] = {}
-        for mode in modes:
-            errors = {}
-            for path in units:
-                if device == "cpu" and mode == "tf32":
-                    with _cpu_tf32() as emulation:
-                        emulation.active = False
-                        with _one_unit(model, path, mode, device, emulation):
-                            out, _ = _leaves(model(*args))
-                else:
-                    if device == "cuda":
-                        _set_tf32(False)
-                    with _one_unit(model, path, mode, device, None):
-                        out, _ = _leaves(model(*args))
-                errors[path] = rel_rms(out, reference) ** 2 if torch.isfinite(out).all() else math.inf
-            result[mode] = errors
+    reference = output_tensors(run_reference(model, inputs, device, None))
+    result: Dict[str, Dict[str, float]] = {}
+    for mode in modes:
+        runner = runner_for(mode, device)
+        errors = {}
+        for path in units:
+            measured = compare_outputs(output_tensors(runner.output(model, inputs, graph, only=path)), reference)
+            errors[path] = measured.rel_rms ** 2 if measured.rel_rms is not None else math.inf
+        result[mode] = errors
     return result
 
 
@@ -269,29 +98,37 @@ def measure_model(entry: ZooModel, device: str, modes: Sequence[str] = MODES, ra
                               "device": device, "modes": {}}
     start = time.perf_counter()
     model = model.to(device)
-    with torch.no_grad():
-        reference, _ = _leaves(run(model, inputs, "fp64", device))
-        fp32, fp32_labels = _leaves(run(model, inputs, "fp32", device))
-    if reference is not None and fp32 is not None:
-        record["fp32_rel_error"] = rel_rms(fp32, reference)
+    inputs = Inputs.of(inputs).map(lambda t: t.to(device))
+    graph = capture_graph(model, inputs, entry.name) if device == "cpu" else None  # what the emulation follows
+    reference = output_tensors(run_reference(model, inputs, device))
+    fp32 = output_tensors(run_reference(model, inputs, device, None))
+    floats = any(t.is_floating_point() for t in reference)
+    labels = any(not t.is_floating_point() for t in reference)
+    if floats:
+        record["fp32_rel_error"] = compare_outputs(fp32, reference).rel_rms
     for mode in modes:
         try:
-            out, labels = _leaves(run(model, inputs, mode, device))
-        except RuntimeError as exc:  # PyTorch refuses the mode (a constant float16 cannot hold, ...)
-            record["modes"][mode] = {"finite": False, "raised": str(exc).splitlines()[0]}
+            out = output_tensors(run_mode(model, inputs, mode, device, graph=graph))
+        except (RuntimeError, RunFailed) as exc:
+            cause = exc.cause if isinstance(exc, RunFailed) else exc
+            if not isinstance(cause, RuntimeError):
+                raise
+            # PyTorch refuses the mode (a constant float16 cannot hold, ...)
+            record["modes"][mode] = {"finite": False, "raised": str(cause).splitlines()[0]}
             continue
         entry_out: Dict[str, Any] = {}
-        if out is not None:
-            finite = bool(torch.isfinite(out).all())
-            entry_out["finite"] = finite
-            entry_out["rel_error"] = rel_rms(out, reference) if finite else None
-        if labels is not None and fp32_labels is not None:
-            entry_out["flip_fraction"] = float((labels != fp32_labels).double().mean())
-            entry_out["decisions"] = int(labels.numel())
+        if floats:
+            measured = compare_outputs(out, reference)
+            entry_out["finite"] = measured.finite
+            entry_out["rel_error"] = measured.rel_rms
+        if labels:
+            decisions = compare_outputs(out, fp32)  # decisions against the float32 run, whose margins preclint reads
+            entry_out["flip_fraction"] = decisions.flip_fraction
+            entry_out["decisions"] = decisions.decisions
             entry_out.setdefault("finite", True)
         record["modes"][mode] = entry_out
     if ranking and entry.ranking:
-        record["ranking"] = measure_ranking(model, inputs, device)
+        record["ranking"] = measure_ranking(model, inputs, device, graph=graph)
     record["seconds"] = round(time.perf_counter() - start, 2)
     return record
 
@@ -360,7 +197,7 @@ def measure_accumulation(device: str) -> Dict[str, Any]:
                         reference = op(low.double()).cpu()
                         value = op(low).double().cpu()
                         key = f"{op_name}/{dtype_name}/{data_name}/{n}"
-                        results[key] = rel_rms(value, reference) if torch.isfinite(value).all() else None
+                        results[key] = compare_outputs([value], [reference]).rel_rms
         ones = torch.ones(8192, dtype=torch.float16, device=device)
         results["cumsum/fp16/ones/8192 at 4097"] = float(ones.cumsum(0)[4096])
         if device == "cuda" and hasattr(torch.backends.cuda.matmul, "allow_fp16_accumulation"):
@@ -371,7 +208,7 @@ def measure_accumulation(device: str) -> Dict[str, Any]:
                 for flag in (False, True):
                     torch.backends.cuda.matmul.allow_fp16_accumulation = flag
                     try:
-                        results[f"matmul/fp16/accumulate_fp16={flag}/{k}"] = rel_rms((a @ b).double().cpu(), reference)
+                        results[f"matmul/fp16/accumulate_fp16={flag}/{k}"] = compare_outputs([(a @ b).cpu()], [reference]).rel_rms
                     finally:
                         torch.backends.cuda.matmul.allow_fp16_accumulation = False
     return results

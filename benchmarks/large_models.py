@@ -108,7 +108,7 @@ def bare_work(model, ids, device, modes) -> Dict[str, float]:
         start = time.perf_counter()
         free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else math.inf
         if 2.2 * model_bytes(model) < free:
-            from preclint.probe.execute import copy_to
+            from preclint.measure.copies import copy_to
 
             model64 = copy_to(model, device, torch.float64)
             model64(ids)
@@ -126,7 +126,7 @@ def bare_work(model, ids, device, modes) -> Dict[str, float]:
         for mode in modes:
             start = time.perf_counter()
             if mode == "tf32":
-                from preclint.probe.device import tf32
+                from preclint.measure.backends import tf32
 
                 with tf32(True):
                     model(ids)

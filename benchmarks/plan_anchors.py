@@ -204,7 +204,7 @@ def run_preclint(module, args, tol, fp32_onnx, feeds, flops, reference) -> Dict[
     from preclint.config import Config
     from preclint.engine import CheckOptions, check_model
     from preclint.load.loader import LoadedModel
-    from preclint.plan.planner import Tolerance
+    from preclint.measure.compare import Tolerance
     from preclint.plan.command import build_plan
     from preclint.policy import onnx_nodes_to_exclude
 
@@ -300,7 +300,7 @@ def measured_in_torch(module, args, policy, tol) -> Dict[str, Any]:
     store every result in float16, as a GPU does; ORT's CPU provider computes many float16 nodes in
     float32 and would flatter every plan)."""
     from preclint.load.modelio import Inputs
-    from preclint.plan.planner import Tolerance
+    from preclint.measure.compare import Tolerance
     from preclint.plan.verify import Verifier
 
     verifier = Verifier(module, Inputs(tuple(args)), "fp16-full", Tolerance(tol["rtol"], tol["atol"]), "cpu")

@@ -63,7 +63,7 @@ def make_plan(model, inputs, precision: str, rtol: float, atol_rel: float) -> Di
     from preclint.engine import CheckOptions, check_model
     from preclint.load.loader import LoadedModel
     from preclint.load.modelio import output_tensors
-    from preclint.plan.planner import Tolerance
+    from preclint.measure.compare import Tolerance
     from preclint.plan.command import build_plan
 
     with torch.no_grad():

@@ -49,7 +49,7 @@ def _sync(device: str) -> None:
 
 def forward_time(model, inputs, device: str, repeats: int = 10) -> float:
     """Median seconds of one float32 forward pass, TF32 off, without autograd."""
-    from preclint.probe.device import tf32
+    from preclint.measure.backends import tf32
 
     model = model.to(device)
     args = tuple(x.to(device) for x in inputs)
@@ -129,8 +129,8 @@ def floor(model, inputs, graph, device: str) -> Dict[str, Any]:
     twice per mode (received, local), each a difference and its two norms over all node values.
     Times are medians of 10 on an idle device, without Python between kernels beyond the model's own.
     """
-    from preclint.probe.device import tf32
-    from preclint.probe.execute import to_device
+    from preclint.measure.backends import tf32
+    from preclint.measure.copies import to_device
 
     def timed(fn, repeats: int = 10) -> float:
         times = []

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from preclint.cli import main
-from preclint.plan.planner import Planner, Tolerance, Unit, make_plan
+from preclint.measure.compare import Tolerance
+from preclint.plan.planner import Planner, Unit, make_plan
 from preclint.policy import PolicyError, apply_policy, load_policy, onnx_patterns, Kept
 from tests.helpers import check
 from tests.models.plan_culprits import Healthy, OffsetClassifier, RMSHead, WideLayer
@@ -182,6 +183,23 @@ def test_cli_json_plan_is_verified_and_matches_the_schema(capsys, tmp_path):
                          "--rtol", "1e-2", "--atol", "1e-3", "--policy", path, "--device", "cpu")
     assert code == 0, err
     assert "big" in out and "meets the tolerance: yes" in out
+
+
+def test_cli_plan_verifies_a_model_that_keeps_tensors_with_history(capsys, tmp_path):
+    # the verifier copied the model with copy.deepcopy, which refuses such a tensor: the plan was
+    # "not verified", and a --policy file ended in an internal error
+    argv = ["plan", MODELS, "--model", "CachedScale", "--input", "8x64", "--precision", "fp16", "--rtol", "1e-2",
+            "--atol", "1e-3", "--device", "cpu"]
+    code, out, err = run(capsys, *argv, "--output-format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert not any("not verified" in note for note in data["notes"]), data["notes"]
+    assert data["measured"]["after"]["finite"] is True and [k["module"] for k in data["keep"]] == ["big"]
+    path = tmp_path / "plan.json"
+    path.write_text(out)
+    code, out, err = run(capsys, *argv, "--policy", path)
+    assert code == 0, err
+    assert "meets the tolerance: yes" in out
 
 
 def test_cli_decision_budget_keeps_the_layer_that_flips_the_top_class(capsys):

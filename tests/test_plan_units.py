@@ -12,7 +12,8 @@ from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
 from preclint.load.loader import LoadedModel
 from preclint.core.numerics import MODES
-from preclint.plan.planner import KeepEntry, Planner, Tolerance, Unit
+from preclint.measure.compare import Tolerance
+from preclint.plan.planner import KeepEntry, Planner, Unit
 from preclint.plan.command import build_plan
 from preclint.policy import PolicyError, apply_policy, onnx_patterns, Kept
 from tests.models.plan_culprits import Healthy, InlineFrozenNorm, OffsetInputs, TinyVariance, WideLayer

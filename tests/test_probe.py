@@ -15,7 +15,7 @@ from preclint.core.errors import UserError
 from preclint.core.numerics import C_INPUT
 from preclint.predict.error_model import terms_rms
 from preclint.probe import ProbeOptions, apply, measure_model
-from preclint.probe.rounding import round_tf32
+from preclint.measure.rounding import round_tf32
 from tests.helpers import check
 
 CPU = ProbeOptions(device="cpu")
@@ -107,8 +107,9 @@ def test_exact_ops_add_no_error_in_any_mode(cnn_probe):
 
 
 def test_reference_values_are_kept_in_float32_unless_the_ablation_needs_float64():
-    from preclint.probe.execute import Program, copy_to
-    from preclint.probe.measure import reference_pass, resolve_reference
+    from preclint.measure.copies import copy_to
+    from preclint.measure.program import Program
+    from preclint.probe.reference_pass import reference_pass, resolve_reference
 
     model, inputs = small_cnn()
     _report, graph, _ctx = check(model, inputs, precisions=("fp16",))
@@ -127,43 +128,6 @@ def test_reference_values_are_kept_in_float32_unless_the_ablation_needs_float64(
         assert kept[False].norm(name, 0) == pytest.approx(kept[True].norm(name, 0), rel=1e-6)
         assert torch.equal(kept[False].values[name][0], kept[True].values[name][0].float())
     assert kept[False].output.dtype == torch.float64  # output errors are taken against float64
-
-
-def test_model_copies_are_deep_copies_with_the_tensors_moved():
-    # the probe copies the user's model (float32 and float64) without touching it: the copy must
-    # behave as copy.deepcopy's, with tied weights still tied and mutable attributes not shared
-    from preclint.probe.execute import copy_to
-
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(10, 8)
-            self.head = nn.Linear(8, 10, bias=False)
-            self.head.weight = self.embed.weight
-            self.norm = nn.LayerNorm(8)
-            self.scales = [1.0, 2.0]
-
-        def forward(self, ids):
-            return self.head(self.norm(self.embed(ids)) * self.scales[1])
-
-    torch.manual_seed(0)
-    model = Tied().eval()
-    ids = torch.randint(0, 10, (2, 5))
-    copy64 = copy_to(model, torch.device("cpu"), torch.float64)
-    assert copy64.head.weight is copy64.embed.weight and copy64.head.weight.dtype == torch.float64
-    assert copy64.norm.normalized_shape == (8,) and copy64.norm.eps == model.norm.eps
-    copy64.scales.append(3.0)
-    copy64.norm.eps = 0.5
-    assert model.scales == [1.0, 2.0] and model.norm.eps == 1e-5
-    assert model.embed.weight.dtype == torch.float32
-    copy32 = copy_to(model, torch.device("cpu"))
-    # parameters that need no move share their memory (a model of billions fits once), as objects of
-    # their own: the probe's requires_grad switches on the copy leave the user's model alone
-    for a, b in zip(model.parameters(), copy32.parameters()):
-        assert a is not b and a.data_ptr() == b.data_ptr()
-    copy32.norm.weight.requires_grad_(False)
-    assert model.norm.weight.requires_grad
-    assert torch.equal(copy32(ids), model(ids))
 
 
 def test_contributions_match_one_node_at_a_time_runs(cnn_probe):
@@ -365,9 +329,9 @@ def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(
     # on a GPU the sensitivity pass runs under bfloat16 autocast; a model that cannot must still
     # get its contributions, from a float32 pass, and the environment must say which one ran
     import preclint.probe as probe_module
-    import preclint.probe.measure as measure_module
+    import preclint.probe.sensitivity as sensitivity_module
 
-    real = measure_module.sensitivity_pass
+    real = sensitivity_module.sensitivity_pass
     calls = []
 
     def sensitivity_pass(program, graph, model32, inputs32, autocast=None):
@@ -376,7 +340,7 @@ def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(
             raise RuntimeError("no bfloat16 kernel for this op")
         return real(program, graph, model32, inputs32, autocast)
 
-    monkeypatch.setattr(measure_module, "sensitivity_pass", sensitivity_pass)
+    monkeypatch.setattr(sensitivity_module, "sensitivity_pass", sensitivity_pass)
     monkeypatch.setattr(probe_module, "_sensitivity_autocast", lambda device, program: torch.bfloat16)
     model, inputs = small_cnn()
     _r, _g, _c, result = probe(model, inputs, modes=("fp16",))

@@ -1,18 +1,21 @@
 """The rule pack PCL102/104/201/202/203/204 and the error model they stand on.
 
 Beyond the examples every rule runs (test_rule_examples.py): severities, the figures the findings
-predict against errors measured by running the reduced precision on the CPU, what each rule says
-under --no-run, and the facts of the error model (kernels without TF32, exact integer arithmetic,
-underflow, promotion in cast models, scan accumulation).
+predict against errors measured by running the reduced precision on the CPU (preclint.measure's
+runners: the probe's emulation), what each rule says under --no-run, and the facts of the error
+model (kernels without TF32, exact integer arithmetic, underflow, promotion in cast models, scan
+accumulation).
 """
 import math
 
 import pytest
 import torch
 
-from benchmarks.accuracy import run as run_mode
 from preclint.core.ir import Kind, Node, TensorStats
 from preclint.core.numerics import MODES
+from preclint.load.modelio import output_tensors
+from preclint.measure.compare import compare
+from preclint.measure.runners import run_mode, run_reference
 from preclint.predict.error_model import accumulation_error, exact_integers, node_format, tensor_core_tf32
 from preclint.rules.model.error_amplification import ErrorAmplification
 from preclint.rules.model.cancellation import Cancellation
@@ -30,10 +33,10 @@ def findings(report, code):
 
 
 def measured_rel_error(module, inputs, mode):
-    """Relative RMS error of the output, running ``mode`` for real on the CPU against float64."""
-    reference = run_mode(module, inputs, "fp64", "cpu").double()
-    value = run_mode(module, inputs, mode, "cpu").double()
-    return float((value - reference).pow(2).mean().sqrt() / reference.pow(2).mean().sqrt())
+    """Relative RMS error of the output, running ``mode`` on the CPU as the probe does, against float64."""
+    measured = compare(output_tensors(run_mode(module, inputs, mode)), output_tensors(run_reference(module, inputs)))
+    assert measured.finite, (mode, measured.first_nonfinite)
+    return measured.rel_rms
 
 
 def within(predicted, measured, factor=3.0):
@@ -56,8 +59,8 @@ def test_mask_value_beyond_float16_raises_in_masked_fill():
     (finding,) = findings(report, "PCL102")
     assert finding.severity == "error" and "raises" in finding.message
     module, inputs = UnrepresentableConstant.bad[1].build()
-    with pytest.raises(RuntimeError, match="without overflow"):  # what the finding says, for real
-        run_mode(module, inputs, "fp16", "cpu")
+    with pytest.raises(RuntimeError, match="without overflow"):  # what the finding says, on the CPU's own kernels
+        run_mode(module, inputs, "fp16", emulated=False)
 
 
 def test_subnormal_eps_that_guards_nothing_is_a_warning():
@@ -103,9 +106,9 @@ def test_rounding_flips_match_a_real_run():
     report, _, _ = check(module, inputs, precisions=("fp16", "bf16"))
     by_mode = {m: f.predicted[m].flip_fraction for f in findings(report, "PCL104") for m in f.precisions
                if f.predicted[m].flip_fraction is not None}
-    reference = run_mode(module, inputs, "fp32", "cpu")
+    reference = run_reference(module, inputs, dtype=None)
     for mode in ("fp16", "bf16"):
-        measured = float((run_mode(module, inputs, mode, "cpu") != reference).double().mean())
+        measured = float((run_mode(module, inputs, mode) != reference).double().mean())
         assert within(by_mode[mode], measured), (mode, by_mode[mode], measured)
 
 

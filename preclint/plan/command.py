@@ -6,7 +6,7 @@ import json
 import math
 from typing import Optional
 
-from preclint.core.errors import UserError
+from preclint.core.errors import UserError, one_line
 from preclint.reference.analyses.margins import DecisionMargins
 
 MAX_RUNS = 3  # runs of the model with a plan applied, the first one included
@@ -42,7 +42,8 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
 def cmd_plan(args, load, use_color: bool) -> int:
     from preclint.config import load_config
     from preclint.engine import CheckOptions, check_model
-    from preclint.plan.planner import PLAN_MODES, Tolerance
+    from preclint.measure.compare import Tolerance
+    from preclint.plan.planner import PLAN_MODES
     from preclint.source.baseline import report_destination
     from preclint.source.command import write_report
     from preclint.capture.usercode import guard
@@ -146,9 +147,8 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
 
 def _take_policy(plan, policy_file: str, module, graph) -> None:
     """The plan's keep list from a policy file, checked against the model."""
+    from preclint.measure.copies import copy_to
     from preclint.plan.planner import KeepEntry, Planner, Unit, MODES
-    import copy
-
     from preclint.policy import PolicyError, apply_policy, load_policy
 
     try:
@@ -158,7 +158,7 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
     if policy.precision != plan.precision:
         raise UserError(f"the policy {policy_file} is for {policy.precision}, not --precision {plan.precision}")
     try:
-        apply_policy(copy.deepcopy(module), policy)  # names every module and parameter it keeps?
+        apply_policy(copy_to(module, None), policy)  # names every module and parameter it keeps?
     except PolicyError as exc:
         raise UserError(f"{policy_file}: {exc}") from None
     planner = Planner(graph, MODES[plan.precision], plan.tolerance)
@@ -177,7 +177,6 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
     from preclint.load.modelio import Inputs
     from preclint.plan.planner import Unit, make_plan
     from preclint.plan.verify import Verifier
-    from preclint.probe.execute import one_line
 
     try:
         verifier = Verifier(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)), mode, tolerance, device)

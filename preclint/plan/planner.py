@@ -17,7 +17,7 @@ FLOPs; their share is what the predicted output error loses when they are kept.
 
 Every candidate set is judged by predicting the whole mode again with those nodes in float32
 (``predict_mode(float32=...)``), so what a kept layer changes downstream (a float32 residual stream,
-an overflow moved to the next conv) is in the figure. ``plan_verify`` measures the result.
+an overflow moved to the next conv) is in the figure. ``plan/verify.py`` measures the result.
 """
 from __future__ import annotations
 
@@ -31,23 +31,13 @@ from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
 from preclint.core.numerics import FP32, MODES, Mode
 from preclint.predict.error_model import (ModePrediction, expected_flip_fraction, fx_tensor_constant,
                               propagated_error, predict_mode, reaching_absmax, rounding_terms)
+from preclint.measure.compare import Tolerance
 from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
 
 PLAN_VERSION = 1
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
 # kinds whose nodes compute nothing a float32 unit would change
 _NO_ARITHMETIC = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.SHAPE, Kind.CONSTANT, Kind.DECISION, Kind.COMPARE})
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: Optional[float] = None
-    atol: Optional[float] = None
-    max_flip: Optional[float] = None  # fraction of decisions (argmax, thresholds, top-k) allowed to change
-
-    @property
-    def compares_values(self) -> bool:
-        return self.rtol is not None or self.atol is not None
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,17 @@ refinement can keep it.
 """
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 
+from preclint.core.errors import one_line
 from preclint.load.modelio import Inputs, output_tensors
-from preclint.plan.planner import ErrorSummary, Tolerance
+from preclint.measure.compare import Comparison, Tolerance, compare
+from preclint.measure.copies import copy_to
+from preclint.measure.runners import FirstNonfinite, NativeRunner, run_reference
+from preclint.plan.planner import ErrorSummary
 from preclint.policy import LOW_DTYPES, apply_policy, load_policy
 
 
@@ -29,6 +31,9 @@ class Run:
 
 
 class Verifier:
+    """The precision's native runner, a plan's policy applied to a copy of the model, and the
+    comparison with the float64 reference."""
+
     def __init__(self, module: torch.nn.Module, inputs: Inputs, precision: str, tolerance: Tolerance,
                  device: str = "auto") -> None:
         if device == "auto":
@@ -38,16 +43,17 @@ class Verifier:
         self.full = precision.endswith("-full")
         self.low = LOW_DTYPES[precision.split("-")[0]]
         self.tolerance = tolerance
+        # the TF32 switches stay as the process has them: the plan is verified as its user deploys it
+        self.runner = NativeRunner(precision, self.device, sets_tf32=False)
         self.inputs = inputs.map(lambda t: t.to(self.device))
-        self.model32 = copy.deepcopy(module).to(self.device).eval()
+        self.model32 = copy_to(module, self.device).eval()
         self.runs = 0
-        with torch.no_grad():
-            model64 = copy.deepcopy(self.model32).double()
-            # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
-            self.reference = [t if not (t.is_floating_point() or t.is_complex()) else t.double()
-                              for t in output_tensors(self.inputs.map(_as64).call(model64))]
-        del model64
-        self.float32 = self._compare(self._outputs(self.model32, self.inputs, None))
+        # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
+        self.reference = [t if not (t.is_floating_point() or t.is_complex()) else t.double()
+                          for t in output_tensors(run_reference(self.model32, self.inputs, self.device,
+                                                                sets_tf32=False))]
+        floor = run_reference(self.model32, self.inputs, self.device, None, sets_tf32=False)
+        self.float32 = self._judge(compare(output_tensors(floor), self.reference, tolerance))
 
     @property
     def how(self) -> str:
@@ -64,91 +70,24 @@ class Verifier:
 
     def _run(self, policy: Optional[dict]) -> Run:
         self.runs += 1
-        model = copy.deepcopy(self.model32)
-        if policy is not None:
-            apply_policy(model, load_policy(policy))
-        elif self.full:
-            model.to(self.low)
-        # a cast model's caller feeds low inputs; with a plan, apply_policy casts them on entry (or,
-        # where the plan keeps <inputs>, not)
-        cast = self.full and policy is None
-        inputs = self.inputs.map(lambda t: t.to(self.low) if cast and t.is_floating_point() else t)
-        watch = _FirstNonfinite(model)
+        model = copy_to(self.model32, self.device)
+        if policy is None:
+            # a cast model's caller feeds low inputs: the runner casts the copy and the inputs
+            prepared = self.runner.prepare(model, self.inputs)
+        else:
+            # apply_policy casts the inputs on entry (or, where the plan keeps <inputs>, not)
+            prepared = self.runner.adopt(apply_policy(model, load_policy(policy)), self.inputs)
+        watch = FirstNonfinite(prepared.variant)
         try:
-            outputs = self._outputs(model, inputs, self.low if not self.full else None)
+            outputs: List[torch.Tensor] = output_tensors(self.runner.run(prepared))
         except Exception as exc:  # a constant that does not convert, a kernel missing for the dtype
-            from preclint.probe.execute import one_line
-
             return Run(ErrorSummary(None, None, False), False, watch.first, one_line(exc))
         finally:
             watch.remove()
-        return self._compare(outputs, watch.first)
+        return self._judge(compare(outputs, self.reference, self.tolerance), watch.first)
 
-    def _outputs(self, model, inputs: Inputs, autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
-        with torch.no_grad():
-            if autocast is not None:
-                with torch.autocast(self.device.type, dtype=autocast):
-                    return output_tensors(inputs.call(model))
-            return output_tensors(inputs.call(model))
-
-    def _compare(self, outputs: List[torch.Tensor], first: Optional[str] = None) -> Run:
-        tol = self.tolerance
-        rtol, atol = tol.rtol or 0.0, tol.atol or 0.0
-        sq_err = sq_ref = 0.0
-        max_abs = 0.0
-        failing = numel = 0
-        finite = True
-        flips: List[float] = []
-        if len(outputs) != len(self.reference):
-            return Run(ErrorSummary(None, None, True, None, 1.0), False, first)
-        for out, ref in zip(outputs, self.reference):
-            if out.shape != ref.shape:  # detections: another number of boxes
-                flips.append(1.0)
-                continue
-            if not ref.is_floating_point():
-                flips.append(float((out != ref).float().mean()) if ref.numel() else 0.0)
-                continue
-            d = out.double() - ref
-            if not bool(torch.isfinite(d).all()):
-                finite = False
-                continue
-            sq_err += float((d * d).sum())
-            sq_ref += float((ref * ref).sum())
-            max_abs = max(max_abs, float(d.abs().max()) if d.numel() else 0.0)
-            failing += int((d.abs() > atol + rtol * ref.abs()).sum())
-            numel += d.numel()
-            if ref.dim() >= 2 and ref.shape[-1] > 1 and tol.max_flip is not None:  # class scores: top-1
-                flips.append(float((out.argmax(-1) != ref.argmax(-1)).float().mean()))
-        rel = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else None)
-        fraction = failing / numel if numel and tol.compares_values else None
-        flip = max(flips) if flips else None
-        summary = ErrorSummary(rel if finite else None, max_abs if finite else None, finite, fraction, flip)
-        budget = tol.max_flip if tol.max_flip is not None else 0.0
-        meets = finite and (not failing or not tol.compares_values) and (flip is None or flip <= budget)
-        return Run(summary, meets, first)
-
-
-def _as64(t: torch.Tensor) -> torch.Tensor:
-    return t.double() if t.is_floating_point() else t
-
-
-class _FirstNonfinite:
-    """Forward hooks on the leaf modules that remember the first whose float output is inf/NaN."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.first: Optional[str] = None
-        self.handles = []
-        for name, module in model.named_modules():
-            if name and not any(True for _ in module.children()):
-                self.handles.append(module.register_forward_hook(self._hook(name)))
-
-    def _hook(self, name: str):
-        def hook(module, args, output) -> Any:
-            if self.first is None and any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-                                          for t in output_tensors(output)):
-                self.first = name
-        return hook
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+    @staticmethod
+    def _judge(comparison: Comparison, first: Optional[str] = None) -> Run:
+        summary = ErrorSummary(comparison.rel_rms, comparison.max_abs, comparison.finite,
+                               comparison.failing_fraction, comparison.flip_fraction)
+        return Run(summary, comparison.meets, first)

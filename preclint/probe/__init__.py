@@ -1,13 +1,21 @@
 """The probe: the error each node of a model really has under TF32, float16 and bfloat16.
 
-On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (modes.py). Per
-mode and node it measures the local and received error, the amplification and the contribution to
-the output error (ledger.py), against a float64 reference on the same device; then every finding
+On a GPU it runs the precisions natively; on the CPU it emulates them by rounding (measure/modes.py).
+Per mode and node it measures the local and received error, the amplification and the contribution
+to the output error (ledger.py), against a float64 reference on the same device; then every finding
 is confirmed or refuted (verdict.py), and the rules that judge measurements (such as layers that
 hold much of the error without a finding) add theirs.
 
     result = measure_model(module, inputs, graph, modes, ProbeOptions(device="auto"))
     apply(report, loaded, graph, ctx, config, result, ledger=True)
+
+The passes: the reference (reference_pass.py), the model in float64 on the probe's device, each
+node's value kept (in float32 unless the ablation needs float64); the sensitivity (sensitivity.py),
+one backward pass per mode with its measured output error as the cotangent: J_i^T E at every node at
+once, so each contribution <J_i e_i, E> (gradients only weight errors: bfloat16 autocast on a GPU);
+the sweep (sweep.py), the mode's run (measure/runners.py) observed and never altered: each node's
+value against the reference's (received), the node replayed on reference inputs (local). Figures
+are read back once per pass, after every mode was issued (readback.py): not to stall the GPU.
 """
 from __future__ import annotations
 
@@ -82,7 +90,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
-    from preclint.probe.execute import Program, copy_to
+    from preclint.measure.copies import copy_to
+    from preclint.measure.program import Program
 
     records_graph = graph is None
     if records_graph:
@@ -200,8 +209,9 @@ class ProbeSession:
         program, stream, model32, inputs32 = copies.program, copies.stream, copies.model32, copies.inputs32
 
         from preclint.probe.device import is_out_of_memory
-        from preclint.probe.execute import RunFailed, one_line
-        from preclint.probe.measure import reference_pass, resolve_reference, sensitivity_pass
+        from preclint.measure.program import RunFailed
+        from preclint.probe.reference_pass import reference_pass, resolve_reference
+        from preclint.probe.sensitivity import sensitivity_pass
 
         try:
             # TF32 off: values a model computes below float64 even here are then float32's best
@@ -265,7 +275,7 @@ class ProbeSession:
                          "the reference there is as precise as the model makes it")
 
         from preclint.probe.ledger import ProbeResult
-        from preclint.probe.modes import SharedCopies
+        from preclint.measure.modes import SharedCopies
 
         result = ProbeResult(env, {}, list(ref.order), clock.timings, notes)
         result.reference_nonfinite = reference_nonfinite
@@ -355,20 +365,23 @@ class _ModePasses:
         back. Returns (measure, what ``finish`` needs, or None after a failure)."""
         import torch
 
+        from preclint.measure.compare import output_differences
+        from preclint.measure.runners import runner_for
         from preclint.probe.ledger import ModeMeasure
-        from preclint.probe.measure import output_error, plain_run, queue_figures, sweep
-        from preclint.probe.modes import describe_mode, build_mode_run
+        from preclint.probe.readback import queue_figures
+        from preclint.probe.sweep import sweep
 
         setting, copies, clock, sens = self.session.setting, self.session.copies, self.session.clock, self.sens
         device, graph = setting.device, setting.graph
-        measure = ModeMeasure(mode, describe_mode(mode, device, setting.emulated))
+        runner = runner_for(mode, device, setting.emulated)
+        measure = ModeMeasure(mode, runner.how)
         swept = None
         try:
             with clock(f"{mode}: sweep"):
-                run = build_mode_run(mode, device, setting.emulated, copies.model32, copies.inputs32, graph, self.shared)
+                run = runner.prepare(copies.model32, copies.inputs32, graph, self.shared)
                 measure.how = run.how
                 swept = sweep(copies.program, run, self.ref, graph, keep_errors=sens is not None)
-            outputs = output_error(swept.output, self.ref)
+            outputs = output_differences(swept.output, self.ref.output)
             present = outputs.present()
             contributions = ([], None)
             if sens is not None and present:
@@ -379,7 +392,7 @@ class _ModePasses:
             plain = None
             if not run.emulated:
                 with clock(f"{mode}: plain run"):
-                    plain = plain_run(run)
+                    plain = runner.run(run)
             with clock(f"{mode}: figures"):
                 pending = queue_figures(swept, contributions, outputs, setting.tolerance, plain,
                                         ablate=setting.options.ablate and sens is not None)
@@ -397,7 +410,7 @@ class _ModePasses:
     def finish(self, measure, pending) -> None:
         """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
         from preclint.probe.ablate import ablate
-        from preclint.probe.measure import finish
+        from preclint.probe.readback import finish
 
         session, swept = self.session, pending.swept
         graph, copies = session.setting.graph, session.copies
@@ -414,8 +427,8 @@ class _ModePasses:
 
 
 def _failed(measure, mode, device, exc) -> None:
+    from preclint.measure.program import RunFailed
     from preclint.probe.device import is_out_of_memory
-    from preclint.probe.execute import RunFailed
 
     cause = exc.cause if isinstance(exc, RunFailed) else exc
     if is_out_of_memory(cause):
@@ -430,7 +443,7 @@ def _failed(measure, mode, device, exc) -> None:
 @contextmanager
 def _tf32_on_gpu(device, enabled: bool) -> Iterator[None]:
     """TF32 on or off for the stage, on a GPU (the CPU has no TF32)."""
-    from preclint.probe.device import tf32
+    from preclint.measure.backends import tf32
 
     if device.type != "cuda":
         yield
@@ -449,7 +462,7 @@ def _release(device) -> None:
 def _move(inputs, device, dtype):
     """The inputs on ``device``; with ``dtype``, floating ones in it (token ids and masks stay)."""
     from preclint.load.modelio import Inputs
-    from preclint.probe.execute import to_device
+    from preclint.measure.copies import to_device
 
     def move(v):
         v = to_device(v, device) if v.device != device else v.detach()
@@ -531,7 +544,6 @@ def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
     (placement.py); None where the reference pass stays on the CPU."""
     from preclint.probe.device import is_out_of_memory, select_device
-    from preclint.probe.execute import one_line
     from preclint.probe.device_copy import place
 
     device = select_device(options.device)

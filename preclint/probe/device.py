@@ -4,20 +4,18 @@ A reader trusts a measured error only as far as the reference it was measured ag
 records the software (torch, CUDA, cuDNN), the GPU and every flag that changes how float32, float16
 and bfloat16 are computed, as they stood before the probe touched them.
 
-TF32 has two APIs in torch: the legacy booleans (``torch.backends.cuda.matmul.allow_tf32``,
-``torch.backends.cudnn.allow_tf32``) and, since torch 2.9, ``fp32_precision`` strings per backend
-and op. Reading a legacy flag after the new API set a value raises, so the probe sets and restores
-flags through the new API wherever it exists and reads every flag defensively.
+TF32 has two APIs in torch (measure/backends.py, which sets it): reading a legacy flag after the
+new API set a value raises, so every flag is read defensively.
 """
 from __future__ import annotations
 
-import contextlib
 import platform
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from preclint.core.errors import UserError
+from preclint.measure.backends import new_tf32_api
 
 
 def select_device(choice: str) -> torch.device:
@@ -35,46 +33,6 @@ def select_device(choice: str) -> torch.device:
     if available:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _new_tf32_api() -> bool:
-    matmul = getattr(torch.backends.cuda, "matmul", None)
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    return hasattr(matmul, "fp32_precision") and hasattr(conv, "fp32_precision")
-
-
-# The op-level settings the probe changes: (object, attribute) of the new API.
-def _new_api_targets():
-    targets = [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")]
-    rnn = getattr(torch.backends.cudnn, "rnn", None)
-    if hasattr(rnn, "fp32_precision"):
-        targets.append((rnn, "fp32_precision"))
-    return targets
-
-
-@contextlib.contextmanager
-def tf32(enabled: bool) -> Iterator[None]:
-    """TF32 on (or off) for cuDNN convolutions and cuBLAS matmuls, restored on exit."""
-    if _new_tf32_api():
-        targets = _new_api_targets()
-        saved = [getattr(obj, attr) for obj, attr in targets]
-        try:
-            for obj, attr in targets:
-                setattr(obj, attr, "tf32" if enabled else "ieee")
-            yield
-        finally:
-            for (obj, attr), value in zip(targets, saved):
-                setattr(obj, attr, value)
-        return
-    saved_matmul = torch.backends.cuda.matmul.allow_tf32
-    saved_cudnn = torch.backends.cudnn.allow_tf32
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved_matmul
-        torch.backends.cudnn.allow_tf32 = saved_cudnn
 
 
 def _read(getter: Callable[[], Any]) -> Any:
@@ -104,7 +62,7 @@ def precision_flags() -> Dict[str, Any]:
         "torch.backends.cuda.mem_efficient_sdp_enabled()": lambda: b.cuda.mem_efficient_sdp_enabled(),
         "torch.backends.cuda.math_sdp_enabled()": lambda: b.cuda.math_sdp_enabled(),
     }
-    if _new_tf32_api():
+    if new_tf32_api():
         getters["torch.backends.cuda.matmul.fp32_precision"] = lambda: b.cuda.matmul.fp32_precision
         getters["torch.backends.cudnn.conv.fp32_precision"] = lambda: b.cudnn.conv.fp32_precision
         if hasattr(getattr(b.cudnn, "rnn", None), "fp32_precision"):

@@ -31,7 +31,7 @@ class Placement:
 def place(module: torch.nn.Module, inputs, device: torch.device, force: bool = False) -> Optional[Placement]:
     """The float32 copy of ``module`` on ``device``; None (reference pass on the CPU, as the model is)
     for a CPU device unless ``force`` (tests run this path on the CPU), or where it does not fit."""
-    from preclint.probe.execute import copy_to, to_device
+    from preclint.measure.copies import copy_to, to_device
     from preclint.probe.stream import model_bytes
 
     if device.type == "cpu" and not force:

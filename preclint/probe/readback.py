@@ -11,13 +11,13 @@ import torch
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.core.numerics import C_INPUT
 from preclint.predict.error_model import terms_rms
-from preclint.probe.detections import Comparison
-from preclint.probe.detections import compare as compare_detections
+from preclint.measure.compare import OutputError, integer_pairs
+from preclint.measure.detections import DetectionComparison, compare_detections
 from preclint.probe.execute import tensors
 from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars
-from preclint.probe.sweep import NodeSlots, OutputError, Sweep, integer_outputs
+from preclint.probe.sweep import NodeSlots, Sweep
 
 
 # A conv or matmul ran in TF32 when its local error is nearer (on a log scale) to TF32's size
@@ -42,7 +42,7 @@ class Pending:
     tol_slots: Optional[Tuple[int, int, int, int]] = None  # (failing, elements, smallest atol, smallest rtol)
     flip_slots: List[Tuple[int, int]] = field(default_factory=list)  # (changed elements slot, elements)
     delta: Union[None, float, List[Tuple[int, bool]]] = None  # the plain run against the observed one: inf, or [(slot, is_label)]
-    detections: Optional[Comparison] = None  # the output's detection sets against the reference's
+    detections: Optional[DetectionComparison] = None  # the output's detection sets against the reference's
 
 
 def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputError,
@@ -58,7 +58,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         first = scalars.add_vector(values)
         pending.contribution_slots = {name: first + i for i, name in enumerate(names)}
         pending.norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in outputs.present())))
-    # detection sets: their matched boxes and scores count as output values (detections.py)
+    # detection sets: their matched boxes and scores count as output values (measure/detections.py)
     pending.detections = compare_detections(swept.output, obs.ref.output)
     if pending.detections is not None:
         errors, ref_outputs = errors + pending.detections.errors, ref_outputs + pending.detections.references
@@ -68,7 +68,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         pending.out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
     if tolerance is not None and pending.out_slots:
         pending.tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
-    for o, r in integer_outputs(swept.output, obs.ref):
+    for o, r in integer_pairs(swept.output, obs.ref.output):
         changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
         pending.flip_slots.append((scalars.add(changed.sum()), changed.numel()))
     if plain is not None:

@@ -9,8 +9,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.ir import Kind
+from preclint.capture.graph import is_inplace_call
 from preclint.capture.observer import Observer
-from preclint.probe.execute import Program, is_inplace_call, tensors
+from preclint.measure.program import Program
+from preclint.probe.execute import tensors
 from preclint.probe.scalars import Scalars
 from preclint.capture.trees import flatten
 

@@ -121,7 +121,7 @@ class WeightStream:
     def copy(self, dtype: Optional[torch.dtype] = None) -> nn.Module:
         """A copy of the source on the device whose floating tensors are ``dtype``: streamed tensors
         empty, the rest (tensors outside every block) filled now."""
-        from preclint.probe.execute import clone_module, detached_state
+        from preclint.measure.copies import clone_module, detached_state
 
         memo = detached_state(self.source)
         for path, t in self._source_tensors.items():
@@ -434,7 +434,7 @@ def _empty_like(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> to
 
 def _converter(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     """The source tensor on the device in ``dtype``, made anew at each call (staged, not kept)."""
-    from preclint.probe.execute import to_device
+    from preclint.measure.copies import to_device
 
     def make() -> torch.Tensor:
         return to_device(t, device, dtype)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -14,13 +13,14 @@ import torch
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
-from preclint.load.modelio import Inputs
+from preclint.capture.graph import is_inplace_call
 from preclint.capture.observer import Observer
-from preclint.probe.detections import changed_decisions, detection_tensor_ids
-from preclint.probe.execute import Producers, Program, invoke, is_inplace_call, tensors
-from preclint.probe.modes import ModeRun
+from preclint.measure.detections import changed_decisions
+from preclint.measure.modes import ModeRun
+from preclint.measure.program import Program
+from preclint.measure.rounding import REDUCED_FLOATS
+from preclint.probe.execute import Producers, invoke, tensors
 from preclint.probe.reference_pass import ReferenceStore
-from preclint.probe.rounding import REDUCED_FLOATS
 from preclint.probe.scalars import Scalars, difference, error_dtype
 from preclint.capture.trees import flatten
 
@@ -376,36 +376,3 @@ def sweep(program: Program, run: ModeRun, ref: ReferenceStore, graph, keep_error
     with torch.no_grad(), run.context():
         output = program.run(run.variant, run.inputs, observer)
     return Sweep(observer, output)
-
-
-def plain_run(run: ModeRun):
-    """The model as a user runs it under this mode, with nobody watching."""
-    with torch.no_grad(), run.context():
-        return Inputs.of(run.inputs).call(run.variant)
-
-
-@dataclass
-class OutputError:
-    """The model's float outputs against the reference's, in pytree order."""
-
-    errors: List[Optional[torch.Tensor]]  # None where an output is not compared element by element
-    references: List[torch.Tensor]
-
-    def present(self) -> List[torch.Tensor]:
-        return [e for e in self.errors if e is not None]
-
-
-def output_error(output: Any, ref: ReferenceStore) -> OutputError:
-    outs = [t for t in tensors(output) if t.is_floating_point()]
-    refs = [t for t in tensors(ref.output) if t.is_floating_point()]
-    matched = detection_tensor_ids(output)  # detections are compared by matching (queue_figures)
-    errors = [o.detach().double() - r if o.shape == r.shape and id(o) not in matched else None
-              for o, r in zip(outs, refs)]
-    return OutputError(errors, refs)
-
-
-def integer_outputs(output: Any, ref: ReferenceStore) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-    matched = detection_tensor_ids(output)
-    outs = [t for t in tensors(output) if not t.is_floating_point()]
-    refs = [t for t in tensors(ref.output) if not t.is_floating_point()]
-    return [(o, r) for o, r in zip(outs, refs) if id(o) not in matched]

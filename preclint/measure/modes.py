@@ -1,4 +1,4 @@
-"""How each precision mode runs on the probe's device: natively on a GPU, or emulated.
+"""How each precision mode runs on a device: natively on a GPU, or emulated.
 
 Native (CUDA): the user's model, unmodified, under the switch a user flips:
 
@@ -20,6 +20,10 @@ and computing in float32, which is what the GPU kernels do up to the order of th
 
 Where the GPU does something else (a kernel with no TF32 path, float16 accumulation) emulation and
 hardware part; the report says which one it measured.
+
+``build_mode_run`` makes the copy of the model and inputs one mode runs (runners.py says which way
+it runs); the ``ModeRun`` it returns holds that copy and the mode's arithmetic, which an observer
+applies op by op (the probe's sweep, or an emulated runner).
 """
 from __future__ import annotations
 
@@ -33,9 +37,9 @@ from preclint.capture import ops
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.load.modelio import Inputs
 from preclint.core.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
-from preclint.probe.device import tf32
-from preclint.probe.execute import clone_module, detached_state
-from preclint.probe.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
+from preclint.measure.backends import tf32
+from preclint.measure.copies import clone_module, detached_state
+from preclint.measure.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
 from preclint.capture.trees import flatten, map_tensors
 
 # Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
@@ -83,6 +87,10 @@ class ModeRun:
     # exactly (cast to the mode's dtype, the two give the same operand), so that copy is not kept
     reference_tensors: Dict[int, torch.Tensor] = field(default_factory=dict)
     low_params: frozenset = frozenset()  # ids of parameters that stand for low-format values (emulated -full)
+    # whether the run sets TF32 as the mode says (off but for tf32: each mode measures one choice);
+    # False leaves the switches as the process has them (a plan is verified as its user deploys it)
+    sets_tf32: bool = True
+    only: Optional[str] = None  # the path of the one module run in the mode (the rest in float32), or None
 
     @property
     def low(self) -> Optional[torch.dtype]:
@@ -91,13 +99,21 @@ class ModeRun:
     # ------------------------------------------------------------------ contexts
 
     def context(self):
-        """Entered around the whole run of this mode (and its replays)."""
+        """Entered around the whole run of this mode (and its replays); with ``only``, the run outside
+        that module (float32: the native mode's switch is flipped around the module, unit_context)."""
         stack = contextlib.ExitStack()
-        if self.device.type == "cuda" or not self.emulated:
-            stack.enter_context(tf32(self.name == "tf32" and not self.emulated))
-        if not self.emulated and self.mode.autocast and self.low is not None:
+        whole = self.only is None
+        if self.sets_tf32 and (self.device.type == "cuda" or not self.emulated):
+            stack.enter_context(tf32(self.name == "tf32" and not self.emulated and whole))
+        if whole and not self.emulated and self.mode.autocast and self.low is not None:
             stack.enter_context(torch.autocast(self.device.type, dtype=self.low))
         return stack
+
+    def unit_context(self):
+        """Entered around the module ``only`` names, natively: the switch a user flips for it."""
+        if self.name == "tf32":
+            return tf32(True)
+        return torch.autocast(self.device.type, dtype=self.low)
 
     def exact_context(self):
         """Float32 as float32 (for the exact replays of single nodes, inside this mode's context):
@@ -361,21 +377,34 @@ class SharedCopies:
     stream: Any = None
 
 
-def build_mode_run(name: str, device: torch.device, emulated: bool, model32: torch.nn.Module, inputs32: tuple,
-                   graph=None, shared: Optional[SharedCopies] = None) -> ModeRun:
-    """The copy of the model and the inputs ``name`` runs on ``device`` (model32 lives there).
+def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None,
+                   shared: Optional[SharedCopies] = None, only: Optional[str] = None) -> ModeRun:
+    """The copy of the model and the inputs ``runner`` (a runners.Runner: its mode, device and way)
+    runs; model32 lives on its device. ``only``: the path of the one module the mode applies to
+    (autocast modes and tf32), the rest running in float32.
 
     A copy shares every parameter it does not change with ``model32``: only the rounded or cast
     ones are new tensors, so a mode costs the memory of what it changes. ``shared.maps``: where the
     maps between copies are kept for the next mode (the native modes all run ``model32`` itself).
     ``shared.stream``: the WeightStream ``model32`` streams through; the copy streams beside it.
     """
+    name, device, emulated = runner.name, runner.device, runner.emulated
     shared = SharedCopies() if shared is None else shared
     stream, maps = shared.stream, shared.maps
     mode = MODES[name]
+    if only is not None and mode.low is not None and not mode.autocast:
+        raise ValueError(f"{name} casts the whole model: it cannot run one module alone")
     low = LOW_DTYPES.get(mode.low.name) if mode.low is not None else None
     inputs = inputs32
     low_params: frozenset = frozenset()
+    inside = None if only is None else {id(m) for m in model32.get_submodule(only).modules()}
+
+    def limited(change):
+        """``change`` for the tensors of the modules the mode applies to."""
+        if inside is None:
+            return change
+        return lambda module, pname, t: change(module, pname, t) if id(module) in inside else None
+
     with torch.no_grad():
         if not emulated:
             if mode.low is None or mode.autocast:
@@ -391,7 +420,7 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
                     return round_tf32(t)
                 return None
 
-            variant = _variant(stream, model32, to_tf32)
+            variant = _variant(stream, model32, limited(to_tf32))
         elif mode.autocast:
             # modules the model's code calls with autocast off (or lowering to another dtype) keep
             # their float32 weights
@@ -400,15 +429,16 @@ def build_mode_run(name: str, device: torch.device, emulated: bool, model32: tor
             lower = {id(m) for path, m in model32.named_modules()
                      if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"
                      and path not in elsewhere}
-            variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low)
-                               if id(module) in lower and t.dtype == torch.float32 else None)
+            variant = _variant(stream, model32, limited(lambda module, pname, t: round_to(t, low)
+                                                        if id(module) in lower and t.dtype == torch.float32 else None))
         else:
             variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
     if stream is not None:
         stream.register(variant, base=model32)
-    run = ModeRun(name, mode, device, emulated, variant, inputs, describe_mode(name, device, emulated), low_params=low_params)
+    run = ModeRun(name, mode, device, emulated, variant, inputs, runner.how, low_params=low_params,
+                  sets_tf32=runner.sets_tf32, only=only)
     def kept(key, build):
         if variant is not model32:  # a copy of this mode only: keeping its maps would keep the copy
             return build()

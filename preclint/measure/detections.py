@@ -154,7 +154,7 @@ def match(boxes: torch.Tensor, reference: torch.Tensor, labels: Optional[torch.T
 
 
 @dataclass
-class Comparison:
+class DetectionComparison:
     """A run's detection sets against the reference's: the changes, and the matched values' errors."""
 
     changes: DetectionChanges
@@ -162,12 +162,12 @@ class Comparison:
     references: List[torch.Tensor] = field(default_factory=list)  # the reference values of those
 
 
-def compare(output, reference) -> Optional[Comparison]:
+def compare_detections(output, reference) -> Optional[DetectionComparison]:
     """Match the detection sets of ``output`` to those of ``reference`` (None: the output has none)."""
     runs, refs = detection_sets(output), detection_sets(reference)
     if not refs or len(runs) != len(refs):
         return None
-    total = Comparison(DetectionChanges())
+    total = DetectionComparison(DetectionChanges())
     for run, ref in zip(runs, refs):
         changes, errors, references = _compare_set(run, ref)
         total.changes.add(changes)
