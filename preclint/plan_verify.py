@@ -2,7 +2,8 @@
 against a float64 reference, on a GPU when there is one, else with the CPU's own float16/bfloat16
 kernels and torch.autocast('cpu').
 
-One reference run, one float32 run (the floor no plan can go below), one run without the plan and
+Two reference runs (a model that does not give the same output twice has a floor of noise no plan
+can go below: probe/noise.py), one float32 run (the floor of precision), one run without the plan and
 one per plan verified (none where the run without the plan meets: the plan is then empty). A run that goes inf/NaN names the first module whose output did, so that a
 refinement can keep it.
 """
@@ -18,6 +19,7 @@ import torch
 from preclint.modelio import Inputs, output_tensors
 from preclint.plan import ErrorSummary, Tolerance
 from preclint.policy import LOW_DTYPES, apply_policy, load_policy
+from preclint.probe.noise import floor_of, run_to_run
 
 
 @dataclass
@@ -43,11 +45,19 @@ class Verifier:
         self.runs = 0
         with torch.no_grad():
             model64 = copy.deepcopy(self.model32).double()
-            # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
-            self.reference = [t if not (t.is_floating_point() or t.is_complex()) else t.double()
-                              for t in output_tensors(self.inputs.map(_as64).call(model64))]
+            self.reference = self._reference(model64)
+            again = self._reference(model64)
         del model64
+        # the relative RMS between the two reference runs where the model is not deterministic, else None;
+        # ``noise``: the second run judged by the tolerance
+        self.noise_floor = floor_of(run_to_run(self.reference, again))
+        self.noise = self._compare(again)
         self.float32 = self._compare(self._outputs(self.model32, self.inputs, None))
+
+    def _reference(self, model64) -> List[torch.Tensor]:
+        # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
+        return [t if not (t.is_floating_point() or t.is_complex()) else t.double()
+                for t in output_tensors(self.inputs.map(_as64).call(model64))]
 
     @property
     def how(self) -> str:
