@@ -180,6 +180,8 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
 
     try:
         verifier = Verifier(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)), mode, tolerance, device)
+        if verifier.noise_floor is not None:
+            _noise_floor(plan, verifier, loaded.name)
         before = verifier.run(None)
     except UserError:
         raise
@@ -234,6 +236,27 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
         plan.notes.append("float32 itself misses the tolerance against float64 in this measurement: no plan can meet it")
     plan.meets_tolerance = after.meets
     return plan
+
+
+def _noise_floor(plan, verifier, name: str) -> None:
+    """A model that does not give the same output twice (probe/noise.py): a tolerance its own noise
+    misses ends the plan in one line (no plan can meet it, and runs spent on one would only measure
+    the noise); one the noise meets is noted, since every measurement includes the noise."""
+    from preclint.core.findings import percent, sci
+
+    floor, noise = verifier.noise_floor, verifier.noise.summary
+    differ = f"differ by relative RMS {sci(floor)}" if math.isfinite(floor) else "differ in shape or in integer outputs"
+    if not verifier.noise.meets:
+        missed = []
+        if noise.failing_fraction:
+            missed.append(f"fail it on {percent(noise.failing_fraction)} of the elements")
+        if noise.flip_fraction:
+            missed.append(f"flip {percent(noise.flip_fraction)} of the decisions")
+        raise UserError(f"no plan can meet {_tolerance_text(plan.tolerance)}: {name} is not deterministic (two float64 runs "
+                        f"on the same inputs {differ}{', and ' + ' and '.join(missed) if missed else ''}); loosen the "
+                        "tolerance above that noise, or make the forward deterministic (dropout off, noise from a seeded generator)")
+    plan.notes.append(f"{name} is not deterministic: two float64 runs on the same inputs {differ}, within the tolerance; "
+                      "every measurement below includes that noise")
 
 
 def _prune(plan, after, verifier, graph, mode, tolerance, name, findings, margin, extra, margins):

@@ -2,7 +2,8 @@
 against a float64 reference, on a GPU when there is one, else with the CPU's own float16/bfloat16
 kernels and torch.autocast('cpu').
 
-One reference run, one float32 run (the floor no plan can go below), one run without the plan and
+Two reference runs (a model that does not give the same output twice has a floor of noise no plan
+can go below: probe/noise.py), one float32 run (the floor of precision), one run without the plan and
 one per plan verified (none where the run without the plan meets: the plan is then empty). A run that goes inf/NaN names the first module whose output did, so that a
 refinement can keep it.
 """
@@ -20,6 +21,7 @@ from preclint.measure.copies import copy_to
 from preclint.measure.runners import FirstNonfinite, NativeRunner, run_reference
 from preclint.plan.planner import ErrorSummary
 from preclint.policy import LOW_DTYPES, apply_policy, load_policy
+from preclint.probe.noise import floor_of, run_to_run
 
 
 @dataclass
@@ -48,12 +50,24 @@ class Verifier:
         self.inputs = inputs.map(lambda t: t.to(self.device))
         self.model32 = copy_to(module, self.device).eval()
         self.runs = 0
-        # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
-        self.reference = [t if not (t.is_floating_point() or t.is_complex()) else t.double()
-                          for t in output_tensors(run_reference(self.model32, self.inputs, self.device,
-                                                                sets_tf32=False))]
+        # one float64 copy run twice: a model whose state moves between calls (its own generator) is
+        # seen to move, as it would in use
+        model64 = copy_to(self.model32, self.device, torch.float64)
+        inputs64 = self.inputs.map(lambda t: t.to(torch.float64) if t.is_floating_point() else t)
+        self.reference = self._reference(model64, inputs64)
+        again = self._reference(model64, inputs64)
+        del model64
+        # the relative RMS between the two reference runs where the model is not deterministic, else None;
+        # ``noise``: the second run judged by the tolerance
+        self.noise_floor = floor_of(run_to_run(self.reference, again))
+        self.noise = self._judge(compare(again, self.reference, tolerance))
         floor = run_reference(self.model32, self.inputs, self.device, None, sets_tf32=False)
         self.float32 = self._judge(compare(output_tensors(floor), self.reference, tolerance))
+
+    def _reference(self, model64: torch.nn.Module, inputs64: Inputs) -> List[torch.Tensor]:
+        # integer outputs (indices, labels, rounded values) stay integers: they are compared as decisions
+        return [t if not (t.is_floating_point() or t.is_complex()) else t.double()
+                for t in output_tensors(run_reference(model64, inputs64, self.device, None, sets_tf32=False))]
 
     @property
     def how(self) -> str:

@@ -104,8 +104,8 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     timings: Dict[str, float] = {}
     bar = options.bar
     clock = _Clock(device, timings, sync=options.sync_stages, bar=bar)
-    if bar is not None:  # setup, reference, sensitivity, read back; per mode sweep, contributions, figures, read back
-        bar.set_total(4 + len(modes) * (4 + (not emulated) + options.ablate))
+    if bar is not None:  # setup, reference (twice), sensitivity, read back; per mode sweep, contributions, figures, read back
+        bar.set_total(5 + len(modes) * (4 + (not emulated) + options.ablate))
     notes: List[str] = []
     stream = None
     try:
@@ -212,7 +212,9 @@ class ProbeSession:
         from preclint.measure.program import RunFailed
         from preclint.probe.reference_pass import reference_pass, resolve_reference
         from preclint.probe.sensitivity import sensitivity_pass
+        from preclint.probe.noise import rerun, settle_floor
 
+        reference_copy = (copies.model64, copies.inputs64)
         try:
             # TF32 off: values a model computes below float64 even here are then float32's best
             with clock("reference"), _tf32_on_gpu(device, False):
@@ -232,6 +234,9 @@ class ProbeSession:
                 raise UserError(_failure(name, "in float64", device, cause)) from cause
             notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
             env["reference"]["dtype"] = "float32"
+            reference_copy = (model32, inputs32)
+        with clock("reference: again"), _tf32_on_gpu(device, False):  # the noise floor (noise.py)
+            again = rerun(program, *reference_copy)
         if self.records_graph:
             graph = self._recorded_graph(ref)
             self.setting = setting = replace(setting, graph=graph)
@@ -279,6 +284,7 @@ class ProbeSession:
 
         result = ProbeResult(env, {}, list(ref.order), clock.timings, notes)
         result.reference_nonfinite = reference_nonfinite
+        result.noise_floor = settle_floor(ref.output, again, name, env, notes)
         # On a GPU every mode is issued first and read back after: the device never waits for Python in
         # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
         # model (rounded weights) is gone before the next one is made.

@@ -148,12 +148,14 @@ def adopt(parts: Sequence[Optional[Measured]], graph, modes: Sequence[str]):
 
 
 def _merge_run_facts(into, other) -> None:
-    """Timings (each stage's longest) and notes (each once) of another rank's result."""
+    """Timings (each stage's longest), notes (each once) and the noise floor of another rank's result."""
     if other is into:
         return
     for stage, seconds in other.timings.items():
         into.timings[stage] = max(into.timings.get(stage, 0.0), seconds)
     into.notes.extend(n for n in other.notes if n not in into.notes)
+    if other.noise_floor is not None:  # the same model and inputs: the noisiest rank's floor holds for all
+        into.noise_floor = max(into.noise_floor or 0.0, other.noise_floor)
 
 
 def combine(adopted, local, modes: Sequence[str]):

@@ -104,6 +104,14 @@ class ProbeResult:
     notes: List[str] = field(default_factory=list)
     reference_nonfinite: List[str] = field(default_factory=list)  # nodes inf/NaN already in float64
     graph: Any = None  # the graph the probe recorded itself, where it was given none (distributed.py)
+    # relative RMS between two reference runs of a model that is not deterministic, else None (noise.py)
+    noise_floor: Optional[float] = None
+
+    def within_noise(self, measured: Optional[float]) -> bool:
+        """Whether a measured relative error cannot be told from the model's run-to-run noise."""
+        from preclint.probe.noise import within_noise
+
+        return within_noise(self.noise_floor, measured)
 
 
 def _finite(value: Optional[float]) -> Optional[float]:

@@ -96,6 +96,15 @@ def _widened(args, kwargs, callee=None, skip_first: bool = False):
     return rebuild(widened)
 
 
+class WideningObserver(Observer):
+    """Runs the model as the reference pass does (mixed float operands widened to float64), keeping
+    nothing: the reference's second run (noise.py)."""
+
+    def before(self, node, args, kwargs, callee):
+        inplace = bool(args) and isinstance(args[0], torch.Tensor) and is_inplace_call(callee, kwargs)
+        return _widened(args, kwargs, callee, skip_first=inplace)
+
+
 class _ReferenceObserver(Observer):
     def __init__(self, store: ReferenceStore, protect_inplace: bool) -> None:
         self.store = store

@@ -14,7 +14,8 @@ A finding predicts one of a few things, which its rule declares (``Rule.measured
 
 A third, because the error model's measured/predicted ratios over whole layers of ten torchvision
 and timm models lie within a factor of 3 (docs/error-model.md): below a third, the prediction was wrong in
-kind, not in degree. Each measured mode gets a status; the finding is ``confirmed`` when at least
+kind, not in degree. A model that does not give the same output twice (probe/noise.py) has a
+measured error that is partly its own noise: a size within 3x of that noise confirms nothing. Each measured mode gets a status; the finding is ``confirmed`` when at least
 one mode it names is, ``refuted`` when every measured one is, and keeps no status when none of its
 modes could be measured.
 """
@@ -28,6 +29,10 @@ from preclint.reference.analyses.margins import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
 
 CONFIRM_FRACTION = 1.0 / 3.0
+# Measurements a model's run-to-run noise (probe/noise.py) can make on its own: an error's size and
+# flipped decisions (judged by the error of what they read). A measured error within that noise
+# confirms nothing; a refutation stands (noise only adds error), and so does an inf/NaN.
+_NOISY_KINDS = frozenset({"output", "local", "received", "flips"})
 # A run with no flipped decision refutes a predicted flip fraction only when no flip at all had less
 # than this probability under it (decisions taken as independent).
 NO_FLIPS_UNLIKELY = 0.05
@@ -56,6 +61,8 @@ def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfini
             figure = _measure(kind, f, graph, measure, reference_nonfinite)
             if figure is None:
                 continue
+            if figure.status == "confirmed" and kind in _NOISY_KINDS and result.within_noise(figure.rel_error):
+                figure.status = None  # the model's own noise, not its precision, could have made it
             if kind == "output" and degenerate:
                 figure.rel_error = None
             f.measured[mode] = figure

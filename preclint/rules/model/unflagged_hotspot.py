@@ -155,6 +155,8 @@ amplified error.
                 continue
             if measure.output.rel_error is None or measure.output.rel_error < FLOAT32_NOISE:
                 continue
+            if result.within_noise(measure.output.rel_error):  # shares of the model's own noise tell nothing
+                continue
             for name, m in measure.nodes.items():
                 if m.contribution is None or m.contribution < MIN_SHARE or name in flagged:
                     continue

@@ -1,0 +1,118 @@
+"""The run-to-run noise floor: whether the model gives the same output twice.
+
+Every mode is measured against one float64 run. A forward that draws numbers nobody controls
+(``F.dropout(x, training=True)``, ``x + torch.randn_like(x)``, a ``torch.Generator`` of its own, the
+time, a counter it keeps) gives another output on every run, and the probe would measure that
+difference as precision error. So the reference is run a second time (its output only), and the
+relative RMS of the difference of the two outputs is the floor below which a measured error cannot
+be told from noise.
+
+torch's generators are not reseeded between the probe's runs: a reseed would make the two float64
+runs draw alike while the float32, float16 and bfloat16 runs still draw other numbers (torch draws
+``randn`` and ``rand`` differently per dtype), hiding the noise from this check but not from the
+measurements. A model that seeds itself in its forward draws alike in every float64 run and counts
+as deterministic here (where it draws floats, its float32 runs may still draw other ones than its
+float64 runs do: this check does not see that).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from preclint.core.errors import one_line
+from preclint.core.findings import sci
+from preclint.measure.program import Program
+from preclint.probe.execute import tensors
+from preclint.probe.reference_pass import WideningObserver
+
+# Two float64 runs closer than float32's rounding differ by the float64 kernels' own wobble (a GPU's
+# atomic adds): no mode's error comes near it, so the model counts as deterministic.
+DETERMINISTIC_BELOW = 2.0 ** -24
+# A measured error counts as precision error only at this many times the floor or more: the noise
+# of the reference and that of a mode's run add to about the floor, so 3x leaves a margin the size
+# of the one between prediction and confirmation (verdict.CONFIRM_FRACTION).
+NOISE_MARGIN = 3.0
+
+
+def rerun(program: Program, model, inputs) -> Any:
+    """The model's output on ``inputs`` once more, run as the reference ran (the eager recording of
+    the first run is kept: it names the reference's nodes); the exception where it fails."""
+    recorded = program.recorded
+    try:
+        with torch.no_grad():
+            return program.run(model, inputs, WideningObserver())
+    except Exception as exc:  # noqa: BLE001 - the floor is unknown, the probe goes on
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return exc
+    finally:
+        program.recorded = recorded
+
+
+def settle_floor(first: Any, again: Any, name: str, env: dict, notes: list) -> Optional[float]:
+    """The noise floor of the reference output ``first`` and its rerun ``again`` (an exception where
+    the rerun failed): None for a deterministic model; otherwise the floor, put in the reference's
+    environment and said in one of ``notes``."""
+    reference = env["reference"].get("dtype", "float64")
+    if isinstance(again, BaseException):
+        notes.append(f"whether {name} is deterministic is not known: its second {reference} run failed ({one_line(again)})")
+        return None
+    floor = floor_of(run_to_run(first, again))
+    if floor is not None:
+        env["reference"]["deterministic"] = False
+        env["reference"]["run_to_run_rel_rms"] = floor if math.isfinite(floor) else None
+        notes.append(describe(name, floor, reference))
+    return floor
+
+
+def run_to_run(first: Any, second: Any) -> float:
+    """Relative RMS of ``second - first`` over the float outputs (as the modes' output error is
+    taken); inf where the two differ in shape or in an integer output (indices, labels)."""
+    a, b = tensors(first), tensors(second)
+    if len(a) != len(b):
+        return math.inf
+    sq_diff = sq_ref = 0.0
+    for x, y in zip(a, b):
+        if x.is_complex() and y.is_complex():
+            x, y = torch.view_as_real(x), torch.view_as_real(y)
+        if x.shape != y.shape or x.is_floating_point() != y.is_floating_point():
+            return math.inf
+        if not x.is_floating_point():
+            if bool((x != y).any()):
+                return math.inf
+            continue
+        d = y.double() - x.double()
+        d = d.masked_fill(x == y, 0.0)  # the same inf in both runs is no difference
+        sq_diff += float(torch.sum(d * d))
+        sq_ref += float(torch.sum(torch.where(torch.isfinite(x), x.double(), 0.0) ** 2))
+    if sq_diff == 0.0:
+        return 0.0
+    if not math.isfinite(sq_diff) or sq_ref == 0.0:
+        return math.inf
+    return math.sqrt(sq_diff / sq_ref)
+
+
+def floor_of(difference: float) -> Optional[float]:
+    """The noise floor a run-to-run ``difference`` sets: None for a deterministic model."""
+    return None if difference <= DETERMINISTIC_BELOW else difference
+
+
+def within_noise(floor: Optional[float], measured: Optional[float]) -> bool:
+    """Whether a measured relative error cannot be told from the run-to-run noise ``floor``: one
+    within NOISE_MARGIN of it, or no figure to tell it by (None); inf/NaN is no noise."""
+    if floor is None:
+        return False
+    return measured is None or (math.isfinite(measured) and measured < NOISE_MARGIN * floor)
+
+
+def describe(name: str, floor: float, reference: str = "float64") -> str:
+    """The note that says the model is not deterministic, with the figure."""
+    if math.isfinite(floor):
+        difference = f"differs from the first by relative RMS {sci(floor)} at the output"
+    else:
+        difference = "gives outputs of other shapes or other integer values"
+    return (f"{name} is not deterministic: a second {reference} run on the same inputs {difference} (random draws "
+            f"or state the probe does not control: dropout left on, noise added in forward, a generator of its "
+            f"own); measured errors below {NOISE_MARGIN:g}x that are noise, not precision error, and confirm no finding")
