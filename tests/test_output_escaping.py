@@ -275,6 +275,18 @@ def test_the_charts_draw_a_hostile_module_name_as_text_not_as_a_link(hostile_mod
     assert '>layers.&lt;a href="https://example"&gt;x&lt;/a&gt;.fc</text>' in dom  # a label, shown as text
 
 
+def test_a_name_the_full_report_wraps_onto_a_line_of_its_own_does_not_start_a_command():
+    from preclint.findings import Finding, Location
+    from preclint.report import Report, render
+
+    name = "x" * 90 + " ::stop-commands::tok"  # rich wraps at the space: the command would begin a line
+    finding = Finding("PCL101", "fp16-overflow", "error", f"{name} overflows float16.", "Scale it.",
+                      location=Location("m.py", 1, 1))
+    out = render(Report(findings=[finding]), "full")
+    assert_safe_for_a_terminal_and_a_runner(out, "full")
+    assert "\n\\x3a:stop-commands::tok overflows float16.\n" in out
+
+
 def test_the_escapes_one_by_one():
     assert visible("a\n\x1b[31m\u202e\udcff\U000e0041ok") == "a\\n\\x1b[31m\\u202e\\xff\\U000e0041ok"
     assert visible("é, 中文, tab\t", keep="\t") == "é, 中文, tab\t"

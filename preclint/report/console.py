@@ -3,7 +3,6 @@
 What users name is printed as rich Text of report.escape's visible text, never as markup (a module
 named ``[/]`` is a name, not a closing tag), and no line of the report can be read as a CI runner's
 workflow command."""
-
 from __future__ import annotations
 
 import io
