@@ -284,8 +284,8 @@ def _check_all(args, config, probe) -> int:
     if args.baseline or args.write_baseline:
         written = apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
         if args.write_baseline and not written:
-            sys.stderr.write(f"preclint: error: {args.write_baseline} was left as it was: a baseline written now "
-                             "would miss the findings of the models that could not be checked\n")
+            sys.stderr.write(_console_line(f"preclint: error: {args.write_baseline} was left as it was: a baseline "
+                                           "written now would miss the findings of the models that could not be checked"))
     text = render_reports(reports, config.output_format, color=_use_color(args) and not args.output)
     if args.output:
         _write_output(args.output, text)
@@ -347,7 +347,7 @@ def _check_one(path: str, args, config, options, probe):
             exchange.close()  # the other ranks wait for it even where this model could not be checked
         if guarded is not None and args.debug:
             for warning in guarded.warnings:
-                sys.stderr.write(f"preclint: debug: warning: {warning}\n")
+                sys.stderr.write(_console_line(f"preclint: debug: warning: {warning}"))
     report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
     report.findings = suppress_graph_findings(report.findings, config, [path])
     report.ledger_top = getattr(args, "top", None)
@@ -430,11 +430,19 @@ def _report_error(exc: Exception, debug: bool) -> str:
         traceback.print_exc()
     if isinstance(exc, UserError):
         message = str(exc)
-        sys.stderr.write(f"preclint: error: {message}\n")
+        sys.stderr.write(_console_line(f"preclint: error: {message}"))
     else:  # a bug in preclint: still one line unless --debug
         message = f"internal error: {one_line(exc)}"
-        sys.stderr.write(f"preclint: {message} (run with --debug for the traceback)\n")
+        sys.stderr.write(_console_line(f"preclint: {message} (run with --debug for the traceback)"))
     return message
+
+
+def _console_line(text: str) -> str:
+    """A line for stderr: the names in it (paths, modules, the model's own messages) shown with
+    escapes, so that it stays one line that no terminal acts on and no CI runner reads as a command."""
+    from preclint.report.escape import console_line
+
+    return console_line(text) + "\n"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

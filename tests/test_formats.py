@@ -113,7 +113,8 @@ def test_github_annotation_and_escaping(files):
     assert out[0] == "::warning title=preclint (PCL001)::-: PCL001 The output misses rtol=1e-3.%0A  help: Loosen it."
     assert out[1] == (
         "::warning file=dir%2Cwith%3Aodd/m%25.py,line=2,col=6,title=preclint (PCL502)::"
-        "dir,with:odd/m%25.py:2:6: PCL502 50%25 of it breaks%0A  help: Fix: this, now."
+        # a line break in a message is shown, as \n (it may be a name's: report.escape)
+        "dir,with:odd/m%25.py:2:6: PCL502 50%25 of it\\nbreaks%0A  help: Fix: this, now."
     )
 
 

@@ -116,3 +116,18 @@ def test_refuted_findings_are_marked_and_do_not_fail_the_build():
     assert len(annotations) == 1 and "PCL101" in annotations[0]  # the refuted one is a log line, not an annotation
     assert any(line.startswith("model.py:20:9: PCL103") and line.endswith("(refuted by the probe)") for line in github)
     assert json.loads(render(report(refuted), "rdjson"))["diagnostics"][0]["severity"] == "INFO"
+
+
+def test_a_file_name_with_a_colon_is_the_projects_and_is_annotated(tmp_path, monkeypatch, capsys):
+    """Only an absolute path on another Windows drive (``D:/...``) is outside the project: a name with
+    a ``:`` near its start (``a:b.py``) is a file of the project, annotated on its line."""
+    from preclint.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "a:b.py").write_text("import torch\n\nwith torch.cuda.amp.autocast():\n    y = model(x)\n")
+    assert main(["check", "--source-only", "a:b.py", "--output-format", "github"]) == 1
+    assert capsys.readouterr().out.startswith("::warning file=a%3Ab.py,line=3,col=6,title=preclint (PCL502)::a:b.py:3:6:")
+    assert Location("a:b.py").in_project and Location("::x.py").in_project
+    assert not Location("D:/work/m.py").in_project and not Location("../m.py").in_project

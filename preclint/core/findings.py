@@ -1,10 +1,13 @@
 """The one finding model. Every output format converts from it at the boundary."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 SEVERITIES = ("info", "warning", "error")
+# an absolute path on another Windows drive (display_path's "D:/..."), not a name with a ":" in it
+_DRIVE = re.compile(r"[A-Za-z]:[/\\]")
 
 
 def severity_rank(severity: str) -> int:
@@ -29,7 +32,8 @@ class Location:
     def in_project(self) -> bool:
         """Whether the place is a file of the project preclint runs in (under the working directory):
         what code review can annotate."""
-        return not self.library and not self.path.startswith(("../", "/")) and self.path != ".." and ":" not in self.path[:3]
+        return (not self.library and not self.path.startswith(("../", "/")) and self.path != ".."
+                and not _DRIVE.match(self.path))
 
     def as_dict(self) -> dict:
         out = {"path": self.path, "line": self.line, "column": self.column}

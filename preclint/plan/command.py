@@ -289,23 +289,32 @@ def _prune(plan, after, verifier, graph, mode, tolerance, name, findings, margin
 def render_console(plan, color: bool) -> str:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from preclint.core.findings import percent, sci
+    from preclint.report.escape import log_lines, visible, visible_text
+
+    def say(text: str) -> None:  # the names in it (the model, its modules) as text, never as markup
+        console.print(Text(visible(text)))
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=120, highlight=False)
-    console.print(f"plan for {plan.model} under {plan.precision} ({_tolerance_text(plan.tolerance)})")
+    say(f"plan for {plan.model} under {plan.precision} ({_tolerance_text(plan.tolerance)})")
     if plan.keep:
         table = Table(show_edge=False)
         for column in ("module", "op", "reason", "share", "FLOPs"):
             table.add_column(column)
         for k in plan.keep:
-            table.add_row(k.module or "<root>", k.op or "", k.reason + (f"\n  faster fix: {k.alternative}" if k.alternative else ""),
-                          percent(k.share) if k.share is not None else "", percent(k.flops_fraction))
+            cells = [k.module or "<root>", k.op or "", k.reason, percent(k.share) if k.share is not None else "",
+                     percent(k.flops_fraction)]
+            cells = [Text(visible(cell)) for cell in cells]
+            if k.alternative:
+                cells[2].append(f"\n  faster fix: {visible(k.alternative)}")
+            table.add_row(*cells)
         console.print(table)
     else:
-        console.print("nothing to keep in float32: the whole model meets the tolerance in " + plan.precision)
-    console.print(f"kept in float32: {percent(plan.kept_flops_fraction)} of the FLOPs")
+        say("nothing to keep in float32: the whole model meets the tolerance in " + plan.precision)
+    say(f"kept in float32: {percent(plan.kept_flops_fraction)} of the FLOPs")
     rows = [("predicted", plan.predicted)] + ([("measured", plan.measured)] if plan.measured else [])
     for label, figures in rows:
         parts = []
@@ -320,18 +329,20 @@ def render_console(plan, color: bool) -> str:
                 shown += f", flips {percent(s.flip_fraction)}"
             parts.append(f"{when}: {shown}")
         extra = f" ({plan.measured['how']}, {plan.measured['runs']} run(s) with a plan)" if label == "measured" else ""
-        console.print(f"{label}{extra}: " + "; ".join(parts))
-    console.print("meets the tolerance: " + ("yes" if plan.meets_tolerance else "no"))
+        say(f"{label}{extra}: " + "; ".join(parts))
+    say("meets the tolerance: " + ("yes" if plan.meets_tolerance else "no"))
     for note in plan.notes:
-        console.print(f"note: {note}")
+        say(f"note: {note}")
     if plan.keep:
-        console.print("\nmodules: " + ", ".join(k.module + (f":{k.op}" if k.op else "") or "<root>" for k in plan.keep))
-        console.print("ONNX nodes_to_exclude (regular expressions over exported node names):")
+        console.print()
+        say("modules: " + ", ".join(k.module + (f":{k.op}" if k.op else "") or "<root>" for k in plan.keep))
+        say("ONNX nodes_to_exclude (regular expressions over exported node names):")
         for pattern in plan.onnx_exclude:
-            console.print(f"  {pattern}")
-        console.print("apply at inference: from preclint.policy import load_policy, apply_policy; "
-                      "model = apply_policy(model, load_policy('plan.json'))")
+            say(f"  {pattern}")
+        say("apply at inference: from preclint.policy import load_policy, apply_policy; "
+            "model = apply_policy(model, load_policy('plan.json'))")
     if plan.source_diff:
-        console.print("\nthe kept calls in your source:")
-        console.print(plan.source_diff, markup=False)
-    return buffer.getvalue()
+        console.print()
+        say("the kept calls in your source:")
+        console.print(Text(visible_text(plan.source_diff)))
+    return log_lines(buffer.getvalue())

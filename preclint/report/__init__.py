@@ -2,7 +2,9 @@
 
 A run over several models prints one output: one JSON, SARIF or rdjson document, one set of GitHub
 annotations, one text report. A model that could not be checked is a Report with an ``error``; the
-document formats carry it, the text formats leave it to the error line on stderr.
+document formats carry it, the text formats leave it to the error line on stderr. What users name
+(paths, modules, messages quoting them) stays raw in the Report; each format escapes it for its sink
+through report.escape.
 """
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""--output-format full (the default): findings grouped by file, then a table per precision mode."""
+"""--output-format full (the default): findings grouped by file, then a table per precision mode.
+
+What users name is printed as rich Text of report.escape's visible text, never as markup (a module
+named ``[/]`` is a name, not a closing tag), and no line of the report can be read as a CI runner's
+workflow command."""
 from __future__ import annotations
 
 import io
@@ -10,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from preclint.core.findings import percent, sci
+from preclint.report.escape import log_lines, visible
 from preclint.report.document import Report, is_refuted, ranked_ledger
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -72,9 +77,10 @@ def _ledger_row(row, m) -> list:
         notes.append("inf/NaN")
     if m.get("flips") is not None:
         notes.append(f"flips {m['flips']}/{m['units']}")
-    return [name, where, m.get("dtype") or "", sci((m.get("local") or {}).get("rel_error")),
-            sci((m.get("received") or {}).get("rel_error")) if not m.get("nonfinite") else "inf/NaN",
-            sci(m.get("amplification")), _share(m.get("contribution")), ", ".join(notes)]
+    cells = [name, where, m.get("dtype") or "", sci((m.get("local") or {}).get("rel_error")),
+             sci((m.get("received") or {}).get("rel_error")) if not m.get("nonfinite") else "inf/NaN",
+             sci(m.get("amplification")), _share(m.get("contribution")), ", ".join(notes)]
+    return [Text(visible(cell)) for cell in cells]  # a Table parses str cells as markup
 
 
 def _ledger_tables(console: Console, report: Report) -> None:
@@ -132,23 +138,23 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
                       highlight=False, soft_wrap=False)
     findings = report.sorted_findings()
     if report.model:
-        console.print(Text.assemble(("preclint ", "bold"), f"{report.model} (captured with {report.capture}; "
-                                    f"precisions {', '.join(report.precisions)})"))
+        console.print(Text.assemble(("preclint ", "bold"), visible(f"{report.model} (captured with {report.capture}; "
+                                                           f"precisions {', '.join(report.precisions)})")))
     for path, group in groupby(findings, key=lambda f: f.location.path if f.location else ""):
         console.print()
-        console.print(Text(path or "(model)", style="bold underline"))
+        console.print(Text(visible(path) or "(model)", style="bold underline"))
         for f in group:
             where = f"{f.location.line}:{f.location.column}" if f.location else "-"
             status = "refuted by the probe " if is_refuted(f) else (f"{f.status} " if f.status else "")
             style = "dim" if is_refuted(f) else _SEVERITY_STYLE.get(f.severity, "")
-            head = Text.assemble(f"  {where} ", (f.code, style), f" [{f.severity}] ", status, f.message)
+            head = Text.assemble(f"  {where} ", (f.code, style), f" [{f.severity}] ", status, visible(f.message))
             console.print(head)
             figures = _figure_line(f)
             if figures:
                 console.print(Text(f"      relative error: {figures}", style="dim"))
             for loc, text in f.related:
-                console.print(Text(f"      note: {loc.path}:{loc.line}: {text}", style="dim"))
-            console.print(Text(f"      help: {f.fix}", style="green"))
+                console.print(Text(visible(f"      note: {loc.path}:{loc.line}: {text}"), style="dim"))
+            console.print(Text(f"      help: {visible(f.fix)}", style="green"))
     if report.summary:
         console.print()
         table = Table(title="Predicted output error", title_justify="left", show_edge=False)
@@ -168,14 +174,14 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
             if measured:
                 row.append(_measured_cell(entry))
             row.append(layers or "-")
-            table.add_row(*row)
+            table.add_row(*(Text(visible(cell)) for cell in row))
         console.print(table)
     if report.ledger:
         _ledger_tables(console, report)
     for caveat in report.caveats:
-        console.print(Text(f"warning: {caveat}", style="yellow"))
+        console.print(Text(f"warning: {visible(caveat)}", style="yellow"))
     for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(Text(f"note: {visible(note)}", style="dim"))
     standing = [f for f in findings if not is_refuted(f)]
     counts = {s: sum(1 for f in standing if f.severity == s) for s in ("error", "warning", "info")}
     total = len(findings)
@@ -187,7 +193,7 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
                       + (f"; {refuted} refuted by the probe, which do not fail the check)." if refuted else ")."))
     else:
         console.print("No findings.")
-    return buffer.getvalue()
+    return log_lines(buffer.getvalue())  # a long name wrapped onto a line of its own may begin with "::"
 
 
 def render_many(reports: Sequence[Report], color: bool = False) -> str:
@@ -197,7 +203,8 @@ def render_many(reports: Sequence[Report], color: bool = False) -> str:
     if not checked:
         return ""
     text = "".join(render(r, color=color) for r in checked)
-    failed = [r.model or "a model" for r in reports if r.error is not None]
+    failed = [visible(r.model or "a model") for r in reports if r.error is not None]
     if failed:
-        text += f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: {', '.join(failed)}.\n"
+        text += log_lines(f"{len(failed)} model{'s' if len(failed) != 1 else ''} could not be checked: "
+                          f"{', '.join(failed)}.\n")
     return text

@@ -15,7 +15,6 @@ A command with a plan to show (``preclint plan``) passes it as a :class:`PlanSec
 """
 from __future__ import annotations
 
-import html
 import importlib.util
 import json
 import math
@@ -27,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from preclint import __version__
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding, Location, percent, sci
+from preclint.report.escape import chart_label, html_text as _e
 from preclint.report.document import Report, failure_line, is_refuted
 
 SNIPPET_CONTEXT = 2  # lines shown above and below a finding's line
@@ -64,10 +64,6 @@ def _num(value) -> Optional[float]:
     if not math.isfinite(value):
         return None
     return float(f"{value:.{DIGITS}g}") if value else 0.0
-
-
-def _e(text) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def _script_json(data) -> str:
@@ -117,7 +113,8 @@ def _place(location: Optional[Location]) -> str:
 
 def _nodes(report: Report) -> Dict[str, Any]:
     """The nodes along the model, columnar: names, module paths and, per mode, predicted (p*) and
-    measured (m*) local and received relative error and share of the output error."""
+    measured (m*) local and received relative error and share of the output error. What the charts
+    show (labels, module paths, places) is escaped for plotly, which renders tags in labels."""
     rows = report.profile or []
     measured = {row["node"]: row for row in report.ledger or []}
     if not rows:  # a probe without the predicted profile: the ledger alone
@@ -127,12 +124,12 @@ def _nodes(report: Report) -> Dict[str, Any]:
         mode: {key: [] for key in ("pl", "pr", "ps", "ml", "mr", "ms")} for mode in report.precisions}
     for row in rows:
         names.append(row["node"])
-        modules.append(row.get("module") or "")
+        modules.append(chart_label(row.get("module") or ""))
         op = row.get("op") or row["node"]
         module = row.get("module") or ""
-        labels.append(module if op.startswith("nn.") and module else (f"{op} in {module}" if module else op))
+        labels.append(chart_label(module if op.startswith("nn.") and module else (f"{op} in {module}" if module else op)))
         loc = row.get("location")
-        locations.append(f"{loc['path']}:{loc['line']}" if loc else "")
+        locations.append(chart_label(f"{loc['path']}:{loc['line']}") if loc else "")
         ledger_row = measured.get(row["node"], {}).get("modes", {})
         for mode, columns in series.items():
             p = row["modes"].get(mode, {})

@@ -9,16 +9,17 @@ A finding whose line is a library's is placed on the user's line that calls into
 builds the model (report.review_place), naming the library's line in its message; the other places
 in the project are ``related_locations``. A finding the probe refuted is kept as INFO, marked as
 refuted, so that a reviewdog ``-fail-level`` of warning or above passes it. Several models make one
-DiagnosticResult.
+DiagnosticResult. Messages and paths carry the raw names (JSON holds any text); ``original_output`` is
+the line as the concise format prints it, names escaped (report.escape).
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Sequence
 
-from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.report.concise import finding_line
+from preclint.report.escape import json_text
+from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.text.lines import utf8_column
 
 SEVERITIES = {"error": "ERROR", "warning": "WARNING", "info": "INFO"}
@@ -56,7 +57,7 @@ def to_dict(report: Report) -> dict:
 
 
 def render(report: Report) -> str:
-    return json.dumps(to_dict(report), indent=2, ensure_ascii=False) + "\n"
+    return json_text(to_dict(report), indent=2) + "\n"
 
 
 def render_many(reports: Sequence[Report]) -> str:
@@ -69,4 +70,4 @@ def render_many(reports: Sequence[Report]) -> str:
             if report.model and os.path.isfile(report.model):
                 diagnostic["location"] = {"path": report.model}
             document["diagnostics"].append(diagnostic)
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    return json_text(document, indent=2) + "\n"

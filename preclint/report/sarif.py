@@ -3,11 +3,11 @@
 Beyond the minimum GitHub asks for: every rule is described (id, name, short and full description,
 help in text and Markdown from the rule's docs, default level, tags), URIs are relative to the
 working directory with ``uriBaseId`` %SRCROOT% (the repository root when preclint runs there, as in
-CI), regions are given in Unicode code points (``columnKind``), and each result carries GitHub's own
-``primaryLocationLineHash`` so alerts keep their identity when lines move. Findings without a source
-location (model-level) are results without ``locations``, which SARIF allows. Several models make one
-run whose invocation is not successful when a model could not be checked. Deterministic: no
-timestamps, no absolute paths.
+CI) and percent-encoded as RFC 3986 asks (report.escape.file_uri), regions are given in Unicode code
+points (``columnKind``), and each result carries GitHub's own ``primaryLocationLineHash`` so alerts
+keep their identity when lines move. Findings without a source location (model-level) are results
+without ``locations``, which SARIF allows. Several models make one run whose invocation is not
+successful when a model could not be checked. Deterministic: no timestamps, no absolute paths.
 
 A finding whose own line is a library's (a torchvision or transformers op) is placed on the user's
 line that calls into the library or builds the model (report.review_place), since code scanning
@@ -18,11 +18,11 @@ not there), whose level SARIF then requires to be "none", and it carries ``statu
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Sequence
 
 from preclint import __version__
+from preclint.report.escape import file_uri, json_text
 from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.text.lines import line_text, primary_location_line_hash
 
@@ -77,7 +77,7 @@ def _physical(location) -> dict:
         # to the end of the line: one line, so GitHub can show and match it
         region.update({"endLine": location.line, "endColumn": len(text) + 1})
     base = LIBRARY_BASE if location.library else "%SRCROOT%"
-    return {"artifactLocation": {"uri": location.path, "uriBaseId": base}, "region": region}
+    return {"artifactLocation": {"uri": file_uri(location.path), "uriBaseId": base}, "region": region}
 
 
 def _number(value):
@@ -160,7 +160,7 @@ def to_dict(report: Report) -> dict:
 
 
 def render(report: Report) -> str:
-    return json.dumps(to_dict(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return json_text(to_dict(report), indent=2, allow_nan=False) + "\n"
 
 
 def render_many(reports: Sequence[Report]) -> str:
@@ -175,4 +175,4 @@ def render_many(reports: Sequence[Report]) -> str:
         invocation.setdefault("toolExecutionNotifications", []).extend(
             {"level": "error", "message": {"text": failure_line(r)}, "descriptor": {"id": "model-not-checked"}}
             for r in failures)
-    return json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return json_text(document, indent=2, allow_nan=False) + "\n"

@@ -121,9 +121,11 @@ def run_source_only(
     as Ruff does); ``--fix`` writes them and reports what is left; ``unsafe_fixes`` adds the fixes
     that may change behaviour (``--unsafe-fixes``, as in Ruff). ``cache=False`` (``--no-cache``)
     neither reads nor writes the cache. Files skipped (a FIFO, a dangling symlink) are noted on
-    stderr as warnings and in the report.
+    stderr as warnings and in the report. The diff and the warnings show names as report.escape
+    does: a file name or a source line cannot move the terminal or give a CI runner a command.
     """
     from preclint.report import Report, render
+    from preclint.report.escape import console_line, diff_path, log_lines, visible_text
     from preclint.source.run import check_paths, selected_rules
 
     out = out or sys.stdout
@@ -144,7 +146,7 @@ def run_source_only(
             notes.append(f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left after "
                          f"{MAX_ROUNDS} rounds of fixing; run again to apply them")
         if diff:
-            write_report(unified_diff(run, result), out)
+            write_report(log_lines(visible_text(unified_diff(run, result, header_path=diff_path))), out)
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
@@ -157,7 +159,7 @@ def run_source_only(
             run = check_paths(paths, config, cache=cache)  # report what is left, at its new positions
     if config.output_format != "full":  # the full report prints its notes itself
         for note in notes:
-            err.write(f"warning: {note}\n")
+            err.write(console_line(f"warning: {note}") + "\n")
     findings, baseline_notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes + baseline_notes)
     write_report(render(report, config.output_format, color=color), out)

@@ -210,13 +210,14 @@ def fix_run(run, rules: Sequence, config: Config, keep: Callable[[Finding], bool
     return result
 
 
-def unified_diff(run, result: FixResult) -> str:
-    """The changes as one unified diff (``a/path`` / ``b/path``), files in sorted order."""
+def unified_diff(run, result: FixResult, header_path: Callable[[str], str] = str) -> str:
+    """The changes as one unified diff (``a/path`` / ``b/path``, each written by ``header_path``: the
+    report layer quotes a name that needs it), files in sorted order."""
     chunks: List[str] = []
     for path in sorted(result.texts):
         before = run.sources[path].text.splitlines(keepends=True)
         after = result.texts[path].splitlines(keepends=True)
-        for line in difflib.unified_diff(before, after, f"a/{path}", f"b/{path}"):
+        for line in difflib.unified_diff(before, after, header_path(f"a/{path}"), header_path(f"b/{path}")):
             chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(chunks)
 
