@@ -34,6 +34,7 @@ GRACE = 1.0  # seconds between SIGTERM and SIGKILL
 GIVE_UP = 5.0  # seconds after SIGKILL: processes that keep forking faster than they are ended are left
 _POLL = 0.01  # seconds between looks at /proc while descendants are ending
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_ON_LINUX = sys.platform.startswith("linux")  # /proc/PID/stat as Linux writes it
 
 _real_exit = os._exit  # kept before the model's code can patch it
 _owner: Optional[int] = None  # the process whose descendants end with it (the command's)
@@ -49,8 +50,8 @@ def take_charge() -> None:
     if _owner is None:
         os.register_at_fork(after_in_child=_let_go_in_child)
     _owner = os.getpid()
-    _spared = set(_descendants(_owner)) if os.path.isdir("/proc") else set()
-    if sys.platform.startswith("linux"):
+    _spared = set(_descendants(_owner)) if _ON_LINUX else set()
+    if _ON_LINUX:
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl here: orphans go to init, the children are still ended
@@ -60,7 +61,7 @@ def take_charge() -> None:
 def end_descendants(grace: float = GRACE) -> None:
     """SIGTERM to every living descendant of this process, SIGKILL to those still there ``grace``
     seconds later, each reaped; returns when none is left (or GIVE_UP seconds after the SIGKILL)."""
-    if _owner is None or _owner != os.getpid() or not os.path.isdir("/proc"):
+    if _owner is None or _owner != os.getpid() or not _ON_LINUX:
         return
     kill_at = time.monotonic() + grace
     signalled: Dict[int, int] = {}
@@ -154,7 +155,7 @@ def _descendants(root: int, spared: AbstractSet[int] = frozenset()) -> List[int]
             continue
         # pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) < 2 or fields[0] in (b"Z", b"X"):
+        if len(fields) < 2 or fields[0] in (b"Z", b"X") or not fields[1].isdigit():
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
     found: Set[int] = set()
