@@ -447,12 +447,18 @@ def _console_line(text: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``preclint`` command; ``argv`` None means the process's own arguments (the program itself)."""
+    from preclint.load import processes
     from preclint.load.interrupts import say_interrupted
 
+    if argv is None:  # the command's own process: what the model's code starts ends with it
+        processes.take_charge()
     try:
         code = _main(argv)
     except KeyboardInterrupt:  # a SIGINT before or after preclint's handler (parsing, the report's end)
         code = say_interrupted(signal.SIGINT)
+    finally:
+        if argv is None:
+            processes.end_descendants()  # a child holding stdout would keep `preclint ... | cat` waiting
     if argv is None:
         from preclint.capture.usercode import end_if_threads_linger
 

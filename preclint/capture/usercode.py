@@ -10,7 +10,7 @@ The time limit is an ``ITIMER_REAL`` alarm in the main thread whose handler rais
 :class:`TimeLimitExceeded`, a ``BaseException`` so that the user's ``except Exception`` cannot swallow it
 (and again each second, should something swallow it all the same). Code that never returns to the interpreter (one enormous kernel) or that catches ``BaseException`` would
 still hold the process, so a watchdog thread ends it ``HARD_STOP_GRACE`` seconds later, after printing
-the same line.
+the same line. The processes the code starts end with preclint's run (processes.py).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from types import FrameType, TracebackType
 from typing import Iterator, List, Optional
 
 from preclint.load import interrupts
+from preclint.load import processes
 from preclint.core.errors import UserError
 from preclint.core.exitcodes import EXIT_ERROR
 
@@ -77,7 +78,7 @@ def interrupt_signals() -> Iterator[None]:
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
         if received:  # the first one did not get us out (user code caught it, or a long kernel): stop now
-            _real_exit(interrupts.say_interrupted(signum))
+            processes.exit_now(interrupts.say_interrupted(signum))
         received.append(signum)
         raise Interrupted(signum)
 
@@ -112,7 +113,8 @@ def guard(name: str, timeout: Optional[float]) -> Iterator[Guarded]:
     UserError that names ``name``."""
     result = Guarded()
     try:  # around the `with`: the time limit is disarmed before its exception is turned into an error line
-        with _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), _time_limit(name, timeout):
+        with _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), processes.user_code_running(), \
+                _time_limit(name, timeout):
             yield result
     except TimeLimitExceeded as exc:
         raise UserError(_time_message(name, timeout, exc.args[0] if exc.args else None)) from None
@@ -156,8 +158,7 @@ def _time_limit(name: str, timeout: Optional[float]) -> Iterator[None]:
         where = next((where for where in fired if where), None)
         sys.stderr.write(f"preclint: error: {_time_message(name, timeout, where)}; the model's code did not "
                          f"stop within {HARD_STOP_GRACE:g} s more, so preclint ended without a report\n")
-        sys.stderr.flush()
-        _real_exit(EXIT_ERROR)
+        processes.exit_now(EXIT_ERROR)
 
     watchdog = threading.Timer(timeout + HARD_STOP_GRACE, hard_stop)
     watchdog.daemon = True
@@ -217,7 +218,8 @@ def _stdout_to_stderr() -> Iterator[None]:
         saved = os.dup(1)
         os.dup2(2, 1)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), \
+                (processes.hidden_from_forks(saved) if saved is not None else contextlib.nullcontext()):
             yield
     finally:
         if saved is not None:

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Callable, Dict, Iterator, List
 
-_real_exit = os._exit  # kept before anything can patch it
+from preclint.load.processes import exit_now
 
 
 def exit_status(signum: int) -> int:
@@ -41,7 +41,7 @@ def interrupts_deferred() -> Iterator[None]:
 
     def hold(signum: int, frame: object) -> None:
         if received:  # asked twice: the import is taking too long for the user
-            _real_exit(say_interrupted(signum))
+            exit_now(say_interrupted(signum))
         received.append(signum)
 
     previous: Dict[int, object] = {}

@@ -841,7 +841,7 @@ def _load_weights(module: nn.Module, path: str) -> None:
     try:
         checkpoint = read_checkpoint(path)
     except CheckpointError as exc:
-        raise UserError(f"{label}: cannot be read as safetensors: {exc}") from None
+        raise UserError(f"{label}: {exc}") from None
     except Exception as exc:
         raise UserError(
             f"{label}: cannot be loaded with weights_only=True ({_weights_load_reason(exc)}); "
