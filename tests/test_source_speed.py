@@ -65,8 +65,8 @@ def test_statement_positions_do_not_fall_back_to_the_whole_module():
 
 def test_statement_positions_on_preclint_own_rules():
     # real modules: classes with docstrings, nested functions, decorators, long expressions
-    for name in ("tolerance_resolution.py", "tf32_flags.py", "fp16_epsilon.py"):
-        with open(os.path.join(ROOT, "rules", name), encoding="utf-8") as handle:
+    for name in ("tolerance_below_resolution.py", "tf32_flags.py", "fp16_epsilon_literal.py"):
+        with open(os.path.join(ROOT, "preclint", "rules", "source", name), encoding="utf-8") as handle:
             assert _every_position_agrees(handle.read()) > 500
 
 
