@@ -194,6 +194,7 @@ class SourceFile:
         node: cst.CSTNode,
         message: str,
         fix: str,
+        *,
         severity: Optional[str] = None,
         precisions: tuple = (),
         replacement: Optional[cst.CSTNode] = None,
