@@ -13,8 +13,9 @@ outside benchmarks/results/ differs from it or is new and not ignored (``git sta
 written is no change to the code that measured it). Git runs nothing else. Where there is no repository (a copy
 of the tree on a GPU machine), the commit is taken from ``$BENCHMARK_COMMIT`` as the launcher gives
 it (``BENCHMARK_COMMIT=$(git rev-parse HEAD)`` where the copy was made), and says so; else it is
-``None``. A process records one provenance, taken the first time it asks: a result rewritten as a
-run goes on keeps the state of the tree when the run began.
+``None``. A process records one provenance, taken when it imports this module, as the run begins: a
+result written at the end of a run says what the tree was when it started, whatever was edited
+while it ran.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def stamp(result: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def run_provenance() -> Dict[str, Any]:
-    """This process's provenance, taken once (the first call) and then repeated."""
+    """This process's provenance, taken once (at import, see the end of this module)."""
     return dict(_taken_once(str(ROOT)))
 
 
@@ -138,3 +139,7 @@ def _installed_version(package: str) -> Optional[str]:
         return version(package)
     except PackageNotFoundError:
         return None
+
+
+# taken as the run begins (a benchmark imports this before it measures), not when it first writes
+run_provenance()

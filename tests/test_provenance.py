@@ -70,6 +70,17 @@ def test_without_a_repository_the_commit_comes_from_the_launcher_or_is_none(repo
     assert provenance.provenance(nested)["commit"] == "abc1234"
 
 
+def test_a_run_records_the_tree_as_it_began_not_as_edited_while_it_ran(repo):
+    """A benchmark writes its result at the end; a file edited meanwhile is no part of what measured."""
+    (repo / "benchmarks" / "provenance.py").write_text((BENCHMARKS / "provenance.py").read_text())
+    git(repo, "add", "benchmarks/provenance.py")
+    git(repo, "commit", "-q", "-m", "helper")
+    run = ("import pathlib, sys; sys.path.insert(0, 'benchmarks'); import provenance; "
+           "pathlib.Path('edited_while_running.py').write_text('z = 3'); print(provenance.stamp({})['provenance']['commit'])")
+    printed = subprocess.run([sys.executable, "-c", run], cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert printed.strip() == git(repo, "rev-parse", "HEAD")
+
+
 def test_the_record_holds_command_machine_and_a_utc_date():
     record = provenance.provenance(ROOT)
     assert set(record) >= {"commit", "command", "machine", "date"}
