@@ -12,7 +12,7 @@ refuted and, for a failure, its class and the last line the command printed. A s
 ("internal error") or a timeout is a bug of preclint; an exit code of 2 with one line is preclint
 saying what it could not do.
 
-    python benchmarks/coverage.py --out benchmarks/results/coverage_cpu.json --jobs 1
+    python benchmarks/coverage.py --out run.json --jobs 1
     python benchmarks/coverage.py --suites timm,hf --no-probe
     python benchmarks/coverage.py --models resnet18,timm/levit_128s,hf/t5 --device cuda
     python benchmarks/coverage.py --compare before.json after.json
