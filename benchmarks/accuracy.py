@@ -44,6 +44,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `preclint` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.provenance import stamp  # noqa: E402
 from benchmarks.zoo import BY_NAME, ZOO, ZooModel, fingerprint, same_fingerprint  # noqa: E402
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins  # noqa: E402
 from preclint.load.modelio import Inputs, output_tensors  # noqa: E402
@@ -528,10 +529,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         entries = _entries(args.models) + (rule_examples() if args.examples else [])
         _write(args.out, predict_all(entries))
     elif args.command == "merge":
-        merged: Dict[str, Any] = {"models": {}}
+        merged: Dict[str, Any] = {"models": {}, "merged_runs": []}
         for path in args.inputs:
             with open(path) as f:
                 part = json.load(f)
+            # the measuring runs' provenance (stamp adds the merge's own)
+            merged["merged_runs"] += part.pop("merged_runs", []) + [part.pop("provenance", None)]
             models = part.pop("models", {})
             merged.update(part)
             merged["models"].update(models)
@@ -550,7 +553,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _write(path: str, data: Dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        json.dump(stamp(data), f, indent=1, sort_keys=True)
 
 
 if __name__ == "__main__":

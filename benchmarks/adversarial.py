@@ -26,7 +26,13 @@ import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, List, Optional
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.provenance import git_commit, stamp  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -427,6 +433,8 @@ def main() -> None:
                    f"/{sum(1 for e in document['cases'].values() if label in e)} as expected"
             for label in sorted({k for e in document["cases"].values() for k in e if k not in ("command", "expected")})
         }
+        document.setdefault("checkouts", {})[args.label] = {"root": args.root, "commit": git_commit(Path(args.root))}
+        document = stamp(document)
         with open(args.out, "w") as handle:
             json.dump(document, handle, indent=2)
             handle.write("\n")

@@ -18,6 +18,11 @@ import subprocess
 import sys
 import time
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.provenance import stamp  # noqa: E402
+
 BASELINE = """
 import torch, torchvision, torch.fx
 torch.manual_seed(0)
@@ -46,6 +51,7 @@ def measure(argv) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="also write the result (JSON) here")
     args = parser.parse_args()
     runs = {"baseline": [], "preclint": []}
     measure([sys.executable, "-c", BASELINE])  # warm the page cache for both
@@ -64,7 +70,12 @@ def main() -> None:
     import torch  # noqa: E402 - only for the versions line
 
     result["torch"] = torch.__version__
+    result = stamp(result)
     print(json.dumps(result, indent=2))
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=2)
+            handle.write("\n")
 
 
 if __name__ == "__main__":

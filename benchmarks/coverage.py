@@ -12,7 +12,7 @@ refuted and, for a failure, its class and the last line the command printed. A s
 ("internal error") or a timeout is a bug of preclint; an exit code of 2 with one line is preclint
 saying what it could not do.
 
-    python benchmarks/coverage.py --out benchmarks/results/coverage_cpu.json --jobs 1
+    python benchmarks/coverage.py --out run.json --jobs 1
     python benchmarks/coverage.py --suites timm,hf --no-probe
     python benchmarks/coverage.py --models resnet18,timm/levit_128s,hf/t5 --device cuda
     python benchmarks/coverage.py --compare before.json after.json
@@ -35,6 +35,11 @@ import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.provenance import stamp  # noqa: E402
 
 SUITES = ("torchvision", "timm", "hf")
 PROBE_ONLY = "PCL900"  # the probe's own finding (a hot spot no rule flagged): not a static one
@@ -631,10 +636,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     skip = set(args.skip.split(",")) if args.skip else set()
     names = [n for n in names if n not in skip]
     entries: List[Dict] = []
+    earlier_runs: List[Dict] = []
     if args.resume and out and os.path.exists(out):
         with open(out) as f:
             again = ("cut", "not reached") if not args.retry else None
-            entries = [e for e in json.load(f)["models"] if e["model"] not in names
+            kept = json.load(f)
+            earlier_runs = kept.get("earlier_runs", []) + ([kept["provenance"]] if "provenance" in kept else [])
+            entries = [e for e in kept["models"] if e["model"] not in names
                        or all(e[k]["status"] not in again if again else settle(e[k])["status"] == "ok"
                               for k in e if k == "check" or k.startswith("probe_"))]
     done = {e["model"] for e in entries}
@@ -648,9 +656,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         order = {n: i for i, n in enumerate(names)}
         entries.sort(key=lambda e: order.get(e["model"], len(order)))
         with open(out + ".tmp", "w") as f:
-            json.dump({"machine": info, "jobs": args.jobs, "threads": env["OMP_NUM_THREADS"], "probes": probes,
-                       "detector_size": args.detector_size, "time_budget_s": args.time_budget,
-                       "summary": summarize(entries, probes), "not_reached": not_reached, "models": entries},
+            json.dump(stamp({"machine": info, "jobs": args.jobs, "threads": env["OMP_NUM_THREADS"], "probes": probes,
+                             "detector_size": args.detector_size, "time_budget_s": args.time_budget,
+                             **({"earlier_runs": earlier_runs} if earlier_runs else {}),
+                             "summary": summarize(entries, probes), "not_reached": not_reached, "models": entries}),
                       f, indent=1)
             f.write("\n")
         os.replace(out + ".tmp", out)

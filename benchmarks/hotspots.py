@@ -23,6 +23,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.probe import _check as check  # noqa: E402
+from benchmarks.provenance import stamp  # noqa: E402
 from benchmarks.zoo import ZOO  # noqa: E402
 from preclint.config import Config  # noqa: E402
 from preclint.probe import ProbeOptions, apply, measure_model  # noqa: E402
@@ -76,7 +77,7 @@ def main() -> None:
             print(f"  PCL900: {message}")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump(rows, handle, indent=1, default=str)
+            json.dump(stamp({"models": rows}), handle, indent=1, default=str)
 
 
 if __name__ == "__main__":

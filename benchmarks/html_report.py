@@ -11,15 +11,23 @@ page's size and drawing are what is measured.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.provenance import stamp  # noqa: E402
 
 
 class Block(nn.Module):
@@ -60,6 +68,7 @@ def open_seconds(browser: str, page: Path, profile: Path) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=1200)
+    parser.add_argument("--out", help="also write the figures (JSON) here")
     args = parser.parse_args()
 
     from preclint.config import Config
@@ -81,9 +90,12 @@ def main() -> None:
     own = len(text.encode()) - len(plotly_js().encode())
     print(f"nodes: {len(graph.nodes)}; check {checked:.1f} s; page written in {written:.2f} s, "
           f"{len(text.encode()) / 2**20:.2f} MiB ({own / 2**20:.2f} MiB besides plotly.js)")
+    figures = {"blocks": args.blocks, "nodes": len(graph.nodes), "check_s": checked, "page_written_s": written,
+               "page_mib": len(text.encode()) / 2**20, "page_mib_besides_plotly": own / 2**20}
     browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     if browser is None:
         print("no Chromium: the time to open the page is not measured")
+        _write(args.out, figures)
         return
     with tempfile.TemporaryDirectory() as tmp:
         page, empty = Path(tmp) / "report.html", Path(tmp) / "empty.html"
@@ -93,6 +105,16 @@ def main() -> None:
         full = [min(run) for run in zip(*(open_seconds(browser, page, Path(tmp) / "p") for _ in range(3)))]
     print(f"Chromium, best of 3: empty page {base[0]:.2f} s wall, {base[1]:.2f} s CPU; the report {full[0]:.2f} s "
           f"wall, {full[1]:.2f} s CPU: {full[0] - base[0]:.2f} s wall, {full[1] - base[1]:.2f} s CPU to load and draw it")
+    figures["chromium_best_of_3"] = {"empty_wall_s": base[0], "empty_cpu_s": base[1], "report_wall_s": full[0],
+                                     "report_cpu_s": full[1]}
+    _write(args.out, figures)
+
+
+def _write(path, figures) -> None:
+    if path:
+        with open(path, "w") as handle:
+            json.dump(stamp(figures), handle, indent=1)
+            handle.write("\n")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.provenance import stamp  # noqa: E402
 from preclint.config import Config  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load.loader import LoadedModel  # noqa: E402
@@ -282,7 +283,7 @@ def run(args) -> Dict[str, Any]:
     name = f"{args.size}_{args.mode}" + ("_one_gpu" if args.share_gpu else "") + (f"_{args.tokens}tokens" if args.tokens else "")
     path = os.path.join(args.out, f"{name}.json")
     with open(path, "w") as f:
-        json.dump(figures, f, indent=1)
+        json.dump(stamp(figures), f, indent=1)
     shown = {k: v for k, v in figures.items() if k not in ("ledger", "stages_s")}
     print(json.dumps(shown, indent=1))
     return figures

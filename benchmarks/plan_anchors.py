@@ -51,6 +51,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.provenance import stamp  # noqa: E402
+
 ATOL_REL = 1e-2
 RTOL = 1e-2
 ALL_TOOLS = ("preclint", "ort_auto_mixed_precision", "modelopt_autocast")
@@ -491,6 +493,7 @@ def write(path: str, rows: List[Dict[str, Any]], tools: List[str], reused: Optio
     if reused:
         result["reused"] = reused
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    result = stamp(result)
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
     return result

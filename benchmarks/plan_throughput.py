@@ -33,6 +33,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.provenance import stamp  # noqa: E402
+
 
 def build(name: str, batch: int) -> Tuple[torch.nn.Module, Callable[[int], tuple], str]:
     """(model, inputs for a batch size, unit of throughput)."""
@@ -179,7 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               "rows": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        json.dump(stamp(result), f, indent=1, default=str)
     return 0
 
 

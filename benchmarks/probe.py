@@ -37,6 +37,7 @@ from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load.loader import LoadedModel  # noqa: E402
 from preclint.probe import ProbeOptions, measure_model  # noqa: E402
 from benchmarks.accuracy import describe_machine as machine  # noqa: E402
+from benchmarks.provenance import stamp  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
 FP32_FLOOR = 2.0 ** -17.5  # below this a local error is float32's, not the mode's (probe/readback.py)
@@ -189,7 +190,7 @@ def floor(model, inputs, graph, device: str) -> Dict[str, Any]:
 def _write(path: Optional[str], record: Dict[str, Any]) -> None:
     if path:
         with open(path, "w") as fh:
-            json.dump(record, fh, indent=1, default=str)
+            json.dump(stamp(record), fh, indent=1, default=str)
 
 
 def _copy(model):
@@ -283,7 +284,7 @@ def agree(args) -> Dict[str, Any]:
         print(f"{name}: {record.get('error') or 'ok'} in {record['seconds']}s", flush=True)
         if args.out:
             with open(args.out, "w") as fh:
-                json.dump(results, fh, indent=1, default=str)
+                json.dump(stamp(results), fh, indent=1, default=str)
     return results
 
 

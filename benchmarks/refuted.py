@@ -22,6 +22,11 @@ import time
 from collections import Counter
 from typing import Dict, List
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.provenance import stamp  # noqa: E402
+
 PROBE_ONLY = "PCL900"
 
 _TIMM = """import timm, torch
@@ -111,7 +116,7 @@ def run(models: List[str], out: str, timeout: int, device: str) -> None:
             counts = Counter(f["status"] or "unmeasured" for f in findings)
             print(f"{name}: {dict(counts)} in {seconds:.0f}s", flush=True)
     with open(out, "w") as handle:
-        json.dump(results, handle, indent=1)
+        json.dump(stamp(results), handle, indent=1)
 
 
 def report(files: List[str]) -> None:

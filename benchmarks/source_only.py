@@ -43,6 +43,11 @@ import tempfile
 import textwrap
 import time
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.provenance import stamp  # noqa: E402
+
 # ---------------------------------------------------------------------------- the tree
 
 PLAIN_FUNCTION = '''
@@ -339,7 +344,8 @@ def tree_benchmark(root: str, against: list, out: str = "", single: bool = False
         import json
 
         with open(out, "w") as handle:
-            json.dump({"machine": machine, "checkouts": dict(checkouts), "runs": results, "ratios": ratios}, handle, indent=1)
+            json.dump(stamp({"machine": machine, "checkouts": dict(checkouts), "runs": results, "ratios": ratios}),
+                      handle, indent=1)
             handle.write("\n")
 
 
@@ -352,7 +358,7 @@ def main() -> None:
     parser.add_argument("--against", action="append", default=[], metavar="LABEL=CHECKOUT",
                         help="with --tree: also time the CLI of this preclint checkout (repeatable)")
     parser.add_argument("--single", action="store_true", help="with --tree: also time one process, in-process")
-    parser.add_argument("--out", default="", help="with --tree: write the figures to this JSON file")
+    parser.add_argument("--out", default="", help="write the figures to this JSON file")
     args = parser.parse_args()
     if args.tree:
         tree_benchmark(args.tree, args.against, args.out, args.single)
@@ -383,6 +389,16 @@ def main() -> None:
         if args.no_prefilter:
             ratio = results["TorchFix-style, no prefilter"] / results["preclint, no prefilter"]
             print(f"every file parsed, TorchFix-style / preclint: {ratio:.1f}x")
+        if args.out:
+            import json
+
+            tree = {"files": args.files, "lines": lines, "mention_torch": torch_files, "kinds": counts,
+                    "findings": findings, "parsed": parsed}
+            with open(args.out, "w") as handle:
+                json.dump(stamp({"machine": {"cpu": platform.machine(), "cores": os.cpu_count(),
+                                             "python": platform.python_version()},
+                                 "tree": tree, "seconds": results}), handle, indent=1)
+                handle.write("\n")
 
 
 if __name__ == "__main__":

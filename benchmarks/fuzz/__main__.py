@@ -315,7 +315,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         wanted_sources = [f"source-{i}" for i in range(args.first, args.first + args.sources)]
         # interleaved, so that both kinds progress together
         names = [n for pair in _zip_longest(wanted, wanted_sources) for n in pair if n and n not in state]
-    meta = {"command": "python -m benchmarks.fuzz " + " ".join(argv if argv is not None else sys.argv[1:]),
+    from benchmarks.provenance import run_provenance
+
+    meta = {"provenance": run_provenance(),
+            "command": "python -m benchmarks.fuzz " + " ".join(argv if argv is not None else sys.argv[1:]),
             "corpus": args.corpus, **({"notes": args.note} if args.note else {})}
     if args.summary_only or not names:
         _write_summary(args.out, entries, meta)

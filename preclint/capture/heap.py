@@ -3,8 +3,8 @@
 A pass over a large model makes tens of thousands of small objects (nodes, figures, operand tuples),
 and as they pile up the collector runs full collections, each walking every object the process holds:
 the model's modules and parameters, and the libraries it imported (400 000 objects for a model built
-with transformers). Measured on a 7B-shaped Llama's graph on the CPU, those full collections were 15%
-of check and probe together (benchmarks/README.md, "Large models"). What existed before the pass
+with transformers). On a 7B-shaped Llama's graph on the CPU those full collections were a share of
+check and probe worth removing (a measurement that kept no result file). What existed before the pass
 (the loaded model, the imports) outlives it, so while a pass runs it is moved out of the collector's
 sight (``gc.freeze``) and handed back afterwards; the pass's own garbage is collected as ever.
 """

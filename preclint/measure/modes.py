@@ -276,7 +276,7 @@ def _promoted(args, kwargs) -> Optional[torch.dtype]:
 def tf32_kernel(node, callee, args, kwargs) -> bool:
     """Whether a conv or matmul gets a TF32 tensor-core kernel: the emulation's model of cuDNN and
     cuBLAS, from what the probe measured on an H200 (torch 2.11, CUDA 13.0, cuDNN 9.19; see
-    benchmarks/README.md). Three kinds of layer had float32-sized error with TF32 on:
+    probe_h200_agree.json in benchmarks/CLAIMS.md). Three kinds of layer had float32-sized error with TF32 on:
 
     * depthwise convolutions (mobilenet_v3, efficientnet, convnext): CUDA-core kernels;
     * convolutions reading 4 or fewer channels per group (the RGB stems of resnet, mobilenet,

@@ -233,7 +233,7 @@ def terms_rms(node: Node) -> Optional[float]:
 
 def tensor_core_tf32(node: Node) -> bool:
     """Whether the backend runs the dot product on TF32 tensor cores when TF32 is on. On an H200
-    (torch 2.11, cuBLAS, cuDNN 9.19; benchmarks/README.md, Accuracy) these ran in plain fp32 instead:
+    (torch 2.11, cuBLAS, cuDNN 9.19; probe_h200_agree.json in benchmarks/CLAIMS.md) these ran in plain fp32 instead:
     products with a single row (matrix-vector: cuBLAS gemv; a classifier on one image, an SE block's
     1x1 convs on pooled features), depthwise convs, and convs that read fewer than 4 channels per
     group (an RGB stem, a patch embedding). An einsum that contracts nothing is an elementwise
@@ -281,7 +281,7 @@ def operand_rounding(node: Node, fmt: Format) -> float:
 # How CUDA kernels accumulate sums, products and scans of float16/bfloat16 inputs: (a, p) of an
 # accumulation error of a * u * n**p (relative RMS) over a length n; absent means float32
 # accumulation, whose only error is rounding the result. Measured on an H200 with torch 2.11
-# (benchmarks/accuracy.py measure --accumulation; benchmarks/README.md, Accuracy): sum, mean and prod
+# (benchmarks/accuracy.py measure --accumulation, h200.json in benchmarks/CLAIMS.md): sum, mean and prod
 # accumulate in float32 at every length; cumsum carries its running sum in the reduced format between
 # blocks, fitted over n = 256 ... 65536 within 1.5x (positive terms over 10^6 stagnate, 10x more);
 # cumprod keeps its running product in the reduced format, which rounds at every step: sqrt(n/3) u,

@@ -22,8 +22,8 @@ from preclint.probe.sweep import NodeSlots, Sweep
 
 # A conv or matmul ran in TF32 when its local error is nearer (on a log scale) to TF32's size
 # C_INPUT * 2^-11 * RMS(sqrt(sum (a b)^2)) than to float32's C_INPUT * 2^-24 * ...: the geometric
-# midpoint is 2^-17.5. Measured TF32 layers sit within 3x of their size and float32 kernels within
-# ~10x of theirs (longer sums), so the two never come near the threshold (a factor of 90 away).
+# midpoint is 2^-17.5, a factor of 90 from each size: a kernel's error strays from its format's size
+# (longer sums, cancellation) by far less than that, so the two do not meet at the threshold.
 TF32_THRESHOLD = 2.0 ** -17.5
 
 

@@ -19,7 +19,8 @@ from preclint.reference.analyses.gains import Gains, gains_toward, rounded_opera
 
 # An op amplifies relative error when it multiplies it by at least this factor (sqrt(inputs / out) of
 # its gains): an order of magnitude beyond ordinary ops, beyond the factor of 3 within which
-# preclint's predictions hold. PCL204 reports such ops where the error they pass on is large too.
+# preclint's predictions hold (benchmarks/CLAIMS.md). PCL204 reports such ops where the error they
+# pass on is large too.
 AMPLIFICATION_LIMIT = 10.0
 # Sums and dot products that amplify do so by cancelling (PCL203); batch norms by collapsed
 # channels (PCL103): those rules judge them, and their inputs need no pass of their own here.

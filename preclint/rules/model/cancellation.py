@@ -14,7 +14,7 @@ from preclint.rules.model.output_tolerance import passing_atol
 # this share of its outputs are over 100 times smaller than their terms (a result that is Gaussian
 # against its terms, as in ordinary layers, has 0.8% such outputs). Either way its relative error is
 # an order of magnitude or more above ordinary rounding, beyond the factor of 3 within which
-# preclint's predictions hold, so the excess is not an artefact of the model.
+# preclint's predictions hold (benchmarks/CLAIMS.md), so the excess is not an artefact of the model.
 CANCELLATION_LIMIT = 10.0
 CANCELLED_SHARE = 0.1
 # ... and when that error matters: the op's outputs are the model's, or its rounding (for a sum, with

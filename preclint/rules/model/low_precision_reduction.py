@@ -13,7 +13,8 @@ from preclint.rules.base import Example, Rule
 from preclint.rules.model._norun import undecided
 
 # Reported when the predicted error of the reduction is this many times what rounding its result
-# costs: beyond the factor of 3 within which preclint's predictions hold, it is not ordinary rounding.
+# costs: beyond the factor of 3 within which preclint's predictions hold (benchmarks/CLAIMS.md), it is
+# not ordinary rounding.
 EXCESS = 3.0
 
 
