@@ -4,6 +4,7 @@ The full zoo runs outside the test suite (python -m benchmarks.accuracy, see ben
 these tests keep its code honest and check that predictions hold on two small transformer blocks.
 Its modes run through preclint.measure, whose emulation test_measure.py tests.
 """
+import pytest
 import dataclasses
 
 from benchmarks import accuracy
@@ -17,6 +18,7 @@ def test_fingerprint_is_stable_and_tells_models_apart():
     assert fingerprint(*one) == fingerprint(*again) != fingerprint(*other)
 
 
+@pytest.mark.slow
 def test_mini_zoo_predictions_hold_against_measurement():
     entries = [dataclasses.replace(BY_NAME["mlp_block"], ranking="transformer"), BY_NAME["tiny_gpt"]]
     measured = accuracy.measure(entries[:1], "cpu", ranking=True, log=lambda *_: None)

@@ -61,6 +61,7 @@ def test_each_analysis_writes_one_record_no_other_writes():
             writer_of(need)  # every record an analysis reads has a writer
 
 
+@pytest.mark.subprocess
 def test_analysis_modules_and_their_records_import_no_torch():
     """Rules import the records from the analyses' modules, and importing the rule pack imports no torch."""
     import subprocess
@@ -111,6 +112,7 @@ def test_every_record_a_rule_reads_has_an_analysis():
             writer_of(record)
 
 
+@pytest.mark.slow
 def test_a_full_check_writes_typed_records_only():
     model, inputs = _model()
     _, graph, _ = check(model, inputs)
@@ -123,6 +125,7 @@ def test_a_full_check_writes_typed_records_only():
     assert set(graph.analyses) == set(every_analysis())
 
 
+@pytest.mark.slow
 def test_only_the_analyses_the_selected_rules_read_are_computed():
     model, inputs = _model()
     # PCL201 reads formats and value statistics: no analysis, and no backward pass
@@ -150,6 +153,7 @@ def test_what_is_needed_follows_the_rules_needs():
     assert set(analyses_needed(graph_rules())) == set(every_analysis())
 
 
+@pytest.mark.slow
 def test_a_rule_checked_alone_finds_what_it_finds_in_a_full_check():
     # fewer analyses must not change a selected rule's findings
     for code in ("PCL101", "PCL102", "PCL105", "PCL201"):
@@ -194,6 +198,7 @@ def test_reach_is_recorded_where_values_leave_float16s_range():
     assert all(n.record(Gains) is None for n in alone.nodes)
 
 
+@pytest.mark.slow
 def test_the_command_line_selection_decides_what_is_computed(capsys, tmp_path):
     """`check --select PCL101` finds what the full check finds and predicts no output error; the HTML
     page, which draws every layer's predicted error, gets them whatever the selection."""

@@ -4,6 +4,8 @@ ones included, those under ``if TYPE_CHECKING:`` excluded), so a cycle fails her
 at import time in some order nobody tried."""
 from __future__ import annotations
 
+import pytest
+
 import ast
 import pathlib
 from typing import Dict, Iterator, List, Set, Tuple
@@ -147,6 +149,7 @@ def layer_of(module: str):
     return best
 
 
+@pytest.mark.slow
 def test_no_import_cycle_between_modules():
     found = cycles(dependencies())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -160,6 +163,7 @@ def folder_of(module: str) -> str:
     return ".".join(parts[:depth])
 
 
+@pytest.mark.slow
 def test_no_import_cycle_between_folders():
     folders: Dict[str, Dict[str, int]] = {}
     for module, edges in dependencies().items():
@@ -180,6 +184,7 @@ def test_the_cycle_finder_finds_one():
     assert cycles({"a": {"b": 1}, "b": {}}) == []
 
 
+@pytest.mark.slow
 def test_dependencies_point_down_the_layers():
     wrong = []
     for module, edges in dependencies().items():
@@ -199,6 +204,7 @@ def test_the_stages_of_the_pipeline_are_in_order():
     assert layers == sorted(layers) and None not in layers
 
 
+@pytest.mark.slow
 def test_no_private_name_is_imported_from_another_module():
     found = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: {n} from {module}"

@@ -169,6 +169,7 @@ def test_records_that_lie_about_their_size_are_refused_in_one_line(model, capsys
         assert err.startswith(f"preclint: error: {model / name}: ") and needle in err, (name, err)
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="an address-space limit (ulimit -v) as on Linux")
 def test_a_zip_bomb_larger_than_memory_is_refused_in_one_line(tmp_path):
     # four 1 GiB storages of zeros, deflated to 1 MiB each, under an address-space limit 2 GiB above

@@ -54,6 +54,7 @@ def example_json():
     return None
 
 
+@pytest.mark.slow
 def test_example_json_matches_schema_and_reports_the_pitfalls(capsys):
     code, out, err = run(capsys, "check", EXAMPLE, "--output-format", "json")
     assert code == 1, err
@@ -73,6 +74,7 @@ def test_example_json_matches_schema_and_reports_the_pitfalls(capsys):
     assert 1e-3 < rel < 3e-2  # bf16's unit roundoff is 3.9e-3
 
 
+@pytest.mark.slow
 def test_output_is_byte_identical_on_rerun(capsys):
     for fmt in ("json", "full", "concise"):
         first = run(capsys, "check", EXAMPLE, "--output-format", fmt, "--exit-zero")[1]
@@ -91,6 +93,7 @@ def test_well_scaled_block_has_no_findings_and_exits_zero(capsys, tmp_path):
         assert doc["summary"][mode]["predicted_output"]["finite"] is True
 
 
+@pytest.mark.slow
 def test_fail_on_and_exit_zero(capsys):
     # the example's PCL205 (under fp16-full) is info, its PCL101 errors
     engine = ("--precision", "fp16-full")
@@ -100,6 +103,7 @@ def test_fail_on_and_exit_zero(capsys):
     assert run(capsys, "check", EXAMPLE, "--fail-on", "error")[0] == 1
 
 
+@pytest.mark.slow
 def test_select_and_ignore_filter_codes(capsys):
     out = run(capsys, "check", EXAMPLE, "--output-format", "json", "--precision", "fp16-full", "--ignore", "PCL1")[1]
     assert {f["code"] for f in json.loads(out)["findings"]} == {"PCL205"}
@@ -107,6 +111,7 @@ def test_select_and_ignore_filter_codes(capsys):
     assert {f["code"] for f in json.loads(out)["findings"]} == {"PCL101"}
 
 
+@pytest.mark.slow
 def test_precision_flag_chooses_the_modes(capsys):
     out = run(capsys, "check", EXAMPLE, "--output-format", "json", "--precision", "bf16,fp16-full")[1]
     doc = json.loads(out)
@@ -115,6 +120,7 @@ def test_precision_flag_chooses_the_modes(capsys):
     assert any(f["code"] == "PCL101" and f["precisions"] == ["fp16-full"] for f in doc["findings"])
 
 
+@pytest.mark.slow
 def test_module_attr_target_with_input_shape(capsys):
     code, out, err = run(capsys, "check", "torchvision.models:resnet18", "--input-shape", "1,3,64,64",
                          "--output-format", "json")
@@ -233,6 +239,8 @@ def test_debug_shows_the_traceback(capsys, tmp_path):
     assert "Traceback" in err
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_console_script_and_module_entry_point(tmp_path):
     path = write(tmp_path, "mlp.py", MLP)
     for argv in (["-m", "preclint", "check", path, "--output-format", "concise"],):

@@ -276,6 +276,7 @@ def test_a_baseline_record_preclint_cannot_use_is_a_user_error(tmp_path, records
     assert message in str(caught.value)
 
 
+@pytest.mark.subprocess
 def test_a_baseline_aimed_at_the_redirected_stdout_is_refused(models):
     """`preclint check ... --write-baseline report.txt > report.txt`, and /dev/stdout into a file: the
     report file keeps the report alone (nothing, as the run stops at once), never a baseline in it."""
@@ -292,6 +293,7 @@ def test_a_baseline_aimed_at_the_redirected_stdout_is_refused(models):
         assert (models / "report.txt").read_text() == ""
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     "shell, code, message",
     [

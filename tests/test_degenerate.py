@@ -83,6 +83,7 @@ def test_a_small_output_of_a_dot_product_is_not_residue():
     assert degenerate_outputs(graph) == []
 
 
+@pytest.mark.slow
 def test_every_format_shows_the_caveat(capsys, tmp_path):
     path = tmp_path / "vit.py"
     path.write_text(textwrap.dedent(ZERO_HEAD))

@@ -87,12 +87,16 @@ def _single_and_distributed(model: str, tmp_path, ranks: int = 2, precisions: st
     return json.loads(single.stdout), distributed
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_two_ranks_write_the_single_process_report(tiny, tmp_path):
     single, distributed = _single_and_distributed(tiny, tmp_path)
     assert distributed["nodes"] == single["nodes"]
     assert distributed["findings"] == single["findings"] and distributed["summary"] == single["summary"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_an_eagerly_recorded_model_with_decisions_has_the_single_process_ledger(tmp_path):
     model = tmp_path / "gate.py"
     model.write_text(textwrap.dedent(EAGER))
@@ -106,6 +110,8 @@ def test_an_eagerly_recorded_model_with_decisions_has_the_single_process_ledger(
     assert any("tf32_applied" in m for row in single["nodes"] for m in row["modes"].values())
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_rank_that_records_another_graph_leaves_its_modes_to_rank_0(tmp_path):
     model = tmp_path / "by_rank.py"
     model.write_text(textwrap.dedent(BY_RANK))
@@ -115,6 +121,8 @@ def test_a_rank_that_records_another_graph_leaves_its_modes_to_rank_0(tmp_path):
     assert added == ["probe: rank 1 recorded another graph than the check's for tf32, fp16: measured by rank 0"], added
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_torchrun_without_the_probe_is_one_clear_error(tiny, tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
     done = subprocess.run([sys.executable, "-m", "preclint", "check", tiny], capture_output=True, text=True,
@@ -152,6 +160,8 @@ FAILS_ON = """
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_rank_that_fails_leaves_its_modes_to_rank_0(tmp_path):
     model = tmp_path / "fails_on_1.py"
     model.write_text(textwrap.dedent(FAILS_ON.replace("{rank}", "1")))
@@ -162,6 +172,8 @@ def test_a_rank_that_fails_leaves_its_modes_to_rank_0(tmp_path):
     assert "no memory on this rank" in added[0] and added[0].endswith("): measured by rank 0")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_model_rank_0_cannot_check_ends_every_rank_at_once(tmp_path):
     model = tmp_path / "fails_on_0.py"
     model.write_text(textwrap.dedent(FAILS_ON.replace("{rank}", "0")))
@@ -174,6 +186,8 @@ def test_a_model_rank_0_cannot_check_ends_every_rank_at_once(tmp_path):
     assert "no memory on this rank" in done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_report_is_the_same_figure_for_figure_in_every_process(tmp_path):
     """What rank 0 reports must not depend on which process computed it: the gains were summed in
     the order of a set of node names, which Python's hash seed changes from process to process."""

@@ -46,6 +46,7 @@ def test_generated_model(seed, tmp_path):
     assert checked.verdict.ok, _failure(name, checked)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", range(0, SOURCES, SOURCE_BATCH))
 def test_mutated_sources(first, tmp_path, monkeypatch):
     monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
@@ -84,6 +85,7 @@ def test_the_oracle_passes_a_clean_run(tmp_path):
     assert judge(run, argv, valid=True).ok
 
 
+@pytest.mark.slow
 def test_the_oracle_sees_a_process_killed_by_a_signal(tmp_path):
     argv = ["check", "m.py"]
     run = run_in_child(argv, _model(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"), timeout=120)
@@ -91,6 +93,7 @@ def test_the_oracle_sees_a_process_killed_by_a_signal(tmp_path):
     assert verdict.failure == "crash" and "SIGSEGV" in verdict.signature, verdict
 
 
+@pytest.mark.slow
 def test_the_oracle_sees_a_hang(tmp_path):
     argv = ["check", "m.py"]
     (tmp_path / "m.py").write_text("while True:\n    pass\n")
@@ -163,6 +166,8 @@ def _preclint(args, cwd):
                           timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_model_whose_output_holds_inf_or_nan_is_reported_not_crashed(tmp_path):
     """The check of a model whose float32 run makes inf or NaN ended in an internal error."""
     _model(tmp_path, """
@@ -176,6 +181,7 @@ def test_a_model_whose_output_holds_inf_or_nan_is_reported_not_crashed(tmp_path)
     assert "PCL002" in codes  # the infinities reach the output
 
 
+@pytest.mark.subprocess
 def test_a_source_file_with_a_literal_python_cannot_evaluate_is_checked(tmp_path):
     """A 5,000-digit integer (beyond Python's int-to-str limit) ended a --source-only run in an
     internal error; libcst parses it, Python does not evaluate it."""
@@ -186,6 +192,8 @@ def test_a_source_file_with_a_literal_python_cannot_evaluate_is_checked(tmp_path
     assert [f["code"] for f in json.loads(result.stdout)["findings"]] == ["PCL503"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_submodule_that_never_called_module_init_is_one_line_and_exit_2(tmp_path):
     """A block whose __init__ forgets super().__init__() ended in an internal error (AttributeError:
     '_modules') while preclint looked for the model."""
@@ -216,6 +224,8 @@ def test_a_submodule_that_never_called_module_init_is_one_line_and_exit_2(tmp_pa
                                      "(its __init__ does not call super().__init__())")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_weight_read_by_f_linear_under_tf32_is_ordinary_rounding_in_the_probe(tmp_path):
     """``--probe`` on F.linear(x, self.fc.weight) ended in an internal error (ZeroDivisionError): the
     weight, stored in float32, was taken to round nothing under TF32, though the matmul rounds it."""
@@ -225,6 +235,8 @@ def test_a_weight_read_by_f_linear_under_tf32_is_ordinary_rounding_in_the_probe(
     assert [f["code"] for f in json.loads(result.stdout)["findings"]] == []
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_fix_keeps_the_comments_above_an_import_it_removes(tmp_path):
     """--fix replaced @autocast(...) from torch.cuda.amp and removed the import, and with it the
     comment above the import."""
@@ -252,6 +264,8 @@ def test_fix_keeps_the_comments_above_an_import_it_removes(tmp_path):
     compile(text, "t.py", "exec")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_view_made_in_inference_mode_then_written_through_its_base_is_checked(tmp_path):
     """torch refuses to read the grad_fn of a view made in inference mode whose base the model then
     writes in place; the check ended in an internal error."""
@@ -267,6 +281,8 @@ def test_a_view_made_in_inference_mode_then_written_through_its_base_is_checked(
     assert json.loads(result.stdout)["capture"] == "function-mode"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_tensor_made_in_inference_mode_is_probed(tmp_path):
     """Tensors made in inference mode have no version counter: the probe's float64 pass read it to
     share copies and refused the model ("Inference tensors do not track version counter"; fuzz
@@ -282,6 +298,7 @@ def test_a_tensor_made_in_inference_mode_is_probed(tmp_path):
     assert json.loads(result.stdout)["environment"]["reference"]["dtype"] == "float64", result.stdout
 
 
+@pytest.mark.subprocess
 def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
     """Compiling a checked file printed its SyntaxWarnings (``1for``, ``"\\d"``) on preclint's stderr."""
     (tmp_path / "t.py").write_text('import torch\nx = [1for i in range(3)]\ny = "\\d"\ntorch.testing.assert_allclose(x, x)\n')
@@ -289,6 +306,7 @@ def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
     assert result.returncode == 1 and result.stderr == "", result.stderr
 
 
+@pytest.mark.subprocess
 def test_a_name_with_a_zero_width_joiner_is_a_file_that_cannot_be_parsed(tmp_path):
     """libcst builds a Name node that refuses 'x\\u200d' (CSTValidationError), which ended the run in
     an internal error; CPython refuses the character too."""
@@ -298,6 +316,8 @@ def test_a_name_with_a_zero_width_joiner_is_a_file_that_cannot_be_parsed(tmp_pat
     assert result.stdout.startswith("t.py:2:2: PCL599 Cannot parse the file: invalid non-printable character U+200D")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_model_that_fails_with_and_without_gradients_shows_the_failure_users_meet(tmp_path):
     """A model that writes into its input (refused with gradients) and then fails as users run it
     was reported with the gradient error, which sends its author the wrong way."""
@@ -310,6 +330,8 @@ def test_a_model_that_fails_with_and_without_gradients_shows_the_failure_users_m
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr and "leaf" not in result.stderr, result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_huge_expression_the_rules_would_read_is_named_not_parsed_for_minutes(tmp_path):
     """A 10,000-term sum of ``torch.tensor(1e-8)`` holds words the rules look for, so it was kept for
     libcst, whose time grows faster than quadratically with it: minutes for one file."""
@@ -344,6 +366,8 @@ def test_a_failing_case_is_kept_so_a_recheck_elsewhere_checks_the_same_bytes(tmp
     assert seen == [original]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_long_run_stops_at_its_time_budget_and_resumes(tmp_path):
     """A run given a time budget stops starting cases, logs nothing it did not finish, and the next
     run takes up the cases that are not in the log."""

@@ -87,6 +87,7 @@ def test_a_gate_broadcast_over_the_image_does_not_amplify():
     assert amplification(mul) < 3
 
 
+@pytest.mark.slow
 def test_a_real_amplifier_beside_a_gathered_bias_table_is_still_reported():
     """Scores that share a large common component amplify at the softmax; per-input gains keep that."""
     x = torch.randn(16, 49, 32)

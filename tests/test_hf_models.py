@@ -39,6 +39,7 @@ def t5_file(tmp_path, example_inputs):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example_inputs", [
     "(input_ids, None, decoder_input_ids)",  # model(input_ids, None, decoder_input_ids)
     "dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), decoder_input_ids=decoder_input_ids)",
@@ -50,6 +51,7 @@ def test_t5_with_its_inputs_as_users_write_them(capsys, tmp_path, example_inputs
     assert not any("input" in note and "drawn" in note for note in report["notes"])
 
 
+@pytest.mark.slow
 def test_bert_with_named_inputs_on_the_command_line_and_the_probe(capsys):
     report = check(capsys, TINY, "--model", "bert", "--input", "input_ids=2x16:int64",
                    "--input", "token_type_ids=2x16:int64", "--input", "attention_mask=2x16:int64:1",
@@ -75,11 +77,13 @@ def test_gpt2_with_a_dict_of_inputs(capsys, tmp_path):
     assert 0 < predicted(report) < 1e-2
 
 
+@pytest.mark.slow
 def test_vit_with_pixel_values(capsys):
     report = check(capsys, TINY, "--model", "vit", "--input", "pixel_values=1x3x32x32")
     assert 0 < predicted(report) < 1e-2
 
 
+@pytest.mark.slow
 def test_whisper_with_input_features(capsys):
     report = check(capsys, TINY, "--model", "whisper", "--input", "input_features=1x16x64",
                    "--input", "decoder_input_ids=1x4:int64")
@@ -87,6 +91,7 @@ def test_whisper_with_input_features(capsys):
     assert any("decoder_input_ids below 300" in note for note in report["notes"])
 
 
+@pytest.mark.slow
 def test_timm_model_with_a_keyword_input_traces_with_fx(capsys):
     report = check(capsys, TINY, "--model", "timm_resnet", "--input", "x=1x3x32x32")
     assert report["capture"] == "fx"

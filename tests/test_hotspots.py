@@ -48,6 +48,7 @@ def probed(build, modes=MODES):
     return report, graph, result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [gpt2, llama], ids=["gpt2", "llama"])
 def test_healthy_models_get_no_hotspot(build):
     report, graph, result = probed(build)

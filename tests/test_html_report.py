@@ -66,6 +66,7 @@ def test_check_writes_one_self_contained_page(net, capsys):
     assert "torch.backends.cuda.matmul.allow_tf32" in text  # the environment record
 
 
+@pytest.mark.slow
 def test_output_file_holds_what_stdout_would_for_every_format(net, capsys):
     for fmt in FORMATS:
         if fmt == "html":
@@ -122,6 +123,7 @@ def large_report(nodes: int = 6000) -> Report:
                   profile=profile, ledger=ledger, notes=["probe: emulated"])
 
 
+@pytest.mark.slow
 def test_a_large_model_is_one_page_of_modest_size():
     text = render(large_report(), "html")
     (data,) = page_data(text)
@@ -159,6 +161,8 @@ def open_in_browser(page: Path, tmp_path: Path, screenshot: bool = True):
     return dom.stdout, console, shot
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(chromium() is None and not os.environ.get("PRECLINT_REQUIRE_BROWSER"),
                     reason="headless Chromium (Debian: apt-get install chromium) opens the page")
 def test_the_page_opens_in_a_browser_without_errors_and_draws_its_charts(net, tmp_path, capsys):
@@ -190,6 +194,8 @@ document.body.dataset.clicks = JSON.stringify([before, expanded, collapsed, docu
 </script>"""
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(chromium() is None and not os.environ.get("PRECLINT_REQUIRE_BROWSER"),
                     reason="headless Chromium (Debian: apt-get install chromium) opens the page")
 def test_a_click_expands_a_module_and_a_finding_shows_its_node(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from tests.test_probe_cli import run, tiny  # noqa: F401  (tiny: the model file, a fixture)
 
 
+@pytest.mark.slow
 def test_top_shows_the_largest_shares_first_and_the_totals(capsys, tiny):
     code, full, err = run(capsys, "probe", tiny, "--device", "cpu", "--precision", "bf16", "--output-format", "json",
                           "--ablate", "--exit-zero")
@@ -33,6 +34,7 @@ def test_top_shows_the_largest_shares_first_and_the_totals(capsys, tiny):
         row["node"] for row in rows if row["node"] in {name for _, name in shares[:2]}]
 
 
+@pytest.mark.slow
 def test_a_negative_share_is_what_the_exact_one_node_run_measures(capsys, tiny):
     """Shares are signed on purpose: a layer whose error partly cancels the rest at the output has a
     negative share by the adjoint estimate and by the exact run that injects its error alone."""

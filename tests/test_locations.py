@@ -61,6 +61,8 @@ def _console_script() -> str:
     return str(script) if script.exists() else shutil.which("preclint")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("launcher", ["python -m preclint", "console script"])
 def test_library_location_whatever_starts_preclint(project, launcher):
     command = [sys.executable, "-m", "preclint"] if launcher == "python -m preclint" else [_console_script()]
@@ -70,6 +72,7 @@ def test_library_location_whatever_starts_preclint(project, launcher):
     assert_points_into_torchvision(_conv1_overflow(json.loads(done.stdout)))
 
 
+@pytest.mark.slow
 def test_library_model_without_user_code_keeps_its_library_location(capsys, project):
     """A torchvision model named by module (no file of the user's): the finding stays at torchvision's
     line; concise output never names preclint's or Python's own files."""

@@ -4,6 +4,7 @@ Autocast regions the model's code sets (``torch.autocast(enabled=False)``, a reg
 ``custom_fwd(cast_inputs=...)``), values it masks (``where``, ``masked_fill``, finfo.min masks that
 softmax turns into zeros) and module calls counted once in the top contributors.
 """
+import pytest
 import torch
 
 from preclint.capture.graph import capture
@@ -146,6 +147,7 @@ def test_a_region_entered_only_when_autocast_is_on_is_seen():
     assert torch.is_autocast_enabled is original  # put back after the capture
 
 
+@pytest.mark.slow
 def test_the_emulated_probe_runs_the_region_as_the_code_sets_it():
     from preclint.rules.model.integer_precision import _angles_autocast_off, _einsum_angles, _rotary
 
@@ -181,6 +183,7 @@ def _t5():
     return T5(), (torch.randint(0, 512, (2, 12)), torch.randint(0, 512, (2, 6)))
 
 
+@pytest.mark.slow
 def test_t5_masks_and_discarded_log_are_not_errors():
     """T5 takes log(0) for its relative-position buckets (dropped by torch.where) and masks attention
     with finfo(float32).min, which float16 stores as -inf and softmax turns into zeros."""

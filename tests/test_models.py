@@ -20,6 +20,7 @@ def in_range(value, low, high):
     return value is not None and low <= value <= high
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", [torchvision.models.resnet18, torchvision.models.resnet50])
 def test_resnets_trace_with_fx_and_predict_ordinary_errors(factory):
     report, graph, ctx = check(*build(factory, 1, 3, 224, 224))
@@ -45,6 +46,7 @@ def test_resnets_trace_with_fx_and_predict_ordinary_errors(factory):
     assert codes(report) == set()
 
 
+@pytest.mark.slow
 def test_resnext_grouped_convs_are_reported_for_engines_only():
     model, inputs = build(torchvision.models.resnext50_32x4d, 1, 3, 128, 128)
     report, graph, _ = check(model, inputs, precisions=("fp16", "fp16-full"))
@@ -54,6 +56,7 @@ def test_resnext_grouped_convs_are_reported_for_engines_only():
     assert graph["layer1_0_conv2"].groups == 32
 
 
+@pytest.mark.slow
 def test_mobilenet_depthwise_convs():
     model, inputs = build(torchvision.models.mobilenet_v3_small, 1, 3, 128, 128)
     report, graph, _ = check(model, inputs, precisions=("bf16-full",), select=["PCL205"])
@@ -62,6 +65,7 @@ def test_mobilenet_depthwise_convs():
     assert depthwise[0].predicted["bf16-full"].rel_error is not None
 
 
+@pytest.mark.slow
 def test_vit_b_16_is_quiet_at_default_settings():
     torch.manual_seed(0)
     model = torchvision.models.vit_b_16().eval()
@@ -75,6 +79,7 @@ def test_vit_b_16_is_quiet_at_default_settings():
         assert in_range(report.summary[mode]["predicted_output"]["rel_error"], 0.1 * u, 10 * u), mode
 
 
+@pytest.mark.slow
 def test_detector_falls_back_to_function_mode_capture():
     torch.manual_seed(0)
     model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(

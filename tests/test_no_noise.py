@@ -36,6 +36,7 @@ def _vit_b_16():
     return torchvision.models.vit_b_16(weights=None), (torch.rand(1, 3, 224, 224),)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [BY_NAME["mlp_block"].build, _normalized_stack, _vit_b_16],
                          ids=["attention-mlp-block", "layernorm-mlp-stack", "vit_b_16"])
 def test_no_finding_on_a_well_scaled_model(build):

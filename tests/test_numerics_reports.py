@@ -27,6 +27,7 @@ def resnet101_report():
     return check(model, (torch.rand(1, 3, 224, 224),), precisions=("tf32", "fp16", "bf16"), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_resnet101_overflows_fp16_in_its_late_stages(resnet101_report):
     report, graph, _ = resnet101_report
     overflow = [f for f in report.findings if f.code == "PCL101"]
@@ -76,6 +77,7 @@ def measured_autocast_error(model, x, dtype):
     return float((low - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collapse", [False, True], ids=["torchvision-like", "collapsed-channels"])
 def test_resnext_frozen_batchnorm_risk_follows_the_weights(collapse):
     model = frozen_resnext(collapse)

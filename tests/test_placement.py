@@ -1,5 +1,6 @@
 """The reference pass on the probe's device: the check's statistics come from the model's copy
 there (a GPU in use; the CPU here, through the same code), and the probe measures that copy."""
+import pytest
 import torch
 
 from preclint.config import Config
@@ -33,6 +34,7 @@ def test_statistics_from_the_device_copy_are_the_host_ones():
     assert [f.message for f in report.findings] == [f.message for f in placed_report.findings]
 
 
+@pytest.mark.slow
 def test_the_probe_measures_the_placed_copy_without_another():
     loaded, report, graph, ctx, placement = checked(
         lambda loaded: place(loaded.module, loaded.inputs, torch.device("cpu"), force=True))
@@ -41,6 +43,7 @@ def test_the_probe_measures_the_placed_copy_without_another():
     assert all(result.modes[m].output.rel_error > 0 for m in MODES)
 
 
+@pytest.mark.slow
 def test_the_backward_passes_leave_the_models_gradients_as_they_were():
     # weight gradients are dropped as they are made (never all at once: a large model's worth of
     # memory on the device); a .grad the user's model holds is kept

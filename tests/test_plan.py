@@ -150,6 +150,8 @@ def test_unknown_modules_in_a_policy_are_an_error():
         load_policy({"precision": "fp8", "keep": []})
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_importing_the_policy_does_not_import_the_analysis():
     code = ("import sys, preclint.policy; print(sorted(m for m in sys.modules if m.startswith('preclint')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
@@ -167,6 +169,7 @@ def test_onnx_patterns_match_both_exporters_names():
     assert re.match(op, "/Mul_3") and re.match(op, "/mul_1") and not re.match(op, "/layer1/Mul")
 
 
+@pytest.mark.slow
 def test_cli_json_plan_is_verified_and_matches_the_schema(capsys, tmp_path):
     code, out, err = run(capsys, "plan", MODELS, "--model", "WideLayer", "--input", "8x64", "--precision", "fp16",
                          "--rtol", "1e-2", "--atol", "1e-3", "--output-format", "json", "--device", "cpu")

@@ -37,6 +37,7 @@ def test_a_parameter_the_format_cannot_hold_is_kept_alone_at_no_cost():
     assert plan.measured["after"].finite and plan.meets_tolerance and plan.measured["runs"] == 1
 
 
+@pytest.mark.slow
 def test_a_frozen_norm_inside_a_block_keeps_its_buffer_not_the_block():
     """The block computes w * (running_var + eps).rsqrt() from its own buffers between two convs:
     the buffer reads are ops of the graph (not one constant the trace computed), so the plan names
@@ -228,6 +229,7 @@ def test_a_rounding_to_integers_is_a_decision_the_plan_predicts():
     assert plan.meets_tolerance and plan.measured["after"].flip_fraction == 0 and plan.measured["runs"] == 1
 
 
+@pytest.mark.slow
 def test_a_plan_that_meets_with_error_to_spare_is_made_cheaper_and_verified():
     """PCL103's bad example: the error model over-predicts what two convolutions beside the collapsed
     frozen batch norm add, so the first plan keeps more than the tolerance needs. The measurement

@@ -67,6 +67,8 @@ def use_hook(repo, hook: str, option: str) -> None:
         f"repos:\n- repo: {ROOT}\n  rev: {rev}\n  hooks:\n  - id: {hook}\n    {option}\n")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_source_hook_runs_without_torch_and_reports(project):
     repo, env = project
     use_hook(repo, "preclint-source", "alias: source")  # the hook as shipped: its own dependencies
@@ -85,6 +87,8 @@ def test_source_hook_runs_without_torch_and_reports(project):
     assert subprocess.run([str(pythons[0]), "-c", probe], capture_output=True, text=True).stdout.split() == ["True"] * 4
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_graph_hook_runs_in_the_users_environment(project):
     repo, env = project
     use_hook(repo, "preclint", "args: [net.py, --model, Net, --input-shape, '2,8']")

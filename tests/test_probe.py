@@ -46,6 +46,7 @@ def cnn_probe():
     return probe(model, inputs, modes=("tf32", "fp16", "bf16", "fp16-full"), options=ProbeOptions(device="cpu", ablate=True))
 
 
+@pytest.mark.slow
 def test_every_node_is_measured_in_every_mode(cnn_probe):
     _report, graph, _ctx, result = cnn_probe
     for mode, measure in result.modes.items():
@@ -106,6 +107,7 @@ def test_exact_ops_add_no_error_in_any_mode(cnn_probe):
         assert measure.nodes["_1"].local.rel_error > 0.0 or mode == "tf32", mode
 
 
+@pytest.mark.slow
 def test_reference_values_are_kept_in_float32_unless_the_ablation_needs_float64():
     from preclint.measure.copies import copy_to
     from preclint.measure.program import Program
@@ -179,6 +181,7 @@ def test_emulated_autocast_matches_a_hand_written_float16_linear():
         assert measured == pytest.approx(expected, rel=1e-3), mode
 
 
+@pytest.mark.slow
 def test_emulated_tf32_matches_a_hand_written_tf32_conv():
     torch.manual_seed(0)
     conv = nn.Conv2d(8, 8, 3).eval()
@@ -193,6 +196,7 @@ def test_emulated_tf32_matches_a_hand_written_tf32_conv():
     assert result.modes["tf32"].nodes[node.name].tf32_applied is True
 
 
+@pytest.mark.slow
 def test_emulated_tf32_follows_the_kernels_an_h200_picks():
     # depthwise convs, convs over <= 4 channels and single-row products ran without TF32 on an H200
     # (benchmarks/README.md); the emulation leaves them in float32, a dense conv gets TF32
@@ -225,6 +229,7 @@ def test_tf32_rounding_is_to_nearest_even_with_10_mantissa_bits():
     assert math.isnan(float(round_tf32(torch.tensor([float("nan")]))))
 
 
+@pytest.mark.slow
 def test_overflow_under_fp16_is_measured_and_confirms_pcl101():
     from preclint.rules.model.fp16_overflow import Fp16Overflow
 
@@ -240,6 +245,7 @@ def test_overflow_under_fp16_is_measured_and_confirms_pcl101():
     assert report.summary["fp16"]["measured_output"]["finite"] is False
 
 
+@pytest.mark.slow
 def test_decision_flips_are_measured_for_pcl301():
     from preclint.rules.model.decision_flip import DecisionFlip
 
@@ -260,6 +266,7 @@ def test_decision_flips_are_measured_for_pcl301():
             assert f.status == ("confirmed" if m.flips else "refuted")
 
 
+@pytest.mark.slow
 def test_pcl001_gets_the_smallest_passing_tolerance():
     from preclint.rules.model.output_tolerance import OutputTolerance
 
@@ -325,6 +332,7 @@ def test_out_of_memory_in_one_mode_is_a_per_mode_could_not_measure():
     assert result.modes["bf16-full"].error.startswith("out of memory")
 
 
+@pytest.mark.slow
 def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(monkeypatch):
     # on a GPU the sensitivity pass runs under bfloat16 autocast; a model that cannot must still
     # get its contributions, from a float32 pass, and the environment must say which one ran
@@ -350,6 +358,7 @@ def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(
     assert "autocast" not in result.environment["contributions"]
 
 
+@pytest.mark.slow
 def test_cuda_without_a_gpu_is_a_user_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -358,6 +367,7 @@ def test_cuda_without_a_gpu_is_a_user_error():
         probe(model, inputs, modes=("tf32",), options=ProbeOptions(device="cuda"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ablate", [False, True], ids=["float32-store", "float64-store"])
 def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops(ablate):
     # data-dependent control flow (the recorder, not FX) and an in-place ReLU that would overwrite
@@ -388,6 +398,7 @@ def test_models_fx_cannot_trace_are_probed_eagerly_with_their_in_place_ops(ablat
         assert measure.explained == pytest.approx(1.0, abs=0.15), (mode, measure.explained)
 
 
+@pytest.mark.slow
 def test_casts_a_precision_adds_keep_the_run_on_the_reference_path():
     # T5's feed-forward casts its activations to the weight's dtype only when they differ, which
     # happens under autocast and never in the reference; the ops after it (another cast among them,
@@ -415,6 +426,7 @@ def test_casts_a_precision_adds_keep_the_run_on_the_reference_path():
         assert measure.nodes[later_cast].received is not None, mode
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("traceable", [True, False], ids=["fx", "function-mode"])
 def test_values_an_in_place_op_overwrites_are_kept_as_they_were(traceable):
     # Mixtral's router: top-k weights computed in float32 (in the float64 reference too, so the store
@@ -441,6 +453,7 @@ def test_values_an_in_place_op_overwrites_are_kept_as_they_were(traceable):
         assert measure.nodes[total].local.rel_error < 1e-3, (mode, measure.nodes[total].local)
 
 
+@pytest.mark.slow
 def test_a_mask_of_minus_inf_is_no_error():
     # causal attention: the scores hold -inf in float64 too; the same -inf in a reduced run is no error
     class Causal(nn.Module):
@@ -483,6 +496,7 @@ class _BranchesWithFunctionalBatchNorm(nn.Module):
         return norm(self.a(x)) + norm(self.b(x))
 
 
+@pytest.mark.slow
 def test_a_sum_of_batch_norm_branches_overflows_as_autocast_runs_it():
     torch.manual_seed(0)
     model = _BranchesWithFunctionalBatchNorm().eval()

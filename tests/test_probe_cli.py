@@ -53,6 +53,7 @@ def run(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_check_with_probe_confirms_or_refutes_findings_in_json(capsys, tiny):
     code, out, err = run(capsys, "check", tiny, "--probe", "cpu", "--output-format", "json", "--exit-zero",
                          "--precision", "tf32,fp16-full", "--rtol", "1e-3", "--atol", "1e-5")
@@ -74,6 +75,7 @@ def test_check_with_probe_confirms_or_refutes_findings_in_json(capsys, tiny):
         assert doc["summary"][mode]["measured_output"]["rel_error"] > 0
 
 
+@pytest.mark.slow
 def test_probe_lists_every_node_with_its_ledger(capsys, tiny):
     code, out, err = run(capsys, "probe", tiny, "--device", "cpu", "--output-format", "json", "--exit-zero",
                          "--precision", "tf32,bf16")
@@ -94,6 +96,7 @@ def test_probe_lists_every_node_with_its_ledger(capsys, tiny):
     assert "gpu" not in doc["environment"] and doc["environment"]["flags"]
 
 
+@pytest.mark.slow
 def test_probe_output_is_deterministic_and_readable(capsys, tiny):
     args = ("probe", tiny, "--device", "cpu", "--exit-zero", "--precision", "fp16", "--color", "never")
     _, first, _ = run(capsys, *args)
@@ -103,6 +106,7 @@ def test_probe_output_is_deterministic_and_readable(capsys, tiny):
     assert "emulated" in first
 
 
+@pytest.mark.slow
 def test_ablate_reports_the_agreement_of_contributions(capsys, tiny):
     code, out, err = run(capsys, "probe", tiny, "--device", "cpu", "--ablate", "--output-format", "json",
                          "--exit-zero", "--precision", "bf16")
@@ -148,6 +152,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule, kind, example", CASES)
 def test_probe_rule_examples(rule, kind, example):
     report, graph, ctx = check_example(example)

@@ -10,7 +10,7 @@ from preclint.predict.error_model import terms_rms
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
 

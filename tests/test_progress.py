@@ -54,6 +54,7 @@ def test_a_terminal_sees_the_reference_pass_and_the_probe_stages(run):
     assert code == 0 and "probe: " in err
 
 
+@pytest.mark.slow
 def test_a_terminal_sees_the_plans_runs(run):
     # a tolerance bfloat16 misses without a plan: the plan is run as well
     code, err = run("plan", "net.py", "--model", "Net", "--input-shape", "2,16", "--precision", "bf16",

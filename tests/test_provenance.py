@@ -38,10 +38,12 @@ def repo(tmp_path):
     return tmp_path
 
 
+@pytest.mark.subprocess
 def test_a_clean_checkout_records_its_head(repo):
     assert provenance.provenance(repo)["commit"] == git(repo, "rev-parse", "HEAD")
 
 
+@pytest.mark.subprocess
 def test_a_changed_or_new_file_marks_the_commit_dirty(repo):
     head = git(repo, "rev-parse", "HEAD")
     (repo / "new_benchmark.py").write_text("y = 2\n")
@@ -51,6 +53,7 @@ def test_a_changed_or_new_file_marks_the_commit_dirty(repo):
     assert provenance.provenance(repo)["commit"] == head + "-dirty"
 
 
+@pytest.mark.subprocess
 def test_results_being_written_do_not_make_the_code_dirty(repo):
     (repo / "benchmarks" / "results" / "old.json").write_text('{"rewritten": true}\n')
     (repo / "benchmarks" / "results" / "new.json").write_text("{}\n")
@@ -70,6 +73,7 @@ def test_without_a_repository_the_commit_comes_from_the_launcher_or_is_none(repo
     assert provenance.provenance(nested)["commit"] == "abc1234"
 
 
+@pytest.mark.subprocess
 def test_a_run_records_the_tree_as_it_began_not_as_edited_while_it_ran(repo):
     """A benchmark writes its result at the end; a file edited meanwhile is no part of what measured."""
     (repo / "benchmarks" / "provenance.py").write_text((BENCHMARKS / "provenance.py").read_text())
@@ -109,6 +113,7 @@ def test_every_benchmark_that_writes_json_stamps_it(script):
         assert "benchmarks.provenance import" in text, f"{script.name} writes results without their provenance"
 
 
+@pytest.mark.subprocess
 def test_a_merged_measurement_keeps_the_provenance_of_the_runs_it_merges(tmp_path):
     for name, commit in (("a.json", "aaa"), ("b.json", "bbb")):
         (tmp_path / name).write_text(json.dumps({"provenance": {"commit": commit}, "machine": {}, "models": {name: {}}}))

@@ -38,6 +38,7 @@ class Logits(torch.nn.Module):
         return self.model(input_ids=input_ids).logits
 
 
+@pytest.mark.slow
 def test_gpt2_with_upcast_attention_is_measured():
     # reorder_and_upcast_attn asserts float32 attention weights, so the reference runs in float32,
     # where the norm of the causal mask (finfo(float32).min) overflows
@@ -64,6 +65,7 @@ example_inputs = {"input_ids": torch.randint(0, 256, (2, 32))}
 '''
 
 
+@pytest.mark.slow
 def test_mixture_of_experts_is_checked_and_probed(tmp_path, capsys):
     # the router normalises its float32 top-k weights in place after summing them: the reference kept
     # for the sum's operand was overwritten, its local error read as 0.84 and PCL900, dividing it by
@@ -84,6 +86,7 @@ example_inputs = {"input_ids": torch.randint(0, 256, (2, 16)), "decoder_input_id
 '''
 
 
+@pytest.mark.slow
 def test_a_weight_the_model_takes_out_of_autograd_is_no_gradient_leaf(tmp_path, capsys):
     # Pegasus's sinusoidal position table stops requiring gradients as the model runs
     assert_every_precision_measured(tmp_path, capsys, "pegasus.py", PEGASUS)

@@ -60,6 +60,7 @@ def within(predicted, measured):
     return measured / FACTOR <= predicted <= measured * FACTOR
 
 
+@pytest.mark.slow
 def test_rounding_upstream_of_a_detach_reaches_the_output(refinement):
     _graph, prediction, measure = refinement
     assert within(prediction.rel_error, measure.output.rel_error), (prediction.rel_error, measure.output.rel_error)

@@ -32,6 +32,8 @@ def probe(model, inputs, modes=("bf16",)):
 # ------------------------------------------------------------------ in-place writes and gradient hooks
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_inplace_relu_then_setitem_is_checked_not_crashed(tmp_path):
     """register_hook on a view whose base was written in place since crashed torch (SIGSEGV)."""
     path = tmp_path / "model.py"
@@ -259,6 +261,7 @@ def test_a_detector_that_finds_nothing_is_checked_and_probed():
     assert report.summary["bf16"]["measured_output"]["detections"]["reference"] == 0
 
 
+@pytest.mark.slow
 def test_the_probe_matches_detections_and_judges_decisions_by_them():
     model, inputs = _box_detector()
     report, graph, result = probe(model, inputs, modes=("fp16", "bf16"))
@@ -285,6 +288,7 @@ def test_the_probe_matches_detections_and_judges_decisions_by_them():
         assert figure.flip_fraction <= 0.2, (mode, figure)
 
 
+@pytest.mark.slow
 def test_a_torchvision_detector_is_probed():
     import torchvision
 

@@ -86,6 +86,7 @@ def _code_literals(path: pathlib.Path):
             yield node.lineno, node.value
 
 
+@pytest.mark.slow
 def test_no_code_outside_the_pack_names_a_rule_code():
     found = [f"{path.relative_to(ROOT)}:{line}: {code}"
              for path in sorted((ROOT / "preclint").rglob("*.py")) if path.relative_to(ROOT).parts[1:3] not in (("rules", "model"), ("rules", "source"))

@@ -91,6 +91,7 @@ def test_constants_are_judged_without_the_reference_pass():
 # ----------------------------------------------------------------------------------------- PCL104
 
 
+@pytest.mark.slow
 def test_positions_beyond_the_exact_range_name_the_step():
     report, _, _ = check_example(IntegerPrecision.bad[0])
     (finding,) = findings(report, "PCL104")
@@ -112,6 +113,7 @@ def test_rounding_flips_match_a_real_run():
         assert within(by_mode[mode], measured), (mode, by_mode[mode], measured)
 
 
+@pytest.mark.slow
 def test_exact_integer_arithmetic_carries_no_error():
     report, _, _ = check_example(IntegerPrecision.good[1])
     assert not findings(report, "PCL104")

@@ -31,6 +31,8 @@ def run(capsys, *args):
     return code, out, err
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_never_imports_torch_or_the_checked_code(project):
     (project / "pkg" / "m.py").write_text(AMP + "raise SystemExit('executed')\n")
     code = (

@@ -97,6 +97,7 @@ def test_glob_semantics(pattern, path, expected):
     assert glob_match(pattern, path) is expected
 
 
+@pytest.mark.slow
 def test_last_matching_pattern_wins_among_thousands(tmp_path, monkeypatch):
     """A generated .gitignore of thousands of patterns: the last one that matches decides."""
     many = "\n".join(f"generated_{i}/" for i in range(5000))

@@ -28,6 +28,8 @@ def preclint(*args, cwd, timeout=120, env=None):
 
 # ---------------------------------------------------------------------------- git
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_a_hostile_git_repository_runs_nothing(tmp_path):
     repo = tmp_path / "repo"
@@ -68,6 +70,8 @@ def test_a_hostile_git_repository_runs_nothing(tmp_path):
 
 # ---------------------------------------------------------------------------- files that are no files
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_named_py_is_skipped_not_read(project):
     (project / "pkg" / "m.py").write_text(AMP)
@@ -116,6 +120,8 @@ DEEP_FILES = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_deep_and_long_expressions_neither_crash_nor_stall(project):
     for name, (text, _) in DEEP_FILES.items():
         (project / "pkg" / f"{name}.py").write_text(text)
@@ -130,6 +136,7 @@ def test_deep_and_long_expressions_neither_crash_nor_stall(project):
             assert (path, "PCL599") not in found and (path, "PCL502") in found, name
 
 
+@pytest.mark.slow
 def test_a_deep_expression_a_rule_needs_is_checked_not_elided():
     from preclint.source.run import check_text
 
@@ -146,6 +153,8 @@ def test_check_file_is_the_in_process_entry_point(project):
     assert finding.code == "PCL502" and finding.location.path == "pkg/m.py" and finding.location.line == 5
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_null_bytes_are_a_file_preclint_cannot_check_not_an_internal_error(project):
     # Python 3.12's tokenize raised SystemError on a NUL byte; CPython refuses the file either way
     from preclint.source.run import check_file
@@ -159,6 +168,7 @@ def test_null_bytes_are_a_file_preclint_cannot_check_not_an_internal_error(proje
     assert reported["code"] == "PCL599" and "null bytes" in reported["message"]
 
 
+@pytest.mark.slow
 def test_the_guard_measures_a_broken_flat_file_without_tokenize(monkeypatch):
     # 400,000 tokens on one line that CPython cannot parse: Python 3.12's tokenize took minutes on it.
     # The guard's own scan stops as soon as a statement is past the budget.
@@ -203,6 +213,7 @@ def test_comments_are_found_in_strings_free_text_and_broken_files():
     assert lexical.string_literals('("a" \'b\'  # c\n rb"""d""")') == 3
 
 
+@pytest.mark.slow
 def test_one_fix_run_fixes_nested_calls_and_counts_what_it_applied(project, capsys):
     # the fixes inside a replaced call are carried into its replacement: no level is left for a second run
     (project / "pkg" / "m.py").write_text(

@@ -2,6 +2,8 @@
 side's own dependencies, complete, and nothing of the graph side (torch, torchvision, plotly)."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from importlib.metadata import requires
@@ -51,6 +53,7 @@ sys.exit(main(["check", "--source-only", "--no-cache", "--output-format", "conci
 """
 
 
+@pytest.mark.subprocess
 def test_the_source_side_runs_on_the_hooks_packages_alone(tmp_path):
     """`preclint check --source-only` with every installed package other than preclint and the hook's
     refused: what the hook's environment holds is enough, and torch is never imported."""

@@ -266,6 +266,7 @@ def test_pcl599_reports_the_syntax_error_position():
     assert finding.location.path == PATH and finding.location.line >= 2
 
 
+@pytest.mark.subprocess
 def test_rule_modules_do_not_import_torch():
     import subprocess
     import sys
@@ -300,6 +301,8 @@ def test_the_rules_claims_hold_in_torch():
         torch.backends.cudnn.allow_tf32 = before
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_mixing_the_tf32_apis_raises_in_torch():
     """PCL504's first claim, in a fresh interpreter (it changes process-wide state)."""
     pytest.importorskip("torch")

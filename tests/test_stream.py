@@ -54,6 +54,7 @@ def ledgers(build, modes):
             for streamed in (False, True)], graph
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build, capture", [(llama, "function-mode"), (sequential, "fx")], ids=["llama", "sequential"])
 def test_the_streamed_ledger_is_the_unstreamed_one(build, capture):
     modes = ("bf16", "bf16-full") if build is llama else ("tf32", "fp16", "fp16-full")
@@ -136,6 +137,7 @@ def test_a_backward_pass_refills_the_weights_and_their_autocast_copies():
     assert stream.remade >= sum(m.weight.numel() * 4 for m in model if isinstance(m, nn.Linear))
 
 
+@pytest.mark.slow
 def test_nothing_of_a_streamed_probe_outlives_it(capsys, tiny):
     """Autograd keeps what the stream's saved-tensor hook returns: a saved output returned as itself
     would hold its own grad_fn, a cycle through C++ that no collection frees, and with it the stream

@@ -97,6 +97,7 @@ def _run(argv, cwd, **kwargs):
                           timeout=300, **kwargs)
 
 
+@pytest.mark.subprocess
 def test_hard_stop_when_the_code_never_lets_go(tmp_path):
     script = textwrap.dedent("""
         from preclint.capture import usercode
@@ -144,6 +145,8 @@ PRINTS_AND_LEAVES_A_THREAD = """
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_exit_at_import_prints_and_threads_cannot_spoil_the_run(tmp_path):
     """One process: a model that calls os._exit(7), one that prints to stdout (Python and fd 1) and leaves
     a thread running. The JSON on stdout stays one valid document holding both, the exit code is 2, and
@@ -167,6 +170,8 @@ SLEEPS = """
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigint_exits_130_and_sigterm_143_with_one_line(tmp_path):
     procs = {}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
