@@ -27,12 +27,12 @@ from types import ModuleType, TracebackType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-import torch.hub
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from preclint.load.checkpoints import CheckpointError, assign_state_dict, meta_tensors, read_checkpoint
 from preclint.core.errors import UserError, first_line
+from preclint.load.downloads import DownloadRefused, downloads_refused
 from preclint.load.modelio import Inputs
 
 __all__ = ["LoadedModel", "load_model", "parse_shape", "parse_input"]
@@ -101,7 +101,7 @@ def load_model(
     if weights is not None:
         _check_is_file(weights, what="weights file")
 
-    with _downloads_refused():  # user code runs in here: importing, building, example_inputs()
+    with downloads_refused():  # user code runs in here: importing, building, example_inputs()
         origin, attr_in_target = _import_target(target, seed)
         if attr_in_target is not None and model is not None and attr_in_target != model:
             raise UserError(
@@ -938,39 +938,6 @@ def _weights_load_reason(exc: Exception) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# No downloads
-
-
-class _DownloadRefused(Exception):
-    """Raised in place of a torch.hub download; its message is the whole explanation."""
-
-
-@contextlib.contextmanager
-def _downloads_refused() -> Iterator[None]:
-    """Make torch.hub downloads fail while user code runs.
-
-    preclint never downloads weights, yet some zero-argument factories do by default
-    (torchvision's detection models fetch their backbone's ImageNet weights). torch.hub's
-    load_state_dict_from_url and hub.load both fetch through this one module-level function.
-    Files already in the torch.hub cache still load: that is not a download.
-    """
-
-    def refuse(url: str, *args: object, **kwargs: object) -> None:
-        raise _DownloadRefused(
-            f"it tried to download {url}; preclint never downloads weights: build the model "
-            "without pretrained weights (torchvision: weights=None, weights_backbone=None) in a "
-            "zero-argument factory, or pass a local checkpoint with --weights"
-        )
-
-    original = torch.hub.download_url_to_file
-    torch.hub.download_url_to_file = refuse
-    try:
-        yield
-    finally:
-        torch.hub.download_url_to_file = original
-
-
-# --------------------------------------------------------------------------------------------
 # Small helpers for messages and locations
 
 
@@ -1016,7 +983,7 @@ def _walk_traceback(tb: Optional[TracebackType]) -> Iterator[tuple[Any, int]]:
 
 def _quote(exc: BaseException) -> str:
     """``Type: message`` on one line, shortened; the user's exception as they would recognise it."""
-    if isinstance(exc, _DownloadRefused):
+    if isinstance(exc, DownloadRefused):
         return str(exc)
     message = " ".join(str(exc).split())
     if len(message) > _MAX_QUOTED_CHARS:
