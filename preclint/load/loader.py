@@ -23,7 +23,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -32,7 +32,8 @@ from torch.overrides import TorchFunctionMode
 
 from preclint.load.checkpoints import CheckpointError, assign_state_dict, meta_tensors, read_checkpoint
 from preclint.core.errors import UserError, first_line
-from preclint.load.downloads import DownloadRefused, downloads_refused
+from preclint.load.downloads import downloads_refused
+from preclint.load.messages import check_is_file, first_few, located, path_label, quote, quoted_list
 from preclint.load.modelio import Inputs
 
 __all__ = ["LoadedModel", "load_model", "parse_shape", "parse_input"]
@@ -41,9 +42,6 @@ __all__ = ["LoadedModel", "load_model", "parse_shape", "parse_input"]
 MODEL_ATTR = "model"
 EXAMPLE_INPUTS_ATTR = "example_inputs"
 EXAMPLE_INPUT_ARRAY_ATTR = "example_input_array"  # PyTorch Lightning's convention
-
-# Messages quote user exceptions; they are cut so the line stays readable.
-_MAX_QUOTED_CHARS = 240
 
 # Each loaded file gets its own module name, so loading two files called model.py never collides.
 _module_counter = itertools.count()
@@ -99,7 +97,7 @@ def load_model(
         specs = [InputSpec(None, _validate_shape(shape), dtype) for shape in input_shapes]
         _check_inputs_fit_in_memory(specs)
     if weights is not None:
-        _check_is_file(weights, what="weights file")
+        check_is_file(weights, what="weights file")
 
     with downloads_refused():  # user code runs in here: importing, building, example_inputs()
         origin, attr_in_target = _import_target(target, seed)
@@ -121,7 +119,7 @@ def load_model(
         if meta_tensors(module):
             # weights built on the meta device are the weights file's to give, before any run
             if weights is None:
-                raise UserError(f"{origin.label}: {_first_few(meta_tensors(module))} are on the meta device (no values); "
+                raise UserError(f"{origin.label}: {first_few(meta_tensors(module))} are on the meta device (no values); "
                                 "give the weights with --weights FILE (safetensors or a torch.save state dict)")
             _load_weights(module, weights)
             weights = None
@@ -189,8 +187,8 @@ def _looks_like_path(text: str) -> bool:
 def _import_file(path: str, seed: int) -> _Origin:
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory; expected a Python file (model.py) or package.module[:attr]")
-    _check_is_file(path, what="file")
-    label = _display_path(path)
+    check_is_file(path, what="file")
+    label = path_label(path)
     if not path.endswith(".py"):
         raise UserError(
             f"{label}: not a Python file; name the .py file that defines the model "
@@ -214,13 +212,13 @@ def _import_file(path: str, seed: int) -> _Origin:
             loader.exec_module(namespace)
     except SyntaxError as exc:
         del sys.modules[module_name]
-        where = _display_path(exc.filename) if exc.filename else label
+        where = path_label(exc.filename) if exc.filename else label
         line = f":{exc.lineno}" if exc.lineno else ""
         raise UserError(f"{where}{line}: syntax error: {exc.msg}") from None
     except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
         raise UserError(
-            f"{_located(label, abs_path, exc.__traceback__)}: importing the file failed: {_quote(exc)}"
+            f"{located(label, abs_path, exc.__traceback__)}: importing the file failed: {quote(exc)}"
         ) from None
     return _Origin(namespace=namespace, label=label, file_path=abs_path)
 
@@ -240,13 +238,13 @@ def _import_module(name: str, seed: int) -> _Origin:
     except ModuleNotFoundError as exc:
         if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
             raise UserError(f"cannot import module {name!r}: {first_line(exc) or type(exc).__name__}") from None
-        raise UserError(f"importing module {name!r} failed: {_quote(exc)}") from None
+        raise UserError(f"importing module {name!r} failed: {quote(exc)}") from None
     except SyntaxError as exc:
-        where = _display_path(exc.filename) if exc.filename else name
+        where = path_label(exc.filename) if exc.filename else name
         line = f":{exc.lineno}" if exc.lineno else ""
         raise UserError(f"{where}{line}: syntax error: {exc.msg}") from None
     except (Exception, SystemExit) as exc:
-        raise UserError(f"importing module {name!r} failed: {_quote(exc)}") from None
+        raise UserError(f"importing module {name!r} failed: {quote(exc)}") from None
     return _Origin(namespace=namespace, label=name, file_path=None)
 
 
@@ -322,7 +320,7 @@ def _find_model(origin: _Origin, seed: int) -> tuple[str, nn.Module]:
     buildable = {name: cls for name, cls in classes.items() if not _missing_arguments(cls)}
     if not buildable:
         needs = "; ".join(
-            f"{name}() needs arguments (missing: {_quoted_list(_missing_arguments(cls))})"
+            f"{name}() needs arguments (missing: {quoted_list(_missing_arguments(cls))})"
             for name, cls in classes.items()
         )
         raise UserError(
@@ -390,7 +388,7 @@ def _build(origin: _Origin, name: str, factory: Callable[[], Any], seed: int,
     missing = _missing_arguments(factory)
     if missing:
         raise UserError(
-            f"{origin.label}: {name}() needs arguments (missing: {_quoted_list(missing)}); "
+            f"{origin.label}: {name}() needs arguments (missing: {quoted_list(missing)}); "
             f"define `{MODEL_ATTR} = {name}(...)` in the file or pass --model with a zero-argument factory"
         )
     # Re-seeded per build, so a model found among several candidates has the same weights
@@ -400,8 +398,8 @@ def _build(origin: _Origin, name: str, factory: Callable[[], Any], seed: int,
         return factory()
     except (Exception, SystemExit) as exc:
         hint = " (pass --model NAME to choose another model)" if several else ""
-        where = _located(origin.label, origin.file_path, exc.__traceback__)
-        raise UserError(f"{where}: building {name}() failed: {_quote(exc)}{hint}") from None
+        where = located(origin.label, origin.file_path, exc.__traceback__)
+        raise UserError(f"{where}: building {name}() failed: {quote(exc)}{hint}") from None
 
 
 def _missing_arguments(factory: Callable[..., Any]) -> list[str]:
@@ -436,8 +434,8 @@ def _example_inputs(origin: _Origin, module: nn.Module, seed: int) -> Inputs:
             try:
                 provided = provided()
             except (Exception, SystemExit) as exc:
-                where = _located(origin.label, origin.file_path, exc.__traceback__)
-                raise UserError(f"{where}: {EXAMPLE_INPUTS_ATTR}() failed: {_quote(exc)}") from None
+                where = located(origin.label, origin.file_path, exc.__traceback__)
+                raise UserError(f"{where}: {EXAMPLE_INPUTS_ATTR}() failed: {quote(exc)}") from None
             source += "()"
         return _as_call(provided, source, pair_is_call=True)
 
@@ -620,7 +618,7 @@ def _check_unique_names(specs: Sequence[InputSpec]) -> None:
     names = [spec.name for spec in specs if spec.name is not None]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise UserError(f"--input names {_quoted_list(repeated)} more than once; give each input once")
+        raise UserError(f"--input names {quoted_list(repeated)} more than once; give each input once")
 
 
 def _drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, notes: List[str]) -> Inputs:
@@ -837,7 +835,7 @@ def _bytes(count: int) -> str:
 def _load_weights(module: nn.Module, path: str) -> None:
     """Load the weights file at ``path`` (safetensors, or a torch.save state dict) into ``module``,
     memory-mapped; a module built on the meta device takes the file's tensors (checkpoints.py)."""
-    label = _display_path(path)
+    label = path_label(path)
     try:
         checkpoint = read_checkpoint(path)
     except CheckpointError as exc:
@@ -866,7 +864,7 @@ def _load_weights(module: nn.Module, path: str) -> None:
         raise UserError(f"{label}: weights do not match the model: {_mismatch(module, state_dict, exc)}") from None
     left = meta_tensors(module)
     if left:
-        raise UserError(f"{label}: {_first_few(left)} stay on the meta device: the weights file does not hold them "
+        raise UserError(f"{label}: {first_few(left)} stay on the meta device: the weights file does not hold them "
                         "(buffers a model computes, not saves); build those on the CPU and only the weights on meta")
 
 
@@ -906,17 +904,11 @@ def _mismatch(module: nn.Module, state_dict: dict, exc: Exception) -> str:
         and state_dict[key].shape != expected[key].shape
     ]
     parts = [
-        f"{title} {_first_few(items)}"
+        f"{title} {first_few(items)}"
         for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", misshapen))
         if items
     ]
-    return "; ".join(parts) if parts else _quote(exc)
-
-
-def _first_few(items: list[str], limit: int = 3) -> str:
-    shown = ", ".join(items[:limit])
-    more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return f"{shown}{more}"
+    return "; ".join(parts) if parts else quote(exc)
 
 
 def _weights_load_reason(exc: Exception) -> str:
@@ -932,27 +924,13 @@ def _weights_load_reason(exc: Exception) -> str:
         if paragraph:
             kept.append(paragraph)
     if not kept:
-        return _quote(exc)
+        return quote(exc)
     sentence = re.match(r"(.+?\.)(?:\s|$)", kept[0])
     return sentence.group(1) if sentence else kept[0]
 
 
 # --------------------------------------------------------------------------------------------
 # Small helpers for messages and locations
-
-
-def _check_is_file(path: str, what: str) -> None:
-    if not os.path.exists(path):
-        raise UserError(f"no such {what}: {path}")
-    if os.path.isdir(path):
-        raise UserError(f"{path}: is a directory, expected a {what}")
-
-
-def _display_path(path: str) -> str:
-    """Relative to the working directory when inside it, else absolute."""
-    from preclint.text.paths import display_path
-
-    return display_path(path, inside_only=True)
 
 
 def _defining_file(module: nn.Module) -> Optional[str]:
@@ -964,36 +942,5 @@ def _defining_file(module: nn.Module) -> Optional[str]:
     return os.path.abspath(found) if found else None
 
 
-def _located(label: str, abs_path: Optional[str], tb: Optional[TracebackType]) -> str:
-    """``label:line`` of the innermost traceback frame in the user's file, else just ``label``."""
-    if abs_path is None:
-        return label
-    line = None
-    for frame, lineno in _walk_traceback(tb):
-        if os.path.abspath(frame.f_code.co_filename) == abs_path:
-            line = lineno
-    return f"{label}:{line}" if line is not None else label
-
-
-def _walk_traceback(tb: Optional[TracebackType]) -> Iterator[tuple[Any, int]]:
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
-
-
-def _quote(exc: BaseException) -> str:
-    """``Type: message`` on one line, shortened; the user's exception as they would recognise it."""
-    if isinstance(exc, DownloadRefused):
-        return str(exc)
-    message = " ".join(str(exc).split())
-    if len(message) > _MAX_QUOTED_CHARS:
-        message = message[: _MAX_QUOTED_CHARS - 1].rstrip() + "…"
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
 def _a(noun: str) -> str:
     return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
-
-
-def _quoted_list(names: list[str]) -> str:
-    return ", ".join(repr(name) for name in names)
