@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from preclint.load.checkpoints import CheckpointError, assign_state_dict, meta_tensors, read_checkpoint
 from preclint.core.errors import UserError, first_line
+from preclint.load.available_memory import format_bytes
 from preclint.load.downloads import downloads_refused
 from preclint.load.messages import check_is_file, first_few, located, path_label, quote, quoted_list
 from preclint.load.modelio import Inputs
@@ -808,8 +809,8 @@ def _check_inputs_fit_in_memory(specs: Sequence["InputSpec"]) -> None:
     if available is not None and needed > available:
         shown = " and ".join("x".join(map(str, spec.shape)) for spec in specs)
         raise UserError(
-            f"input shape {shown} needs {_bytes(needed)}, more than this machine's memory "
-            f"({_bytes(available)}); use smaller inputs"
+            f"input shape {shown} needs {format_bytes(needed)}, more than this machine's memory "
+            f"({format_bytes(available)}); use smaller inputs"
         )
 
 
@@ -818,14 +819,6 @@ def _physical_memory() -> Optional[int]:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):  # not on this platform
         return None
-
-
-def _bytes(count: int) -> str:
-    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
-    value, unit = float(count), 0
-    while value >= 1024 and unit < len(units) - 1:
-        value, unit = value / 1024, unit + 1
-    return f"{count} bytes" if unit == 0 else f"{value:.1f} {units[unit]}"
 
 
 # --------------------------------------------------------------------------------------------
