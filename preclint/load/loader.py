@@ -5,20 +5,22 @@ A target is a Python file (``model.py``, ``model.py:Net``) or an importable modu
 inputs for it, optionally load a state dict with ``weights_only=True``, and hand back a
 :class:`LoadedModel` in eval mode. Every mistake a user can make ends in one
 :class:`~preclint.core.errors.UserError` line; nothing here prints.
+
+This module is the entry point and the order of the steps; each step is a module beside it:
+``target`` (importing), ``build`` (the model), ``input_specs`` and ``drawn_inputs`` (``--input``),
+``example_inputs`` (the inputs the code provides) and ``weights``.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-import torch
 from torch import nn
 
-from preclint.load.checkpoints import CheckpointError, assign_state_dict, meta_tensors, read_checkpoint
+from preclint.load.checkpoints import meta_tensors
 from preclint.core.errors import UserError
 from preclint.load.build import build_named_model, find_model, require_initialised
 from preclint.load.downloads import downloads_refused
@@ -26,9 +28,10 @@ from preclint.load.drawn_inputs import drawn_inputs
 from preclint.load.example_inputs import check_call_fits, inputs_from_code
 from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, check_unique_names, parse_dtype,
                                       parse_input, validate_shape)
-from preclint.load.messages import check_is_file, first_few, path_label, quote
+from preclint.load.messages import check_is_file, first_few
 from preclint.load.modelio import Inputs
 from preclint.load.target import import_target
+from preclint.load.weights import load_weights
 
 __all__ = ["LoadedModel", "load_model"]
 
@@ -59,8 +62,9 @@ def load_model(
 ) -> LoadedModel:
     """Load the model named by ``target`` (and ``model``), with example inputs and optional weights.
 
-    ``inputs``: ``--input`` specifications (see :func:`~preclint.load.input_specs.parse_input`); ``input_shapes``: positional
-    inputs of ``input_dtype``. Either replaces the example inputs the code provides.
+    ``inputs``: ``--input`` specifications (see :func:`~preclint.load.input_specs.parse_input`);
+    ``input_shapes``: positional inputs of ``input_dtype``. Either replaces the example inputs the
+    code provides.
     """
     # Validate the cheap arguments first, so a typo in a flag fails before any user code runs.
     dtype = parse_dtype(input_dtype)
@@ -98,7 +102,7 @@ def load_model(
             if weights is None:
                 raise UserError(f"{origin.label}: {first_few(meta_tensors(module))} are on the meta device (no values); "
                                 "give the weights with --weights FILE (safetensors or a torch.save state dict)")
-            _load_weights(module, weights)
+            load_weights(module, weights)
             weights = None
         notes: List[str] = []
         if specs is not None:
@@ -108,7 +112,7 @@ def load_model(
         notes.extend(check_call_fits(module, call, origin.label))
 
     if weights is not None:
-        _load_weights(module, weights)
+        load_weights(module, weights)
 
     return LoadedModel(
         module=module,
@@ -120,111 +124,6 @@ def load_model(
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Weights
-
-
-def _load_weights(module: nn.Module, path: str) -> None:
-    """Load the weights file at ``path`` (safetensors, or a torch.save state dict) into ``module``,
-    memory-mapped; a module built on the meta device takes the file's tensors (checkpoints.py)."""
-    label = path_label(path)
-    try:
-        checkpoint = read_checkpoint(path)
-    except CheckpointError as exc:
-        raise UserError(f"{label}: {exc}") from None
-    except Exception as exc:
-        raise UserError(
-            f"{label}: cannot be loaded with weights_only=True ({_weights_load_reason(exc)}); "
-            "save a plain state dict with torch.save(model.state_dict(), path)"
-        ) from None
-
-    state_dict = _state_dict_in(checkpoint)
-    if state_dict is None:
-        raise UserError(
-            f"{label}: holds a {type(checkpoint).__name__}, not a state dict "
-            "(or a dict with a 'state_dict' or 'model' entry holding one)"
-        )
-    state_dict = _strip_data_parallel_prefix(state_dict, module)
-
-    try:
-        if meta_tensors(module):
-            assign_state_dict(module, state_dict)
-        else:
-            module.load_state_dict(state_dict, strict=True)
-    except Exception as exc:
-        # The module is partly loaded now; raising means it never reaches the caller.
-        raise UserError(f"{label}: weights do not match the model: {_mismatch(module, state_dict, exc)}") from None
-    left = meta_tensors(module)
-    if left:
-        raise UserError(f"{label}: {first_few(left)} stay on the meta device: the weights file does not hold them "
-                        "(buffers a model computes, not saves); build those on the CPU and only the weights on meta")
-
-
-def _state_dict_in(checkpoint: Any) -> Optional[dict]:
-    if not isinstance(checkpoint, dict):
-        return None
-    for key in ("state_dict", "model"):  # Lightning and many training scripts nest it
-        nested = checkpoint.get(key)
-        if isinstance(nested, dict):
-            return nested
-    if all(isinstance(key, str) for key in checkpoint):
-        return checkpoint
-    return None
-
-
-def _strip_data_parallel_prefix(state_dict: dict, module: nn.Module) -> dict:
-    """Checkpoints saved from DataParallel/DDP prefix every key with 'module.'; drop it."""
-    prefix = "module."
-    if all(key.startswith(prefix) for key in state_dict) and not any(
-        key.startswith(prefix) for key in module.state_dict()
-    ):
-        return {key[len(prefix):]: value for key, value in state_dict.items()}
-    return state_dict
-
-
-def _mismatch(module: nn.Module, state_dict: dict, exc: Exception) -> str:
-    """One line naming the first few missing, unexpected and misshapen keys."""
-    expected = module.state_dict()
-    missing = [key for key in expected if key not in state_dict]
-    unexpected = [key for key in state_dict if key not in expected]
-    misshapen = [
-        f"{key} {tuple(state_dict[key].shape)} vs {tuple(expected[key].shape)} in the model"
-        for key in expected
-        if key in state_dict
-        and isinstance(state_dict[key], torch.Tensor)
-        and isinstance(expected[key], torch.Tensor)
-        and state_dict[key].shape != expected[key].shape
-    ]
-    parts = [
-        f"{title} {first_few(items)}"
-        for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", misshapen))
-        if items
-    ]
-    return "; ".join(parts) if parts else quote(exc)
-
-
-def _weights_load_reason(exc: Exception) -> str:
-    """The reason in torch's weights_only message, whole: its first sentence after the boilerplate
-    (the change of default in 2.6, "Please file an issue", "Check the documentation")."""
-    kept = []
-    for paragraph in re.split(r"\n\s*\n", str(exc)):
-        paragraph = " ".join(paragraph.split())
-        if "WeightsUnpickler error:" in paragraph:
-            paragraph = paragraph.split("WeightsUnpickler error:", 1)[1].strip()
-        elif paragraph.startswith(("Weights only load failed", "Check the documentation")):
-            continue
-        if paragraph:
-            kept.append(paragraph)
-    if not kept:
-        return quote(exc)
-    sentence = re.match(r"(.+?\.)(?:\s|$)", kept[0])
-    return sentence.group(1) if sentence else kept[0]
-
-
-# --------------------------------------------------------------------------------------------
-# Small helpers for messages and locations
-
-
 def _defining_file(module: nn.Module) -> Optional[str]:
     """The file that defines the model's class, for module targets (torchvision/models/resnet.py)."""
     try:
@@ -232,5 +131,3 @@ def _defining_file(module: nn.Module) -> Optional[str]:
     except (TypeError, OSError):
         return None
     return os.path.abspath(found) if found else None
-
-
