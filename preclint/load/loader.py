@@ -53,6 +53,7 @@ class LoadedModel:
 
 def load_model(
     target: str,
+    *,
     model: Optional[str] = None,
     input_shapes: Optional[Sequence[Sequence[int]]] = None,
     input_dtype: str = "float32",
