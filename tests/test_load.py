@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from preclint.core.errors import UserError
-from preclint.load.loader import LoadedModel, load_model, parse_input, parse_shape
+from preclint.load.input_specs import parse_input, parse_shape
+from preclint.load.loader import LoadedModel, load_model
 
 MODELS = Path(__file__).parent / "models"
 
