@@ -22,12 +22,12 @@ import signal
 import struct
 import time
 import zipfile
-from typing import List
+from typing import Dict
 
 from benchmarks.fuzz.attack_oracle import judge_attack
 from benchmarks.fuzz.oracle import Checked, Verdict
 
-SLEEP = 30  # seconds a model's child process sleeps, holding stdout
+SLEEP = 20  # seconds a model's child process sleeps, holding stdout
 
 
 def plain_model(forward: str = "return self.fc(x * 1e5)", top: str = "", init: str = "") -> str:
@@ -176,7 +176,7 @@ def checkpoint(case, directory: str) -> Checked:
 
 def fork_model(variant: str, pids: str, sleep: int = SLEEP) -> str:
     """The model file of a ``fork`` variant: its child appends its pid to ``pids`` and sleeps."""
-    record = f"open({pids!r}, 'a').write(str(os.getpid()) + '\\n')"
+    record = f"open({pids!r}, 'a').write(f'{{os.getpid()}} {{time.time()}}\\n')"
     child = f"{record}\ntime.sleep({sleep})"
     if variant == "import-fork":
         top = "import os, time\nif os.fork() == 0:\n" + _indent(child + "\nos._exit(0)", 4)
@@ -221,8 +221,10 @@ def fork(case, directory: str) -> Checked:
     write(directory, "m.py", fork_model(case.variant, pids_file))
     argv = ["check", "m.py", "--output-format", "concise"]
     result = run(argv, directory)
+    ended = time.time()
     time.sleep(1.0)  # the run's own clean-up of what the model started, if it makes one
-    pids = _pids(pids_file)
+    started = _pids(pids_file)
+    pids = sorted(started)
     survivors = [p for p in pids if _alive(p)]
     for pid in survivors:  # the model's processes, started by this case: ours to end
         try:
@@ -230,19 +232,21 @@ def fork(case, directory: str) -> Checked:
         except ProcessLookupError:
             pass
     verdict = judge_attack(result, argv, {0, 1})
-    if verdict.ok and pids and result.seconds > SLEEP - 2:
+    if verdict.ok and any(ended - result.held_open >= start + SLEEP - 1 for start in started.values()):
         verdict = Verdict("held-stdout", f"the run ended only when the model's child did ({result.seconds:.0f} s)")
     if verdict.ok and survivors:
         verdict = Verdict("survivor", f"{len(survivors)} of the {len(pids)} processes the model started outlived the run")
     return Checked(verdict, result, extra={"pids": pids})
 
 
-def _pids(path: str) -> List[int]:
+def _pids(path: str) -> Dict[int, float]:
+    """The pids the model's processes wrote, and when each started (time.time())."""
     try:
         with open(path) as f:
-            return [int(line) for line in f.read().split() if line.isdigit()]
+            rows = [line.split() for line in f.read().splitlines()]
     except OSError:
-        return []
+        return {}
+    return {int(row[0]): float(row[1]) for row in rows if len(row) == 2 and row[0].isdigit()}
 
 
 # ------------------------------------------------------------------------------------ nondeterminism

@@ -46,7 +46,7 @@ from benchmarks.fuzz.oracle import Checked
 
 SOURCE_TIMEOUT = 60.0  # seconds of wall clock for a --source-only run
 GRAPH_TIMEOUT = 150.0  # for a run that imports torch and the model (a tiny one: seconds, on a busy machine a minute)
-HANG_TIMEOUT = 30.0  # where the attack is a hang (a FIFO), the extra seconds past a run's usual time
+HANG_TIMEOUT = 20.0  # where the attack is a hang (a FIFO), the extra seconds past a run's usual time
 MEMORY_MB = 2048
 FORMATS = ("full", "concise", "github", "json", "sarif", "rdjson", "html")
 
