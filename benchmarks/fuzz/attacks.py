@@ -116,7 +116,7 @@ def attack_case(seed: int) -> AttackCase:
     elif attack == "exclude":
         params["graph"] = rng.random() < 0.3
     elif attack == "slow-growth":
-        params["n"] = rng.choice((100, 150))
+        params["n"] = rng.choice((150, 200))
     elif attack == "fix-unwritable":
         params["directory"] = rng.random() < 0.5
     elif attack == "nondeterministic":
