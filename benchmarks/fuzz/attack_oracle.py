@@ -56,6 +56,7 @@ class LimitedRun(Run):
     max_rss_mb: float = 0.0
     held_open: float = 0.0  # seconds stdout/stderr stayed open after preclint ended (the grace, if never closed)
     memory_mb: int = 0  # the limit it ran under
+    pid: int = 0  # its pid, the id of its process group
 
 
 def _limits(memory_mb: int):
@@ -67,12 +68,13 @@ def _limits(memory_mb: int):
 
 
 def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory_mb: int = 2048,
-                env: Optional[Dict[str, str]] = None, grace: float = 3.0) -> LimitedRun:
+                env: Optional[Dict[str, str]] = None, grace: float = 3.0, end_group: bool = True) -> LimitedRun:
     """``python -m preclint ARGV`` in ``cwd``, in a session of its own, its data segment limited to
     ``memory_mb`` (RLIMIT_DATA: torch maps far more address space than it touches, so RLIMIT_AS
     would refuse its import); killed with its process group past ``timeout`` seconds of wall clock.
     stdout and stderr are read until they close; a pipe still open ``grace`` seconds after preclint
-    ended is given up on (``held_open``)."""
+    ended is given up on (``held_open``). With ``end_group``, what it left in its process group is
+    killed afterwards; without, the caller looks at it first (and ends it)."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                    **(env or {})}
     start = time.monotonic()
@@ -82,9 +84,9 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
     streams = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
     open_fds = set(streams)
     status = usage = None
-    ended = None
+    ended = 0.0
     timed_out = False
-    while open_fds:
+    while True:
         now = time.monotonic()
         if status is None:
             pid, raw, rusage = os.wait4(proc.pid, os.WNOHANG)
@@ -92,11 +94,14 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
                 status, usage, ended = raw, rusage, now
             elif now - start > timeout:
                 timed_out = True
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 _, status, usage = os.wait4(proc.pid, 0)
                 ended = time.monotonic()
-        elif now - ended > grace:
+        elif not open_fds or now - ended > grace:
             break
+        if not open_fds:  # it closed both and runs on
+            time.sleep(0.05)
+            continue
         ready, _, _ = select.select(list(open_fds), [], [], 0.05)
         for fd in ready:
             chunk = os.read(fd, 1 << 16)
@@ -104,21 +109,19 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
                 streams[fd].append(chunk)
             else:
                 open_fds.discard(fd)
-    held = (time.monotonic() - ended) if open_fds and ended is not None else 0.0
-    if status is None:  # both pipes closed before it ended
-        _, status, usage = os.wait4(proc.pid, 0)
-        ended = time.monotonic()
+    held = time.monotonic() - ended if open_fds else 0.0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    _kill_group(proc.pid)  # whatever it left in its group
+    if end_group:
+        kill_group(proc.pid)
     proc.stdout.close()
     proc.stderr.close()
     out, err = (b"".join(chunks).decode("utf-8", "replace") for chunks in streams.values())  # stdout first
     return LimitedRun(None if timed_out else proc.returncode, out, err, ended - start,
                       cpu=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024, held_open=held,
-                      memory_mb=memory_mb)
+                      memory_mb=memory_mb, pid=proc.pid)
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -219,16 +222,17 @@ class _Parser(HTMLParser):
             self._data.append(data)
 
 
-def _strings(value) -> Iterable[str]:
+def strings(value) -> Iterable[str]:
+    """Every string in a JSON value, keys included."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _strings(k)
-            yield from _strings(v)
+            yield from strings(k)
+            yield from strings(v)
     elif isinstance(value, list):
         for v in value:
-            yield from _strings(v)
+            yield from strings(v)
 
 
 def html_problem(text: str, markers: Collection[str]) -> Optional[str]:
@@ -252,7 +256,7 @@ def html_problem(text: str, markers: Collection[str]) -> Optional[str]:
                 data = json.loads(body)
             except ValueError as exc:
                 return f"the report's data does not parse: {exc}"
-            for s in _strings(data):
+            for s in strings(data):
                 if marked(s) and _PLOTLY_TAG.search(s):
                     return f"a chart label plotly draws as HTML: {s[:100]!r}"
         elif marked(body):
