@@ -214,11 +214,11 @@ def source_or_graph(case: AttackCase, directory: str) -> List[str]:
 
 
 def run(argv: Sequence[str], directory: str, env: Optional[Dict[str, str]] = None,
-        timeout: Optional[float] = None) -> LimitedRun:
+        timeout: Optional[float] = None, end_group: bool = True) -> LimitedRun:
     if timeout is None:
         timeout = SOURCE_TIMEOUT if "--source-only" in argv else GRAPH_TIMEOUT
     return run_limited(argv, directory, timeout=timeout, memory_mb=MEMORY_MB,
-                       env={**cache_env(directory), **(env or {})})
+                       env={**cache_env(directory), **(env or {})}, end_group=end_group)
 
 
 # ------------------------------------------------------------------------------------ names
