@@ -1,4 +1,5 @@
-"""The long fuzz run: ``python -m benchmarks.fuzz --models 10000 --sources 10000``.
+"""The long fuzz run: ``python -m benchmarks.fuzz --models 10000 --sources 10000`` (and ``--attacks N``,
+the attack family of benchmarks.fuzz.attacks, summarised per class of attack).
 
 Cases ``model-0`` ... ``model-{N-1}`` and ``source-0`` ... ``source-{M-1}`` are handed, one at a time,
 to worker processes (``--jobs``), each of which checks many cases in process (preclint's guard and a
@@ -238,6 +239,8 @@ def latest(entries: List[Dict[str, object]]) -> Dict[str, Dict[str, object]]:
 
 
 def summarize(entries: List[Dict[str, object]], meta: Dict[str, object]) -> Dict[str, object]:
+    from benchmarks.fuzz.attacks import attack_summary
+
     state = latest(entries)
     inputs: Dict[str, collections.Counter] = {"model": collections.Counter(), "source": collections.Counter()}
     tried = collections.Counter()
@@ -271,6 +274,7 @@ def summarize(entries: List[Dict[str, object]], meta: Dict[str, object]) -> Dict
         "failures_by_class": dict(sorted(by_class.items())),
         "failures": sorted(signatures.values(), key=lambda s: (-int(s["still_failing"]), str(s["class"]), -int(s["cases"]))),
         "open": sum(int(s["still_failing"]) for s in signatures.values()),
+        **({"attacks": attack_summary(list(state.values()))} if tried.get("attack") else {}),
     }
 
 
@@ -280,6 +284,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=0, help="model cases model-0 .. model-(N-1)")
     parser.add_argument("--sources", type=int, default=0, help="source cases source-0 .. source-(N-1)")
+    parser.add_argument("--attacks", type=int, default=0, help="attack cases attack-0 .. attack-(N-1)")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--corpus", choices=("own", "installed", "both"), default="both",
@@ -288,6 +293,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the summary (JSON)")
     parser.add_argument("--model-timeout", type=float, default=300.0, help="CPU seconds for one model case")
     parser.add_argument("--source-timeout", type=float, default=120.0, help="CPU seconds for one source case")
+    parser.add_argument("--attack-timeout", type=float, default=300.0, help="CPU seconds for one attack case")
     parser.add_argument("--recheck", action="store_true",
                         help="run the cases that failed again (the kept copies under STATE/cases where there are)")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
@@ -315,6 +321,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         wanted_sources = [f"source-{i}" for i in range(args.first, args.first + args.sources)]
         # interleaved, so that both kinds progress together
         names = [n for pair in _zip_longest(wanted, wanted_sources) for n in pair if n and n not in state]
+        names += [n for n in (f"attack-{i}" for i in range(args.first, args.first + args.attacks)) if n not in state]
     from benchmarks.provenance import run_provenance
 
     meta = {"provenance": run_provenance(),
@@ -328,7 +335,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     harness = Harness(jobs=args.jobs, corpus=args.corpus, scratch=scratch, log_path=log_path, recycle=args.recycle,
                       slack=args.slack, kept=args.state / "cases", use_kept=args.recheck,
                       deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
-                      timeouts={"model": args.model_timeout, "source": args.source_timeout})
+                      timeouts={"model": args.model_timeout, "source": args.source_timeout,
+                                "attack": args.attack_timeout})
     counts = collections.Counter()
     start = time.monotonic()
     # a run in the background (nohup, &) ignores SIGINT: SIGTERM stops it as cleanly

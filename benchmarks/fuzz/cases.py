@@ -1,9 +1,10 @@
 """Case names to cases, and one case checked: what a worker process of the long run does, and what
 tests/test_fuzz.py does for its fixed sample.
 
-A case is named ``model-SEED`` or ``source-SEED``; the name alone rebuilds it on the same machine (the
-source corpus is fixed per run: ``own`` files, ``installed`` test files, or ``both``; installed files
-differ between machines, hence the kept copies of failing cases: ``kept_path``).
+A case is named ``model-SEED``, ``source-SEED`` or ``attack-SEED`` (benchmarks.fuzz.attacks); the name
+alone rebuilds it on the same machine (the source corpus is fixed per run: ``own`` files, ``installed``
+test files, or ``both``; installed files differ between machines, hence the kept copies of failing
+cases: ``kept_path``).
 """
 from __future__ import annotations
 
@@ -41,11 +42,16 @@ def build(name: str, corpus_kind: str = "both"):
         from benchmarks.fuzz.sources import source_case
 
         return source_case(int(seed), corpus(corpus_kind))
+    if kind == "attack":
+        from benchmarks.fuzz.attacks import attack_case
+
+        return attack_case(int(seed))
     raise ValueError(f"unknown case {name!r}")
 
 
 def check(case, scratch: Optional[str] = None) -> Checked:
-    """Run one case (model or source) in a fresh directory under ``scratch`` and judge it."""
+    """Run one case (model, source or attack) in a fresh directory under ``scratch`` and judge it."""
+    from benchmarks.fuzz.attacks import AttackCase, check_attack_case
     from benchmarks.fuzz.models import Case
     from benchmarks.fuzz.oracle import check_model_case
     from benchmarks.fuzz.sources import check_source_case
@@ -54,6 +60,8 @@ def check(case, scratch: Optional[str] = None) -> Checked:
     try:
         if isinstance(case, Case):
             return check_model_case(case, directory)
+        if isinstance(case, AttackCase):
+            return check_attack_case(case, directory)
         return check_source_case(case, directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
