@@ -15,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
-import os
 import re
 import sys
-import sysconfig
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -36,89 +34,13 @@ except ImportError:  # pragma: no cover
 
 from preclint.capture import autocast_regions, ops
 from preclint.capture.autograd_state import release_autograd_state, tensors_with_history
+from preclint.capture.frames import model_frames_from_trace, model_frames_on_stack
 from preclint.capture.model_error import ModelRunError
 from preclint.core.errors import UserError, one_line
-from preclint.core.findings import Location
 from preclint.core.ir import Graph, Kind, Node
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.capture.observer import Observer
 from preclint.capture.trees import leaves
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.split(".", 1)[0]].__file__)) + os.sep  # the package, all stages
-_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
-_FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
-
-
-def _in_library(path: str) -> bool:
-    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
-
-
-def _is_model_code(path: str) -> bool:
-    """Whether a frame's file is code of the model (the user's or a library's such as torchvision or
-    transformers), not torch's own machinery, Python's standard library or generated code."""
-    if path.startswith("<"):  # <frozen runpy>, <string>, <eval_with_key.3>: no file to point at
-        return False
-    path = os.path.abspath(path)
-    if path.startswith(_TORCH_DIR) or path.startswith(_PRECLINT_DIR):
-        return False
-    return _in_library(path) or not path.startswith(_STDLIB_DIRS)
-
-
-def is_internal_file(path: str) -> bool:
-    """Whether a source file belongs to torch, preclint or an installed library rather than to the user."""
-    path = os.path.abspath(path)
-    torchvision = sys.modules.get("torchvision")
-    if torchvision is not None and path.startswith(os.path.dirname(os.path.abspath(torchvision.__file__)) + os.sep):
-        return True
-    return not _is_model_code(path) or _in_library(path)
-
-
-def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
-    """The frames of the model's code in an FX stack trace, innermost first: the frames inside the
-    innermost preclint frame (outside it is whoever ran preclint: its console script, runpy, a test),
-    less torch's own and generated code. The first is the line that made the op."""
-    if not stack_trace:
-        return ()
-    frames = _FRAME_RE.findall(stack_trace)  # outermost first
-    # the innermost frames are FX's and the tracer's own (preclint's tracer records the op's region)
-    while frames and not _is_model_code(frames[-1][0]):
-        frames.pop()
-    entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
-    inner = frames[entered[-1] + 1:] if entered else frames
-    return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
-
-
-# A frame's file, classified once: (preclint's own, the model's code). Every recorded op of every
-# pass walks the stack (30 frames deep in a transformer); normalising each frame's path again made
-# this walk a third of the probe's time on a Llama.
-_FILE_CLASSES: Dict[str, Tuple[bool, bool]] = {}
-
-
-def _file_class(path: str) -> Tuple[bool, bool]:
-    found = _FILE_CLASSES.get(path)
-    if found is None:
-        found = _FILE_CLASSES[path] = (os.path.abspath(path).startswith(_PRECLINT_DIR), _is_model_code(path))
-    return found
-
-
-def _model_frames() -> Tuple[Location, ...]:
-    """The frames of the model's code that led to the running op, innermost first (as above), read
-    from the live stack: past preclint's own frames (the hook that calls this), up to the next one
-    (capture, which called the model)."""
-    frame = sys._getframe(1)
-    while frame is not None and _file_class(frame.f_code.co_filename)[0]:
-        frame = frame.f_back
-    found = []
-    while frame is not None:
-        path = frame.f_code.co_filename
-        own, model = _file_class(path)
-        if own:
-            break
-        if model:
-            found.append(Location(path, frame.f_lineno, 1))
-        frame = frame.f_back
-    return tuple(found)
 
 
 def _display_target(target: Any, call: str) -> str:
@@ -632,7 +554,7 @@ class _Recorder(TorchFunctionMode):
             path = self.paths.get(id(module), "")
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
-            frames = _model_frames() if self.locate else ()
+            frames = model_frames_on_stack() if self.locate else ()
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
                         module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
                         stack=frames,
@@ -675,7 +597,7 @@ class _Recorder(TorchFunctionMode):
             target = f"Tensor.{getattr(func, '__name__', fn)}"
         else:
             target = _display_target(func, "call_function")
-        frames = _model_frames() if self.locate else ()
+        frames = model_frames_on_stack() if self.locate else ()
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
