@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover
 
 from preclint.capture import autocast_regions, ops
 from preclint.capture.autograd_state import release_autograd_state, tensors_with_history
+from preclint.capture.calls import call_attrs, direct_params, display_target, scalar_args, set_reduction_length
 from preclint.capture.frames import model_frames_from_trace, model_frames_on_stack
 from preclint.capture.model_error import ModelRunError
 from preclint.core.errors import UserError, one_line
@@ -41,114 +42,6 @@ from preclint.core.ir import Graph, Kind, Node
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.capture.observer import Observer
 from preclint.capture.trees import leaves
-
-
-def _display_target(target: Any, call: str) -> str:
-    if call == "call_method":
-        return f"Tensor.{target}"
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__name__", str(target))
-    if module.startswith("torch.nn.functional"):
-        return f"F.{name}"
-    if module in ("_operator", "operator"):
-        return f"operator.{name}"
-    if module.startswith("torchvision"):
-        return f"torchvision.ops.{name}"
-    if module.startswith("torch") or module == "" or "torch._C" in module:
-        return f"torch.{name}"
-    return f"{module}.{name}"
-
-
-def _scalar_args(args, kwargs, skip_first: bool) -> Dict[str, float]:
-    scalars = {}
-    for i, value in enumerate(args):
-        if i == 0 and skip_first:
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            scalars[f"arg{i}"] = float(value)
-    for key, value in kwargs.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            scalars[key] = float(value)
-    return scalars
-
-
-def _call_attrs(fn: str, kind: str, args, kwargs) -> Dict[str, Any]:
-    attrs: Dict[str, Any] = {}
-    dim = kwargs.get("dim", kwargs.get("axis"))
-    if dim is None and kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX, Kind.DECISION) and len(args) > 1:
-        candidate = args[1]
-        if isinstance(candidate, int) or (isinstance(candidate, (tuple, list)) and all(isinstance(d, int) for d in candidate)):
-            dim = candidate
-    if isinstance(dim, (int, tuple, list)):
-        attrs["dim"] = tuple(dim) if isinstance(dim, list) else dim
-    if kind == Kind.DECISION and fn == "topk":
-        k = kwargs.get("k", args[1] if len(args) > 1 else None)
-        if isinstance(k, int):
-            attrs["k"] = k
-        attrs.pop("dim", None)
-        d = kwargs.get("dim", args[2] if len(args) > 2 else -1)
-        if isinstance(d, int):
-            attrs["dim"] = d
-    if kind == Kind.CONV:
-        groups = kwargs.get("groups", args[6] if len(args) > 6 else None)
-        if isinstance(groups, int):
-            attrs["groups"] = groups
-    for position, key in ((3, "stride"), (4, "padding"), (5, "dilation")):
-        value = kwargs.get(key, args[position] if kind == Kind.CONV and len(args) > position else None)
-        if isinstance(value, int):
-            value = (value,)
-        if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
-            attrs[key] = tuple(value)
-    if kwargs.get("inplace"):
-        attrs["inplace"] = True
-    for key in ("dtype",):
-        if key in kwargs and isinstance(kwargs[key], torch.dtype):
-            attrs["dtype"] = str(kwargs[key]).replace("torch.", "")
-    for value in args:
-        if isinstance(value, torch.dtype):
-            attrs["dtype"] = str(value).replace("torch.", "")
-    return attrs
-
-
-_INPLACE_DUNDERS = frozenset({"__setitem__", "setitem", "__iadd__", "__isub__", "__imul__", "__itruediv__",
-                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
-                              "__ilshift__", "__irshift__", "iadd", "isub", "imul", "itruediv"})
-
-
-def is_inplace_call(callee, kwargs) -> bool:
-    """Whether this call writes into its first argument (a module with inplace=True, add_, setitem)."""
-    if kwargs.get("inplace") is True:
-        return True
-    if isinstance(callee, torch.nn.Module):
-        return getattr(callee, "inplace", None) is True
-    name = callee if isinstance(callee, str) else getattr(callee, "__name__", "")
-    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
-
-
-def _direct_params(module: torch.nn.Module, path: str) -> Tuple[str, ...]:
-    names = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
-    prefix = f"{path}." if path else ""
-    return tuple(prefix + n for n in names)
-
-
-def _shape(value) -> Optional[Tuple[int, ...]]:
-    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
-
-
-def _set_reduction_length(node: Node, args, kwargs, callee) -> None:
-    """K of a dot product or N of a reduction, from the shapes the op really got."""
-    in_shapes = [_shape(a) for a in args if isinstance(a, torch.Tensor)]
-    if isinstance(callee, torch.nn.Module):
-        weight = getattr(callee, "weight", None)
-        if isinstance(weight, torch.Tensor):
-            in_shapes = in_shapes[:1] + [tuple(weight.shape)]
-    if node.kind == Kind.CONV and "kernel_size" not in node.attrs and len(in_shapes) >= 2 and in_shapes[1]:
-        # a functional conv: its geometry is in the weight's shape (out, in/groups, *kernel)
-        weight = in_shapes[1]
-        node.attrs["kernel_size"] = tuple(weight[2:])
-        node.attrs["in_channels"] = weight[1] * (node.groups or 1)
-        node.attrs["out_channels"] = weight[0]
-    node.reduction_length = ops.reduction_length(node.kind, node.fn, node.attrs, in_shapes, None)
 
 
 # ---------------------------------------------------------------------------------------------- FX
@@ -274,19 +167,19 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
         return Node(node.name, kind, f"nn.{type(sub).__name__}", fn=fn, module_path=str(node.target),
                     reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
                     module_type=type(sub).__name__, location=location, stack=frames, inputs=inputs, attrs=attrs,
-                    params=_direct_params(sub, str(node.target)), groups=attrs.get("groups"),
+                    params=direct_params(sub, str(node.target)), groups=attrs.get("groups"),
                     scalars={k: float(v) for k, v in attrs.items() if k == "eps"}, autocast=region)
     fn, inplace = ops.function_name(node.target)
     kind = ops.classify_function(fn)
     if _builds_container(node.target):  # FX records a dataclass or named tuple output as its constructor call
         kind = Kind.SHAPE
     args, kwargs = node.args, dict(node.kwargs)
-    attrs = _call_attrs(fn, kind, args, kwargs)
+    attrs = call_attrs(fn, kind, args, kwargs)
     if inplace:
         attrs["inplace"] = True
-    return Node(node.name, kind, _display_target(node.target, node.op), fn=fn, module_path=owner_path,
+    return Node(node.name, kind, display_target(node.target, node.op), fn=fn, module_path=owner_path,
                 module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
-                scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
+                scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
 
 
 def _builds_container(target: Any) -> bool:
@@ -359,7 +252,7 @@ class FxRunner(fx.Interpreter):
             else:
                 result = getattr(self, n.op)(n.target, args, kwargs)
             if self.record:
-                _set_reduction_length(node, args, kwargs, callee)
+                set_reduction_length(node, args, kwargs, callee)
             return self.observer(node, args, kwargs, callee, result)
 
 
@@ -510,7 +403,7 @@ class _Recorder(TorchFunctionMode):
 
     def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
         with _Unrecorded(self):
-            _set_reduction_length(node, args, kwargs, callee)
+            set_reduction_length(node, args, kwargs, callee)
             output = self.observer(node, args, kwargs, callee, output)
         self.nodes.append(node)
         for v in leaves(output):
@@ -558,7 +451,7 @@ class _Recorder(TorchFunctionMode):
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
                         module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
                         stack=frames,
-                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=_direct_params(module, path),
+                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=direct_params(module, path),
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
                         autocast=autocast_regions.current())
             self.observer.rename(probe, node.name)
@@ -586,7 +479,7 @@ class _Recorder(TorchFunctionMode):
         owner_path, owner_type = self._calling_module()
         is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
             getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
-        attrs = _call_attrs(fn, kind, args, kwargs)
+        attrs = call_attrs(fn, kind, args, kwargs)
         if inplace:
             attrs["inplace"] = True
         if kind == Kind.ELEMENTWISE and self._reads_float_constant((args, kwargs)):
@@ -596,11 +489,11 @@ class _Recorder(TorchFunctionMode):
         elif is_method:
             target = f"Tensor.{getattr(func, '__name__', fn)}"
         else:
-            target = _display_target(func, "call_function")
+            target = display_target(func, "call_function")
         frames = model_frames_on_stack() if self.locate else ()
         node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
-                    scalars=_scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
+                    scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
                     autocast=pending.autocast)
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None

@@ -13,7 +13,7 @@ import torch
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
-from preclint.capture.graph import is_inplace_call
+from preclint.capture.calls import is_inplace_call
 from preclint.capture.observer import Observer
 from preclint.measure.detections import changed_decisions
 from preclint.measure.modes import ModeRun
