@@ -17,7 +17,8 @@ import torch
 import torch.fx as fx
 
 from preclint.capture import ops
-from preclint.capture.graph import FxRunner, capture_function_mode, fx_arguments
+from preclint.capture.fx_capture import FxRunner, fx_arguments
+from preclint.capture.graph import capture_function_mode
 from preclint.capture.model_error import ModelRunError
 from preclint.capture.observer import Observer
 from preclint.core.errors import one_line
