@@ -30,7 +30,7 @@ _VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16"
 
 
 def _name_base(fn: str) -> str:
-    """The base of the names function-mode capture gives ops of kind ``fn`` (_Recorder._unique)."""
+    """The base of the names function-mode capture gives ops of kind ``fn`` (capture/recorder.py, _Recorder._unique)."""
     return re.sub(r"\W", "_", fn) or "op"
 
 
