@@ -73,7 +73,8 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     import torch
 
     from preclint.reference.analyses import WeightAnalysis, every_analysis, resolve
-    from preclint.capture.graph import ModelRunError, capture
+    from preclint.capture.graph import capture
+    from preclint.capture.model_error import ModelRunError
     from preclint.load.modelio import output_notes
     from preclint.core.progress import task
     from preclint.reference.statistics_pass import ReferenceObserver

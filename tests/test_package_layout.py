@@ -6,7 +6,7 @@ import os
 import pathlib
 
 import preclint
-from preclint.capture.graph import is_internal_file
+from preclint.capture.frames import is_internal_file
 from preclint.capture.usercode import _is_user_file
 from preclint.source.cache import settings_key
 

@@ -78,7 +78,7 @@ def module_definition_locations(root, paths) -> Dict[str, Location]:
     ``stages.0`` as its ``depthwise`` attribute; a block inside an ``nn.Sequential`` by the class that
     builds the Sequential.
     """
-    from preclint.capture.graph import is_internal_file
+    from preclint.capture.frames import is_internal_file
     from preclint.locations.definitions import definition_location
 
     modules = dict(root.named_modules())

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from preclint.capture.graph import tensors_with_history
+from preclint.capture.autograd_state import tensors_with_history
 
 
 def to_device(t: torch.Tensor, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -17,8 +17,10 @@ import torch
 import torch.fx as fx
 
 from preclint.capture import ops
-from preclint.capture.graph import FxRunner, ModelRunError, capture_function_mode, fx_arguments
+from preclint.capture.fx_capture import FxRunner, fx_arguments
+from preclint.capture.model_error import ModelRunError
 from preclint.capture.observer import Observer
+from preclint.capture.recorder import capture_function_mode
 from preclint.core.errors import one_line
 from preclint.core.ir import Graph
 

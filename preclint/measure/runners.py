@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from preclint.capture.graph import capture, is_inplace_call
+from preclint.capture.calls import is_inplace_call
+from preclint.capture.graph import capture
 from preclint.capture.observer import Observer
 from preclint.capture.trees import map_tensors
 from preclint.core.ir import Graph, TensorStats

@@ -149,7 +149,7 @@ def _graph_to_record(module, inputs, name: str):
     """Where ``measure_model`` is given no graph (a rank measuring beside the check, distributed.py):
     the graph torch.fx traces, as the check's capture does first (no run), or an empty eager one
     that the float64 reference pass records (ProbeSession._recorded_graph). Either has no statistics."""
-    from preclint.capture.graph import capture_fx
+    from preclint.capture.fx_capture import capture_fx
     from preclint.core.ir import Graph
 
     traced: list = []

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.ir import Kind
-from preclint.capture.graph import is_inplace_call
+from preclint.capture.calls import is_inplace_call
 from preclint.capture.observer import Observer
 from preclint.measure.program import Program
 from preclint.probe.execute import tensors

@@ -13,7 +13,7 @@ import torch
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
-from preclint.capture.graph import is_inplace_call
+from preclint.capture.calls import is_inplace_call
 from preclint.capture.observer import Observer
 from preclint.measure.detections import changed_decisions
 from preclint.measure.modes import ModeRun
@@ -30,7 +30,7 @@ _VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16"
 
 
 def _name_base(fn: str) -> str:
-    """The base of the names function-mode capture gives ops of kind ``fn`` (_Recorder._unique)."""
+    """The base of the names function-mode capture gives ops of kind ``fn`` (capture/recorder.py, _Recorder._unique)."""
     return re.sub(r"\W", "_", fn) or "op"
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._pytree import tree_flatten
 
-from preclint.capture.graph import is_inplace_call
+from preclint.capture.calls import is_inplace_call
 from preclint.core.errors import one_line
 from preclint.core.ir import Graph, Kind, Node, TensorStats
 from preclint.load.modelio import output_tensors

@@ -1,0 +1,266 @@
+"""The FX capture path: torch.fx symbolic tracing (with stack traces and autocast regions), the IR
+node of each traced node, and an fx.Interpreter that runs the graph node by node and hands every
+value to the observer."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+from preclint.capture import autocast_regions, ops
+from preclint.capture.calls import call_attrs, direct_params, display_target, scalar_args, set_reduction_length
+from preclint.capture.frames import model_frames_from_trace
+from preclint.capture.model_error import ModelRunError
+from preclint.capture.observer import Observer
+from preclint.core.ir import Kind, Node
+from preclint.load.modelio import Inputs
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, proxy_buffers: bool = True) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        # a buffer read is an attribute node, as a parameter's is: otherwise FX computes what the forward
+        # does with buffers alone while tracing (a frozen batch norm's w * (running_var + eps).rsqrt()) and
+        # stores the result as a trace constant, so that the ops a cast model runs on the rounded buffer
+        # (and the buffer itself) are not in the graph
+        self.proxy_buffer_attributes = proxy_buffers
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return ops.is_leaf_module(m)
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta["autocast"] = autocast_regions.current()  # the region the model's code set around it
+        return node
+
+    def _filter_traceback_frames(self, user_stack_summary):
+        # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
+        # model_frames_from_trace picks the model's frames itself, so keep the frames as they are.
+        return user_stack_summary
+
+
+def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
+    """Trace ``module`` for a call with ``inputs``: parameters it gives no tensor (None, a flag,
+    a default left out) are traced as the constants they are, so that ``if mask is not None``
+    takes the branch the call takes; the graph's placeholders are the tensor inputs alone."""
+    constants = _constant_arguments(module, Inputs.of(inputs)) if inputs is not None else {}
+    with warnings.catch_warnings(), autocast_regions.recording():
+        warnings.simplefilter("ignore")  # FX warns about constants it cannot add an assertion for
+        try:
+            tracer = _Tracer()
+            graph = tracer.trace(module, concrete_args=constants or None)
+        except Exception:  # noqa: BLE001 - a buffer the forward branches on or reads as a number: as before
+            tracer = _Tracer(proxy_buffers=False)
+            graph = tracer.trace(module, concrete_args=constants or None)
+    if constants:
+        _drop_constant_placeholders(graph, module)
+    return fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def _constant_arguments(module: torch.nn.Module, inputs: Inputs) -> Dict[str, Any]:
+    """FX's concrete_args: forward()'s parameters whose value in this call is a leaf without a tensor."""
+    forward = inspect.unwrap(type(module).forward)
+    bound = inputs.bind(forward, module)  # TypeError: the call does not fit, FX falls back
+    constants = {}
+    for name, param in list(inspect.signature(forward).parameters.items())[1:]:
+        value = bound.arguments.get(name)
+        if param.kind == param.VAR_KEYWORD:
+            if value:  # FX has one placeholder for **kwargs and no way to fill it by name
+                raise TypeError(f"keyword inputs passed through **{name}")
+        elif param.kind != param.VAR_POSITIONAL and (value is None or isinstance(value, (bool, int, float, str))):
+            constants[name] = value
+    return constants
+
+
+def _drop_constant_placeholders(graph: fx.Graph, module: torch.nn.Module) -> None:
+    """Erase what FX makes of concrete_args (a placeholder per constant, named ``mask_1``, and the
+    assertion that it keeps its value): they are not the model's ops, and the graph then runs on the
+    tensors alone. A tensor input's placeholder has its parameter's name, which nothing else uses."""
+    if type(graph._codegen) is not fx.graph.CodeGen:
+        raise TypeError("this torch traces constant inputs through pytree code generation")
+    parameters = set(inspect.signature(inspect.unwrap(type(module).forward)).parameters)
+    doomed: Dict[fx.Node, None] = {}
+    frontier = [n for n in graph.nodes if n.op == "placeholder" and n.target not in parameters
+                and not str(n.target).startswith("*")]
+    while frontier:
+        node = frontier.pop()
+        if node not in doomed:
+            doomed[node] = None
+            frontier.extend(node.users)
+    if any(n.op != "placeholder" and n.target not in _SPECIALISATION_CHECKS for n in doomed):
+        raise TypeError("a constant input is used as a value")
+    for node in reversed(list(graph.nodes)):
+        if node in doomed:
+            graph.erase_node(node)
+
+
+_SPECIALISATION_CHECKS = (operator.eq, torch._assert, getattr(fx._symbolic_trace, "_assert_is_none", None))
+
+
+def fx_arguments(graph: fx.Graph, module: torch.nn.Module, inputs: Any) -> list:
+    """The values of the traced graph's placeholders for ``inputs``, in order: the named ones, then
+    what ``*args`` takes (the interpreter hands a ``*args`` placeholder all that is left)."""
+    inputs = Inputs.of(inputs)
+    names = [n.target for n in graph.nodes if n.op == "placeholder" and not str(n.target).startswith("*")]
+    if not inputs.kwargs and len(names) == len(inputs.args):  # the common case: no binding needed
+        return list(inputs.args)
+    forward = inspect.unwrap(type(module).forward)
+    arguments = inputs.bind(forward, module).arguments
+    rest = [name for name, p in inspect.signature(forward).parameters.items() if p.kind == p.VAR_POSITIONAL]
+    return [arguments[name] for name in names] + list(arguments.get(rest[0], ()) if rest else ())
+
+
+def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
+    inputs = tuple(a.name for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node))
+    frames = model_frames_from_trace(node.stack_trace)
+    location = frames[0] if frames else None
+    stack = node.meta.get("nn_module_stack") or {}
+    owner_path, owner_type = "", type(gm).__name__  # the root module's forward, unless a submodule's
+    if stack:
+        owner_path, owner_cls = list(stack.values())[-1]
+        owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
+        owner_type = owner_type.rsplit(".", 1)[-1].strip("'>")
+    if node.op == "placeholder":
+        return Node(node.name, Kind.INPUT, f"input:{node.target}", fn="input", location=location, stack=frames)
+    if node.op == "output":
+        return Node(node.name, Kind.OUTPUT, "output", fn="output", inputs=inputs)
+    if node.op == "get_attr":
+        return Node(node.name, Kind.CONSTANT, f"parameter:{node.target}", fn="parameter", module_path=owner_path,
+                    module_type=owner_type, location=location, stack=frames, params=(str(node.target),))
+    region = node.meta.get("autocast")
+    if node.op == "call_module":
+        sub = gm.get_submodule(node.target)
+        kind, fn = ops.classify_module(sub)
+        attrs = ops.module_attrs(sub)
+        return Node(node.name, kind, f"nn.{type(sub).__name__}", fn=fn, module_path=str(node.target),
+                    reduction_length=ops.reduction_length(kind, fn, attrs, [], None),
+                    module_type=type(sub).__name__, location=location, stack=frames, inputs=inputs, attrs=attrs,
+                    params=direct_params(sub, str(node.target)), groups=attrs.get("groups"),
+                    scalars={k: float(v) for k, v in attrs.items() if k == "eps"}, autocast=region)
+    fn, inplace = ops.function_name(node.target)
+    kind = ops.classify_function(fn)
+    if _builds_container(node.target):  # FX records a dataclass or named tuple output as its constructor call
+        kind = Kind.SHAPE
+    args, kwargs = node.args, dict(node.kwargs)
+    attrs = call_attrs(fn, kind, args, kwargs)
+    if inplace:
+        attrs["inplace"] = True
+    return Node(node.name, kind, display_target(node.target, node.op), fn=fn, module_path=owner_path,
+                module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
+                scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
+
+
+def _builds_container(target: Any) -> bool:
+    return isinstance(target, type) and (dataclasses.is_dataclass(target) or issubclass(target, tuple))
+
+
+def _mutable(value):
+    """FX hands a node's list and dict arguments over as immutable_list / immutable_dict; the graph's
+    own code builds a fresh list at each call, which the callee may change (torchvision's swin3d
+    sets shift sizes in the list it gets)."""
+    if isinstance(value, fx.immutable_collections.immutable_list):
+        return [_mutable(v) for v in value]
+    if isinstance(value, fx.immutable_collections.immutable_dict):
+        return {k: _mutable(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_mutable(v) for v in value)
+    if type(value) is dict:
+        return {k: _mutable(v) for k, v in value.items()}
+    return value
+
+
+class FxRunner(fx.Interpreter):
+    """Runs the traced graph, handing each node's values to the observer.
+
+    In-place ops run out of place: the observer keeps each node's output, and an in-place op would
+    overwrite the value (and the autograd history) of the node that produced it.
+    """
+
+    def __init__(self, gm: torch.nn.Module, ir_nodes: Dict[str, Node], observer: Observer,
+                 graph: Optional[fx.Graph] = None, record: bool = True) -> None:
+        # ``graph``: run it on ``gm``, any module of the traced hierarchy (no GraphModule to build);
+        # ``record``: set the IR nodes' reduction lengths (re-runs of a recorded graph need not)
+        super().__init__(gm, graph=graph)
+        self.ir_nodes = ir_nodes
+        self.observer = observer
+        self.record = record
+
+    def run_node(self, n: fx.Node) -> Any:
+        node = self.ir_nodes[n.name]
+        with self._set_current_node(n), autocast_regions.replaying(
+                node.autocast, *_mutable(self.fetch_args_kwargs_from_env(n))) as (args, kwargs):
+            callee = None
+            if n.op == "call_module":
+                callee = self.fetch_attr(n.target)
+                # out of place before the observer sees the call, so that it knows what will run
+                restore = getattr(callee, "inplace", None) is True
+                if restore:
+                    callee.inplace = False
+                try:
+                    args, kwargs = self.observer.before(node, args, kwargs, callee)
+                    result = callee(*args, **kwargs)
+                finally:
+                    if restore:
+                        callee.inplace = True
+            elif n.op == "call_function":
+                target = ops.INPLACE_OPERATORS.get(n.target, n.target)
+                if kwargs.get("inplace") is True:
+                    kwargs = {**kwargs, "inplace": False}
+                callee = target
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                result = target(*args, **kwargs)
+            elif n.op == "call_method":
+                name = n.target
+                obj = args[0]
+                if name.endswith("_") and not name.startswith("_") and hasattr(obj, name[:-1]):
+                    name = name[:-1]
+                callee = name
+                args, kwargs = self.observer.before(node, args, kwargs, callee)
+                result = getattr(args[0], name)(*args[1:], **kwargs)
+            else:
+                result = getattr(self, n.op)(n.target, args, kwargs)
+            if self.record:
+                set_reduction_length(node, args, kwargs, callee)
+            return self.observer(node, args, kwargs, callee, result)
+
+
+def _mark_buffer_views(gm: fx.GraphModule, module: torch.nn.Module, nodes: List[Node]) -> None:
+    """A tensor literal of the trace (``_tensor_constant0``) that is a view of one of the model's
+    parameters or buffers (``self.inv_freq[None, :]`` computed while tracing, where the trace reads
+    buffers as plain tensors: the forward branches on one) records its name in
+    ``attrs["view_of"]``: ``model.to`` casts it with the model, and keeping that tensor keeps it."""
+    storages = {}
+    for name, tensor in list(module.named_buffers()) + list(module.named_parameters()):
+        if tensor.is_floating_point():
+            storages.setdefault(tensor.untyped_storage().data_ptr(), name)
+    for node in nodes:
+        if node.fn != "parameter" or not node.params or "_tensor_constant" not in node.params[0]:
+            continue
+        value = getattr(gm, node.params[0], None)
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in storages:
+            node.attrs["view_of"] = storages[value.untyped_storage().data_ptr()]
+
+
+def capture_fx(module: torch.nn.Module, inputs: Any, observer: Optional[Observer],
+               traced: Optional[list] = None) -> Tuple[List[Node], Any]:
+    gm = trace_fx(module, inputs)  # raises for untraceable code: the caller falls back
+    if traced is not None:  # the probe re-runs the traced graph on copies of the model
+        traced.append(gm.graph)
+    nodes = [_fx_ir_node(gm, n) for n in gm.graph.nodes]
+    _mark_buffer_views(gm, module, nodes)
+    output = None
+    if observer is not None:
+        runner = FxRunner(gm, {n.name: n for n in nodes}, observer)
+        arguments = fx_arguments(gm.graph, module, inputs)
+        try:
+            output = runner.run(*arguments)
+        except Exception as exc:
+            raise ModelRunError(exc) from exc
+    return nodes, output

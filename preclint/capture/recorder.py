@@ -1,0 +1,258 @@
+"""The function-mode capture path, for models FX cannot trace (data-dependent control flow, as in
+torchvision's detectors): the model runs once under a TorchFunctionMode plus module hooks that record
+each leaf-module call and each torch function or tensor method called outside leaf modules."""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+try:  # (torch's own helpers for its stack of function modes; where a version lacks them, ``busy`` does it)
+    from torch.overrides import _get_current_function_mode as _current_function_mode
+    from torch.overrides import _pop_mode as _pop_function_mode
+    from torch.overrides import _push_mode as _push_function_mode
+except ImportError:  # pragma: no cover
+    _current_function_mode = None
+
+from preclint.capture import autocast_regions, ops
+from preclint.capture.calls import call_attrs, direct_params, display_target, scalar_args, set_reduction_length
+from preclint.capture.frames import model_frames_on_stack
+from preclint.capture.model_error import ModelRunError
+from preclint.capture.observer import Observer
+from preclint.capture.trees import leaves
+from preclint.core.ir import Kind, Node
+from preclint.load.modelio import Inputs, output_tensors
+
+
+# Tensor properties that compute a value (x.T is a transpose): a property reaches a TorchFunctionMode
+# as its getter, named "__get__"; the node takes the op the property stands for.
+_PROPERTY_OPS = {"T": "t", "mT": "transpose", "H": "t", "mH": "transpose", "data": "detach", "real": "view_as",
+                 "imag": "view_as"}
+
+
+def _property_name(func) -> Optional[str]:
+    """``"T"`` for the getter of ``Tensor.T``; None for anything that is not a property getter."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    name = getattr(getattr(func, "__self__", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+class _Unrecorded:
+    """The observer's own work, which the recorder passes on unrecorded (``busy``). In a module's
+    hooks the recorder is the running function mode, and every op the observer runs would come back
+    through its ``__torch_function__`` only to be passed on (tens of thousands of calls a pass, each
+    a Python call); so there the recorder leaves torch's mode stack until the observer is done.
+    (Within ``__torch_function__`` torch has taken it off already.)"""
+
+    __slots__ = ("recorder", "popped")
+
+    def __init__(self, recorder: "_Recorder") -> None:
+        self.recorder = recorder
+        self.popped = False
+
+    def __enter__(self) -> None:
+        self.recorder.busy = True
+        if _current_function_mode is not None and _current_function_mode() is self.recorder:
+            _pop_function_mode()
+            self.popped = True
+
+    def __exit__(self, *exc) -> None:
+        if self.popped:
+            _push_function_mode(self.recorder)
+        self.recorder.busy = False
+
+
+class _Recorder(TorchFunctionMode):
+    """Records leaf-module calls and top-level torch calls of one eager run."""
+
+    def __init__(self, root: torch.nn.Module, observer: Observer, locate: bool = True) -> None:
+        super().__init__()
+        self.observer = observer
+        # where in the model's code each op is (the stack walked per op): the check's capture needs it
+        # for its findings; the probe's runs name nodes by the order they run, and need it not
+        self.locate = locate
+        self.origin = observer.origin
+        self.nodes: List[Node] = []
+        self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
+        self.paths = {id(m): p for p, m in root.named_modules()}
+        self.module_stack: List[Tuple[str, str]] = []
+        self.leaf_depth = 0
+        self.busy = False
+        self.counts: Dict[str, int] = {}
+        self.handles = []
+        for m in root.modules():
+            self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def _calling_module(self) -> Tuple[str, str]:
+        """(path, class) of the module whose method makes the running call: the innermost frame
+        whose ``self`` is one of the model's modules. A helper method called directly
+        (``self.corr.lookup(x)``: no forward hooks fire) makes its ops the helper module's, as its
+        forward would; the module stack of forward calls is the answer otherwise."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self":
+                path = self.paths.get(id(frame.f_locals.get("self")))
+                if path is not None:
+                    return path, type(frame.f_locals["self"]).__name__
+            frame = frame.f_back
+        return self.module_stack[-1] if self.module_stack else ("", "")
+
+    def _unique(self, base: str) -> str:
+        base = re.sub(r"\W", "_", base) or "op"
+        n = self.counts.get(base, 0)
+        self.counts[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def _inputs(self, values) -> Tuple[str, ...]:
+        names = []
+        for v in leaves(values):
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)  # an operand view the observer made stands for its tensor
+            if isinstance(v, torch.Tensor) and id(v) in self.producer:
+                name = self.producer[id(v)][0]
+                if name not in names:
+                    names.append(name)
+        return tuple(names)
+
+    def _reads_float_constant(self, values) -> bool:
+        """Whether the op reads a float tensor of at least one dim that no recorded op made (a parameter
+        or buffer read directly, ``self.gamma * x``): it keeps its own dtype, float32 under autocast,
+        and type promotion computes the op in it (FX records such reads as nodes of their own)."""
+        for v in leaves(values):
+            if isinstance(v, torch.Tensor):
+                v = self.origin(v)
+                if v.is_floating_point() and v.dim() >= 1 and id(v) not in self.producer:
+                    return True
+        return False
+
+    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
+        with _Unrecorded(self):
+            set_reduction_length(node, args, kwargs, callee)
+            output = self.observer(node, args, kwargs, callee, output)
+        self.nodes.append(node)
+        for v in leaves(output):
+            if isinstance(v, torch.Tensor):
+                self.producer[id(v)] = (node.name, v)
+        if inplace_target is not None:
+            self.producer[id(inplace_target)] = (node.name, inplace_target)
+        return output
+
+    def add_input(self, name: str, value) -> None:
+        node = Node(name, Kind.INPUT, f"input:{name}", fn="input")
+        self._publish(node, (), {}, None, value)
+
+    def _pre_hook(self, module, args, kwargs):
+        if self.busy:
+            return None
+        path = self.paths.get(id(module), "")
+        if self.leaf_depth == 0 and ops.is_leaf_module(module):
+            kind, fn = ops.classify_module(module)
+            probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
+            with _Unrecorded(self):
+                args, kwargs = self.observer.before(probe, args, kwargs, module)
+            module._preclint_inputs = (args, kwargs, probe)
+            self.leaf_depth += 1
+            return args, kwargs
+        elif self.leaf_depth > 0:
+            self.leaf_depth += 1
+        else:
+            self.module_stack.append((path, type(module).__name__))
+        return None
+
+    def _post_hook(self, module, args, kwargs, output):
+        if self.busy:
+            return None
+        if self.leaf_depth > 1:
+            self.leaf_depth -= 1
+            return None
+        if self.leaf_depth == 1:
+            self.leaf_depth = 0
+            args, kwargs, probe = module.__dict__.pop("_preclint_inputs", (args, kwargs, None))
+            path = self.paths.get(id(module), "")
+            kind, fn = ops.classify_module(module)
+            attrs = ops.module_attrs(module)
+            frames = model_frames_on_stack() if self.locate else ()
+            node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
+                        module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
+                        stack=frames,
+                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=direct_params(module, path),
+                        groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
+                        autocast=autocast_regions.current())
+            self.observer.rename(probe, node.name)
+            result = self._publish(node, args, kwargs, module, output)
+            return result if result is not output else None
+        if self.module_stack:
+            self.module_stack.pop()
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.busy or self.leaf_depth > 0:
+            return func(*args, **kwargs)
+        prop = _property_name(func)
+        fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
+        kind = ops.classify_function(fn)
+        pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
+        with _Unrecorded(self):
+            args, kwargs = self.observer.before(pending, args, kwargs, func)
+        output = func(*args, **kwargs)
+        flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
+        inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
+        if not flat_out and not inplace:
+            return output
+        owner_path, owner_type = self._calling_module()
+        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
+            getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
+        attrs = call_attrs(fn, kind, args, kwargs)
+        if inplace:
+            attrs["inplace"] = True
+        if kind == Kind.ELEMENTWISE and self._reads_float_constant((args, kwargs)):
+            attrs["float_constant"] = True
+        if prop:
+            target = f"Tensor.{prop}"
+        elif is_method:
+            target = f"Tensor.{getattr(func, '__name__', fn)}"
+        else:
+            target = display_target(func, "call_function")
+        frames = model_frames_on_stack() if self.locate else ()
+        node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
+                    location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
+                    scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
+                    autocast=pending.autocast)
+        self.observer.rename(pending, node.name)
+        target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
+        if not flat_out and target_tensor is not None:
+            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor)
+            return output
+        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
+
+
+def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer,
+                          locate: bool = True) -> Tuple[List[Node], Any]:
+    """The nodes of one eager run of ``module`` on ``inputs`` and its output; ``locate``: find each
+    node's lines in the model's code."""
+    inputs = Inputs.of(inputs)
+    recorder = _Recorder(module, observer, locate)
+    try:
+        for name, value in inputs.named():
+            recorder.add_input(recorder._unique(name), value)
+        try:
+            with recorder, autocast_regions.recording():
+                output = inputs.call(module)
+        except Exception as exc:
+            raise ModelRunError(exc) from exc
+        out_node = Node("output", Kind.OUTPUT, "output", fn="output", inputs=recorder._inputs(output_tensors(output)))
+        recorder.nodes.append(out_node)
+        return recorder.nodes, output
+    finally:
+        recorder.close()
