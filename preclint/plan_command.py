@@ -43,7 +43,7 @@ def cmd_plan(args, load, use_color: bool) -> int:
     from preclint.config import load_config
     from preclint.engine import CheckOptions, check_model
     from preclint.plan import PLAN_MODES, Tolerance
-    from preclint.source.baseline import report_destination
+    from preclint.source.baseline import report_destination, run_inputs
     from preclint.source.command import write_report
     from preclint.usercode import guard
 
@@ -61,7 +61,7 @@ def cmd_plan(args, load, use_color: bool) -> int:
     fmt = args.output_format or "full"
     if fmt not in ("full", "json", "html"):
         raise UserError("plan writes --output-format full, json or html")
-    output = report_destination(getattr(args, "output", None), fmt, args.paths)
+    output = report_destination(getattr(args, "output", None), fmt, args.paths, run_inputs(args, config.path))
     path = args.paths[0]
     with guard(path, config.timeout):
         loaded = load(path, args)

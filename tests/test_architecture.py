@@ -16,9 +16,9 @@ PACKAGES = {"preclint": ROOT / "preclint", "preclint.rules": ROOT / "rules"}
 # entry claims is checked for cycles only.
 LAYERS: List[Tuple[str, ...]] = [
     ("preclint", "preclint.interrupts", "preclint.errors", "preclint.findings", "preclint.exitcodes", "preclint.numerics", "preclint.ir",
-     "preclint.progress", "preclint.policy"),
+     "preclint.progress", "preclint.source.safe_io", "preclint.policy"),  # safe_io: the standard library only
     # reading source files without running them: what source rules and locations build on
-    ("preclint.source.safe_io", "preclint.source.lexical", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
+    ("preclint.source.lexical", "preclint.source.guard", "preclint.source.args", "preclint.source.index",
      "preclint.source.evidence", "preclint.source.positions", "preclint.source.sourcefile", "preclint.source.lines", "preclint.source.paths",
      "preclint.source.locations", "preclint.source.discover", "preclint.source.baseline"),
     ("preclint.modelio", "preclint.load"),
