@@ -97,6 +97,18 @@ def test_a_policy_that_is_a_fifo_or_too_deep_is_a_policy_error_at_once(tmp_path)
     ], done.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_model_file_or_weights_file_that_is_a_fifo_exits_2_at_once(project):
+    (project / "model.py").write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nexample_inputs = torch.ones(1, 2)\n")
+    os.mkfifo(project / "weights.pt")
+    os.mkfifo(project / "fifo.py")
+    for args, message in ((["model.py", "--weights", "weights.pt"], "weights.pt: not a regular file, expected a weights file"),
+                          (["fifo.py"], "fifo.py: not a regular file")):
+        done = subprocess.run([sys.executable, "-m", "preclint", "check", *args], cwd=project, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        one_error(done, message)
+
+
 # ---------------------------------------------------------------------------- -o and --write-baseline
 
 def test_the_report_never_replaces_an_input_of_the_same_run(project):
