@@ -262,8 +262,11 @@ def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-            os.fchmod(out.fileno(), mode)  # on the descriptor: the name could be swapped meanwhile
-            if owner is not None and owner != (os.geteuid(), os.getegid()):
+            if hasattr(os, "fchmod"):  # on the descriptor: the name could be swapped meanwhile
+                os.fchmod(out.fileno(), mode)
+            else:  # Windows before Python 3.13
+                os.chmod(temporary, mode)
+            if owner is not None and hasattr(os, "fchown") and owner != (os.geteuid(), os.getegid()):
                 try:
                     os.fchown(out.fileno(), *owner)
                 except OSError:  # only root may give a file away: it then belongs to whoever runs preclint
