@@ -198,7 +198,7 @@ def cmd_check(args) -> int:
     from preclint.source.command import check_baseline_arguments
 
     config = _config(args)
-    _check_output(args, config.output_format)
+    _check_output(args, config.output_format, config.path)
     if args.source_only:
         from preclint.source.command import run_source_only
 
@@ -220,7 +220,9 @@ def cmd_check(args) -> int:
     _import_torch()  # here, not on a model's clock
 
     probe = _probe_options(args, every_node=config.output_format == "html")
-    check_baseline_arguments(args.baseline, args.write_baseline, args.paths)
+    from preclint.source.baseline import run_inputs
+
+    check_baseline_arguments(args.baseline, args.write_baseline, args.paths, inputs=run_inputs(args, config.path))
     from preclint.probe.distributed import launched
 
     if launched():  # torchrun: rank 0 checks and writes the report, the other ranks measure the modes
@@ -296,11 +298,11 @@ def _check_all(args, config, probe) -> int:
     return exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
 
 
-def _check_output(args, fmt: str) -> None:
+def _check_output(args, fmt: str, config_path: Optional[str]) -> None:
     """Mistakes in --output, found before any model runs; an HTML page is not printed on a terminal."""
-    from preclint.source.baseline import report_destination
+    from preclint.source.baseline import report_destination, run_inputs
 
-    args.output = report_destination(args.output, fmt, args.paths)
+    args.output = report_destination(args.output, fmt, args.paths, run_inputs(args, config_path))
 
 
 def _write_output(filename: str, text: str) -> None:

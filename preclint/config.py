@@ -247,12 +247,16 @@ KEYS = {
 }
 
 
+MAX_SIZE = 16 << 20  # a configuration larger than this is no configuration
+
+
 def _load_toml(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+    from preclint.text.safe_io import read_regular
+
+    try:  # a FIFO or a link to /dev/zero is refused at once, not read for ever
+        data = read_regular(path, max_size=MAX_SIZE)
     except OSError as exc:
-        raise UserError(f"{path}: cannot read the configuration: {exc.strerror}") from None
+        raise UserError(f"{path}: cannot read the configuration: {exc.strerror or exc}") from None
     if sys.version_info >= (3, 11):
         import tomllib as toml
     else:  # pragma: no cover - exercised on Python 3.9/3.10 only
@@ -268,6 +272,8 @@ def _load_toml(path: str) -> Dict[str, Any]:
         return toml.loads(data.decode("utf-8"))
     except (toml.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once a nested array or inline table
+        raise UserError(f"{path}: invalid TOML: its arrays or tables nest too deeply") from None
 
 
 def _table(path: str) -> Optional[Dict[str, Any]]:
@@ -327,7 +333,7 @@ def load_config(start: Optional[str] = None, config_file: Optional[str] = None, 
     if config_file is not None:
         if os.path.isdir(config_file):
             raise UserError(f"{config_file}: is a directory; expected a TOML file (pyproject.toml)")
-        if not os.path.isfile(config_file):
+        if not os.path.exists(config_file):
             raise UserError(f"{config_file}: no such configuration file")
         return config_from_file(config_file)
     found = find_config(start)

@@ -44,6 +44,7 @@ LOW_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 PRECISIONS = ("fp16", "bf16", "fp16-full", "bf16-full")
 INPUTS = "<inputs>"
 OUTPUTS = "<outputs>"
+MAX_SIZE = 64 << 20  # a plan file larger than this is no plan preclint wrote
 PARAM = "<param:"  # "<param:layer1.0.bn1.running_var>"
 
 
@@ -88,9 +89,10 @@ def load_policy(source: Union[str, os.PathLike, Dict[str, Any], Policy]) -> Poli
     if isinstance(source, dict):
         data = source
     else:
-        try:
-            with open(source, encoding="utf-8") as f:
-                data = json.load(f)
+        from preclint.text.safe_io import load_json
+
+        try:  # a regular file of a bounded size: a FIFO or a link to /dev/zero is refused at once
+            data = load_json(os.fspath(source), MAX_SIZE)
         except OSError as exc:
             raise PolicyError(f"cannot read the policy {os.fspath(source)}: {exc.strerror or exc}") from None
         except ValueError as exc:

@@ -16,8 +16,9 @@ PACKAGES = {"preclint": ROOT / "preclint"}
 # Lowest first, one entry a folder: a module imports from its own layer and those below, never from
 # above. An entry names a module, or with ".*" a package and every module under it.
 LAYERS: List[Tuple[str, ...]] = [
-    ("preclint", "preclint.core.*", "preclint.policy"),  # policy: what a deployed model imports, torch only
-    ("preclint.text.*",),  # reading source files without running them: source rules and locations build on it
+    ("preclint", "preclint.core.*"),
+    ("preclint.text.*",),  # reading files safely, and source files without running them (the standard library, libcst)
+    ("preclint.policy",),  # what a deployed model imports: torch and text.safe_io only
     ("preclint.load.*",),
     ("preclint.capture.*",),
     ("preclint.measure.*",),  # running a model under a precision and comparing it: no rules, no predictions

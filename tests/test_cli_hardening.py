@@ -239,7 +239,8 @@ def test_a_device_is_written_to_not_replaced(tmp_path):
     assert stat.S_ISCHR(os.lstat(full).st_mode) and stat.S_ISCHR(os.lstat(null).st_mode)
 
 
-def test_a_regular_file_is_replaced_through_its_symlink_keeping_mode_and_owner(tmp_path):
+def test_a_regular_file_keeps_mode_and_owner_and_a_link_to_one_is_refused(tmp_path):
+    """A link is never written through: a checkout can commit `baseline.json -> ~/.bashrc`."""
     real = tmp_path / "real.json"
     real.write_text("old")
     os.chmod(real, 0o640)
@@ -247,10 +248,12 @@ def test_a_regular_file_is_replaced_through_its_symlink_keeping_mode_and_owner(t
         os.chown(real, 1234, 1234)
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    write_output_file(str(link), "new", "baseline")
-    assert link.is_symlink() and real.read_text() == "new"
+    with pytest.raises(UserError, match="link.json: is a symbolic link; preclint does not write the baseline"):
+        write_output_file(str(link), "new", "baseline")
+    assert link.is_symlink() and real.read_text() == "old"
+    write_output_file(str(real), "new", "baseline")
     info = os.stat(real)
-    assert stat.S_IMODE(info.st_mode) == 0o640
+    assert real.read_text() == "new" and stat.S_IMODE(info.st_mode) == 0o640
     if os.geteuid() == 0:
         assert (info.st_uid, info.st_gid) == (1234, 1234)
     write_output_file(str(tmp_path / "new.json"), "created", "baseline")

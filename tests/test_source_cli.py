@@ -138,7 +138,7 @@ def test_fix_never_leaves_a_half_written_file(project, capsys, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
     code, _, err = run(capsys, "--fix", "pkg")
-    assert code == 2 and "pkg/m.py: cannot write the fixes: No space left on device (the file is unchanged)" in err
+    assert code == 2 and "pkg/m.py: not fixed: cannot write it: No space left on device; the file is unchanged" in err
     assert path.read_text() == AMP
     assert sorted(os.listdir(project / "pkg")) == ["m.py"]
 

@@ -19,6 +19,8 @@ def check_is_file(path: str, what: str) -> None:
         raise UserError(f"no such {what}: {path}")
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory, expected a {what}")
+    if not os.path.isfile(path):  # a FIFO or a device (or a link to one): reading it would block or never end
+        raise UserError(f"{path}: not a regular file, expected a {what}")
 
 
 def path_label(path: str) -> str:

@@ -44,7 +44,7 @@ def cmd_plan(args, load, use_color: bool) -> int:
     from preclint.engine import CheckOptions, check_model
     from preclint.measure.compare import Tolerance
     from preclint.plan.planner import PLAN_MODES
-    from preclint.source.baseline import report_destination
+    from preclint.source.baseline import report_destination, run_inputs
     from preclint.source.command import write_report
     from preclint.capture.usercode import guard
 
@@ -62,7 +62,7 @@ def cmd_plan(args, load, use_color: bool) -> int:
     fmt = args.output_format or "full"
     if fmt not in ("full", "json", "html"):
         raise UserError("plan writes --output-format full, json or html")
-    output = report_destination(getattr(args, "output", None), fmt, args.paths)
+    output = report_destination(getattr(args, "output", None), fmt, args.paths, run_inputs(args, config.path))
     path = args.paths[0]
     with guard(path, config.timeout):
         loaded = load(path, args)

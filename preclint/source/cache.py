@@ -17,9 +17,18 @@ modification time of its own source files (an edited rule invalidates the cache)
 Python's versions (CPython's parser judges files first), and the rules selected.
 
 Safe against corruption and concurrent runs: the cache is written whole, to a temporary file renamed
-over the old one, so a reader sees one complete version or none; anything that does not read back as
-expected (truncated, garbage, another format) counts as empty. Two runs at once each write what they
-know and the last one wins: at worst some files are checked again next time.
+over the old one, so a reader sees one complete version or none. Two runs at once each write what
+they know and the last one wins: at worst some files are checked again next time.
+
+Safe against whoever else can write there (a shared ``PRECLINT_CACHE_DIR``, a CI cache restored from
+another branch): the directories preclint makes are its own (``preclint.text.safe_io.PrivateDirectory``),
+and a cache file that is a link, a special file or another user's is neither read nor written (the run
+goes without a cache, and says so). A cache file is believed only when it reads back as exactly what
+preclint writes: its format, the settings it was written for, and every field of every entry (codes
+of the rules that ran with their names, known severities and precisions, lines and columns inside the
+file they are about); anything else counts as empty, with a note. A cache is no signature: whoever
+can write the file can still claim a file's bytes are clean, so a run that must not trust the cache
+directory passes ``--no-cache``.
 """
 from __future__ import annotations
 
@@ -27,13 +36,23 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from preclint.core.findings import Finding, Location
+from preclint.core.findings import SEVERITIES, Finding, Location
+from preclint.core.numerics import BF16, FP16, FP32, MODES, TF32
 from preclint.source.suppress import Directive
 
-FORMAT = 2
+FORMAT = 3
+MAX_SIZE = 256 << 20  # a project of a million files; a larger file is not read
+PRECISIONS = frozenset(MODES) | {f.name for f in (FP32, TF32, FP16, BF16)}
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+_MAX_POSITION = 1 << 31
+
+
+class Invalid(ValueError):
+    """A cache file or entry that does not read back as what preclint writes."""
 
 
 def cache_directory() -> str:
@@ -88,15 +107,105 @@ def _encode(finding: Finding) -> list:
             list(finding.precisions), finding.fixable]
 
 
+def _position(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < _MAX_POSITION
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _check_finding(record, names: Dict[str, str]) -> None:
+    """That ``record`` is a finding as ``_encode`` writes it, of one of the rules in ``names`` (code ->
+    name): a bogus severity would crash the report, an unknown code show a finding no rule made."""
+    if not (isinstance(record, list) and len(record) == 9):
+        raise Invalid("a finding is not a record of 9 fields")
+    code, name, severity, message, fix, line, column, precisions, fixable = record
+    if not isinstance(code, str) or code not in names:
+        raise Invalid(f"a finding of the code {code!r}, which no rule of this run has")
+    if name != names[code]:
+        raise Invalid(f"a finding of {code} named {name!r}")
+    if severity not in SEVERITIES:
+        raise Invalid(f"a finding of the severity {severity!r}")
+    if not (isinstance(message, str) and isinstance(fix, str)):
+        raise Invalid("a finding whose message or fix is not text")
+    if not (_position(line) and _position(column) and isinstance(fixable, bool)):
+        raise Invalid("a finding whose line, column or fixable flag is not one")
+    if not (_strings(precisions) and set(precisions) <= PRECISIONS):
+        raise Invalid(f"a finding of the precisions {precisions!r}")
+
+
+def _check_directive(record) -> None:
+    if not (isinstance(record, list) and len(record) == 5):
+        raise Invalid("a suppression is not a record of 5 fields")
+    line, column, kind, codes, unknown = record
+    if not (_position(line) and _position(column) and kind in ("noqa", "preclint") and _strings(codes)
+            and _strings(unknown)):
+        raise Invalid("a suppression whose line, column, kind or codes are not one")
+
+
+def _check_entry(path, entry, names: Dict[str, str]) -> None:
+    if not (isinstance(path, str) and os.path.isabs(path)):
+        raise Invalid("an entry not keyed by an absolute path")
+    if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and entry[0]
+            and isinstance(entry[1], str) and _DIGEST.fullmatch(entry[1])
+            and isinstance(entry[2], list) and isinstance(entry[3], list)):
+        raise Invalid("an entry is not [printed path, digest, findings, suppressions]")
+    for record in entry[2]:
+        _check_finding(record, names)
+    for record in entry[3]:
+        _check_directive(record)
+
+
+def _checksum(settings: str, body: bytes) -> str:
+    """What the entries hold, as written: an entry edited by hand (a finding removed, a severity
+    changed) no longer matches. A checksum, not a signature: whoever writes the file can recompute it."""
+    return hashlib.blake2b(settings.encode("ascii") + b"\n" + body, digest_size=16).hexdigest()
+
+
+_FILES = b'","files":'
+
+
+def _header(settings: str) -> bytes:
+    return b'{"format":%d,"settings":"%s","checksum":"' % (FORMAT, settings.encode("ascii"))
+
+
+def encode_document(settings: str, files: Dict[str, list]) -> bytes:
+    """The bytes ``Cache.save`` writes: a JSON object whose checksum covers the bytes of its files."""
+    body = json.dumps(files, separators=(",", ":")).encode("ascii")  # json.dumps escapes the rest
+    return _header(settings) + _checksum(settings, body).encode("ascii") + _FILES + body + b"}"
+
+
+def decode_document(data: bytes, settings: str, names: Dict[str, str]) -> Dict[str, list]:
+    """The entries of ``data`` when it is exactly what ``encode_document`` writes for ``settings``
+    and the rules ``names`` (code -> name); Invalid, saying what is wrong, otherwise. The checksum is
+    checked before the entries are parsed, and every field of every entry after."""
+    header = _header(settings)
+    if not data.startswith(header):
+        raise Invalid("not a preclint cache of this format and these settings")
+    start = len(header) + 32 + len(_FILES)
+    checksum, body = data[len(header):len(header) + 32], data[start:-1]
+    if data[len(header) + 32:start] != _FILES or not data.endswith(b"}"):
+        raise Invalid("not a preclint cache of this format and these settings")
+    if checksum != _checksum(settings, body).encode("ascii"):
+        raise Invalid("its entries do not match its checksum: edited since preclint wrote it")
+    try:
+        files = json.loads(body.decode("ascii"))
+    except (ValueError, RecursionError):
+        raise Invalid("its entries are not JSON as preclint writes it") from None
+    if not isinstance(files, dict):
+        raise Invalid("its files are not a table")
+    for path, entry in files.items():
+        _check_entry(path, entry, names)
+    return files
+
+
+def _inside(records: list, line_index: int, lines: int, columns: int) -> bool:
+    return all(record[line_index] <= lines and record[line_index + 1] <= columns for record in records)
+
+
 def _decode(record, path: str) -> Finding:
     code, name, severity, message, fix, line, column, precisions, fixable = record
-    for value in (code, name, severity, message, fix):
-        if not isinstance(value, str):
-            raise ValueError("not a finding")
-    if not (isinstance(line, int) and isinstance(column, int) and isinstance(fixable, bool)):
-        raise ValueError("not a finding")
-    if not (isinstance(precisions, list) and all(isinstance(p, str) for p in precisions)):
-        raise ValueError("not a finding")
     return Finding(code=code, name=name, severity=severity, message=message, fix=fix,
                    location=Location(path, line, column), precisions=tuple(precisions), fixable=fixable)
 
@@ -107,82 +216,128 @@ def _encode_directive(directive: Directive) -> list:
 
 def _decode_directive(record) -> Directive:
     line, column, kind, codes, unknown = record
-    if not (isinstance(line, int) and isinstance(column, int) and kind in ("noqa", "preclint")):
-        raise ValueError("not a directive")
-    if not (isinstance(codes, list) and isinstance(unknown, list) and all(isinstance(c, str) for c in codes + unknown)):
-        raise ValueError("not a directive")
     return Directive(line, column, kind, tuple(codes), tuple(unknown))
 
 
 Directives = Dict[int, List[Directive]]
 
 
-class Cache:
-    """The cache of one project root and settings; ``save()`` writes it back if anything changed."""
+def rule_names(codes: Sequence[str]) -> Dict[str, str]:
+    """Code -> name of the rules whose findings a cache of a run of ``codes`` can hold: those rules,
+    and the one that reports files no rule could check (it reports whatever is selected)."""
+    from preclint.rules import all_rules, unreadable_file_rule
 
-    def __init__(self, filename: Optional[str], entries: Optional[Dict[str, list]] = None):
-        self.filename = filename
+    rules = all_rules()
+    names = {code: rules[code].name for code in codes if code in rules}
+    unreadable = unreadable_file_rule()
+    names[unreadable.code] = unreadable.name
+    return names
+
+
+class Cache:
+    """The cache of one project root and settings; ``save()`` writes it back if anything changed.
+    ``notes`` say why a cache file was not used."""
+
+    def __init__(self, directory: Optional[Tuple[str, Sequence[str]]] = None, name: str = "",
+                 entries: Optional[Dict[str, list]] = None, settings: str = "",
+                 names: Optional[Dict[str, str]] = None):
+        self.directory = directory  # (base, parts below it); None: not written
+        self.name = name
+        self.settings = settings
+        self.names = names or {}  # code -> name of the rules whose findings it may hold
         # abspath -> [printed path, digest, [finding records], [directive records]]
         self.entries: Dict[str, list] = entries or {}
         self.hits = 0
         self.misses = 0
+        self.notes: List[str] = []
+        self.mismatched = 0  # entries whose positions lie outside their file
         self._changed = False
+
+    @property
+    def filename(self) -> str:
+        return os.path.join(self.directory[0], *self.directory[1], self.name) if self.directory else ""
 
     @classmethod
     def open(cls, project_root: str, codes: Sequence[str]) -> "Cache":
+        """The cache for ``project_root`` and ``codes``: empty (and noted) when its file cannot be
+        trusted; not written either when its directory or file is not preclint's own."""
+        from preclint.text.safe_io import NotOurs, PrivateDirectory, TooLarge
+
         root_key = hashlib.blake2b(os.path.abspath(project_root).encode("utf-8", "surrogateescape"),
                                    digest_size=10).hexdigest()
-        filename = os.path.join(cache_directory(), f"v{FORMAT}", root_key, settings_key(codes) + ".json")
-        return cls(filename, _load(filename))
+        settings = settings_key(codes)
+        cache = cls((cache_directory(), (f"v{FORMAT}", root_key)), settings + ".json", settings=settings,
+                    names=rule_names(codes))
+        try:
+            with PrivateDirectory(*cache.directory) as directory:
+                data = directory.read(cache.name, MAX_SIZE)
+        except NotOurs as exc:
+            cache.directory = None
+            cache.notes.append(f"cache: {exc}; the cache is not used in this run (remove it to use it again)")
+            return cache
+        except TooLarge as exc:
+            cache.notes.append(f"cache: {exc}; it is ignored and rewritten")
+            return cache
+        except OSError:  # no cache directory to be had (a read-only home): a run without a cache
+            cache.directory = None
+            return cache
+        if data is None:
+            return cache
+        try:
+            cache.entries = decode_document(data, settings, cache.names)
+        except Invalid as exc:
+            cache.notes.append(f"cache: {cache.filename} does not hold what preclint writes ({exc}); "
+                               "it is ignored and rewritten")
+        return cache
 
-    def get(self, filename: str, printed: str, digest: str) -> Optional[Tuple[List[Finding], Directives]]:
-        """The file's raw findings and suppression directives, if stored for these bytes and path."""
+    def get(self, filename: str, printed: str, digest: str,
+            text: Optional[str] = None) -> Optional[Tuple[List[Finding], Directives]]:
+        """The file's raw findings and suppression directives, if stored for these bytes and path;
+        with the file's ``text``, only if every position stored lies inside it."""
         entry = self.entries.get(os.path.abspath(filename))
         if entry is not None and entry[0] == printed and entry[1] == digest:
-            try:
+            if text is None or self._fits(entry, text):
                 findings = [_decode(record, printed) for record in entry[2]]
                 directives: Directives = {}
                 for record in entry[3]:
                     directive = _decode_directive(record)
                     directives.setdefault(directive.line, []).append(directive)
-            except (ValueError, TypeError):
-                findings = None
-            if findings is not None:
                 self.hits += 1
                 return findings, directives
+            self.mismatched += 1
         self.misses += 1
         return None
 
+    def _fits(self, entry: list, text: str) -> bool:
+        lines = max(text.count("\n"), text.count("\r")) + 1
+        columns = len(text) + 1
+        return _inside(entry[2], 5, lines, columns) and _inside(entry[3], 0, lines, columns)
+
     def put(self, filename: str, printed: str, digest: str, findings: Sequence[Finding], directives: Directives) -> None:
         records = [_encode_directive(d) for line in sorted(directives) for d in directives[line]]
-        self.entries[os.path.abspath(filename)] = [printed, digest, [_encode(f) for f in findings], records]
+        entry = [printed, digest, [_encode(f) for f in findings], records]
+        try:  # what the next run would not believe is not stored (a rule's finding of an unknown precision)
+            _check_entry(os.path.abspath(filename), entry, self.names)
+        except Invalid:
+            return
+        self.entries[os.path.abspath(filename)] = entry
         self._changed = True
 
     def save(self) -> None:
         """Write the cache; a cache that cannot be written is no error (a read-only home, a full disk)."""
-        if not self._changed or self.filename is None:
+        if self.mismatched:
+            self.notes.append(f"cache: {self.mismatched} entr{'ies' if self.mismatched != 1 else 'y'} in "
+                              f"{self.filename} point outside their files (not what preclint writes); "
+                              "those files were checked again")
+        if not self._changed or self.directory is None:
             return
-        from preclint.text.safe_io import write_atomic
+        from preclint.text.safe_io import NotOurs, PrivateDirectory
 
-        document = {"format": FORMAT, "files": self.entries}
+        data = encode_document(self.settings, self.entries)
         try:
-            os.makedirs(os.path.dirname(self.filename), exist_ok=True)
-            write_atomic(self.filename, json.dumps(document, separators=(",", ":")))
+            with PrivateDirectory(*self.directory) as directory:
+                directory.write(self.name, data)
+        except NotOurs as exc:
+            self.notes.append(f"cache: {exc}; the cache was not written")
         except OSError:
             pass
-
-
-def _load(filename: str) -> Dict[str, list]:
-    from preclint.text.safe_io import read_regular
-
-    try:
-        document = json.loads(read_regular(filename).decode("utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return {}
-    if not isinstance(document, dict) or document.get("format") != FORMAT or not isinstance(document.get("files"), dict):
-        return {}
-    return {
-        path: entry for path, entry in document["files"].items()
-        if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and isinstance(entry[1], str)
-        and isinstance(entry[2], list) and isinstance(entry[3], list)
-    }

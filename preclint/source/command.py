@@ -10,7 +10,7 @@ from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
 from preclint.core.errors import UserError
-from preclint.core.exitcodes import EXIT_FINDINGS, EXIT_OK, exit_code
+from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.core.findings import Finding
 from preclint.text.paths import display_path
 
@@ -53,16 +53,19 @@ def write_report(text: str, out: Optional[TextIO] = None) -> None:
         raise UserError(f"cannot print the report on stdout: {exc.strerror or exc}") from None
 
 
-def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[str], paths: Sequence[str]) -> None:
+def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[str], paths: Sequence[str],
+                             inputs: Sequence[Tuple[Optional[str], str]] = ()) -> None:
     """Mistakes in --baseline / --write-baseline, found before any work is done: an unreadable or
-    invalid baseline; a baseline target that is a directory, one of the checked ``paths`` or the
-    report's own stdout."""
+    invalid baseline; a baseline target that is a directory, one of the checked ``paths``, another
+    of the run's ``inputs`` (its configuration, a weights file; the baseline it reads may be
+    refreshed) or the report's own stdout."""
     from preclint.source.baseline import check_output_target, read_baseline
 
     if baseline:
         read_baseline(baseline)
     if write_baseline:
-        check_output_target(write_baseline, checked=paths)
+        others = [(path, role) for path, role in inputs if path not in (baseline, write_baseline)]
+        check_output_target(write_baseline, checked=paths, inputs=others)
 
 
 def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None, write_baseline: Optional[str] = None) -> bool:
@@ -130,9 +133,10 @@ def run_source_only(
 
     out = out or sys.stdout
     err = err or sys.stderr
-    check_baseline_arguments(baseline, write_baseline, paths)
+    check_baseline_arguments(baseline, write_baseline, paths, inputs=[(config.path, "the configuration this run reads")])
     run = check_paths(paths, config, cache=cache)
     notes = list(run.notes)
+    unwritable = 0
     if fix or diff:
         from preclint.source.fix import fix_run, unified_diff, write_fixes
 
@@ -150,19 +154,21 @@ def run_source_only(
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
-        unwritten = write_fixes(run, result)
-        notes += unwritten
-        fixed = result.total - sum(result.counts[path] for path in result.counts
-                                   if any(note.startswith(f"{path}: not fixed") for note in unwritten))
+        written = write_fixes(run, result, tell=lambda line: err.write(line + "\n"))
+        notes += written.skipped
+        fixed = sum(result.counts[path] for path in written.fixed)
         if fixed:
             err.write(f"Fixed {fixed} finding{'s' if fixed != 1 else ''}.\n")
             run = check_paths(paths, config, cache=cache)  # report what is left, at its new positions
+        unwritable = len(written.failed)
     if config.output_format != "full":  # the full report prints its notes itself
         for note in notes:
             err.write(console_line(f"warning: {note}") + "\n")
     findings, baseline_notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes + baseline_notes)
     write_report(render(report, config.output_format, color=color), out)
+    if unwritable:  # an error (said above, one line a file), not "findings left", whatever --exit-zero says
+        return EXIT_ERROR
     if write_baseline:
         return EXIT_OK
     return exit_code(findings, config.fail_on, exit_zero)

@@ -6,9 +6,12 @@ its replacement, so one round applies them all; further rounds (at most ``MAX_RO
 round's result offers anew. Only safe fixes exist: a rule offers a replacement only
 where it can show the behaviour is the same (see each rule's Fix section).
 
-Files are written in place (preclint.text.safe_io.write_in_place): owner, mode and hard links stay;
-a file that changed on disk since it was read is left alone, and so is a file reached through a
-symlink that leads outside the paths the run was given.
+Each file is either fixed or left untouched (preclint.text.safe_io.replace_checked: a new file
+renamed over it, or written in place where its owner, hard links or ACLs must stay); a file that
+changed on disk since it was read is left alone, and so is a file reached through a symlink that
+leads outside the paths the run was given. A file that cannot be written (its mode, an immutable
+flag, a full disk) does not stop the others: ``write_fixes`` says, one line a file, which were
+fixed and which were not, and why.
 """
 from __future__ import annotations
 
@@ -20,11 +23,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from preclint.config import Config
-from preclint.core.errors import UserError
 from preclint.core.findings import Finding
 from preclint.text.guard import run_with_deep_stack
 from preclint.source.run import check_source
-from preclint.text.safe_io import ChangedOnDisk, write_in_place
+from preclint.text.safe_io import ChangedOnDisk, replace_checked
 from preclint.text.sourcefile import Fix, SourceFile
 from preclint.source.suppress import apply_suppressions
 
@@ -227,19 +229,36 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
     return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def write_fixes(run, result: FixResult) -> List[str]:
-    """Write the fixed texts; returns notes on files left unchanged (and why)."""
-    notes: List[str] = []
+@dataclass
+class Written:
+    """What ``write_fixes`` did, by printed path."""
+
+    fixed: List[str] = field(default_factory=list)  # files written with their fixes
+    skipped: List[str] = field(default_factory=list)  # "path: not fixed: why" for files left alone on purpose
+    failed: List[str] = field(default_factory=list)  # "path: not fixed: ..." for files that could not be written
+
+
+def write_fixes(run, result: FixResult, tell: Callable[[str], None] = lambda line: None) -> Written:
+    """Write the fixed texts, every file whatever happens to the others; ``tell`` hears one line a
+    file as it is done (so an interrupted run has said what it changed)."""
+    done = Written()
     for path, text in sorted(result.texts.items()):
         source = run.sources[path]
         filename = run.filenames.get(path) or source.filename or path
+        count = result.counts.get(path, 0)
         if run.roots and not _inside(filename, run.roots):
-            notes.append(f"{path}: not fixed: a symlink to a file outside the checked paths")
+            done.skipped.append(f"{path}: not fixed: a symlink to a file outside the checked paths")
             continue
         try:
-            write_in_place(filename, text.encode(source.encoding), expected=source.data)
+            replace_checked(filename, text.encode(source.encoding), expected=source.data)
         except ChangedOnDisk:
-            notes.append(f"{path}: not fixed: it changed on disk while preclint ran")
+            done.skipped.append(f"{path}: not fixed: it changed on disk while preclint ran")
+            continue
         except OSError as exc:
-            raise UserError(f"{path}: cannot write the fixes: {exc.strerror or exc} (the file is unchanged)") from None
-    return notes
+            line = f"{path}: not fixed: cannot write it: {exc.strerror or exc}; the file is unchanged"
+            done.failed.append(line)
+            tell(f"preclint: error: {line}")
+            continue
+        done.fixed.append(path)
+        tell(f"Fixed {count} finding{'s' if count != 1 else ''} in {path}.")
+    return done

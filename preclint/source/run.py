@@ -258,6 +258,8 @@ def check_paths(
         from preclint.source.cache import Cache, content_digest
 
         store = Cache.open(config.root or cwd, codes)
+        run.notes.extend(store.notes)
+        store.notes = []
     raw: Dict[str, List[Finding]] = {}
     known: Dict[str, Dict[int, List[Directive]]] = {}  # suppression directives, by printed path
     jobs_to_run: List[Tuple[str, bytes, Tuple[str, ...]]] = []
@@ -279,7 +281,7 @@ def check_paths(
         run.filenames[shown] = filename
         if store is not None:
             digests[shown] = content_digest(source.data or b"")
-            hit = store.get(filename, shown, digests[shown])
+            hit = store.get(filename, shown, digests[shown], source.text if source.decode_failure is None else None)
             if hit is not None:
                 raw[shown], known[shown] = hit
                 cached.add(shown)
@@ -300,6 +302,7 @@ def check_paths(
         for shown in (shown for shown in known if shown not in cached):
             store.put(run.filenames[shown], shown, digests[shown], raw[shown], known[shown])
         store.save()
+        run.notes.extend(store.notes)
 
     from preclint.rules import unreadable_file_rule, unused_suppression_rule
 
