@@ -229,9 +229,10 @@ def run(args) -> Dict[str, Any]:
     # (ranks sharing one GPU stream: two whole copies of the model do not fit beside each other)
     stream = True if args.share_gpu else {"unstreamed": False, "streamed": True}.get(args.mode)
     runs = []
+    report = result = None
     for run_index in range(max(1, args.repeat)):
         if run_index:  # the earlier run's report and copies go before the next one is made
-            del report, result
+            report = result = None
             release(device)
         report, result, check_s, probe_s = probe(model, ids, device, modes, stream, ranks)
         runs.append({"check_s": check_s, "probe_s": probe_s, "stages_s": result.timings if result else None})

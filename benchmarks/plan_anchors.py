@@ -147,7 +147,6 @@ def export(module, args) -> Any:
 def onnx_flops(model) -> Dict[str, float]:
     """node name -> FLOPs, from shapes inferred on the float32 model."""
     import onnx
-    from onnx import numpy_helper
 
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {}

@@ -180,7 +180,7 @@ def floor(model, inputs, graph, device: str) -> Dict[str, Any]:
 
     out["node_values"] = elements
     out["compare_all_values"] = timed(compare)
-    del ref, value, diff
+    ref = value = diff = None  # the comparison's buffers, freed before the next measurement
     modes = ("tf32", "fp16", "bf16")
     out["total"] = (out["transfer"] + out["forward_float64"]
                     + sum(2 * out[f"forward_{m}"] + out["backward_bf16"] + 2 * out["compare_all_values"] for m in modes))

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.test_source_cli import AMP, project  # noqa: F401 (project: a fixture)
+from tests.test_source_cli import AMP
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FINDING = "pkg/m.py:3:6: PCL502 [*] `torch.cuda.amp.autocast` is deprecated"

@@ -7,7 +7,7 @@ import torch
 
 from preclint.load.checkpoints import read_safetensors
 from preclint.load.loader import load_model
-from tests.test_load import fixture, trained_state_dict, user_error  # noqa: F401  (a fixture)
+from tests.test_load import fixture, user_error
 
 META_MODEL = """
 import torch

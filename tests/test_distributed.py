@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 
-from tests.test_probe_cli import tiny  # noqa: F401  (the model file, a fixture)
 
 # FX cannot trace it (a branch on a value), so every rank records it eagerly; its max over a dim and
 # its argmax count flips, and its linear layers are judged for TF32 from the check's statistics

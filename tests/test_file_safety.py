@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.test_source_cli import AMP, TF32, project  # noqa: F401 (project: a fixture)
+from tests.test_source_cli import AMP, TF32
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

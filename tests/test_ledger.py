@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.test_probe_cli import run, tiny  # noqa: F401  (tiny: the model file, a fixture)
+from tests.test_probe_cli import run
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from preclint.core.errors import UserError
 from preclint.load.input_specs import parse_input, parse_shape
@@ -193,10 +192,6 @@ def test_parse_shape_rejects_zero():
 # Weights
 
 
-@pytest.fixture
-def trained_state_dict():
-    """A state dict for blocks_and_net.Net that differs from what seed 0 builds."""
-    return load_model(fixture("blocks_and_net.py"), seed=123).module.state_dict()
 
 
 @pytest.mark.parametrize("wrap", [

@@ -15,7 +15,7 @@ from preclint.measure.compare import Tolerance
 from preclint.plan.planner import Planner, Unit, make_plan
 from preclint.policy import PolicyError, apply_policy, load_policy, onnx_patterns, Kept
 from tests.helpers import check
-from tests.models.plan_culprits import Healthy, OffsetClassifier, RMSHead, WideLayer
+from tests.models.plan_culprits import Healthy, RMSHead, WideLayer
 
 MODELS = Path(__file__).parent / "models" / "plan_culprits.py"
 SCHEMA = json.loads((Path(__file__).parent / "data" / "plan.schema.json").read_text())

@@ -1,7 +1,6 @@
 """`preclint check --probe` and `preclint probe` end to end (CPU emulation), and the rules that only a
 probe can fire, run on their own examples."""
 import json
-import textwrap
 from pathlib import Path
 
 import jsonschema
@@ -16,35 +15,6 @@ from tests.helpers import check_example
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "report.schema.json").read_text())
 
-TINY = """
-    import torch
-    from torch import nn
-
-
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Conv2d(3, 16, 3, padding=1)
-            self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
-            self.head = nn.Linear(16, 10)
-
-        def forward(self, x):
-            x = torch.relu(self.stem(x))
-            x = x + self.dw(x)
-            return self.head(x.mean(dim=(2, 3)))
-
-
-    def example_inputs():
-        torch.manual_seed(0)
-        return (torch.rand(2, 3, 12, 12),)
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny.py"
-    path.write_text(textwrap.dedent(TINY))
-    return str(path)
 
 
 def run(capsys, *argv):

@@ -15,14 +15,6 @@ AMP = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = model(x)\n"
 TF32 = "import torch\n\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    """An empty project as the working directory, with its own cache and no user configuration."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "pkg").mkdir()
-    return tmp_path
 
 
 def run(capsys, *args):

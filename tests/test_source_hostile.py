@@ -8,12 +8,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 
-from tests.test_source_cli import AMP, project, run  # noqa: F401 (project: a fixture)
+from tests.test_source_cli import AMP, run
 
 ASSERT = "import torch\n\ntorch.testing.assert_allclose(torch.ones(3), torch.ones(3), rtol=1e-3, atol=1e-5)\n"
 

@@ -15,7 +15,6 @@ from preclint.probe import ProbeOptions, measure_model
 from preclint.probe.stream import WeightStream, find_blocks
 from tests.helpers import check
 from tests.test_hotspots import gpt2, llama
-from tests.test_probe_cli import tiny  # noqa: F401  (a fixture: the model file)
 
 
 class Scaled(nn.Module):

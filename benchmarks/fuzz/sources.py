@@ -15,16 +15,16 @@ touched; a second ``--fix`` changes nothing more.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import random
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from benchmarks.fuzz.oracle import ROOT, Checked, Run, Verdict, judge, run_in_process, snapshot, write_case_files
+from benchmarks.fuzz.oracle import ROOT, Checked, Verdict, judge, run_in_process, snapshot, write_case_files
 
 KEYWORDS = ("def", "class", "(", ")", ":", "lambda", "yield", "await", "async", "**", "@", "=", ",", '"', "'''", "\\",
             "#", "match", "case", ":=", "->", "...", "print", "torch", "amp", "allow_tf32", "assert_allclose", "1e-8",
@@ -394,7 +394,6 @@ def _encoding_of(data: bytes) -> Optional[str]:
 
 def _comments(data: bytes) -> "collections.Counter[str]":
     """The comments of a file, counted (none when it does not tokenize)."""
-    import collections
     import io
     import tokenize
 
