@@ -1,7 +1,7 @@
 """The mixed-precision plan: the fewest float32 FLOPs that bring a precision mode under a tolerance.
 
-From the error model's per-node shares of the output error (predict.py) the plan chooses units to
-keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of a module's own
+From the error model's per-node shares of the output error (predict/error_model.py) the plan chooses
+units to keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of a module's own
 forward (``exp`` in ``block``), and, for a cast model (``-full``), what is not a module: the
 model's inputs (``<inputs>``: not cast down on entry), its outputs (``<outputs>``: not cast back)
 and a parameter the format cannot hold (``<param:layer1.0.bn1.running_var>``). Those three cost no
@@ -28,8 +28,9 @@ from preclint.core.ir import Graph, Kind, Node
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
 from preclint.core.numerics import FP32, MODES, Mode
-from preclint.predict.error_model import (ModePrediction, expected_flip_fraction, propagated_error, predict_mode,
-                                         reaching_absmax, rounding_terms)
+from preclint.predict.error_model import ModePrediction, expected_flip_fraction, propagated_error, predict_mode
+from preclint.predict.local import rounding_terms
+from preclint.predict.range import reaching_absmax
 from preclint.measure.compare import Tolerance
 from preclint.plan.document import ErrorSummary, KeepEntry, Plan
 from preclint.plan.units import (INPUTS_UNIT, NO_ARITHMETIC, OUTPUTS_UNIT, Unit, is_model_tensor, module_within, node_flops,

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.core.numerics import Mode
-from preclint.predict.error_model import fx_tensor_constant
+from preclint.predict.formats import fx_tensor_constant
 from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
 
 # kinds whose nodes compute nothing a float32 unit would change
