@@ -12,7 +12,8 @@ import torch
 
 from preclint.cli import main
 from preclint.measure.compare import Tolerance
-from preclint.plan.planner import Planner, Unit, make_plan
+from preclint.plan.planner import Planner, make_plan
+from preclint.plan.units import Unit
 from preclint.policy import PolicyError, apply_policy, load_policy, onnx_patterns, Kept
 from tests.helpers import check
 from tests.models.plan_culprits import Healthy, RMSHead, WideLayer

@@ -13,7 +13,9 @@ from preclint.engine import CheckOptions, check_model
 from preclint.load.loader import LoadedModel
 from preclint.core.numerics import MODES
 from preclint.measure.compare import Tolerance
-from preclint.plan.planner import KeepEntry, Planner, Unit
+from preclint.plan.document import KeepEntry
+from preclint.plan.planner import Planner
+from preclint.plan.units import Unit
 from preclint.plan.command import build_plan
 from preclint.policy import PolicyError, apply_policy, onnx_patterns, Kept
 from tests.models.plan_culprits import Healthy, InlineFrozenNorm, OffsetInputs, TinyVariance, WideLayer

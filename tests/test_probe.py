@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from preclint.core.errors import UserError
 from preclint.core.numerics import C_INPUT
-from preclint.predict.error_model import terms_rms
+from preclint.predict.accumulation import terms_rms
 from preclint.probe import ProbeOptions, apply, measure_model
 from preclint.measure.rounding import round_tf32
 from tests.helpers import check
@@ -514,7 +514,7 @@ def test_a_frozen_batch_norm_stores_float32_under_autocast_as_type_promotion_doe
     from torchvision.ops import FrozenBatchNorm2d
 
     from preclint.core.numerics import MODES
-    from preclint.predict.error_model import node_format
+    from preclint.predict.formats import node_format
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 1), FrozenBatchNorm2d(4)).eval()

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from preclint.core.numerics import C_INPUT
-from preclint.predict.error_model import terms_rms
+from preclint.predict.accumulation import terms_rms
 from preclint.probe import ProbeOptions, measure_model
 from tests.helpers import check
 

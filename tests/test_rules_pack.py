@@ -16,7 +16,10 @@ from preclint.core.numerics import MODES
 from preclint.load.modelio import output_tensors
 from preclint.measure.compare import compare
 from preclint.measure.runners import run_mode, run_reference
-from preclint.predict.error_model import accumulation_error, exact_integers, node_format, tensor_core_tf32
+from preclint.predict.accumulation import accumulation_error
+from preclint.predict.formats import node_format
+from preclint.predict.local import exact_integers
+from preclint.predict.tf32 import tensor_core_tf32
 from preclint.rules.model.error_amplification import ErrorAmplification
 from preclint.rules.model.cancellation import Cancellation
 from preclint.rules.model.unrepresentable_constant import UnrepresentableConstant

@@ -118,7 +118,8 @@ def plan_section(plan):
 def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = True, device: str = "auto",
                policy_file: Optional[str] = None):
     """Plan (or take the given policy), verify, refine: at most MAX_RUNS runs with a plan."""
-    from preclint.plan.planner import make_plan, onnx_exclude_patterns
+    from preclint.plan.exports import onnx_exclude_patterns
+    from preclint.plan.planner import make_plan
 
     try:
         from preclint.plan.source_edit import source_diff
@@ -148,7 +149,10 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
 def _take_policy(plan, policy_file: str, module, graph) -> None:
     """The plan's keep list from a policy file, checked against the model."""
     from preclint.measure.copies import copy_to
-    from preclint.plan.planner import KeepEntry, Planner, Unit, MODES
+    from preclint.core.numerics import MODES
+    from preclint.plan.document import KeepEntry
+    from preclint.plan.planner import Planner
+    from preclint.plan.units import Unit
     from preclint.policy import PolicyError, apply_policy, load_policy
 
     try:
@@ -175,7 +179,8 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
 def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool, margins=()):
     """The plan measured, and refined where the measurement fails it: the plan that was run last."""
     from preclint.load.modelio import Inputs
-    from preclint.plan.planner import Unit, make_plan
+    from preclint.plan.planner import make_plan
+    from preclint.plan.units import Unit
     from preclint.plan.verify import Verifier
 
     try:

@@ -1,7 +1,7 @@
 """The mixed-precision plan: the fewest float32 FLOPs that bring a precision mode under a tolerance.
 
-From the error model's per-node shares of the output error (predict.py) the plan chooses units to
-keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of a module's own
+From the error model's per-node shares of the output error (predict/error_model.py) the plan chooses
+units to keep in float32, where a unit is a leaf module (``layer1.0.conv1``) or one op of a module's own
 forward (``exp`` in ``block``), and, for a cast model (``-full``), what is not a module: the
 model's inputs (``<inputs>``: not cast down on entry), its outputs (``<outputs>``: not cast back)
 and a parameter the format cannot hold (``<param:layer1.0.bn1.running_var>``). Those three cost no
@@ -22,192 +22,21 @@ an overflow moved to the next conv) is in the figure. ``plan/verify.py`` measure
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
+from preclint.core.ir import Graph, Kind, Node
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
 from preclint.core.numerics import FP32, MODES, Mode
-from preclint.predict.error_model import (ModePrediction, expected_flip_fraction, fx_tensor_constant,
-                              propagated_error, predict_mode, reaching_absmax, rounding_terms)
+from preclint.predict.error_model import ModePrediction, expected_flip_fraction, propagated_error, predict_mode
+from preclint.predict.local import rounding_terms
+from preclint.predict.range import reaching_absmax
 from preclint.measure.compare import Tolerance
-from preclint.policy import INPUTS, OUTPUTS, PARAM, is_module, param_name
+from preclint.plan.document import ErrorSummary, KeepEntry, Plan
+from preclint.plan.units import (INPUTS_UNIT, NO_ARITHMETIC, OUTPUTS_UNIT, Unit, is_model_tensor, module_within, node_flops,
+                                 parent, promotes, unit_nodes, unit_of)
 
-PLAN_VERSION = 1
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
-# kinds whose nodes compute nothing a float32 unit would change
-_NO_ARITHMETIC = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.SHAPE, Kind.CONSTANT, Kind.DECISION, Kind.COMPARE})
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A leaf module (``op`` None), or every call of one op in a module's own forward."""
-
-    module: str
-    op: Optional[str] = None
-
-    @property
-    def label(self) -> str:
-        where = self.module or "<root>"
-        return where if self.op is None else f"{where}: {self.op}"
-
-    @property
-    def is_module(self) -> bool:
-        """A module or an op in one, not the inputs, the outputs or a parameter."""
-        return is_module(self.module)
-
-
-INPUTS_UNIT, OUTPUTS_UNIT = Unit(INPUTS), Unit(OUTPUTS)
-
-
-def param_unit(name: str) -> Unit:
-    return Unit(f"{PARAM}{name}>")
-
-
-@dataclass
-class KeepEntry:
-    module: str
-    op: Optional[str]
-    reason: str
-    share: Optional[float]  # the unit's share of the predicted output error variance before the plan
-    flops_fraction: float = 0.0
-    alternative: Optional[str] = None  # a fix that keeps the speed, where a rule knows one
-
-    def to_json(self) -> Dict[str, Any]:
-        out = {"module": self.module, "op": self.op, "reason": self.reason,
-               "share": None if self.share is None else round(self.share, 4),
-               "flops_fraction": round(self.flops_fraction, 6)}
-        if self.alternative:
-            out["alternative"] = self.alternative
-        return out
-
-
-@dataclass
-class ErrorSummary:
-    rel_error: Optional[float]
-    max_abs_error: Optional[float]
-    finite: bool = True
-    failing_fraction: Optional[float] = None  # elements outside atol + rtol |ref|
-    flip_fraction: Optional[float] = None  # the largest over the decisions judged
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"rel_error": _sig(self.rel_error), "max_abs_error": _sig(self.max_abs_error), "finite": self.finite,
-                "failing_fraction": _sig(self.failing_fraction), "flip_fraction": _sig(self.flip_fraction)}
-
-
-@dataclass
-class Plan:
-    """The plan as ``preclint plan --output-format json`` writes it (``to_json``), and as
-    ``preclint.policy.load_policy`` reads it back."""
-
-    model: str
-    precision: str
-    tolerance: Tolerance
-    keep: List[KeepEntry] = field(default_factory=list)
-    kept_flops_fraction: float = 0.0
-    predicted: Dict[str, ErrorSummary] = field(default_factory=dict)  # "before", "after"
-    measured: Optional[Dict[str, Any]] = None  # "before", "after", "float32", "device", "runs"
-    meets_tolerance: bool = False
-    notes: List[str] = field(default_factory=list)
-    onnx_exclude: List[str] = field(default_factory=list)  # nodes_to_exclude-style regular expressions
-    source_diff: Optional[str] = None
-
-    @property
-    def modules(self) -> List[str]:
-        return [k.module for k in self.keep if k.op is None]
-
-    def policy(self) -> Dict[str, Any]:
-        return {"precision": self.precision, "keep": [{"module": k.module, "op": k.op} for k in self.keep]}
-
-    def to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {
-            "version": PLAN_VERSION,
-            "model": self.model,
-            "precision": self.precision,
-            "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
-            "keep": [k.to_json() for k in self.keep],
-            "kept_flops_fraction": round(self.kept_flops_fraction, 6),
-            "predicted": {k: v.to_json() for k, v in self.predicted.items()},
-            "meets_tolerance": self.meets_tolerance,
-        }
-        if self.tolerance.max_flip is not None:
-            out["tolerance"]["max_flip"] = self.tolerance.max_flip
-        if self.measured is not None:
-            out["measured"] = {k: (v.to_json() if isinstance(v, ErrorSummary) else v) for k, v in self.measured.items()}
-        out["onnx_nodes_to_exclude"] = list(self.onnx_exclude)
-        out["notes"] = list(self.notes)
-        return out
-
-
-def _sig(value: Optional[float]) -> Optional[float]:
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.4g}")
-
-
-# ----------------------------------------------------------------------------------- units and cost
-
-
-def node_flops(node: Node) -> float:
-    """Arithmetic of a node: 2 K per output element of a dot product, else one per element it
-    reads or writes (elementwise ops, norms, reductions)."""
-    if node.kind in _NO_ARITHMETIC or not node.outputs:
-        return 0.0
-    numel = sum(s.numel for s in node.outputs if s.is_float)
-    if node.kind in DOT_PRODUCT_KINDS:
-        return 2.0 * (node.reduction_length or 1) * numel
-    read = sum(s.numel for s in node.input_stats if s is not None and s.is_float)
-    return float(max(numel, read))
-
-
-def is_model_tensor(node: Node) -> bool:
-    """A parameter or buffer the model holds (or a view of one), not a tensor its forward creates
-    (fx_tensor_constant)."""
-    return node.fn == "parameter" and bool(node.params) and not fx_tensor_constant(node) \
-        and not (_FX_CONSTANT in node.params[0] and not node.attrs.get("view_of"))
-
-
-_FX_CONSTANT = "_tensor_constant"
-
-
-def promotes(graph: Graph, node: Node, modules_cast: bool = False, formats: Optional[Dict[str, str]] = None) -> bool:
-    """Whether every op that reads the tensor (through views and indexing) promotes a float32
-    operand by type promotion (elementwise ops, reductions): then keeping the tensor alone in
-    float32 runs in a cast model. A dot product or a module call (F.linear, a conv) would refuse a
-    float32 weight beside low activations, unless its other operands are float32 too (``formats``:
-    each node's format in the cast model, a position table made in float32 by the forward).
-    ``modules_cast``: a module call reads it anyway (a layer of the cast model casts a float32
-    input to its own dtype, as apply_policy makes it)."""
-    readers: Dict[str, List[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
-    frontier, seen, chain = [node.name], set(), {node.name}
-    while frontier:
-        name = frontier.pop()
-        for reader in readers.get(name, []):
-            if reader.name in seen:
-                continue
-            seen.add(reader.name)
-            if reader.target.startswith("nn."):
-                if modules_cast:
-                    continue
-                return False
-            if reader.kind in DOT_PRODUCT_KINDS or reader.fn in _NO_PROMOTION:
-                others = [i for i in reader.inputs if i not in chain and graph.get(i) is not None
-                          and graph[i].out is not None and graph[i].out.is_float]
-                if formats is None or any(formats.get(i) != "fp32" for i in others):
-                    return False
-            if reader.kind == Kind.SHAPE:
-                frontier.append(reader.name)
-                chain.add(reader.name)
-    return True
-
-
-# ops that take their operands' dtypes as given instead of promoting them
-_NO_PROMOTION = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "bmm", "mm", "einsum", "addmm", "baddbmm",
-                           "layer_norm", "group_norm", "batch_norm", "embedding", "scaled_dot_product_attention"})
 
 
 def _keepable(planner: "Planner", node: Node) -> bool:
@@ -216,54 +45,6 @@ def _keepable(planner: "Planner", node: Node) -> bool:
     if node.kind == Kind.INPUT:
         return promotes(planner.graph, node, modules_cast=True, formats=formats)
     return is_model_tensor(node) and promotes(planner.graph, node, formats=formats)
-
-
-def tensor_name(node: Node) -> str:
-    """The model's name of the parameter or buffer a parameter node reads."""
-    return node.attrs.get("view_of") or node.params[0]
-
-
-def unit_of(node: Node, mode: Optional[Mode] = None) -> Unit:
-    """The unit that keeps ``node``; in a cast model an input or a parameter is its own unit."""
-    cast_model = mode is not None and not mode.autocast
-    if cast_model and node.kind == Kind.INPUT:
-        return INPUTS_UNIT
-    if cast_model and is_model_tensor(node):
-        return param_unit(tensor_name(node))
-    if node.target.startswith("nn.") or node.fn == "parameter":
-        return Unit(node.module_path)
-    return Unit(node.module_path, node.fn)
-
-
-def _inside(path: str, outer: str) -> bool:
-    if not is_module(path) or not is_module(outer):
-        return path == outer
-    return outer == "" or path == outer or path.startswith(outer + ".")
-
-
-def unit_nodes(graph: Graph, unit: Unit) -> List[str]:
-    if unit == INPUTS_UNIT:
-        return [n.name for n in graph.nodes if n.kind == Kind.INPUT]
-    if param_name(unit.module) is not None:
-        return [n.name for n in graph.nodes if is_model_tensor(n) and tensor_name(n) == param_name(unit.module)]
-    if not unit.is_module:  # <outputs>: no node, the cast back at the output (Planner._cast_back)
-        return []
-    if unit.op is None:
-        return [n.name for n in graph.nodes if n.kind not in (Kind.INPUT, Kind.OUTPUT) and _inside(n.module_path, unit.module)]
-    return [n.name for n in graph.nodes
-            if n.module_path == unit.module and n.fn == unit.op and not n.target.startswith("nn.")]
-
-
-def parent(unit: Unit) -> Optional[Unit]:
-    """The module around a unit: an op's own module, a module's parent; None above the root (and
-    for the inputs, the outputs and a parameter)."""
-    if not unit.is_module:
-        return None
-    if unit.op is not None:
-        return Unit(unit.module)
-    if unit.module == "":
-        return None
-    return Unit(unit.module.rpartition(".")[0])
 
 
 class Planner:
@@ -452,9 +233,9 @@ def must_keep(planner: Planner, kept: Set[Unit], reasons: Dict[Unit, str]) -> No
                 unit = parent(unit)
             if unit is None or node.kind == Kind.INPUT and mode.autocast:
                 continue
-            kept.difference_update({u for u in kept if u.op is not None and _inside(u.module, unit.module)
+            kept.difference_update({u for u in kept if u.op is not None and module_within(u.module, unit.module)
                                     or u.op is None and unit.op is None and u.module != unit.module
-                                    and _inside(u.module, unit.module)})
+                                    and module_within(u.module, unit.module)})
             kept.add(unit)
             reasons.setdefault(unit, why)
             added = True
@@ -522,7 +303,7 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
         shares += [planner.decision_terms(p, d) for d in planner.flipping(p)]
         best, best_score = None, 0.0
         for unit in candidates:
-            if unit in kept or any(u.op is None and _inside(unit.module, u.module) for u in kept):
+            if unit in kept or any(u.op is None and module_within(unit.module, u.module) for u in kept):
                 continue
             if unit.is_module:
                 share = max((planner.unit_share(s, unit) for s in shares), default=0.0)
@@ -557,7 +338,7 @@ def _candidates(planner: Planner) -> List[Unit]:
             continue
         if cast_model and _keepable(planner, node):
             units.append(unit_of(node, planner.mode))  # the low format rounds it, or cannot hold it
-        if node.kind in _NO_ARITHMETIC:
+        if node.kind in NO_ARITHMETIC:
             continue
         units.append(unit_of(node))
     if cast_model:
@@ -669,12 +450,3 @@ def _alternatives(graph: Graph, findings: Sequence[Any], mode: str) -> Dict[str,
         if node and f.severity != "info" and (not f.precisions or mode in f.precisions) and f.fix:
             out.setdefault(node, f"{f.code}: {f.fix.strip().splitlines()[0]}")
     return out
-
-
-# ------------------------------------------------------------------------------ deployment forms
-
-
-def onnx_exclude_patterns(plan: Plan) -> List[str]:
-    from preclint.policy import Kept, onnx_patterns
-
-    return onnx_patterns([Kept(k.module, k.op) for k in plan.keep])

@@ -19,7 +19,7 @@ from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import Comparison, Tolerance, compare
 from preclint.measure.copies import copy_to
 from preclint.measure.runners import FirstNonfinite, NativeRunner, run_reference
-from preclint.plan.planner import ErrorSummary
+from preclint.plan.document import ErrorSummary
 from preclint.policy import LOW_DTYPES, apply_policy, load_policy
 from preclint.probe.noise import floor_of, run_to_run
 

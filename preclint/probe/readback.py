@@ -10,7 +10,7 @@ import torch
 
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.core.numerics import C_INPUT
-from preclint.predict.error_model import terms_rms
+from preclint.predict.accumulation import terms_rms
 from preclint.measure.compare import OutputError, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
 from preclint.probe.execute import tensors

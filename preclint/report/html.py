@@ -9,6 +9,8 @@ Charts are drawn by plotly.js, inlined from the installed plotly package: the fi
 Large models stay readable: the chart along the model shows modules, aggregated, and a click on one
 expands it into its children (local and received: the largest of its nodes; share: their sum).
 
+The data the charts read is prepared in report/html_data.py; this module writes the page around it.
+
 A command with a plan to show (``preclint plan``) passes it as a :class:`PlanSection`::
 
     render_many(reports, plan=PlanSection("what it found", ["layer", "dtype"], rows, chart))
@@ -17,20 +19,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from preclint import __version__
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding, Location, percent, sci
-from preclint.report.escape import chart_label, html_text as _e
+from preclint.report.escape import html_text as _e
 from preclint.report.document import Report, failure_line, is_refuted
-
-SNIPPET_CONTEXT = 2  # lines shown above and below a finding's line
-DIGITS = 4  # significant digits of the numbers in the page's data: more would print noise as signal
+from preclint.report.html_data import chart_nodes, finding_refs, output_errors, source_snippet, top_contributors
 
 
 @dataclass
@@ -57,141 +55,16 @@ def plotly_js() -> str:
     return bundle.read_text(encoding="utf-8")
 
 
-def _num(value) -> Optional[float]:
-    if value is None or isinstance(value, bool):
-        return None
-    value = float(value)
-    if not math.isfinite(value):
-        return None
-    return float(f"{value:.{DIGITS}g}") if value else 0.0
-
-
 def _script_json(data) -> str:
     """JSON that is safe inside <script>: no "</" can close the element early."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False, sort_keys=False)
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def _source_file(location: Location) -> Optional[Path]:
-    """The file a location names: relative to the working directory, or for a library's file, to an
-    entry of sys.path (where the library is imported from)."""
-    path = Path(location.path)
-    if not location.library and path.is_file():
-        return path
-    for entry in sys.path if location.library else ():
-        candidate = Path(entry or ".") / location.path
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _snippet(location: Optional[Location]) -> Optional[Dict[str, Any]]:
-    if location is None:
-        return None
-    path = _source_file(location)
-    if path is None:
-        return None
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    if not 1 <= location.line <= len(lines):
-        return None
-    first = max(1, location.line - SNIPPET_CONTEXT)
-    last = min(len(lines), location.line + SNIPPET_CONTEXT)
-    return {"first": first, "line": location.line, "lines": lines[first - 1:last]}
-
-
 def _place(location: Optional[Location]) -> str:
     if location is None:
         return "(model)"
     return f"{location.path}:{location.line}:{location.column}" + (" (library)" if location.library else "")
-
-
-# ---- the data the charts read -------------------------------------------------------------------
-
-
-def _nodes(report: Report) -> Dict[str, Any]:
-    """The nodes along the model, columnar: names, module paths and, per mode, predicted (p*) and
-    measured (m*) local and received relative error and share of the output error. What the charts
-    show (labels, module paths, places) is escaped for plotly, which renders tags in labels."""
-    rows = report.profile or []
-    measured = {row["node"]: row for row in report.ledger or []}
-    if not rows:  # a probe without the predicted profile: the ledger alone
-        rows = [dict(row, modes={}) for row in report.ledger or []]
-    names, modules, labels, locations = [], [], [], []
-    series: Dict[str, Dict[str, List[Optional[float]]]] = {
-        mode: {key: [] for key in ("pl", "pr", "ps", "ml", "mr", "ms")} for mode in report.precisions}
-    for row in rows:
-        names.append(row["node"])
-        modules.append(chart_label(row.get("module") or ""))
-        op = row.get("op") or row["node"]
-        module = row.get("module") or ""
-        labels.append(chart_label(module if op.startswith("nn.") and module else (f"{op} in {module}" if module else op)))
-        loc = row.get("location")
-        locations.append(chart_label(f"{loc['path']}:{loc['line']}") if loc else "")
-        ledger_row = measured.get(row["node"], {}).get("modes", {})
-        for mode, columns in series.items():
-            p = row["modes"].get(mode, {})
-            m = ledger_row.get(mode, {})
-            columns["pl"].append(_num(p.get("local")))
-            columns["pr"].append(_num(p.get("received")))
-            columns["ps"].append(_num(p.get("share")))
-            columns["ml"].append(_num((m.get("local") or {}).get("rel_error")))
-            columns["mr"].append(_num((m.get("received") or {}).get("rel_error")))
-            columns["ms"].append(_num(m.get("contribution")))
-    return {"names": names, "modules": modules, "labels": labels, "locations": locations, "series": series,
-            "measured": report.ledger is not None}
-
-
-def _outputs(report: Report) -> List[Dict[str, Any]]:
-    out = []
-    for mode in report.precisions:
-        entry = report.summary.get(mode, {})
-        predicted = entry.get("predicted_output", {})
-        measured = entry.get("measured_output")
-        out.append({
-            "mode": mode,
-            "predicted": _num(predicted.get("rel_error")),
-            "predicted_finite": predicted.get("finite"),
-            "measured": _num(measured.get("rel_error")) if measured and "error" not in measured else None,
-            "measured_finite": measured.get("finite") if measured else None,
-        })
-    return out
-
-
-def _top(report: Report, nodes: Dict[str, Any], count: int = 10) -> Dict[str, List[Dict[str, Any]]]:
-    """Per mode, the layers with the largest share of the output error, measured where the probe ran
-    (else predicted), each with both shares: a module called several times is one layer, its calls'
-    shares added up (as the text report counts them). ``i``: the layer's first node."""
-    top = {}
-    for mode in report.precisions:
-        columns = nodes["series"][mode]
-        layers: Dict[str, Dict[str, Any]] = {}
-        for i, label in enumerate(nodes["labels"]):
-            if columns["ps"][i] is None and columns["ms"][i] is None:
-                continue
-            layer = layers.setdefault(label, {"i": i, "label": label, "predicted": None, "measured": None})
-            for key, column in (("predicted", "ps"), ("measured", "ms")):
-                if columns[column][i] is not None:
-                    layer[key] = _num((layer[key] or 0.0) + columns[column][i])
-        key = "measured" if nodes["measured"] else "predicted"
-        ranked = sorted((layer for layer in layers.values() if layer[key]), key=lambda layer: -abs(layer[key]))
-        top[mode] = ranked[:count]
-    return top
-
-
-def _finding_refs(findings: List[Finding], nodes: Dict[str, Any], anchor: str) -> Dict[str, List[Dict[str, str]]]:
-    """Node index -> the findings about it, with the anchor of each one's card."""
-    index = {name: i for i, name in enumerate(nodes["names"])}
-    refs: Dict[str, List[Dict[str, str]]] = {}
-    for k, f in enumerate(findings):
-        if f.node in index:
-            refs.setdefault(str(index[f.node]), []).append(
-                {"id": f"{anchor}-f{k}", "code": f.code, "severity": f.severity,
-                 "status": f.status or "", "modes": list(f.precisions)})
-    return refs
-
 
 # ---- the page ------------------------------------------------------------------------------------
 
@@ -283,7 +156,7 @@ def _finding_card(f: Finding, anchor: str, on_chart: bool) -> str:
            + (" &middot; <a href='#' class='show-node' data-anchor='" + _e(anchor) + "'>show on the chart</a>"
               if on_chart else "") + "</p>",
            f"<p class='message'>{_e(f.message)}</p>"]
-    snippet = _snippet(f.location)
+    snippet = source_snippet(f.location)
     if snippet:
         lines = []
         for k, text in enumerate(snippet["lines"]):
@@ -315,11 +188,11 @@ def _report_section(report: Report, k: int, plan: Optional[PlanSection]) -> str:
     if report.error is not None:
         return f"<section class='model'>{title}<p class='error'>{_e(failure_line(report))}</p></section>"
     findings = report.sorted_findings()
-    nodes = _nodes(report)
-    refs = _finding_refs(findings, nodes, anchor)
+    nodes = chart_nodes(report)
+    refs = finding_refs(findings, nodes, anchor)
     on_chart = {ref["id"] for refs_ in refs.values() for ref in refs_}
     data = {"anchor": anchor, "precisions": list(report.precisions), "tolerance": report.tolerance,
-            "outputs": _outputs(report), "nodes": nodes, "findings": refs, "top": _top(report, nodes),
+            "outputs": output_errors(report), "nodes": nodes, "findings": refs, "top": top_contributors(report, nodes),
             "plan": plan.chart if plan is not None else None}
     out = [f"<section class='model' id='{anchor}'>", title, _header(report)]
     for caveat in report.caveats:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, sci
 from preclint.reference.analyses.reach import Reach
-from preclint.predict.error_model import reaching_absmax
+from preclint.predict.range import reaching_absmax
 from preclint.rules.base import Example, Rule
 
 

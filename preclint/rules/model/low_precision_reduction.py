@@ -7,8 +7,8 @@ from preclint.core.findings import ErrorFigure, sci
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, dtype_name, gaussian_max_factor
 from preclint.capture.ops import SUMS
-from preclint.predict.error_model import (LOW_PRECISION_ACCUMULATION, PREDICTED_ERRORS_NEED, PRODUCTS, accumulation_error, amplification,
-                              contraction, relative_errors)
+from preclint.predict.accumulation import LOW_PRECISION_ACCUMULATION, PRODUCTS, accumulation_error, contraction
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED, amplification, relative_errors
 from preclint.rules.base import Example, Rule
 from preclint.rules.model._norun import undecided
 

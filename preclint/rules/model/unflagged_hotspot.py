@@ -8,7 +8,8 @@ import math
 from typing import Optional
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.predict.error_model import PREDICTED_ERRORS_NEED, terms_rms
+from preclint.predict.accumulation import terms_rms
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules.base import Example, Rule
 
 # A node is a hot spot when its measured share of a mode's output error (ledger.py: contribution)
@@ -38,7 +39,7 @@ def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float
     a backend's choice between kernels never reads as an excess. None without reference statistics."""
     from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
     from preclint.core.numerics import C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, MODES
-    from preclint.predict.error_model import local_error
+    from preclint.predict.local import local_error
 
     out = node.out
     mode = MODES.get(mode_name)

@@ -5,7 +5,7 @@ from preclint.core.findings import ErrorFigure, sci
 from preclint.core.ir import Kind
 from preclint.reference.analyses.reach import Reach
 from preclint.core.numerics import FORMATS, dtype_name, representable, round_to
-from preclint.predict.error_model import CHECKED_CONVERSION, dtype_derived, reaching_absmax
+from preclint.predict.range import CHECKED_CONVERSION, dtype_derived, reaching_absmax
 from preclint.rules.base import Example, Rule
 from preclint.rules.model._dataflow import downstream, users_by_input
 
