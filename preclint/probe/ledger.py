@@ -107,6 +107,13 @@ class ProbeResult:
     # relative RMS between two reference runs of a model that is not deterministic, else None (noise.py)
     noise_floor: Optional[float] = None
 
+    @property
+    def noise_margin(self) -> float:
+        """How many times the noise floor a measured error must exceed to tell it from the noise."""
+        from preclint.probe.noise import NOISE_MARGIN
+
+        return NOISE_MARGIN
+
     def within_noise(self, measured: Optional[float]) -> bool:
         """Whether a measured relative error cannot be told from the model's run-to-run noise."""
         from preclint.probe.noise import within_noise
