@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())" >> "$OUT/gpu.txt"
 timeout 180 python3 benchmarks/probe.py speed --device cuda --model resnet50 --batch 32 --ablate \
     --out "$OUT/speed_resnet50_b32.json" > "$OUT/speed.log" 2>&1
-timeout 80 python3 -m pytest -q -p no:cacheprovider tests/test_probe_gpu.py tests/test_probe.py > "$OUT/tests.txt" 2>&1
+timeout 80 python3 -m pytest -q -p no:cacheprovider tests/probe/test_probe_gpu.py tests/probe/test_probe.py > "$OUT/tests.txt" 2>&1
 timeout 170 python3 benchmarks/probe.py agree --cpu resnet18,mlp_block --out "$OUT/agree.json" \
     --models resnet18,resnet50,resnext50_32x4d,mobilenet_v3_large,efficientnet_b0,convnext_tiny,regnet_y_400mf,vit_b_16,swin_t,tiny_gpt,mlp_block \
     > "$OUT/agree.log" 2>&1

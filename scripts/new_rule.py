@@ -9,8 +9,8 @@ the module, and the README's table is regenerated.
 A graph rule starts as a working rule over the IR: it flags the ops of ``OPS`` whose predicted local
 error exceeds ``LIMIT``, with a bad and a good example model. A source rule (``--source``) flags
 references to ``--api``, with invalid and valid snippets. Replace the check, the examples and the
-documentation with the rule's own; ``python -m pytest tests/test_rule_examples.py
-tests/test_source_rules.py`` runs the examples.
+documentation with the rule's own; ``python -m pytest tests/rules/test_rule_examples.py
+tests/rules/test_source_rules.py`` runs the examples.
 
 A statistic (``--statistic NAME``) is one module in preclint/reference/analyses/ with its record and
 its analysis: a forward analysis that sees each op's operands and result as the reference pass runs

@@ -10,5 +10,5 @@ source-only check, an oracle that judges every run, a minimizer, and the long ru
   a user error that is not one line and exit 2, a fix that breaks or touches a file).
 - ``python -m benchmarks.fuzz``: the long run, resumable, results in benchmarks/results/fuzz.json.
 
-tests/test_fuzz.py runs a fixed, seeded sample of the same cases.
+tests/fuzz/test_fuzz.py runs a fixed, seeded sample of the same cases.
 """

@@ -1,5 +1,5 @@
 """Case names to cases, and one case checked: what a worker process of the long run does, and what
-tests/test_fuzz.py does for its fixed sample.
+tests/fuzz/test_fuzz.py does for its fixed sample.
 
 A case is named ``model-SEED``, ``source-SEED`` or ``attack-SEED`` (benchmarks.fuzz.attacks); the name
 alone rebuilds it on the same machine (the source corpus is fixed per run: ``own`` files, ``installed``

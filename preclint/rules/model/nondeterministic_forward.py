@@ -74,7 +74,7 @@ training=self.training)`), noise drawn from a generator the caller seeds and pas
 between calls. Where the noise is the model's purpose, compare against a tolerance above the
 run-to-run figure this finding gives.
 """
-    # Run by the probe's tests (tests/test_probe_cli.py): plain checks never fire this rule.
+    # Run by the probe's tests (tests/probe/test_probe_cli.py): plain checks never fire this rule.
     probe_bad = (
         Example(_noisy, "noise from randn_like added in forward", {"precisions": ("bf16",)}),
         Example(_dropout_left_on, "dropout with training=True in forward", {"precisions": ("fp16",)}),

@@ -133,7 +133,7 @@ around it, inputs `.float()`), scale its inputs down (normalise before attention
 error with a tolerance that covers it. `preclint probe` shows the layer's local, received and
 amplified error.
 """
-    # Run by the probe's tests (tests/test_probe_cli.py): plain checks never fire this rule.
+    # Run by the probe's tests (tests/probe/test_probe_cli.py): plain checks never fire this rule.
     probe_bad = (
         Example(_stem_dominated, "a conv stem over large inputs holds most of an output error that misses rtol=1e-4",
                 {"precisions": ("fp16",), "rtol": 1e-4, "atol": 0.0}),

@@ -1,0 +1,100 @@
+"""Outputs that say nothing about precision (all zero, or rounding residue) are called out, and their
+relative errors (0/0, noise over noise) are not reported."""
+import json
+import textwrap
+
+import jsonschema
+
+import pytest
+import torch
+from torch import nn
+
+from preclint.cli import main
+from preclint.reference.degenerate import degenerate_outputs
+from tests.helpers import check
+from tests.paths import DATA
+
+# torchvision's VisionTransformer initialises its head to zero, as vit_b_16 does: every output is 0
+ZERO_HEAD = """
+    import torch
+    from torchvision.models.vision_transformer import VisionTransformer
+
+
+    def model():
+        torch.manual_seed(0)
+        return VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=32,
+                                 mlp_dim=64, num_classes=10)
+
+
+    def example_inputs():
+        torch.manual_seed(0)
+        return (torch.randn(2, 3, 32, 32),)
+"""
+
+
+class Residue(nn.Module):
+    """A difference of two nearly equal values: 0 in float32, 1e-14 in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return (y + 1e-14) - y
+
+
+@pytest.mark.parametrize("argv", [["check"], ["check", "--probe", "cpu"]], ids=["check", "probe"])
+def test_zero_initialised_head_gets_a_note_and_no_relative_error(capsys, tmp_path, argv):
+    path = tmp_path / "vit.py"
+    path.write_text(textwrap.dedent(ZERO_HEAD))
+    code = main(argv + [str(path), "--model", "model", "--output-format", "json", "--precision", "fp16,bf16"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (note,) = doc["caveats"]
+    assert "heads.head is all zero" in note and "--weights FILE" in note and "vacuous" in note
+    for entry in doc["summary"].values():
+        assert entry["predicted_output"]["rel_error"] is None
+        if "measured_output" in entry:
+            assert entry["measured_output"]["rel_error"] is None
+    assert not [f for f in doc["findings"] if f["code"] == "PCL900"]
+
+
+def test_rounding_residue_is_degenerate_and_a_healthy_output_is_not():
+    torch.manual_seed(0)
+    report, graph, _ = check(Residue(), (torch.randn(4, 16),), precisions=("fp16",))
+    assert [d.node for d in degenerate_outputs(graph)] == ["sub"]
+    assert report.summary["fp16"]["predicted_output"]["rel_error"] is None
+    healthy = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    report, graph, _ = check(healthy, (torch.randn(4, 16),), precisions=("fp16",))
+    assert degenerate_outputs(graph) == [] and report.summary["fp16"]["predicted_output"]["rel_error"] > 0
+    assert not report.caveats
+
+
+def test_a_small_output_of_a_dot_product_is_not_residue():
+    """A head with weights 1e-12: its output is tiny, but as large as the terms of its dot product, so
+    it is a real value (that float16 flushes to zero), not rounding residue."""
+    torch.manual_seed(0)
+    head = nn.Linear(16, 4)
+    with torch.no_grad():
+        head.weight.mul_(1e-12)
+        head.bias.zero_()
+    _, graph, _ = check(nn.Sequential(nn.Linear(16, 16), head), (torch.randn(4, 16),), precisions=("fp16",))
+    assert degenerate_outputs(graph) == []
+
+
+@pytest.mark.slow
+def test_every_format_shows_the_caveat(capsys, tmp_path):
+    path = tmp_path / "vit.py"
+    path.write_text(textwrap.dedent(ZERO_HEAD))
+    outputs = {}
+    for fmt in ("full", "concise", "github", "sarif"):
+        main(["check", str(path), "--model", "model", "--precision", "fp16", "--output-format", fmt, "--color", "never"])
+        outputs[fmt] = capsys.readouterr().out
+    assert "warning: the output is degenerate" in outputs["full"]
+    assert "warning: the output is degenerate" in outputs["concise"]
+    assert "::warning title=preclint::the output is degenerate" in outputs["github"]
+    sarif = json.loads(outputs["sarif"])
+    jsonschema.validate(sarif, json.loads((DATA / "sarif-schema-2.1.0.json").read_text()))
+    (notification,) = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert "--weights FILE" in notification["message"]["text"]
