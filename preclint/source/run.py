@@ -35,6 +35,7 @@ class SourceRun:
     sources: Dict[str, SourceFile] = field(default_factory=dict)  # files that were read, by printed path
     codes: List[str] = field(default_factory=list)  # the codes whose rules ran
     notes: List[str] = field(default_factory=list)  # what was skipped, and why
+    excluded: List[str] = field(default_factory=list)  # files named but left out by --force-exclude
     filenames: Dict[str, str] = field(default_factory=dict)  # printed path -> the path it was read from
     roots: List[str] = field(default_factory=list)  # real paths of what the run was given: fixes stay inside
     parsed: int = 0  # files parsed in this run (not answered by the prefilter or the cache)
@@ -248,7 +249,8 @@ def check_paths(
 
     cwd = cwd or os.getcwd()
     run = SourceRun()
-    files = discover(paths, config.exclude, config.root or cwd, notes=run.notes)
+    files = discover(paths, config.exclude, config.root or cwd, notes=run.notes,
+                     force_exclude=config.force_exclude, excluded=run.excluded)
     run.roots = [os.path.realpath(p) for p in paths]
     rules = [rule() for rule in selected_rules(config)]
     run.codes = [rule.code for rule in rules]
