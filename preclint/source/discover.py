@@ -294,6 +294,7 @@ def discover(
     exclude: Sequence[str] = (),
     root: Optional[str] = None,
     notes: Optional[List[str]] = None,
+    *,
     force_exclude: bool = False,
     excluded: Optional[List[str]] = None,
 ) -> List[str]:
