@@ -24,7 +24,8 @@ are kebab-case, as in Ruff:
 Patterns in ``exclude`` and ``per-file-ignores`` are relative to the directory of the file that
 holds them. As in Ruff, ``exclude`` applies to the directories walked; a file named on the command
 line is checked all the same, unless ``force-exclude`` (``--force-exclude``) is set, as a pre-commit
-hook, which names every staged file, needs. Unknown keys and unknown codes are errors (exit 2), never silently ignored.
+hook needs (it names every staged file). Unknown keys and unknown codes are errors (exit 2), never
+silently ignored.
 """
 from __future__ import annotations
 
