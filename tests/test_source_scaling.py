@@ -5,9 +5,13 @@ assignments of the file (``_integer_valued``, the data flow's ``_feeding``), and
 statement was searched for in the whole text. These tests count work, not seconds: how often the
 rules read an assignment, and how many characters of the text are compared while placing findings,
 for a file and for one with twice the checks. Twice the checks must cost about twice the work, where
-the old steps cost four times as much. And a file of 2,000 checks gets its findings right.
+the old steps cost four times as much. Python's cyclic collector, which walks libcst's whole tree at
+each full collection, is paused while a file is checked. And a file of 2,000 checks gets its findings
+right.
 """
 from __future__ import annotations
+
+import gc
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -116,3 +120,20 @@ def test_a_file_of_2000_checks_gets_its_findings():
     assert {f.code for f in findings} == {"PCL501"}
     assert [f.location.column for f in sorted(findings, key=lambda f: f.location.line)] == [5, 12] * 250
     assert all("fp16" in f.message for f in findings)
+
+
+def test_the_collector_is_paused_while_a_file_is_checked(monkeypatch):
+    from preclint.rules.tolerance_resolution import ToleranceBelowResolution
+
+    collecting = []
+    check = ToleranceBelowResolution.check_source
+
+    def spy(self, source):
+        collecting.append(gc.isenabled())
+        yield from check(self, source)
+
+    monkeypatch.setattr(ToleranceBelowResolution, "check_source", spy)
+    assert gc.isenabled()
+    text, fp16_checks = checks_file(8)
+    assert sorted(f.location.line for f in check_text(text, "tests/test_checks.py")) == fp16_checks
+    assert collecting == [False] and gc.isenabled()

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from preclint.config import Config
 from preclint.findings import Finding
+from preclint.source.collector import collector_paused
 from preclint.source.discover import discover
 from preclint.source.guard import MAX_DEPTH, run_with_deep_stack
 from preclint.source.paths import display_path
@@ -147,9 +148,10 @@ def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> Li
         return []
     if focus:
         source.focus = focus_regex(active)
-    if threading.current_thread().name == "preclint-check":
-        return _check_source(source, active)
-    return run_with_deep_stack(lambda: _check_source(source, active))
+    with collector_paused():  # libcst's tree of a large file would make each collection walk it all
+        if threading.current_thread().name == "preclint-check":
+            return _check_source(source, active)
+        return run_with_deep_stack(lambda: _check_source(source, active))
 
 
 def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> List[Finding]:
