@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --fix or --diff: also the fixes that may change behaviour (review them)")
     check.add_argument("--no-cache", action="store_true",
                        help="with --source-only: neither read nor write the cache of unchanged files' results")
+    check.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --source-only: apply exclude (and the default excludes, build/ and the like) to "
+                            "the files named too, as a walk does (pre-commit names every staged file)")
     check.add_argument("--baseline", metavar="FILE", help="hide the findings recorded in FILE (see --write-baseline)")
     check.add_argument("--write-baseline", metavar="FILE", help="record the current findings in FILE and exit 0")
     check.add_argument("--probe", nargs="?", const="auto", choices=PROBE_DEVICES, metavar="DEVICE",
@@ -183,7 +186,8 @@ def _config(args):
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     return config.with_flags(select=args.select, ignore=args.ignore, extend_select=args.extend_select,
                              precisions=args.precisions, rtol=args.rtol, atol=args.atol, fail_on=args.fail_on,
-                             output_format=args.output_format, timeout=args.timeout)
+                             output_format=args.output_format, timeout=args.timeout,
+                             force_exclude=getattr(args, "force_exclude", None))
 
 
 def _use_color(args) -> bool:

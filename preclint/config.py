@@ -14,6 +14,7 @@ are kebab-case, as in Ruff:
     max-flip = 0.01                  # `preclint plan`: fraction of decisions allowed to change
     fail-on = "warning"              # info | warning | error
     exclude = ["third_party/", "tests/data/**"]
+    force-exclude = true             # exclude files named on the command line too (pre-commit)
     output-format = "concise"
     timeout = 600                    # seconds for one model (0: no limit)
 
@@ -21,7 +22,10 @@ are kebab-case, as in Ruff:
     "tests/**" = ["PCL501"]
 
 Patterns in ``exclude`` and ``per-file-ignores`` are relative to the directory of the file that
-holds them. Unknown keys and unknown codes are errors (exit 2), never silently ignored.
+holds them. As in Ruff, ``exclude`` applies to the directories walked; a file named on the command
+line is checked all the same, unless ``force-exclude`` (``--force-exclude``) is set, as a pre-commit
+hook needs (it names every staged file). Unknown keys and unknown codes are errors (exit 2), never
+silently ignored.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ class Config:
     fail_on: str = "warning"
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     exclude: List[str] = field(default_factory=list)
+    force_exclude: bool = False  # exclude applies to files named on the command line too
     output_format: str = "full"
     timeout: float = DEFAULT_TIMEOUT  # seconds per model; 0: no limit
     path: Optional[str] = None  # the configuration file read, if any
@@ -218,6 +223,12 @@ def _number(value: Any, key: str, where: str) -> float:
         raise UserError(f"{where}: {key} must be a finite number >= 0, not an integer that large") from None
 
 
+def _boolean(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{where}: {key} must be true or false")
+    return value
+
+
 def _string(value: Any, key: str, where: str) -> str:
     if not isinstance(value, str):
         raise UserError(f"{where}: {key} must be a string")
@@ -242,6 +253,7 @@ KEYS = {
     "fail-on": ("fail_on", _string),
     "per-file-ignores": ("per_file_ignores", _table_of_lists),
     "exclude": ("exclude", _strings),
+    "force-exclude": ("force_exclude", _boolean),
     "output-format": ("output_format", _string),
     "timeout": ("timeout", _number),
 }

@@ -4,6 +4,8 @@ contributors, the findings each node carries and the source lines around a findi
 rounded to DIGITS significant digits; labels are escaped for plotly."""
 from __future__ import annotations
 
+import functools
+
 import math
 import sys
 from pathlib import Path
@@ -39,6 +41,13 @@ def _source_file(location: Location) -> Optional[Path]:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _file_lines(path: str, size: int, mtime_ns: int) -> List[str]:
+    # read and split once per file, not once per finding in it (keyed on size and time: a fixed
+    # file is read again)
+    return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+
+
 def source_snippet(location: Optional[Location]) -> Optional[Dict[str, Any]]:
     if location is None:
         return None
@@ -46,7 +55,8 @@ def source_snippet(location: Optional[Location]) -> Optional[Dict[str, Any]]:
     if path is None:
         return None
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        info = path.stat()
+        lines = _file_lines(str(path), info.st_size, info.st_mtime_ns)
     except OSError:
         return None
     if not 1 <= location.line <= len(lines):

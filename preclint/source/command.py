@@ -135,6 +135,10 @@ def run_source_only(
     err = err or sys.stderr
     check_baseline_arguments(baseline, write_baseline, paths, inputs=[(config.path, "the configuration this run reads")])
     run = check_paths(paths, config, cache=cache)
+    if run.excluded:  # said once, on stderr: pre-commit shows it only when the hook fails
+        n = len(run.excluded)
+        err.write(f"note: {n} named file{'s' if n != 1 else ''} excluded by the configuration (force-exclude): "
+                  "not checked\n")
     notes = list(run.notes)
     unwritable = 0
     if fix or diff:

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from preclint.config import Config
 from preclint.core.findings import Finding
+from preclint.source.collector import collector_paused
 from preclint.text.discover import discover
 from preclint.text.guard import MAX_DEPTH, run_with_deep_stack
 from preclint.text.paths import display_path
@@ -35,6 +36,7 @@ class SourceRun:
     sources: Dict[str, SourceFile] = field(default_factory=dict)  # files that were read, by printed path
     codes: List[str] = field(default_factory=list)  # the codes whose rules ran
     notes: List[str] = field(default_factory=list)  # what was skipped, and why
+    excluded: List[str] = field(default_factory=list)  # files named but left out by --force-exclude
     filenames: Dict[str, str] = field(default_factory=dict)  # printed path -> the path it was read from
     roots: List[str] = field(default_factory=list)  # real paths of what the run was given: fixes stay inside
     parsed: int = 0  # files parsed in this run (not answered by the prefilter or the cache)
@@ -146,9 +148,10 @@ def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> Li
         return []
     if focus:
         source.focus = focus_regex(active)
-    if threading.current_thread().name == "preclint-check":
-        return _check_source(source, active)
-    return run_with_deep_stack(lambda: _check_source(source, active))
+    with collector_paused():  # libcst's tree of a large file would make each collection walk it all
+        if threading.current_thread().name == "preclint-check":
+            return _check_source(source, active)
+        return run_with_deep_stack(lambda: _check_source(source, active))
 
 
 def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> List[Finding]:
@@ -248,7 +251,8 @@ def check_paths(
 
     cwd = cwd or os.getcwd()
     run = SourceRun()
-    files = discover(paths, config.exclude, config.root or cwd, notes=run.notes)
+    files = discover(paths, config.exclude, config.root or cwd, notes=run.notes,
+                     force_exclude=config.force_exclude, excluded=run.excluded)
     run.roots = [os.path.realpath(p) for p in paths]
     rules = [rule() for rule in selected_rules(config)]
     run.codes = [rule.code for rule in rules]

@@ -3,8 +3,11 @@
 Directories are walked for ``*.py`` files, with .gitignore semantics applied by preclint itself, the
 way Ruff does: the .gitignore files of the walked directories and of their parents up to the
 repository root, the repository's ``.git/info/exclude`` and the user's global excludes file. Ruff's
-default excludes (``.venv``, ``build``, ...) are skipped too. Files named explicitly are always read,
-except that ``exclude`` from the configuration applies to them as well, so a pre-commit hook respects it.
+default excludes (``.venv``, ``build``, ...) are skipped too, and so is what the configuration's
+``exclude`` matches. Files named explicitly are read whatever the excludes say (a user who names a
+file wants it checked), unless ``force_exclude`` is set (``--force-exclude``, as in Ruff): then the
+configuration's ``exclude`` and the default excludes apply to them as to the files of a walk, for
+pre-commit, which names every staged file.
 
 git itself is never run. A checked repository may be untrusted (a pull request, an archive), and git
 honours the repository's own configuration: ``core.fsmonitor`` runs a command on ``git ls-files``,
@@ -217,6 +220,17 @@ def _excluded(path: str, patterns: Sequence[str], root: str) -> bool:
     return any(glob_match(p, rel) for p in patterns)
 
 
+def _force_excluded(path: str, patterns: Sequence[str], root: str) -> bool:
+    """Whether a walk from ``root`` would leave out the file ``path`` by an exclude: a pattern of the
+    configuration, or a default-excluded directory (``.venv``, ``build``) between ``root`` and it."""
+    if _excluded(path, patterns, root):
+        return True
+    rel = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+    if rel.startswith("../"):
+        return False  # outside the project: no walk of it would reach the file
+    return any(part in DEFAULT_EXCLUDE for part in rel.split("/")[:-1])
+
+
 class Walk:
     """The candidate files of the directories walked, and the notes about what was skipped."""
 
@@ -276,12 +290,19 @@ class Walk:
 
 
 def discover(
-    paths: Sequence[str], exclude: Sequence[str] = (), root: Optional[str] = None, notes: Optional[List[str]] = None
+    paths: Sequence[str],
+    exclude: Sequence[str] = (),
+    root: Optional[str] = None,
+    notes: Optional[List[str]] = None,
+    *,
+    force_exclude: bool = False,
+    excluded: Optional[List[str]] = None,
 ) -> List[str]:
     """The Python files to check, sorted, each once (a file reached through several paths, by
     symlinks or hard links, is checked under one of them, preferring a path that is no symlink).
     A path that does not exist is a UserError; an empty result is not (a pre-commit run may pass no
-    Python file at all). What is skipped is described in ``notes``."""
+    Python file at all). What is skipped is described in ``notes``; the files named in ``paths``
+    that ``force_exclude`` leaves out are appended to ``excluded``."""
     root = os.path.abspath(root or os.getcwd())
     notes = notes if notes is not None else []
     walk = Walk(exclude, root, notes)
@@ -291,7 +312,10 @@ def discover(
             raise UserError(f"{given}: no such file or directory")
         if os.path.isdir(given):
             candidates.extend((p, link) for p, link in walk.files(given) if not _excluded(p, exclude, root))
-        elif not _excluded(given, exclude, root):
+        elif force_exclude and _force_excluded(given, exclude, root):
+            if excluded is not None:
+                excluded.append(given)
+        else:
             kind = Walk.kind(given)
             if kind == "a dangling symlink":
                 raise UserError(f"{given}: a dangling symlink")

@@ -164,8 +164,9 @@ class EvidenceMap:
         for site in index.refs:
             if not site.is_call_func:
                 self._add(site, _ref_evidence(site, index))
-        self._flows: Optional[Dict[str, List[Site]]] = None
+        self._flows: Optional[_Flows] = None
         self._regions: Dict[int, Set[int]] = {}
+        self._groups: Dict[int, _Group] = {}  # id(list of by_scope or by_class) -> its lookups
 
     def _region(self, statement: cst.With) -> Set[int]:
         """The ids of the nodes inside a with block's body."""
@@ -207,33 +208,37 @@ class EvidenceMap:
 
     def reaching(self, site: Site, values: Sequence[cst.BaseExpression]) -> List[Evidence]:
         """Evidence that reaches ``values`` (the expressions a check at ``site`` compares): see the
-        module docstring."""
+        module docstring. The evidence of ``around(site)`` that a cast or mention in the slice, an
+        autocast block around the check or an assignment in it, or TF32 makes reach, in that order;
+        found by looking up the slice's nodes, so that a check costs its slice, not the evidence of
+        its whole function, class and module."""
         nodes, assignments = self._slice(site, values)
+        places = [site.node] + assignments
         found: List[Evidence] = []
-        for evidence in self.around(site):
-            if evidence.kind == TF32_MODE:
-                found.append(evidence)
-            elif evidence.kind == AUTOCAST:
-                region = self.index.with_statements.get(id(evidence.node))
-                if region is None:  # a decorator, or a context manager kept in a variable: its function
-                    found.append(evidence)
-                    continue
-                inside = self._region(region)
-                if any(id(place) in inside for place in [site.node] + assignments):
-                    found.append(evidence)
-            elif id(evidence.node) in nodes:
-                found.append(evidence)
+        for items in self._around_lists(site):
+            found += self._group(items).reaching(nodes, places)
         return found
+
+    def _around_lists(self, site: Site) -> List[List[Evidence]]:
+        """The lists ``around`` joins, in its order."""
+        lists = [self.by_scope.get(id(site.scope), [])] if site.scope is not None else []
+        if site.klass is not None:
+            lists.append(self.by_class.get(id(site.klass), []))
+        lists.append(self.by_scope.get(None, []))
+        return [items for items in lists if items]
+
+    def _group(self, items: List[Evidence]) -> "_Group":
+        group = self._groups.get(id(items))
+        if group is None:
+            group = self._groups[id(items)] = _Group(items, self.index, self._region)
+        return group
 
     def _slice(self, site: Site, values: Sequence[cst.BaseExpression]) -> Tuple[Set[int], List[cst.CSTNode]]:
         """The ids of every node in the backward slice of ``values`` at ``site``, and the assignments
         (target nodes) it went through. A name read in a scope leads to the assignments of the scope
         that binds it there (a comprehension's own variable first), as Python resolves it."""
         if self._flows is None:
-            self._flows = {}
-            for assign in self.index.assigns:
-                if assign.value is not None:
-                    self._flows.setdefault(assign.dotted, []).append(assign)
+            self._flows = _Flows(self.index.assigns)
         nodes: Set[int] = set()
         assignments: List[cst.CSTNode] = []
         pending = [(value, site.names) for value in values if value is not None]
@@ -269,16 +274,94 @@ class EvidenceMap:
 
     def _feeding(self, name: str, reading, site: Site) -> List[Site]:
         """The assignments a read of ``name`` in the scope ``reading`` can see."""
-        candidates = self._flows.get(name, ())
+        flows = self._flows
         if "." in name:  # ``self.model``: assigned in any method of the class, or where it is read
-            return [a for a in candidates if (a.klass is not None and a.klass is site.klass)
-                    or a.scope is site.scope]
-        inner = [a for a in candidates if a.names is not None and a.names.kind == "comprehension"
-                 and _encloses(reading, a.names)]
+            return flows.of_class_or_function(name, site.klass, site.scope)
+        inner = flows.in_comprehensions_within(name, reading)
         if inner:
             return inner
         binder = _binder(reading, name)
-        return [a for a in candidates if binder is not None and a.names is binder]
+        return flows.in_namespace(name, binder) if binder is not None else []
+
+
+class _Flows:
+    """The assignments of a value, keyed the ways ``_feeding`` asks for them, each list in file order:
+    a lookup costs what it finds, not the number of assignments to the name in the file."""
+
+    def __init__(self, assigns: Sequence[Site]):
+        self.order: Dict[int, int] = {}  # id(assignment) -> its place in the file
+        self.by_namespace: Dict[Tuple[str, int], List[Site]] = {}  # (name, id(namespace it binds in))
+        self.by_class: Dict[Tuple[str, int], List[Site]] = {}  # (dotted name, id(innermost class))
+        self.by_function: Dict[Tuple[str, int], List[Site]] = {}  # (dotted name, id(outermost function))
+        # (name, id(a namespace at or around a comprehension that binds it)) -> those assignments
+        self.comprehensions: Dict[Tuple[str, int], List[Site]] = {}
+        for assign in assigns:
+            if assign.value is None:
+                continue
+            name = assign.dotted
+            self.order[id(assign)] = len(self.order)
+            self.by_namespace.setdefault((name, id(assign.names)), []).append(assign)
+            if assign.klass is not None:
+                self.by_class.setdefault((name, id(assign.klass)), []).append(assign)
+            self.by_function.setdefault((name, id(assign.scope)), []).append(assign)
+            if assign.names is not None and assign.names.kind == "comprehension":
+                scope = assign.names
+                while scope is not None:
+                    self.comprehensions.setdefault((name, id(scope)), []).append(assign)
+                    scope = scope.parent
+
+    def of_class_or_function(self, name: str, klass, function) -> List[Site]:
+        """Assignments to ``name`` in the class ``klass`` (if any) or in the outermost function
+        ``function`` (None: at module or class level)."""
+        in_class = self.by_class.get((name, id(klass)), []) if klass is not None else []
+        in_function = self.by_function.get((name, id(function)), [])
+        if not in_class or not in_function:
+            return list(in_class or in_function)
+        both = {id(a): a for a in in_class + in_function}
+        return sorted(both.values(), key=lambda a: self.order[id(a)])
+
+    def in_comprehensions_within(self, name: str, scope) -> List[Site]:
+        """Assignments to ``name`` by comprehensions that are ``scope`` or nested in it."""
+        return self.comprehensions.get((name, id(scope)), [])
+
+    def in_namespace(self, name: str, scope) -> List[Site]:
+        return self.by_namespace.get((name, id(scope)), [])
+
+
+class _Group:
+    """One list of evidence ``around`` joins (a function's, a class's, the module's), with lookups
+    from the nodes of a slice to the evidence it reaches."""
+
+    def __init__(self, items: List[Evidence], index: Index, region):
+        self.items = items
+        self.always: List[int] = []  # positions in items: TF32, autocast without a block of its own
+        self.by_node: Dict[int, List[int]] = {}  # id(node) -> positions of casts and mentions there
+        self.in_block: Dict[int, List[int]] = {}  # id(node in an autocast block) -> the block's positions
+        for position, evidence in enumerate(items):
+            if evidence.kind == TF32_MODE:
+                self.always.append(position)
+            elif evidence.kind == AUTOCAST:
+                statement = index.with_statements.get(id(evidence.node))
+                if statement is None:  # a decorator, or a context manager kept in a variable: its function
+                    self.always.append(position)
+                else:
+                    for node in region(statement):
+                        self.in_block.setdefault(node, []).append(position)
+            else:
+                self.by_node.setdefault(id(evidence.node), []).append(position)
+
+    def reaching(self, nodes: Set[int], places: Sequence[cst.CSTNode]) -> List[Evidence]:
+        chosen = set(self.always)
+        if len(nodes) < len(self.by_node):
+            for node in nodes:
+                chosen.update(self.by_node.get(node, ()))
+        else:
+            for node, positions in self.by_node.items():
+                if node in nodes:
+                    chosen.update(positions)
+        for place in places:
+            chosen.update(self.in_block.get(id(place), ()))
+        return [self.items[position] for position in sorted(chosen)]
 
 
 def _binder(scope, name: str):
@@ -290,15 +373,6 @@ def _binder(scope, name: str):
         past_function = past_function or scope.kind in ("function", "lambda", "comprehension")
         scope = scope.parent
     return None
-
-
-def _encloses(outer, inner) -> bool:
-    """Whether ``inner`` is ``outer`` or nested in it."""
-    while inner is not None:
-        if inner is outer:
-            return True
-        inner = inner.parent
-    return False
 
 
 def _all_params(function: cst.FunctionDef) -> List[cst.Param]:

@@ -91,6 +91,19 @@ class Index:
     # table of functions): a bare reference there names an object, it does not use it
     held_as_data: Set[int] = field(default_factory=set)
     with_statements: Dict[int, cst.With] = field(default_factory=dict)  # id(context expression) -> its with
+    # (dotted target, id of the outermost function or None) -> the assignments with a value there, in
+    # file order; built on first use, so that a rule asking per check costs its answer, not the file
+    _assigned: Optional[Dict[Tuple[str, int], List["AssignSite"]]] = field(default=None, repr=False)
+
+    def assigned_in(self, dotted: str, scope: Optional[cst.FunctionDef]) -> List["AssignSite"]:
+        """The assignments of a value to ``dotted`` whose site's outermost function is ``scope``
+        (None: module or class level), in file order."""
+        if self._assigned is None:
+            self._assigned = {}
+            for assign in self.assigns:
+                if assign.value is not None:
+                    self._assigned.setdefault((assign.dotted, id(assign.scope)), []).append(assign)
+        return self._assigned.get((dotted, id(scope)), [])
 
     def qualify(self, dotted: Optional[str], at: Optional[Site] = None) -> Optional[str]:
         """The qualified name of a dotted name as written at ``at`` (default: module level), through

@@ -30,7 +30,13 @@ def _read(path: str, size: int, mtime_ns: int) -> Optional[str]:
 
 def file_lines(path: str) -> List[str]:
     text = file_text(path)
-    return text.splitlines() if text is not None else []
+    return _lines(text) if text is not None else []
+
+
+@functools.lru_cache(maxsize=16)
+def _lines(text: str) -> List[str]:
+    # split once per text: a report asks for the line of every finding (callers do not modify it)
+    return text.splitlines()
 
 
 def line_text(path: str, line: int) -> Optional[str]:

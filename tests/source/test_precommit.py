@@ -72,6 +72,11 @@ def use_hook(repo, hook: str, option: str) -> None:
 def test_source_hook_runs_without_torch_and_reports(project):
     repo, env = project
     use_hook(repo, "preclint-source", "alias: source")  # the hook as shipped: its own dependencies
+    # a file the project excludes: pre-commit names it, the hook's --force-exclude leaves it out
+    (repo / "pyproject.toml").write_text('[tool.preclint]\nexclude = ["vendored/"]\n')
+    (repo / "vendored").mkdir()
+    (repo / "vendored" / "old.py").write_text("import torch\n\nwith torch.cuda.amp.autocast():\n    pass\n")
+    git(repo, "add", ".")
     done = subprocess.run(
         PRE_COMMIT + ["run", "preclint-source", "--all-files"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600,
@@ -80,6 +85,7 @@ def test_source_hook_runs_without_torch_and_reports(project):
     assert done.returncode == 1, out
     assert 'train.py:3:6: PCL502 [*] `torch.cuda.amp.autocast` is deprecated' in out
     assert "clean.py" not in out.split("preclint (source)")[-1]
+    assert "vendored" not in out and "1 named file excluded by the configuration" in out
     pythons = list(Path(env["PRE_COMMIT_HOME"]).glob("repo*/py_env-*/bin/python"))
     assert pythons, "pre-commit built no environment"
     probe = ("import importlib.util as u; print(u.find_spec('libcst') is not None, "

@@ -65,13 +65,18 @@ def test_worktree_gitdir_file_is_read_not_run(tmp_path, monkeypatch):
     assert discover(["."]) == ["keep.py"]
 
 
-def test_exclude_patterns_apply_to_walks_and_explicit_files(tmp_path, monkeypatch):
+def test_exclude_patterns_apply_to_walks_and_with_force_exclude_to_explicit_files(tmp_path, monkeypatch):
     make(tmp_path, TREE)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert "third_party/f.py" not in discover(["."], exclude=["third_party/"])
-    assert discover(["third_party/f.py"], exclude=["third_party"]) == []
-    assert discover(["build/d.py"]) == ["build/d.py"]  # named explicitly: default excludes do not apply
+    # named explicitly: checked whatever the excludes say, as in Ruff
+    assert discover(["third_party/f.py"], exclude=["third_party"]) == ["third_party/f.py"]
+    assert discover(["build/d.py"]) == ["build/d.py"]
+    excluded = []
+    assert discover(["third_party/f.py", "build/d.py", "pkg/a.py"], exclude=["third_party"], force_exclude=True,
+                    excluded=excluded) == ["pkg/a.py"]
+    assert excluded == ["third_party/f.py", "build/d.py"]
 
 
 def test_missing_path_is_a_user_error(tmp_path, monkeypatch):

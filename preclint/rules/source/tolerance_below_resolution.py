@@ -78,7 +78,7 @@ def _integer_valued(node, site, index, depth: int = 0) -> bool:
             return True
         return False
     if isinstance(node, cst.Name):
-        assigned = [a for a in index.assigns if a.dotted == node.value and a.scope is site.scope and a.value is not None]
+        assigned = index.assigned_in(node.value, site.scope)
         return bool(assigned) and all(_integer_valued(a.value, site, index, depth + 1) for a in assigned)
     return False
 
