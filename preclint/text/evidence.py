@@ -262,6 +262,8 @@ class EvidenceMap:
                     continue
                 seen.add((name, id(reading)))
                 for assign in self._feeding(name, reading, site):
+                    if len(assignments) >= MAX_SLICE_ASSIGNMENTS:
+                        break
                     assignments.append(assign.node)
                     pending.append((assign.value, assign.names))
                 binder = _binder(reading, name) if name in parameters else None
@@ -282,6 +284,14 @@ class EvidenceMap:
             return inner
         binder = _binder(reading, name)
         return flows.in_namespace(name, binder) if binder is not None else []
+
+
+# The assignments a check's backward slice follows at most. Each check rebuilds its slice, so a value
+# built by a chain of n assignments (``a2 = a1.half()``, ``a3 = a2.half()``, ... each compared), or one
+# name reassigned n times, cost n per check and n^2 per file; past this many the evidence of the
+# enclosing function, class and module still applies, and a cast further back than this in one flow
+# is not what a reader of the check sees either.
+MAX_SLICE_ASSIGNMENTS = 32
 
 
 class _Flows:

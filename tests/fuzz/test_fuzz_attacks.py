@@ -2,9 +2,8 @@
 cases, each judged by the attack oracle, and the oracle itself on planted failures (a workflow command,
 an ESC, a live link, an unencoded URI, a hang, a blow-up...), which it must see.
 
-The classes (and variants) that fail on main are fixed on other branches; their cases are expected to
-fail here until those branches are merged: FIXED_ELSEWHERE lists them, the one place to edit at merge
-time. The other cases must pass now.
+Every class the long run found failing (benchmarks/results/fuzz_attacks.json, before the CI-trust
+fixes) must pass here.
 ``PRECLINT_FUZZ_N=K`` takes K times as many cases of each class; ``python -m benchmarks.fuzz --attacks
 N`` is the long run (benchmarks/results/fuzz_attacks.json).
 """
@@ -25,29 +24,6 @@ from benchmarks.fuzz.attacks import CLASSES, PAYLOADS, attack_case, digest, find
 
 SCALE = max(1, int(os.environ.get("PRECLINT_FUZZ_N", "1")))
 
-# class, or class/variant -> why its cases fail on main (benchmarks/results/fuzz_attacks.json); remove an
-# entry when the branch that fixes it is merged
-_ELSEWHERE = "class fixed on another branch"
-FIXED_ELSEWHERE = {
-    "names": f"{_ELSEWHERE}: names escaped in every output format (workflow commands, controls, markup, HTML, URIs)",
-    **{f"cache-link/{v}": f"{_ELSEWHERE}: the source cache written through a planted link"
-       for v in ("link-file", "link-fifo", "link-dir", "link-top")},
-    **{f"cache-edit/{v}": f"{_ELSEWHERE}: a hand-edited cache entry crashes the run or hides or invents findings"
-       for v in ("severity", "invent", "hide", "message", "location", "directive")},
-    **{f"checkpoint/{v}": f"{_ELSEWHERE}: compressed checkpoints read as garbage, a bomb as zeros"
-       for v in ("deflate", "deflate-data", "bomb", "safetensors-header")},
-    **{f"special-file/{v}": f"{_ELSEWHERE}: a FIFO, /dev/zero or deep nesting as baseline or configuration"
-       for v in ("baseline-fifo", "baseline-zero", "baseline-deep", "config-deep")},
-    "exclude": f"{_ELSEWHERE}: exclude silently skips files named on the command line",
-    **{f"slow-growth/{v}": f"{_ELSEWHERE}: source check time quadratic in the closeness checks of a file"
-       for v in ("reassign", "chain", "method")},
-    "fork": f"{_ELSEWHERE}: a process the model starts keeps stdout open or outlives the run",
-    "nondeterministic": f"{_ELSEWHERE}: a nondeterministic forward measured as precision error",
-    **{f"output-clash/{v}": f"{_ELSEWHERE}: -o overwrites the run's own baseline, configuration or weights"
-       for v in ("o-baseline", "o-config", "o-config-flag", "o-weights")},
-    **{f"fix-unwritable/{v}": f"{_ELSEWHERE}: --fix stops half-way on an unwritable file and does not say what it changed"
-       for v in ("middle", "last")},
-}
 
 
 def _sample(per_class: int, variants_per_class: int = 3):
@@ -69,9 +45,7 @@ def _sample(per_class: int, variants_per_class: int = 3):
 
 
 def _param(case):
-    reason = FIXED_ELSEWHERE.get(f"{case.attack}/{case.variant}") or FIXED_ELSEWHERE.get(case.attack)
-    marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
-    return pytest.param(case.name, id=f"{case.name}-{case.attack}-{case.variant}", marks=marks)
+    return pytest.param(case.name, id=f"{case.name}-{case.attack}-{case.variant}")
 
 
 @pytest.mark.parametrize("name", [_param(c) for c in _sample(2 * SCALE)])
