@@ -375,7 +375,7 @@ def float32_floor(graph: Graph, mode: Mode) -> Optional[ModePrediction]:
     return floor
 
 
-def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, findings: Sequence[Any] = (),
+def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, findings: Sequence[Any] = (), *,
               margin: float = 1.0, extra_must: Sequence[Unit] = (), output_margins: Sequence[float] = ()) -> Plan:
     """The plan for ``mode_name`` from the error model (no run of the model)."""
     from preclint.core.errors import UserError

@@ -107,6 +107,7 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
 def run_source_only(
     paths: Sequence[str],
     config: Config,
+    *,
     fix: bool = False,
     diff: bool = False,
     baseline: Optional[str] = None,
