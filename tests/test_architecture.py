@@ -27,8 +27,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.probe.*",),
     ("preclint.report.*",),
     ("preclint.source.*",),  # the source-only check: runs the source rules, prints a report
-    ("preclint.engine",),
-    ("preclint.plan.*",),
+    ("preclint.plan.*",),  # the planner, its verification and its output: the session drives it
+    ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
     ("preclint.cli", "preclint.__main__"),
 ]
 
@@ -238,3 +238,4 @@ def test_the_parameter_count_leaves_out_self_and_counts_the_rest():
     source = "class A:\n    def m(self, a, b, *c, d, **e): pass\ndef f(a, b, c, d, e, f, g, h): pass\n"
     assert sorted(long_parameter_lists(source, most=4)) == [("f", 3, 8), ("m", 2, 5)]
     assert long_parameter_lists(source) == [("f", 3, 8)]
+

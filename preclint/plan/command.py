@@ -1,4 +1,5 @@
-"""`preclint plan`: arguments, the plan-verify-refine loop, and the console and JSON output."""
+"""`preclint plan`: its arguments, the plan-verify-refine loop, and the console, JSON and HTML
+output. The walk that leads here (load, check) is the session's (preclint.engine)."""
 from __future__ import annotations
 
 import io
@@ -38,47 +39,6 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
     plan.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
     plan.add_argument("--isolated", action="store_true", help="ignore every configuration file")
     add_output_arguments(plan)
-
-
-def cmd_plan(args, load, use_color: bool) -> int:
-    from preclint.config import load_config
-    from preclint.engine import CheckOptions, check_model
-    from preclint.measure.compare import Tolerance
-    from preclint.plan.planner import PLAN_MODES
-    from preclint.source.baseline import report_destination
-    from preclint.source.command import write_report
-    from preclint.capture.usercode import guard
-
-    config = load_config(config_file=args.config_file, isolated=args.isolated)
-    config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
-                               output_format=args.output_format)
-    modes = args.precisions or ["fp16"]
-    if len(modes) != 1 or modes[0] not in PLAN_MODES:
-        raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
-    mode = modes[0]
-    tolerance = Tolerance(config.rtol, config.atol, config.max_flip)
-    if not tolerance.compares_values and tolerance.max_flip is None:
-        raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
-                        "or a decision budget --max-flip (or max-flip in [tool.preclint])")
-    fmt = args.output_format or "full"
-    if fmt not in ("full", "json", "html"):
-        raise UserError("plan writes --output-format full, json or html")
-    output = report_destination(getattr(args, "output", None), fmt, args.paths)
-    path = args.paths[0]
-    with guard(path, config.timeout):
-        loaded = load(path, args)
-        report, graph, ctx = check_model(loaded, config, CheckOptions(modes=(mode,), rtol=config.rtol, atol=config.atol,
-                                                                     capture=args.capture))
-        plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=not args.no_verify,
-                          device=args.device, policy_file=args.policy)
-    text = render_plan(report, plan, fmt, use_color and output is None)
-    if output is not None:
-        from preclint.source.baseline import write_output_file
-
-        write_output_file(output, text, "report")
-    else:
-        write_report(text)
-    return 0 if plan.meets_tolerance else 1
 
 
 def render_plan(report, plan, fmt: str, color: bool = False) -> str:
