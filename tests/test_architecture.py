@@ -239,3 +239,41 @@ def test_the_parameter_count_leaves_out_self_and_counts_the_rest():
     assert sorted(long_parameter_lists(source, most=4)) == [("f", 3, 8), ("m", 2, 5)]
     assert long_parameter_lists(source) == [("f", 3, 8)]
 
+
+def positional_parameters(function: ast.AST) -> int:
+    """How many parameters a call may pass by position, ``self`` and ``cls`` left out."""
+    a = function.args
+    return len([p for p in a.posonlyargs + a.args if p.arg not in ("self", "cls")])
+
+
+# the pipeline and the stages it drives (probe/, measure/, the plan's loop): past six, a parameter is
+# named at the call (keyword-only), so that no caller passes state in an order it must remember
+POSITIONAL_CHECKED = ("preclint.engine", "preclint.cli", "preclint.plan.command", "preclint.probe", "preclint.measure")
+
+
+def test_no_function_of_the_pipeline_takes_more_than_six_positional_parameters():
+    found = [f"{MODULES[name].relative_to(ROOT)}:{node.lineno} {node.name} takes {positional_parameters(node)}"
+             for name in MODULES if any(name == p or name.startswith(p + ".") for p in POSITIONAL_CHECKED)
+             for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8")))
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and positional_parameters(node) > 6]
+    assert not found, "functions with more than 6 positional parameters: " + "; ".join(found)
+
+
+def test_the_positional_count_stops_at_the_star():
+    tree = ast.parse("def f(self, a, b, /, c, *rest, d, e): pass")
+    assert positional_parameters(tree.body[0]) == 3
+
+
+# the stages of one model's walk, and the probe's ranks: the session (preclint.engine) drives them;
+# the command line names the probe's options (``preclint.probe``), never its parts
+WALK = ("preclint.capture.graph", "preclint.reference", "preclint.predict", "preclint.locations", "preclint.measure",
+        "preclint.plan.planner", "preclint.plan.verify", "preclint.probe.")
+
+
+def test_the_command_line_parses_and_calls_the_session():
+    found = sorted({f"preclint/cli.py:{line} imports {target}"
+                    for module, names, line in imports("preclint.cli")
+                    for target in map(_resolve, [f"{module}.{n}" if f"{module}.{n}" in MODULES else module
+                                                 for n in names] or [module])
+                    if any(target == w or target.startswith(w if w.endswith(".") else w + ".") for w in WALK)})
+    assert not found, "the command line walks a model itself: " + "; ".join(found)
