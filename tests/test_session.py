@@ -152,3 +152,42 @@ def test_the_plan_of_a_built_module_is_the_plan_of_its_file(tmp_path, capsys, mo
 def test_plan_settings_that_cannot_make_a_plan_fail_before_any_model_loads(modes, config, message):
     with pytest.raises(UserError, match=message):
         Session(config, check=CheckOptions(modes=modes, rtol=config.rtol), plan=PlanOptions())
+
+
+def forced_placement(monkeypatch):
+    """The probe's device copy made on the CPU too (on a GPU it is made there): the walk a GPU takes."""
+    import preclint.probe
+    from preclint.probe.device_copy import place
+
+    monkeypatch.setattr(preclint.probe, "place_for_probe",
+                        lambda loaded, options: place(loaded.module, loaded.inputs, torch.device("cpu"), force=True))
+
+
+def test_the_reference_pass_on_the_probes_copy_gives_the_same_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = model_file(tmp_path)
+    plain = Session(Config(), probe=ProbeOptions(device="cpu")).check(path)
+    forced_placement(monkeypatch)
+    placed = Session(Config(), probe=ProbeOptions(device="cpu")).check(path)
+    assert placed.environment["reference"]["statistics_on"] == "cpu"
+    assert [(f.code, f.location, f.message, f.status) for f in placed.findings] == \
+           [(f.code, f.location, f.message, f.status) for f in plain.findings]
+
+
+def test_a_reference_pass_out_of_memory_on_the_device_runs_on_the_cpu(tmp_path, monkeypatch):
+    import preclint.engine
+
+    monkeypatch.chdir(tmp_path)
+    forced_placement(monkeypatch)
+    check_graph = preclint.engine.check_graph
+
+    def short_of_memory(loaded, config, options):
+        if options.placement is not None:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return check_graph(loaded, config, options)
+
+    monkeypatch.setattr(preclint.engine, "check_graph", short_of_memory)
+    report = Session(Config(), probe=ProbeOptions(device="cpu")).check(model_file(tmp_path))
+    assert "the reference statistics were computed on the CPU: cpu ran out of memory" in report.notes
+    assert "statistics_on" not in report.environment["reference"]
+    assert any(f.code == "PCL101" and f.status == "confirmed" for f in report.findings)
