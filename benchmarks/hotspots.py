@@ -26,7 +26,7 @@ from benchmarks.probe import _check as check  # noqa: E402
 from benchmarks.provenance import stamp  # noqa: E402
 from benchmarks.zoo import ZOO  # noqa: E402
 from preclint.config import Config  # noqa: E402
-from preclint.probe import ProbeOptions, apply, measure_model  # noqa: E402
+from preclint.probe import ProbeOptions, measure_model, merge_into_report  # noqa: E402
 from preclint.rules.model.unflagged_hotspot import FLOAT32_NOISE, MIN_SHARE, ordinary_local  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
@@ -37,7 +37,7 @@ def measure(name: str, device: str) -> dict:
     model, inputs = entry.build()
     report, graph, ctx = check(model, inputs, name)
     result = measure_model(model, inputs, graph, MODES, ProbeOptions(device=device))
-    apply(report, None, graph, ctx, Config(precisions=MODES), result)
+    merge_into_report(report, ctx, result, Config(precisions=MODES))
     out = {"model": name, "environment": result.environment, "modes": {},
            "pcl900": [f.message for f in report.findings if f.code == "PCL900"]}
     for mode, m in result.modes.items():

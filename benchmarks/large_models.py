@@ -168,26 +168,29 @@ def probe(model, ids, device, modes, stream, ranks=None):
     probe). Under torchrun, as `torchrun -m preclint probe` runs: rank 0 checks and takes the other
     ranks' measurements (its probe time is the wait for them); the others measure (their report and
     result are None, their check time 0)."""
-    from preclint.probe import measure_share, probed
-    from preclint.probe.distributed import Exchange
+    from preclint.probe import probed
+    from preclint.probe.distributed import Leader, Measurer
 
     loaded = LoadedModel(model, (ids,), "llama", None)
     placement = Placement(device, model, Inputs((ids,))) if device.type == "cuda" else None
     config = Config(precisions=tuple(modes))
-    options = ProbeOptions(device=device.type, ledger=True, stream=stream, ranks=ranks)
+    options = ProbeOptions(device=device.type, ledger=True, stream=stream)
     sync(device)
     start = time.perf_counter()
     if ranks is not None and not ranks.leader:
         module, inputs = probed(loaded, placement)
-        Exchange(ranks).parts(measure_share(module, inputs, loaded.name, modes, options, None))
+        part = Measurer(ranks).model(modes)
+        part.measure(module, inputs, None, modes, options, name=loaded.name)
+        part.close()
         sync(device)
         return None, None, 0.0, time.perf_counter() - start
     report, graph, ctx = check_model(loaded, config, CheckOptions(modes=tuple(modes), placement=placement))
     sync(device)
     checked = time.perf_counter()
-    if ranks is not None:
-        options.exchange = Exchange(ranks)
-    result = probe_report(loaded, report, graph, ctx, config, options, placement)
+    part = Leader(ranks).model(modes) if ranks is not None else None
+    result = probe_report(loaded, report, ctx, config, options, placement=placement, measurer=part)
+    if part is not None:
+        part.close()
     sync(device)
     return report, result, checked - start, time.perf_counter() - checked
 

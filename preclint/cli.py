@@ -7,7 +7,6 @@ went away.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import math
 import os
@@ -18,7 +17,7 @@ from typing import List, Optional, Sequence
 
 from preclint import __version__
 from preclint.core.errors import UserError, one_line
-from preclint.core.exitcodes import EXIT_ERROR, EXIT_OK, exit_code
+from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
@@ -173,11 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: str, args):
-    from preclint.load.loader import load_model
+def _load_options(args):
+    from preclint.engine import LoadOptions
 
-    return load_model(path, model=args.model, input_shapes=args.input_shapes, input_dtype=args.input_dtype,
-                      weights=args.weights, seed=args.seed, inputs=args.inputs)
+    return LoadOptions(model=args.model, inputs=args.inputs, input_shapes=args.input_shapes,
+                       input_dtype=args.input_dtype, weights=args.weights, seed=args.seed)
 
 
 def _config(args):
@@ -227,57 +226,11 @@ def cmd_check(args) -> int:
     from preclint.source.baseline import run_inputs
 
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths, inputs=run_inputs(args, config.path))
-    from preclint.probe.distributed import launched
-
-    if launched():  # torchrun: rank 0 checks and writes the report, the other ranks measure the modes
-        return _check_distributed(args, config, probe)
     return _check_all(args, config, probe)
 
 
-def _check_distributed(args, config, probe) -> int:
-    from preclint.probe.distributed import join, leave
-
-    if probe is None:
-        raise UserError("under torchrun preclint measures with the probe: run `probe`, or `check --probe`")
-    if args.baseline or args.write_baseline:
-        raise UserError("--baseline and --write-baseline are for one process: run them without torchrun")
-    probe.ranks = join(probe.device, config.timeout)
-    try:
-        if not probe.ranks.leader:  # rank 0 checks and writes the report; the others measure the modes
-            _silence_stdout()
-            for path in args.paths:
-                _measure_one(path, args, config, probe)
-            return EXIT_OK
-        return _check_all(args, config, probe)
-    finally:
-        leave()
-
-
-def _measure_one(path: str, args, config, probe) -> None:
-    """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
-    which reports any failure (and measures those modes itself)."""
-    from preclint.core.errors import one_line
-    from preclint.probe import measure_share, place_for_probe, probed, tolerance_of
-    from preclint.probe.distributed import Exchange, Measured, share
-    from preclint.capture.usercode import guard
-
-    exchange = Exchange(probe.ranks)
-    try:
-        with guard(path, config.timeout):
-            loaded = _load(path, args)
-            module, inputs = probed(loaded, place_for_probe(loaded, probe))
-            exchange.parts(measure_share(module, inputs, loaded.name, tuple(config.precisions), probe,
-                                         tolerance_of(config.rtol, config.atol)))
-    except Exception as exc:  # noqa: BLE001 - rank 0 says what failed, once
-        if exchange.gathered is None:
-            exchange.parts(Measured(probe.ranks.rank, share(tuple(config.precisions), probe.ranks),
-                                    error=one_line(exc)))
-    finally:
-        exchange.close()
-
-
 def _check_all(args, config, probe) -> int:
-    from preclint.engine import CheckOptions
+    from preclint.engine import CheckOptions, Session
     from preclint.report import render_reports
     from preclint.source.command import apply_baseline_to_reports, write_report
 
@@ -285,7 +238,22 @@ def _check_all(args, config, probe) -> int:
     # for every layer: both need them whatever the selected rules read)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture, predict_errors=probe is not None or config.output_format == "html")
-    reports = [_check_one(path, args, config, options, probe) for path in args.paths]
+    session = Session(config, load=_load_options(args), check=options, probe=probe,
+                      warn=_debug_warning if args.debug else None)
+    if session.distributed:  # torchrun: rank 0 checks and writes the report, the other ranks measure the modes
+        if probe is None:
+            raise UserError("under torchrun preclint measures with the probe: run `probe`, or `check --probe`")
+        if args.baseline or args.write_baseline:
+            raise UserError("--baseline and --write-baseline are for one process: run them without torchrun")
+    with session:
+        measuring = not session.reports_here  # under torchrun, a rank other than 0: rank 0 writes the report
+        if measuring:
+            _silence_stdout()
+        reports = session.check_each(args.paths, on_error=lambda exc: _report_error(exc, args.debug))
+    if measuring:
+        return EXIT_OK
+    for report in reports:
+        report.ledger_top = getattr(args, "top", None)
     failed = [r for r in reports if r.error is not None]
     if args.baseline or args.write_baseline:
         written = apply_baseline_to_reports(reports, args.baseline, args.write_baseline)
@@ -302,6 +270,33 @@ def _check_all(args, config, probe) -> int:
     return exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
 
 
+def cmd_plan(args) -> int:
+    from preclint.config import load_config
+    from preclint.engine import CheckOptions, PlanOptions, Session
+    from preclint.plan.command import render_plan
+    from preclint.source.baseline import report_destination, run_inputs
+    from preclint.source.command import write_report
+
+    config = load_config(config_file=args.config_file, isolated=args.isolated)
+    config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
+                               output_format=args.output_format)
+    options = CheckOptions(modes=tuple(args.precisions or ["fp16"]), rtol=config.rtol, atol=config.atol,
+                           capture=args.capture)
+    session = Session(config, load=_load_options(args), check=options,
+                      plan=PlanOptions(verify=not args.no_verify, device=args.device, policy_file=args.policy))
+    fmt = args.output_format or "full"
+    if fmt not in ("full", "json", "html"):
+        raise UserError("plan writes --output-format full, json or html")
+    output = report_destination(getattr(args, "output", None), fmt, args.paths, run_inputs(args, config.path))
+    report, plan = session.plan(args.paths[0])
+    text = render_plan(report, plan, fmt, _use_color(args) and output is None)
+    if output is not None:
+        _write_output(output, text)
+    else:
+        write_report(text)
+    return EXIT_OK if plan.meets_tolerance else EXIT_FINDINGS
+
+
 def _check_output(args, fmt: str, config_path: Optional[str]) -> None:
     """Mistakes in --output, found before any model runs; an HTML page is not printed on a terminal."""
     from preclint.source.baseline import report_destination, run_inputs
@@ -313,71 +308,6 @@ def _write_output(filename: str, text: str) -> None:
     from preclint.source.baseline import write_output_file
 
     write_output_file(filename, text, "report")
-
-
-def _check_one(path: str, args, config, options, probe):
-    """One model's report; a model that cannot be checked gets a report with its error (printed on
-    stderr at once), so the other models are still reported."""
-    from preclint.engine import check_model
-    from preclint.report import Report
-    from preclint.source.command import suppress_graph_findings
-    from preclint.capture.usercode import guard
-
-    guarded = None
-    exchange = None
-    if probe is not None and probe.ranks is not None:
-        from preclint.probe.distributed import Exchange
-
-        exchange = Exchange(probe.ranks)  # the other ranks' measurements of this model, gathered once
-    try:
-        with guard(path, config.timeout) as guarded:
-            loaded = _load(path, args)
-            placement = None
-            if probe is not None:
-                from preclint.probe import place_for_probe
-
-                placement = place_for_probe(loaded, probe)
-            report, graph, ctx, placement = _check_placed(loaded, config, options, placement)
-            if probe is not None:
-                from preclint.probe import probe_report
-
-                probe_report(loaded, report, graph, ctx, config, dataclasses.replace(probe, exchange=exchange), placement)
-            elif config.output_format == "html":  # the page's header records where the predictions ran
-                from preclint.probe.device import check_environment
-
-                report.environment = check_environment()
-    except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
-        return Report(model=path, precisions=tuple(config.precisions), error=_report_error(exc, args.debug))
-    finally:
-        if exchange is not None:
-            exchange.close()  # the other ranks wait for it even where this model could not be checked
-        if guarded is not None and args.debug:
-            for warning in guarded.warnings:
-                sys.stderr.write(_console_line(f"preclint: debug: warning: {warning}"))
-    report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
-    report.findings = suppress_graph_findings(report.findings, config, [path])
-    report.ledger_top = getattr(args, "top", None)
-    return report
-
-
-def _check_placed(loaded, config, options, placement):
-    """check_model with its reference pass on the probe's device; where that runs out of memory
-    (the pass keeps gradients too), on the CPU, as without a GPU."""
-    from preclint.engine import check_model
-    from preclint.probe.device import is_out_of_memory
-
-    try:
-        return (*check_model(loaded, config, dataclasses.replace(options, placement=placement)), placement)
-    except Exception as exc:
-        if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
-            raise
-    import torch
-
-    device = placement.device
-    torch.cuda.empty_cache()
-    report, graph, ctx = check_model(loaded, config, options)
-    report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
-    return report, graph, ctx, None
 
 
 def _probe_options(args, every_node: bool = False):
@@ -441,6 +371,10 @@ def _report_error(exc: Exception, debug: bool) -> str:
         message = f"internal error: {one_line(exc)}"
         sys.stderr.write(_console_line(f"preclint: {message} (run with --debug for the traceback)"))
     return message
+
+
+def _debug_warning(warning: str) -> None:
+    sys.stderr.write(_console_line(f"preclint: debug: warning: {warning}"))
 
 
 def _console_line(text: str) -> str:
@@ -508,10 +442,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             if args.command == "rule":
                 return cmd_rule(args)
             if args.command == "plan":
-                from preclint.plan.command import cmd_plan
-
                 _import_torch()
-                return cmd_plan(args, _load, _use_color(args))
+                return cmd_plan(args)
             raise UserError(f"unknown command {args.command}")
         except Interrupted as exc:  # SIGINT, SIGTERM: the shell's convention, 128 + the signal number
             return say_interrupted(exc.signum)

@@ -1,15 +1,22 @@
-"""Runs the stages in order: capture + reference pass with the analyses needed, predictions, rules;
-sorts Findings.
+"""The pipeline: one model's walk (load, place, check, probe, plan), its findings located and
+suppressed once, at the end; the command line and the Python API both drive it through ``Session``.
 
-Later stages read the products of earlier ones and never reach back. Only the analyses whose records
-the selected rules read (``Rule.needs``), and those of the predicted errors where the report, the probe
-or the plan shows them, are computed (``analyses_needed``).
+    with Session(Config(precisions=("fp16",)), probe=ProbeOptions(device="cpu")) as session:
+        report = session.check("model.py")              # a path the loader resolves
+        report = session.check(module, (torch.randn(1, 3, 224, 224),))  # a model already built
+
+The check runs the stages in order: capture + reference pass with the analyses needed, predictions,
+rules (``check_graph``). Later stages read the products of earlier ones and never reach back. Only
+the analyses whose records the selected rules read (``Rule.needs``), and those of the predicted
+errors where the report, the probe or the plan shows them, are computed (``analyses_needed``).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
 from preclint.reference.degenerate import all_outputs_degenerate, degenerate_note, degenerate_outputs
@@ -196,8 +203,9 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
     return rows
 
 
-@long_lived_frozen()
-def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
+def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
+    """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
+    order the rules made them and not yet pointed at the source (``locate``)."""
     from preclint.predict.error_model import PREDICTED_ERRORS_NEED, predict
     from preclint.rules import selected_rules
 
@@ -209,8 +217,6 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     predictions = predict(graph, options.modes)
     ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
-    attach_source_locations(findings, loaded, graph)
-    relativize(findings)
     notes = list(loaded.notes) + list(graph.notes)
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
@@ -221,7 +227,7 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
                      "output errors are not predicted (check without --select, or with --probe, for them)")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
     report = Report(
-        findings=sorted(findings, key=Finding.sort_key),
+        findings=findings,
         model=loaded.name,
         capture=graph.capture,
         precisions=tuple(options.modes),
@@ -232,3 +238,278 @@ def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         profile=predicted_profile(ctx) if graph.ran_reference and errors_predicted else None,
     )
     return report, graph, ctx
+
+
+def locate(report: Report, loaded, graph: Graph) -> None:
+    """Point every finding of ``report`` at the source (the lines that made its op, paths as reports
+    print them), and sort them as reports list them."""
+    attach_source_locations(report.findings, loaded, graph)
+    relativize(report.findings)
+    report.findings = sorted(report.findings, key=Finding.sort_key)
+
+
+@long_lived_frozen()
+def check_model(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
+    """The check alone (no probe, no suppression), its findings located: ``check_graph``, then ``locate``."""
+    report, graph, ctx = check_graph(loaded, config, options)
+    locate(report, loaded, graph)
+    return report, graph, ctx
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a path becomes a model and its example inputs (preclint.load.loader.load_model)."""
+
+    model: Optional[str] = None  # the class, factory or instance in the file (--model)
+    inputs: Optional[Sequence[str]] = None  # --input specifications
+    input_shapes: Optional[Sequence[Any]] = None  # --input-shape
+    input_dtype: str = "float32"
+    weights: Optional[str] = None  # a state dict, loaded with weights_only=True
+    seed: int = 0
+
+    def load(self, path: str):
+        from preclint.load.loader import load_model
+
+        return load_model(path, model=self.model, input_shapes=self.input_shapes, input_dtype=self.input_dtype,
+                          weights=self.weights, seed=self.seed, inputs=self.inputs)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How `plan` makes its plan (preclint.plan.command.build_plan): verified by runs on ``device``
+    or only predicted; chosen, or the keep list of the policy in ``policy_file``."""
+
+    verify: bool = True
+    device: str = "auto"
+    policy_file: Optional[str] = None
+
+
+class Session:
+    """One model's walk at a time: load (a path), or take a model already built; place it on the
+    probe's device; check; probe; plan; its findings located and suppressed once, at the end.
+
+    ``config``: rule selection, precisions, tolerance, time limit, per-file ignores ([tool.preclint]
+    with the flags applied); ``load``: how a path becomes a model; ``check``: the check's options
+    (from ``config`` where None); ``probe``: the probe's options (None: no probe); ``plan``: the
+    plan's options, checked at once against the precision and the tolerance; ``warn``: where the
+    warnings the model's code raised go as they happen (the command line prints them with --debug).
+
+    Who measures is the probe's strategy (probe/distributed.py): this process, or, under torchrun,
+    the ranks, joined when the session is entered (``with Session(...)``) and left at its exit.
+    """
+
+    def __init__(self, config: Config, *, load: Optional[LoadOptions] = None, check: Optional[CheckOptions] = None,
+                 probe=None, plan: Optional[PlanOptions] = None, warn: Optional[Callable[[str], None]] = None) -> None:
+        from preclint.probe.distributed import OneProcess
+
+        self.config = config
+        self.load = load if load is not None else LoadOptions()
+        self.options = check if check is not None else CheckOptions(modes=tuple(config.precisions), rtol=config.rtol,
+                                                                    atol=config.atol)
+        self.probe = probe  # preclint.probe.ProbeOptions, or None
+        self.plan_options = plan
+        self.warn = warn
+        self._strategy = OneProcess()
+        if plan is not None:
+            self._plan_request()  # mistakes in the plan's settings, found before any model loads
+
+    @property
+    def distributed(self) -> bool:
+        """Whether torchrun started this process among others."""
+        from preclint.probe.distributed import launched
+
+        return launched()
+
+    @property
+    def reports_here(self) -> bool:
+        """Whether this process writes the report (under torchrun only rank 0 does)."""
+        return self._strategy.reports
+
+    def __enter__(self) -> "Session":
+        if self.probe is not None:
+            from preclint.probe.distributed import strategy
+
+            self._strategy = strategy(self.probe.device, self.config.timeout)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        from preclint.probe.distributed import OneProcess
+
+        strategy, self._strategy = self._strategy, OneProcess()
+        strategy.leave()
+
+    def check(self, target, inputs=None) -> Optional[Report]:
+        """The report of one model: a path the loader resolves, or an nn.Module called on ``inputs``
+        (a tensor, a tuple of positional inputs, a dict of keyword inputs, or load.modelio.Inputs).
+        Raises UserError where the model cannot be checked; None on a rank that only measures."""
+        return self._walk(target, inputs, None)
+
+    def check_each(self, targets: Iterable[str], on_error: Callable[[Exception], str]) -> List[Report]:
+        """One report per path, in order. A model that cannot be checked gets a report with its error
+        (``on_error(exc)``, which tells the user at once and returns the error as the report states
+        it), so the other models are still reported. None at all on a rank that only measures."""
+        reports = [self._walk(target, None, on_error) for target in targets]
+        return [report for report in reports if report is not None]
+
+    def plan(self, target, inputs=None):
+        """(the check's report, the plan) of one model (a path, or an nn.Module and its ``inputs``):
+        the fewest units to keep in float32 that meet the tolerance under the session's one
+        precision, verified unless the plan's options say not to."""
+        from preclint.plan.command import build_plan
+        from preclint.capture.usercode import guard
+
+        mode, tolerance = self._plan_request()
+        settings = self.plan_options or PlanOptions()
+        with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
+            report, graph, _ = check_model(loaded, self.config, self.options)
+            plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
+                              device=settings.device, policy_file=settings.policy_file)
+        return report, plan
+
+    def _plan_request(self):
+        """(precision, tolerance) of the plan: one precision a plan can reduce to, and a tolerance."""
+        from preclint.measure.compare import Tolerance
+        from preclint.plan.planner import PLAN_MODES
+
+        modes = self.options.modes
+        if len(modes) != 1 or modes[0] not in PLAN_MODES:
+            raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
+        tolerance = Tolerance(self.config.rtol, self.config.atol, self.config.max_flip)
+        if not tolerance.compares_values and tolerance.max_flip is None:
+            raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
+                            "or a decision budget --max-flip (or max-flip in [tool.preclint])")
+        return modes[0], tolerance
+
+    def _walk(self, target, inputs, on_error: Optional[Callable[[Exception], str]]) -> Optional[Report]:
+        from preclint.capture.usercode import guard
+        from preclint.probe import place_for_probe, probe_report
+        from preclint.source.command import suppress_graph_findings
+
+        if not self._strategy.reports:
+            self._measure_share(target, inputs)
+            return None
+        name = _name_of(target)
+        guarded = None
+        # this model's part of the measurements: under torchrun, the other ranks' (gathered once)
+        part = self._strategy.model(self.options.modes) if self.probe is not None else None
+        try:
+            with guard(name, self.config.timeout) as guarded, self._model(target, inputs) as loaded:
+                placement = place_for_probe(loaded, self.probe) if self.probe is not None else None
+                report, graph, ctx, placement = self._check_placed(loaded, placement)
+                if self.probe is not None:
+                    probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
+                elif self.config.output_format == "html":  # the page's header records where the predictions ran
+                    from preclint.probe.device import check_environment
+
+                    report.environment = check_environment()
+        except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
+            if on_error is None:
+                raise
+            return Report(model=name, precisions=tuple(self.config.precisions), error=on_error(exc))
+        finally:
+            if part is not None:
+                part.close()  # the other ranks wait for it even where this model could not be checked
+            if guarded is not None and self.warn is not None:
+                for warning in guarded.warnings:
+                    self.warn(warning)
+        report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
+        locate(report, loaded, graph)
+        files = [target] if isinstance(target, str) else [loaded.source_path] if loaded.source_path else []
+        report.findings = suppress_graph_findings(report.findings, self.config, files)
+        return report
+
+    def _measure_share(self, target, inputs) -> None:
+        """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
+        which reports any failure (and measures those modes itself)."""
+        from preclint.capture.usercode import guard
+        from preclint.probe import place_for_probe, probed, tolerance_of
+
+        part = self._strategy.model(self.options.modes)
+        try:
+            with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
+                module, example = probed(loaded, place_for_probe(loaded, self.probe))
+                part.measure(module, example, None, self.options.modes, self.probe,
+                             tolerance_of(self.options.rtol, self.options.atol), name=loaded.name)
+        except Exception as exc:  # noqa: BLE001 - rank 0 says what failed, once
+            part.failed(exc)
+        finally:
+            part.close()
+
+    def _check_placed(self, loaded, placement):
+        """The check with its reference pass on the probe's device; where that runs out of memory
+        (the pass keeps gradients too), on the CPU, as without a GPU."""
+        from preclint.probe.device import is_out_of_memory
+
+        try:
+            return (*self._check(loaded, placement), placement)
+        except Exception as exc:
+            if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
+                raise
+        import torch
+
+        device = placement.device
+        torch.cuda.empty_cache()
+        report, graph, ctx = self._check(loaded, None)
+        report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
+        return report, graph, ctx, None
+
+    @long_lived_frozen()
+    def _check(self, loaded, placement) -> Tuple[Report, Graph, RuleContext]:
+        return check_graph(loaded, self.config, replace(self.options, placement=placement))
+
+    @contextlib.contextmanager
+    def _model(self, target, inputs) -> Iterator[Any]:
+        """The LoadedModel of ``target``: a path loaded, or an nn.Module with ``inputs``, in eval mode
+        while the session works on it and given back in the mode it came in."""
+        if isinstance(target, str):
+            if inputs is not None:
+                raise UserError(f"{target}: a path's inputs come from the file or from --input, not from the call")
+            yield self.load.load(target)
+            return
+        loaded = _built(target, inputs)
+        with _in_eval_mode(loaded.module):
+            yield loaded
+
+
+def _name_of(target) -> str:
+    return target if isinstance(target, str) else type(target).__name__
+
+
+def _built(module, inputs):
+    """A model the caller built, as the loader would have given it: its inputs as one call, the file
+    that defines its class (where findings point)."""
+    from torch import nn
+
+    from preclint.load.loader import LoadedModel
+    from preclint.load.modelio import Inputs
+
+    if not isinstance(module, nn.Module):
+        raise UserError(f"expected a path or a torch.nn.Module, not a {type(module).__name__}")
+    if inputs is None:
+        raise UserError(f"{type(module).__name__}: give the inputs it is called with")
+    if isinstance(inputs, Inputs):
+        call = inputs
+    elif isinstance(inputs, (tuple, list)):
+        call = Inputs(tuple(inputs))
+    elif isinstance(inputs, dict):
+        call = Inputs((), dict(inputs))
+    else:
+        call = Inputs((inputs,))
+    try:
+        source = inspect.getsourcefile(type(module))
+    except (TypeError, OSError):
+        source = None
+    return LoadedModel(module, call.args, type(module).__name__, os.path.abspath(source) if source else None,
+                       kwargs=call.kwargs)
+
+
+@contextlib.contextmanager
+def _in_eval_mode(module) -> Iterator[None]:
+    """``module`` in eval mode (inference is what is checked), each submodule's mode restored after."""
+    training = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, mode in training:
+            m.training = mode

@@ -1,10 +1,12 @@
-"""`preclint plan`: arguments, the plan-verify-refine loop, and the console and JSON output."""
+"""`preclint plan`: its arguments, the plan-verify-refine loop, and the console, JSON and HTML
+output. The walk that leads here (load, check) is the session's (preclint.engine)."""
 from __future__ import annotations
 
 import io
 import json
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from preclint.core.errors import UserError, one_line
 from preclint.reference.analyses.margins import DecisionMargins
@@ -39,52 +41,15 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
     add_output_arguments(plan)
 
 
-def cmd_plan(args, load, use_color: bool) -> int:
-    from preclint.config import load_config
-    from preclint.engine import CheckOptions, check_model
-    from preclint.measure.compare import Tolerance
-    from preclint.plan.planner import PLAN_MODES
-    from preclint.source.baseline import report_destination, run_inputs
-    from preclint.source.command import write_report
-    from preclint.capture.usercode import guard
-
-    config = load_config(config_file=args.config_file, isolated=args.isolated)
-    config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
-                               output_format=args.output_format)
-    modes = args.precisions or ["fp16"]
-    if len(modes) != 1 or modes[0] not in PLAN_MODES:
-        raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
-    mode = modes[0]
-    tolerance = Tolerance(config.rtol, config.atol, config.max_flip)
-    if not tolerance.compares_values and tolerance.max_flip is None:
-        raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
-                        "or a decision budget --max-flip (or max-flip in [tool.preclint])")
-    fmt = args.output_format or "full"
-    if fmt not in ("full", "json", "html"):
-        raise UserError("plan writes --output-format full, json or html")
-    output = report_destination(getattr(args, "output", None), fmt, args.paths, run_inputs(args, config.path))
-    path = args.paths[0]
-    with guard(path, config.timeout):
-        loaded = load(path, args)
-        report, graph, ctx = check_model(loaded, config, CheckOptions(modes=(mode,), rtol=config.rtol, atol=config.atol,
-                                                                     capture=args.capture))
-        plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=not args.no_verify,
-                          device=args.device, policy_file=args.policy)
+def render_plan(report, plan, fmt: str, color: bool = False) -> str:
+    """The plan in ``fmt``: json, html (the check's ``report`` with the plan's section) or full."""
     if fmt == "json":
-        text = json.dumps(plan.to_json(), indent=2) + "\n"
-    elif fmt == "html":
+        return json.dumps(plan.to_json(), indent=2) + "\n"
+    if fmt == "html":
         from preclint.report.html import render_many
 
-        text = render_many([report], plan=plan_section(plan))
-    else:
-        text = render_console(plan, use_color and output is None)
-    if output is not None:
-        from preclint.source.baseline import write_output_file
-
-        write_output_file(output, text, "report")
-    else:
-        write_report(text)
-    return 0 if plan.meets_tolerance else 1
+        return render_many([report], plan=plan_section(plan))
+    return render_console(plan, color)
 
 
 def _tolerance_text(tol) -> str:
@@ -115,11 +80,30 @@ def plan_section(plan):
     return PlanSection(summary, ("module", "op", "reason", "share of the error", "FLOPs kept"), rows, chart)
 
 
-def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = True, device: str = "auto",
+@dataclass(frozen=True)
+class PlanBasis:
+    """What every plan of one model is made from: the model, the check's graph and findings, the
+    precision, the tolerance, and the margins of the model's outputs (for a decision budget)."""
+
+    loaded: Any
+    graph: Any
+    findings: Sequence[Any]
+    mode: str
+    tolerance: Any  # measure.compare.Tolerance
+    margins: Sequence[float] = ()
+
+    def make(self, margin: float = 1.0, extra_must: Sequence[Any] = ()):
+        """The plan the error model chooses, its predictions asked to hold by ``margin``."""
+        from preclint.plan.planner import make_plan
+
+        return make_plan(self.graph, self.mode, self.tolerance, self.loaded.name, self.findings, margin=margin,
+                         extra_must=extra_must, output_margins=self.margins)
+
+
+def build_plan(loaded, graph, findings, mode: str, tolerance, *, verify: bool = True, device: str = "auto",
                policy_file: Optional[str] = None):
     """Plan (or take the given policy), verify, refine: at most MAX_RUNS runs with a plan."""
     from preclint.plan.exports import onnx_exclude_patterns
-    from preclint.plan.planner import make_plan
 
     try:
         from preclint.plan.source_edit import source_diff
@@ -132,15 +116,15 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, verify: bool = Tru
         from preclint.plan.planner import output_margins
 
         margins = output_margins(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)))
-    plan = make_plan(graph, mode, tolerance, loaded.name, findings, output_margins=margins)
+    basis = PlanBasis(loaded, graph, findings, mode, tolerance, margins)
+    plan = basis.make()
     floor = next((n for n in plan.notes if n.startswith("float32 itself")), None)
     if floor is not None and policy_file is None:
         raise UserError(floor)
     if policy_file is not None:
         _take_policy(plan, policy_file, loaded.module, graph)
     if verify:
-        plan = _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed=policy_file is not None,
-                       margins=margins)
+        plan = verify_plan(plan, basis, device, fixed=policy_file is not None)
     plan.onnx_exclude = onnx_exclude_patterns(plan)
     plan.source_diff = source_diff(plan, graph, loaded.source_path) if source_diff is not None else None
     return plan
@@ -176,15 +160,16 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
     plan.meets_tolerance = planner.meets(after)
 
 
-def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool, margins=()):
-    """The plan measured, and refined where the measurement fails it: the plan that was run last."""
+def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = False):
+    """The plan measured on ``device``, and refined where the measurement fails it (unless ``fixed``:
+    a policy the user gave): the plan that was run last."""
     from preclint.load.modelio import Inputs
-    from preclint.plan.planner import make_plan
     from preclint.plan.units import Unit
     from preclint.plan.verify import Verifier
 
+    loaded, tolerance = basis.loaded, basis.tolerance
     try:
-        verifier = Verifier(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)), mode, tolerance, device)
+        verifier = Verifier(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)), basis.mode, tolerance, device)
         if verifier.noise_floor is not None:
             _noise_floor(plan, verifier, loaded.name)
         before = verifier.run(None)
@@ -219,16 +204,14 @@ def _verify(plan, loaded, graph, findings, mode, tolerance, device, fixed: bool,
         measured = after.summary.rel_error
         ratio = measured / predicted if measured and predicted and math.isfinite(measured / predicted) else 2.0
         margin *= max(ratio, 2.0)
-        refined = make_plan(graph, mode, tolerance, loaded.name, findings, margin=margin, extra_must=extra,
-                            output_margins=margins)
+        refined = basis.make(margin=margin, extra_must=extra)
         if refined.policy() == plan.policy():  # nothing more the error model can offer: no run is spent on it
             plan.notes.append(f"the measured error was {ratio:.2g}x the predicted, and no further layer is predicted to help")
             break
         refined.notes = plan.notes + [f"refined after run {attempt + 1}: the measured error was {ratio:.2g}x the predicted"]
         plan = refined
     while after.meets and not fixed and verifier.runs - 1 < MAX_RUNS:
-        pruned, after, margin = _prune(plan, after, verifier, graph, mode, tolerance, loaded.name, findings, margin,
-                                       extra, margins)
+        pruned, after, margin = _prune(plan, after, verifier, basis, margin, extra)
         if pruned is plan:
             break
         plan = pruned
@@ -264,20 +247,17 @@ def _noise_floor(plan, verifier, name: str) -> None:
                       "every measurement below includes that noise")
 
 
-def _prune(plan, after, verifier, graph, mode, tolerance, name, findings, margin, extra, margins):
+def _prune(plan, after, verifier, basis: PlanBasis, margin: float, extra):
     """A plan that met with error to spare, made cheaper: the error model, calibrated by the
     measurement (the measured error over the predicted), chooses again, and a cheaper plan it finds
     is run. It replaces the plan only if it meets the tolerance too. Returns the plan, its run and
     the calibrated margin (the plan given back unchanged: nothing cheaper to try, or it missed)."""
-    from preclint.plan.planner import make_plan
-
     predicted, measured = plan.predicted["after"].rel_error, after.summary.rel_error
     if not plan.keep or not predicted or measured is None or not math.isfinite(measured) \
             or measured >= predicted * margin:
         return plan, after, margin
     calibrated = measured / predicted  # the margin that makes this plan's prediction its measurement
-    cheaper = make_plan(graph, mode, tolerance, name, findings, margin=calibrated, extra_must=extra,
-                        output_margins=margins)
+    cheaper = basis.make(margin=calibrated, extra_must=extra)
     if cheaper.kept_flops_fraction >= plan.kept_flops_fraction or cheaper.policy() == plan.policy() \
             or not cheaper.meets_tolerance:
         return plan, after, margin

@@ -7,7 +7,7 @@ is confirmed or refuted (verdict.py), and the rules that judge measurements (suc
 hold much of the error without a finding) add theirs.
 
     result = measure_model(module, inputs, graph, modes, ProbeOptions(device="auto"))
-    apply(report, loaded, graph, ctx, config, result, ledger=True)
+    merge_into_report(report, ctx, result, config, ledger=True)
 
 The passes: the reference (reference_pass.py), the model in float64 on the probe's device, each
 node's value kept (in float32 unless the ablation needs float64); the sensitivity (sensitivity.py),
@@ -43,9 +43,6 @@ class ProbeOptions:
     # one block of the model on the device at a time (stream.py): None streams exactly when the
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
-    ranks: Any = None  # distributed.Ranks under torchrun: rank 0 checks, the others measure the modes
-    # on rank 0, the distributed.Exchange of the model being checked: the other ranks' measurements
-    exchange: Any = field(default=None, compare=False, repr=False)
     bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.core.progress) for the stages
 
     def __post_init__(self) -> None:
@@ -83,7 +80,7 @@ class _Clock:
 
 @long_lived_frozen()
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
-                  tolerance: Optional[Tuple[float, float]] = None, name: str = "the model"):
+                  tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
     of positional inputs, or :class:`~preclint.load.modelio.Inputs` with keywords); ``options.bar``, a
     progress bar (preclint.core.progress), follows the stages."""
@@ -492,16 +489,18 @@ def _failure(name: str, what: str, device, exc: BaseException) -> str:
     return f"{name} cannot run {what} on {device}: {one_line(exc)}"
 
 
-def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> None:
-    """Put the measurements into ``report``: measured figures and statuses, the findings of the rules
-    that judge measurements (Rule.check_probe), notes, environment."""
+def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False) -> None:
+    """Put the measurements ``result`` into ``report`` (the check whose RuleContext is ``ctx``, with
+    its graph): measured figures and statuses, the findings of the rules that judge measurements
+    (Rule.check_probe, selected by ``config``), notes, environment; with ``ledger``, every node's
+    figures. Where the new findings point, and which are suppressed, the session decides after
+    (preclint.engine), for every finding at once."""
     from preclint.reference.degenerate import all_outputs_degenerate
-    from preclint.core.findings import Finding
-    from preclint.locations.attach import attach_source_locations, relativize
     from preclint.probe.ledger import node_row
     from preclint.probe.verdict import judge, probe_notes, summary_entries
     from preclint.rules import rules_to_run
 
+    graph = ctx.graph
     degenerate = all_outputs_degenerate(graph)
     judge(report.findings, graph, result, set(result.reference_nonfinite), degenerate)
     if not degenerate:  # shares of rounding residue tell nothing
@@ -511,10 +510,7 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
         for finding in hot:
             if finding.location is None:
                 finding.location = ctx.model_location
-        if loaded is not None:
-            attach_source_locations(hot, loaded, graph)
-        relativize(hot)
-        report.findings = sorted(list(report.findings) + hot, key=Finding.sort_key)
+        report.findings = list(report.findings) + hot
     for mode, entry in summary_entries(result, degenerate).items():
         report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}})
         report.summary[mode]["measured_output"] = entry
@@ -522,28 +518,6 @@ def apply(report, loaded, graph, ctx, config, result, ledger: bool = False) -> N
     report.environment = result.environment
     if ledger:
         report.ledger = [node_row(graph, ctx, result, n.name) for n in graph.nodes if n.kind != "output"]
-
-
-def measure_share(module, inputs, name: str, modes: Sequence[str], options: ProbeOptions,
-                  tolerance: Optional[Tuple[float, float]]):
-    """On a rank other than 0 (``options.ranks``): its share of ``modes``, measured on the graph the
-    probe records for itself, as a distributed.Measured for rank 0. A failure is sent, not raised:
-    rank 0 waits for every rank's part, and measures these modes itself."""
-    from preclint.probe.distributed import Measured, share
-
-    mine = share(modes, options.ranks)
-    part = Measured(options.ranks.rank, mine)
-    if not mine:
-        return part
-    try:
-        # no graph: the probe takes the one torch.fx traces, or the one its float64 run records
-        result = measure_model(module, inputs, None, mine, options, tolerance, name)
-        part.capture, part.order = result.graph.capture, [n.name for n in result.graph.nodes]
-        result.graph = None  # (rank 0 has the check's)
-        part.result = result
-    except Exception as exc:  # noqa: BLE001 - rank 0 measures these modes and says why
-        part.result, part.error = None, one_line(exc)
-    return part
 
 
 def place_for_probe(loaded, options: ProbeOptions):
@@ -572,34 +546,24 @@ def tolerance_of(rtol: Optional[float], atol: Optional[float]) -> Optional[Tuple
     return None if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
 
 
-def probe_report(loaded, report, graph, ctx, config, options: ProbeOptions, placement=None):
+def probe_report(loaded, report, ctx, config, options: ProbeOptions, *, placement=None, measurer=None):
     """``check --probe`` and ``probe``: measure ``loaded`` (its copy on the probe's device, where
-    ``placement`` made one) and put the results into ``report``. Under torchrun (``options.ranks``)
-    this is rank 0, which takes the other ranks' measurements from ``options.exchange``
-    (distributed.Exchange) and measures only what they could not."""
+    ``placement`` made one), which the check captured as ``ctx.graph``, and merge the results into
+    ``report``. ``measurer``: who measures the modes (a model's part of a distributed.py strategy:
+    under torchrun rank 0 takes the other ranks' measurements and measures only what they could
+    not); None: this process, every mode."""
     from preclint.core.progress import task
 
     tolerance = tolerance_of(ctx.rtol, ctx.atol)
     module, inputs = probed(loaded, placement)
+    measure = measure_model if measurer is None else measurer.measure
     with task("probe") as bar:
-        if options.ranks is None:
-            result = measure_model(module, inputs, graph, ctx.modes, replace(options, bar=bar), tolerance, loaded.name)
-        else:
-            from preclint.probe.distributed import adopt, combine
-
-            adopted, missing, reasons = adopt(options.exchange.parts(None), graph, ctx.modes)
-            local = None
-            if missing:
-                local = measure_model(module, inputs, graph, missing, replace(options, bar=bar, ranks=None),
-                                      tolerance, loaded.name)
-            result = combine(adopted, local, ctx.modes)
-            result.notes.extend(f"{reason}: measured by rank 0" for reason in reasons)
-            result.environment["ranks"] = options.ranks.world
+        result = measure(module, inputs, ctx.graph, ctx.modes, replace(options, bar=bar), tolerance, name=loaded.name)
     if placement is not None:
         result.environment["reference"]["statistics_on"] = str(placement.device)
-    apply(report, loaded, graph, ctx, config, result, ledger=options.ledger)
+    merge_into_report(report, ctx, result, config, ledger=options.ledger)
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "measure_share", "apply", "place_for_probe", "probe_report", "probed", "tolerance_of",
-           "DEVICE_CHOICES"]
+__all__ = ["ProbeOptions", "measure_model", "merge_into_report", "place_for_probe", "probe_report", "probed",
+           "tolerance_of", "DEVICE_CHOICES"]

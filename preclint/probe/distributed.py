@@ -16,12 +16,21 @@ measures them as a single process would, with a note.
 
 Only measurements cross between ranks, never activations or weights: several hosts work the same
 way (torchrun --nnodes M --node-rank i --rdzv-endpoint HOST:PORT), over NCCL on GPUs and gloo on CPUs.
+
+Who measures is a strategy the session (preclint.engine) picks when it starts (``strategy``): this
+process alone (``OneProcess``), or under torchrun rank 0 (``Leader``) and the others (``Measurer``).
+Per model it asks the strategy for that model's part (``model``), which measures, is told of a
+failure, and is closed once the model is done, whatever happened.
 """
 from __future__ import annotations
 
+import abc
 import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
+
+from preclint.core.errors import one_line
+from preclint.probe import measure_model
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ def share(modes: Sequence[str], ranks: Ranks) -> Tuple[str, ...]:
 
 @dataclass
 class Measured:
-    """What a measuring rank sends rank 0 (preclint.probe.measure_share): its result, and the graph it
+    """What a measuring rank sends rank 0 (``measure_share``): its result, and the graph it
     recorded to compare with the check's."""
 
     rank: int
@@ -184,4 +193,137 @@ def leave() -> None:
             dist.destroy_process_group()
 
 
-__all__ = ["Ranks", "launched", "join", "share", "Measured", "Exchange", "adopt", "combine", "leave"]
+def measure_share(module, inputs, modes: Sequence[str], options, ranks: Ranks,
+                  tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model") -> Measured:
+    """On a rank other than 0: its share of ``modes``, measured on the graph the probe records for
+    itself, as a Measured for rank 0. A failure is sent, not raised: rank 0 waits for every rank's
+    part, and measures these modes itself."""
+    mine = share(modes, ranks)
+    part = Measured(ranks.rank, mine)
+    if not mine:
+        return part
+    try:
+        # no graph: the probe takes the one torch.fx traces, or the one its float64 run records
+        result = measure_model(module, inputs, None, mine, options, tolerance, name=name)
+        part.capture, part.order = result.graph.capture, [n.name for n in result.graph.nodes]
+        result.graph = None  # (rank 0 has the check's)
+        part.result = result
+    except Exception as exc:  # noqa: BLE001 - rank 0 measures these modes and says why
+        part.result, part.error = None, one_line(exc)
+    return part
+
+
+class Measuring:
+    """One model's measurements, taken in this process (``OneProcess``); the ranks' parts build on it."""
+
+    def measure(self, module, inputs, graph, modes: Sequence[str], options,
+                tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+        """A ledger.ProbeResult of ``modes`` (None on a rank that sends its part to rank 0)."""
+        return measure_model(module, inputs, graph, modes, options, tolerance, name=name)
+
+    def failed(self, exc: BaseException) -> None:
+        """The model could not be loaded, checked or measured here (the caller reports it, or not)."""
+
+    def close(self) -> None:
+        """The model is done with, whatever happened to it."""
+
+
+class Strategy(abc.ABC):
+    """Who measures the models of one session, and whether this process writes the report."""
+
+    reports = True
+
+    @abc.abstractmethod
+    def model(self, modes: Sequence[str]) -> Measuring:
+        """The part of one model's measurements (of ``modes``) this process takes."""
+
+    def leave(self) -> None:
+        """The session is over."""
+
+
+class OneProcess(Strategy):
+    """No torchrun: this process checks, measures every mode, and reports."""
+
+    def model(self, modes: Sequence[str]) -> Measuring:
+        return Measuring()
+
+
+class _Ranked(Strategy):
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+
+    def leave(self) -> None:
+        leave()
+
+
+class Leader(_Ranked):
+    """Rank 0 under torchrun: checks each model and writes the report, with the other ranks'
+    measurements; measures itself what they could not."""
+
+    def model(self, modes: Sequence[str]) -> "Gathering":
+        return Gathering(Exchange(self.ranks))
+
+
+class Measurer(_Ranked):
+    """A rank other than 0: measures its share of each model's modes and sends it to rank 0, which
+    reports (any failure too); it writes no report."""
+
+    reports = False
+
+    def model(self, modes: Sequence[str]) -> "Sending":
+        return Sending(Exchange(self.ranks), tuple(modes))
+
+
+class _Exchanging(Measuring):
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    def close(self) -> None:  # every rank gathers once per model, also where the model failed
+        self.exchange.close()
+
+
+class Gathering(_Exchanging):
+    """On rank 0, one model: the other ranks' measurements, and the modes they could not measure."""
+
+    def measure(self, module, inputs, graph, modes: Sequence[str], options,
+                tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+        adopted, missing, reasons = adopt(self.exchange.parts(None), graph, modes)
+        local = None
+        if missing:
+            local = measure_model(module, inputs, graph, missing, options, tolerance, name=name)
+        result = combine(adopted, local, modes)
+        result.notes.extend(f"{reason}: measured by rank 0" for reason in reasons)
+        result.environment["ranks"] = self.exchange.ranks.world
+        return result
+
+
+class Sending(_Exchanging):
+    """On a measuring rank, one model: its share of the modes, sent to rank 0; a failure is sent as
+    a part that says why, and rank 0 measures those modes itself."""
+
+    def __init__(self, exchange: Exchange, modes: Tuple[str, ...]) -> None:
+        super().__init__(exchange)
+        self.modes = modes
+
+    def measure(self, module, inputs, graph, modes: Sequence[str], options,
+                tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+        self.exchange.parts(measure_share(module, inputs, modes, options, self.exchange.ranks, tolerance, name=name))
+        return None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.exchange.gathered is None:
+            ranks = self.exchange.ranks
+            self.exchange.parts(Measured(ranks.rank, share(self.modes, ranks), error=one_line(exc)))
+
+
+def strategy(device_choice: str, timeout_s: Optional[float] = None) -> Strategy:
+    """Who measures: this process, or under torchrun (``launched``) the rank this process is,
+    joined to the others (``join``: the probe's ``device_choice`` picks NCCL or gloo)."""
+    if not launched():
+        return OneProcess()
+    ranks = join(device_choice, timeout_s)
+    return Leader(ranks) if ranks.leader else Measurer(ranks)
+
+
+__all__ = ["Ranks", "launched", "join", "share", "Measured", "Exchange", "adopt", "combine", "leave", "measure_share",
+           "Strategy", "OneProcess", "Leader", "Measurer", "Measuring", "Gathering", "Sending", "strategy"]

@@ -30,8 +30,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.probe.*",),
     ("preclint.report.*",),
     ("preclint.source.*",),  # the source-only check: runs the source rules, prints a report
-    ("preclint.engine",),
-    ("preclint.plan.*",),
+    ("preclint.plan.*",),  # the planner, its verification and its output: the session drives it
+    ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
     ("preclint.cli", "preclint.__main__"),
 ]
 
@@ -263,13 +263,34 @@ def test_the_positional_count_stops_at_the_star():
     assert sorted(positional_parameter_counts(source)) == [("f", 3, 2), ("m", 2, 2)]
 
 
-def test_the_load_stage_keeps_modules_short_and_positional_lists_to_six():
-    # one job a module (loader.py was 1,032 lines of five); past six, arguments are named at the call
-    load = [name for name in MODULES if name == "preclint.load" or name.startswith("preclint.load.")]
-    long_modules = [f"{MODULES[name].relative_to(ROOT)} has {lines} lines" for name in load
-                    if (lines := len(MODULES[name].read_text(encoding="utf-8").splitlines())) >= 600]
-    long_lists = [f"{MODULES[name].relative_to(ROOT)}:{line} {function} takes {count} by position"
-                  for name in load
-                  for function, line, count in positional_parameter_counts(MODULES[name].read_text(encoding="utf-8"))
-                  if count > 6]
-    assert not long_modules and not long_lists, "; ".join(long_modules + long_lists)
+MOST_LINES = 600  # one job a module: past it a module held several (loader.py was 1,032 lines of five)
+MOST_POSITIONAL = 6  # past it, an argument's meaning is its place in a list every caller must keep
+
+
+def test_no_module_is_longer_than_six_hundred_lines():
+    found = [f"{path.relative_to(ROOT)} has {lines} lines" for path in MODULES.values()
+             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MOST_LINES]
+    assert not found, "; ".join(found)
+
+
+def test_no_function_takes_more_than_six_parameters_by_position():
+    found = [f"{MODULES[name].relative_to(ROOT)}:{line} {function} takes {count} by position"
+             for name in MODULES
+             for function, line, count in positional_parameter_counts(MODULES[name].read_text(encoding="utf-8"))
+             if count > MOST_POSITIONAL]
+    assert not found, "; ".join(found)
+
+
+# the stages of one model's walk, and the probe's ranks: the session (preclint.engine) drives them;
+# the command line names the probe's options (``preclint.probe``), never its parts
+WALK = ("preclint.capture.graph", "preclint.reference", "preclint.predict", "preclint.locations", "preclint.measure",
+        "preclint.plan.planner", "preclint.plan.verify", "preclint.probe.")
+
+
+def test_the_command_line_parses_and_calls_the_session():
+    found = sorted({f"preclint/cli.py:{line} imports {target}"
+                    for module, names, line in imports("preclint.cli")
+                    for target in map(_resolve, [f"{module}.{n}" if f"{module}.{n}" in MODULES else module
+                                                 for n in names] or [module])
+                    if any(target == w or target.startswith(w if w.endswith(".") else w + ".") for w in WALK)})
+    assert not found, "the command line walks a model itself: " + "; ".join(found)

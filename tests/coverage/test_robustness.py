@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from preclint.reference.analyses.gains import Gains
-from preclint.probe import ProbeOptions, apply, measure_model
+from preclint.probe import ProbeOptions, measure_model, merge_into_report
 from preclint.report.json_format import to_dict
 from tests.helpers import check
 from tests import paths
@@ -26,7 +26,7 @@ ROOT = str(paths.ROOT)
 def probe(model, inputs, modes=("bf16",)):
     report, graph, ctx = check(model, inputs, precisions=modes)
     result = measure_model(model, inputs, graph, modes, ProbeOptions(device="cpu"))
-    apply(report, None, graph, ctx, None, result)
+    merge_into_report(report, ctx, result)
     return report, graph, result
 
 

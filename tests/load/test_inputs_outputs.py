@@ -19,7 +19,7 @@ def run_check(module, args=(), kwargs=None, modes=("fp16",), capture=None, probe
     config = Config(precisions=tuple(modes))
     report, graph, ctx = check_model(loaded, config, CheckOptions(modes=tuple(modes), capture=capture))
     if probe:
-        probe_report(loaded, report, graph, ctx, config, ProbeOptions(device="cpu"))
+        probe_report(loaded, report, ctx, config, ProbeOptions(device="cpu"))
     return report, graph
 
 

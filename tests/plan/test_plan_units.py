@@ -160,7 +160,8 @@ def test_the_run_without_a_plan_meeting_the_tolerance_empties_the_plan():
     plan = make_plan(graph, "fp16", Tolerance(1e-2, 1e-2), "model", report.findings)
     plan.keep = [KeepEntry("conv1", None, "accuracy", 0.5, 0.4)]  # as a pessimistic prediction would
     plan.kept_flops_fraction = 0.4
-    plan = plan_command._verify(plan, loaded, graph, report.findings, "fp16", Tolerance(1e-2, 1e-2), "cpu", fixed=False)
+    basis = plan_command.PlanBasis(loaded, graph, report.findings, "fp16", Tolerance(1e-2, 1e-2))
+    plan = plan_command.verify_plan(plan, basis, "cpu", fixed=False)
     assert plan.keep == [] and plan.kept_flops_fraction == 0 and plan.meets_tolerance
     assert plan.measured["runs"] == 0 and any("the run without a plan meets" in n for n in plan.notes)
 

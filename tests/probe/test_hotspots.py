@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from preclint.config import Config
-from preclint.probe import ProbeOptions, apply, measure_model
+from preclint.probe import ProbeOptions, measure_model, merge_into_report
 from preclint.rules.model.unflagged_hotspot import UnflaggedHotspot, ordinary_local
 from tests.helpers import check
 
@@ -44,7 +44,7 @@ def probed(build, modes=MODES):
     model, inputs = build()
     report, graph, ctx = check(model.eval(), inputs, precisions=modes)
     result = measure_model(model, inputs, graph, modes, ProbeOptions(device="cpu"))
-    apply(report, None, graph, ctx, Config(precisions=modes), result)
+    merge_into_report(report, ctx, result, Config(precisions=modes))
     return report, graph, result
 
 

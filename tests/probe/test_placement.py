@@ -38,7 +38,7 @@ def test_statistics_from_the_device_copy_are_the_host_ones():
 def test_the_probe_measures_the_placed_copy_without_another():
     loaded, report, graph, ctx, placement = checked(
         lambda loaded: place(loaded.module, loaded.inputs, torch.device("cpu"), force=True))
-    result = probe_report(loaded, report, graph, ctx, Config(precisions=MODES), ProbeOptions(device="cpu"), placement)
+    result = probe_report(loaded, report, ctx, Config(precisions=MODES), ProbeOptions(device="cpu"), placement=placement)
     assert result.environment["reference"]["statistics_on"] == "cpu"
     assert all(result.modes[m].output.rel_error > 0 for m in MODES)
 

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from preclint.core.errors import UserError
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
-from preclint.probe import ProbeOptions, apply, measure_model
+from preclint.probe import ProbeOptions, measure_model, merge_into_report
 from preclint.measure.rounding import round_tf32
 from tests.helpers import check
 
@@ -239,7 +239,7 @@ def test_overflow_under_fp16_is_measured_and_confirms_pcl101():
     assert measure.output_finite is False
     assert measure.first_nonfinite is not None
     assert result.modes["bf16"].output_finite is True
-    apply(report, None, graph, ctx, None, result)
+    merge_into_report(report, ctx, result)
     flagged = [f for f in report.findings if f.code == "PCL101"]
     assert flagged and all(f.status == "confirmed" for f in flagged)
     assert report.summary["fp16"]["measured_output"]["finite"] is False
@@ -251,7 +251,7 @@ def test_decision_flips_are_measured_for_pcl301():
 
     model, inputs = DecisionFlip.bad[0].build()
     report, graph, ctx, result = probe(model, inputs, modes=("bf16",))
-    apply(report, None, graph, ctx, None, result)
+    merge_into_report(report, ctx, result)
     argmax = [n for n in graph.nodes if n.fn == "argmax"][0]
     m = result.modes["bf16"].nodes[argmax.name]
     assert m.units == 64 and m.flips is not None
@@ -272,7 +272,7 @@ def test_pcl001_gets_the_smallest_passing_tolerance():
 
     model, inputs = OutputTolerance.bad[0].build()
     report, graph, ctx, result = probe(model, inputs, modes=("fp16-full",), rtol=1e-3, atol=1e-5)
-    apply(report, None, graph, ctx, None, result)
+    merge_into_report(report, ctx, result)
     finding = [f for f in report.findings if f.code == "PCL001"][0]
     assert finding.status == "confirmed"
     figure = finding.measured["fp16-full"]
@@ -505,7 +505,7 @@ def test_a_sum_of_batch_norm_branches_overflows_as_autocast_runs_it():
         assert not torch.isfinite(model(x)).all()  # what autocast itself does
     report, graph, ctx, result = probe(model, (x,), modes=("fp16",))
     assert result.modes["fp16"].output_finite is False
-    apply(report, None, graph, ctx, None, result)
+    merge_into_report(report, ctx, result)
     flagged = [f for f in report.findings if f.code == "PCL101"]
     assert flagged and all(f.status == "confirmed" for f in flagged)
 

@@ -8,7 +8,7 @@ import torch
 
 from preclint.cli import main
 from preclint.config import Config
-from preclint.probe import ProbeOptions, apply, measure_model
+from preclint.probe import ProbeOptions, measure_model, merge_into_report
 from preclint.rules import all_rules, graph_rules
 from tests.helpers import check_example
 from tests.paths import DATA
@@ -129,7 +129,7 @@ def test_probe_rule_examples(rule, kind, example):
     module, inputs = example.build()
     tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0) if ctx.rtol is not None or ctx.atol is not None else None
     result = measure_model(module, inputs, graph, ctx.modes, ProbeOptions(device="cpu"), tolerance)
-    apply(report, None, graph, ctx, Config(precisions=ctx.modes), result)
+    merge_into_report(report, ctx, result, Config(precisions=ctx.modes))
     found = [f for f in report.findings if f.code == rule.code]
     if kind == "bad":
         assert found, [f.code for f in report.findings]
