@@ -223,7 +223,7 @@ def cmd_check(args) -> int:
     _import_torch()  # here, not on a model's clock
 
     probe = _probe_options(args, every_node=config.output_format == "html")
-    from preclint.source.baseline import run_inputs
+    from preclint.report.output import run_inputs
 
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths, inputs=run_inputs(args, config.path))
     return _check_all(args, config, probe)
@@ -232,7 +232,8 @@ def cmd_check(args) -> int:
 def _check_all(args, config, probe) -> int:
     from preclint.engine import CheckOptions, Session
     from preclint.report import render_reports
-    from preclint.source.command import apply_baseline_to_reports, write_report
+    from preclint.report.output import write_report
+    from preclint.source.command import apply_baseline_to_reports
 
     # (the probe compares the predicted errors with its measurements, and the HTML page draws them
     # for every layer: both need them whatever the selected rules read)
@@ -274,8 +275,8 @@ def cmd_plan(args) -> int:
     from preclint.config import load_config
     from preclint.engine import CheckOptions, PlanOptions, Session
     from preclint.plan.command import render_plan
-    from preclint.source.baseline import report_destination, run_inputs
-    from preclint.source.command import write_report
+    from preclint.report.output import report_destination, run_inputs
+    from preclint.report.output import write_report
 
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
@@ -299,13 +300,13 @@ def cmd_plan(args) -> int:
 
 def _check_output(args, fmt: str, config_path: Optional[str]) -> None:
     """Mistakes in --output, found before any model runs; an HTML page is not printed on a terminal."""
-    from preclint.source.baseline import report_destination, run_inputs
+    from preclint.report.output import report_destination, run_inputs
 
     args.output = report_destination(args.output, fmt, args.paths, run_inputs(args, config_path))
 
 
 def _write_output(filename: str, text: str) -> None:
-    from preclint.source.baseline import write_output_file
+    from preclint.report.output import write_output_file
 
     write_output_file(filename, text, "report")
 
@@ -330,7 +331,7 @@ def _probe_options(args, every_node: bool = False):
 
 def cmd_rule(args) -> int:
     from preclint.rules import all_rules
-    from preclint.source.command import write_report
+    from preclint.report.output import write_report
 
     rules = all_rules()
     if args.all:

@@ -10,17 +10,14 @@ identical lines with the same finding need two records, and a third copy is new.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
-import stat
-import sys
 from collections import Counter
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Tuple
 
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding
+from preclint.report.output import write_output_file
 from preclint.text.lines import line_text
 
 FORMAT = "preclint-baseline"
@@ -64,169 +61,6 @@ def write_baseline(findings: Iterable[Finding], filename: str) -> int:
     document = {"format": FORMAT, "version": VERSION, "findings": records}
     write_output_file(filename, json.dumps(document, indent=2, ensure_ascii=False) + "\n", "baseline")
     return len(findings)
-
-
-Inputs = Sequence[Tuple[Optional[str], str]]  # (a file the run reads, what it is)
-
-
-def run_inputs(args, config_path: Optional[str]) -> Inputs:
-    """The files a run of the parsed command line ``args`` reads (or writes) besides the checked
-    paths, which no other output of the run may replace."""
-    return [(getattr(args, "baseline", None), "the baseline this run reads (--baseline)"),
-            (getattr(args, "write_baseline", None), "where this run writes its baseline (--write-baseline)"),
-            (getattr(args, "weights", None), "the weights file this run loads (--weights)"),
-            (getattr(args, "policy", None), "the policy this run reads (--policy)"),
-            (config_path, "the configuration this run reads")]
-
-
-def report_destination(output: Optional[str], fmt: str, checked: Sequence[str] = (), inputs: Inputs = ()) -> Optional[str]:
-    """The file ``--output`` names for the report, checked before any model runs, or None for stdout
-    (no --output, or ``-``). An HTML page is not printed on a terminal. ``inputs``: the other files
-    the run reads, which the report must not replace (see ``check_output_target``)."""
-    if output == "-":
-        return None
-    if output is not None:
-        if not output:
-            raise UserError("--output needs a file name (or - for stdout)")
-        check_output_target(output, "report", checked=checked, inputs=inputs)
-        return output
-    if fmt == "html" and sys.stdout is not None and sys.stdout.isatty():
-        raise UserError("--output-format html makes a page for a browser: write it to a file with --output FILE")
-    return None
-
-
-def check_output_target(filename: str, what: str = "baseline", checked: Sequence[str] = (), inputs: Inputs = ()) -> None:
-    """Fail early (before any model runs) on a target the file cannot be written to: a directory, a
-    missing directory, a Python file or one of the ``checked`` files (the user's code, which a
-    misplaced argument would replace), another input of the run (``inputs``: the baseline it reads,
-    its configuration, a weights file), a link ``write_output_file`` will not write through, or the
-    report's own stdout (``/dev/stdout``, ``-``, the file stdout is redirected to), where the two would
-    be mixed into one invalid document."""
-    if filename in ("", "-"):
-        raise UserError(f"--write-{what} {filename!r}: the report is printed on stdout; name a file for the {what}")
-    if os.path.isdir(filename):
-        raise UserError(f"{filename}: is a directory; name a file for the {what}")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(filename))):
-        raise UserError(f"{filename}: the directory does not exist")
-    if os.path.isfile(filename) and (filename.endswith((".py", ".pyi")) or any(
-            os.path.isfile(path) and os.path.samefile(path, filename) for path in checked)):
-        raise UserError(f"{filename}: is code preclint checks, not a {what}; name another file for the {what}")
-    for path, role in inputs:
-        if path and _same_file(path, filename):
-            raise UserError(f"{filename}: is {role}; write the {what} to another file")
-    try:
-        target, stdout = os.stat(filename), os.fstat(sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no such file yet, or no real stdout (tests)
-        target = stdout = None
-    if target is not None and (target.st_dev, target.st_ino) == (stdout.st_dev, stdout.st_ino):
-        raise UserError(f"{filename}: is where the report goes (stdout); write the {what} to another file")
-    _refuse_unsafe_target(filename, what)
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether the paths name one file: the same inode (hard links, links), or the same place for a
-    file that does not exist yet (two outputs of one run)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        first, second = os.stat(a), os.stat(b)
-    except (OSError, ValueError):
-        return False
-    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
-
-
-def _refuse_unsafe_target(filename: str, what: str) -> Optional[os.stat_result]:
-    """What ``filename`` is (lstat), None when there is nothing yet; a UserError for what the file
-    must not be written to. A link is followed only to a stream: a FIFO (``>(cat)``, ``/dev/stdout``
-    on a pipe), a terminal or the null device. A link to anything else is refused, since a checked-out
-    repository can commit ``report.sarif -> ~/.bashrc`` (or ``-> /dev/sda``) where CI writes its report.
-    A block device is never written to."""
-    try:
-        info = os.lstat(filename)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(info.st_mode):
-        try:
-            target = os.stat(filename)
-        except OSError:
-            raise UserError(f"{filename}: is a symbolic link to nothing; name a file for the {what}") from None
-        if not _stream_device(target):
-            raise UserError(f"{filename}: is a symbolic link; preclint does not write the {what} through links "
-                            "(a repository can aim one at any file): name the file itself") from None
-        return target
-    if stat.S_ISBLK(info.st_mode):
-        raise UserError(f"{filename}: is a block device; name a file for the {what}")
-    return info
-
-
-# Linux's terminal majors: tty0-63 and serial ports, /dev/tty and the console, pseudo-terminals
-_TERMINAL_MAJORS = frozenset([4, 5, *range(136, 144)])
-
-
-def _stream_device(info: os.stat_result) -> bool:
-    """A target a link may lead the report to: a FIFO or socket, the null device, a terminal."""
-    if stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode):
-        return True
-    if not stat.S_ISCHR(info.st_mode):
-        return False
-    try:
-        if info.st_rdev == os.stat(os.devnull).st_rdev:
-            return True
-    except OSError:
-        pass
-    return sys.platform.startswith("linux") and os.major(info.st_rdev) in _TERMINAL_MAJORS
-
-
-def write_output_file(filename: str, text: str, what: str) -> None:
-    """Write ``text`` to ``filename`` without ever losing what is there or writing through a link: a
-    regular file is replaced atomically, keeping its mode and owner; a new file is created; a FIFO or
-    a device (``/dev/null``, a pipe another process reads, a link to one) is written to as a stream;
-    a directory, a block device and a link to a file are refused. Every failure is a UserError that
-    says the file was left as it was."""
-    data = text.encode("utf-8")
-    try:
-        info = _refuse_unsafe_target(filename, what)
-        if info is None:
-            _create(filename, data)
-        elif stat.S_ISDIR(info.st_mode):
-            raise UserError(f"{filename}: is a directory; name a file for the {what}")
-        elif stat.S_ISREG(info.st_mode):
-            from preclint.text.safe_io import write_atomic
-
-            write_atomic(filename, text)
-        else:
-            _stream(filename, data)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        if exc.errno == errno.ENXIO:  # opening a FIFO for writing without blocking, and nobody reads it
-            reason = "no process is reading the FIFO"
-        raise UserError(f"{filename}: cannot write the {what}: {reason}") from None
-
-
-def _create(filename: str, data: bytes) -> None:
-    with open(filename, "xb") as out:  # exclusive: a file that appeared meanwhile is not overwritten
-        try:
-            out.write(data)
-            out.flush()
-        except OSError:
-            out.close()
-            os.unlink(filename)
-            raise
-
-
-def _stream(filename: str, data: bytes) -> None:
-    # O_NONBLOCK only for the open: a FIFO nobody reads fails at once (ENXIO) instead of hanging
-    fd = os.open(filename, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    try:
-        if not (_stream_device(os.fstat(fd)) or stat.S_ISCHR(os.fstat(fd).st_mode)):  # swapped since it was checked
-            raise OSError(errno.EINVAL, "it changed into a file or a link to one meanwhile; nothing was written")
-        os.set_blocking(fd, True)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-    finally:
-        os.close(fd)
 
 
 def read_baseline(filename: str) -> Counter:

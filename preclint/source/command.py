@@ -9,9 +9,9 @@ import sys
 from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
-from preclint.core.errors import UserError
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.core.findings import Finding
+from preclint.report.output import write_report
 from preclint.text.paths import display_path
 
 
@@ -37,29 +37,14 @@ def apply_baseline(
     return findings, notes
 
 
-def write_report(text: str, out: Optional[TextIO] = None) -> None:
-    """Print the report on ``out`` (stdout) and flush it, so that a stdout that cannot take it (closed,
-    a full disk) is one error line rather than a traceback at exit. A reader that went away (``| head``)
-    raises BrokenPipeError, which the CLI ends quietly."""
-    out = out or sys.stdout
-    if out is None:
-        raise UserError("stdout is closed: there is nowhere to print the report")
-    try:
-        out.write(text)
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise UserError(f"cannot print the report on stdout: {exc.strerror or exc}") from None
-
-
 def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[str], paths: Sequence[str],
                              inputs: Sequence[Tuple[Optional[str], str]] = ()) -> None:
     """Mistakes in --baseline / --write-baseline, found before any work is done: an unreadable or
     invalid baseline; a baseline target that is a directory, one of the checked ``paths``, another
     of the run's ``inputs`` (its configuration, a weights file; the baseline it reads may be
     refreshed) or the report's own stdout."""
-    from preclint.source.baseline import check_output_target, read_baseline
+    from preclint.report.output import check_output_target
+    from preclint.source.baseline import read_baseline
 
     if baseline:
         read_baseline(baseline)

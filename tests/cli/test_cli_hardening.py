@@ -14,7 +14,8 @@ import pytest
 
 from preclint.cli import main
 from preclint.core.errors import UserError
-from preclint.source.baseline import read_baseline, write_output_file
+from preclint.report.output import write_output_file
+from preclint.source.baseline import read_baseline
 from tests.paths import ROOT, DATA
 
 SARIF_SCHEMA = json.loads((DATA / "sarif-schema-2.1.0.json").read_text())
