@@ -37,7 +37,7 @@ class CheckOptions:
     rtol: Optional[float] = None
     atol: Optional[float] = None
     capture: Optional[str] = None  # force "fx" or "function-mode"
-    # the model's float32 copy on the probe's device (probe/placement.py): the reference pass runs
+    # the model's float32 copy on the probe's device (probe/device_copy.py): the reference pass runs
     # there, and the probe measures the same copy; None: on the CPU, on the user's model
     placement: Optional[object] = None
     # compute what the predicted errors read (the summary's output error, the probe's and the plan's

@@ -7,7 +7,7 @@ two paths that works, both producing the same IR:
   torchvision's detectors), the model runs once under a TorchFunctionMode plus module hooks that
   record each leaf-module call and each torch function or tensor method called outside leaf modules.
 
-The observer (reference.py) sees ``(node, args, kwargs, callee, output)`` for each op on either path.
+The observer (reference/statistics_pass.py) sees ``(node, args, kwargs, callee, output)`` for each op on either path.
 """
 from __future__ import annotations
 

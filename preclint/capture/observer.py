@@ -1,7 +1,7 @@
 """What a run of the model through capture tells the code that watches it.
 
 Both capture paths (the FX interpreter and the function-mode recorder) run the model op by op and
-hand every op to one observer: the reference pass (reference.py) records its statistics so, and the
+hand every op to one observer: the reference pass (reference/statistics_pass.py) records its statistics so, and the
 probe's passes measure (probe/). For each op the runner calls
 
     args, kwargs = observer.before(node, args, kwargs, callee)   # the operands the op will run on

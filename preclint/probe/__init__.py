@@ -114,7 +114,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
                 from preclint.probe.stream import WeightStream
 
                 stream = program.stream = WeightStream(module, device)
-                # a float32 model on the device already (placement.py) is measured as it is
+                # a float32 model on the device already (device_copy.py) is measured as it is
                 model32 = module if resident else stream.copy()
                 model64 = stream.copy(torch.float64)
                 env["streamed"] = {"blocks": len(stream.blocks), "filled_at_once": stream.capacity}
@@ -522,7 +522,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
 
 def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
-    (placement.py); None where the reference pass stays on the CPU."""
+    (device_copy.py); None where the reference pass stays on the CPU."""
     from preclint.probe.device import is_out_of_memory, select_device
     from preclint.probe.device_copy import place
 

@@ -1,7 +1,7 @@
 """Confirm or refute every finding with what the probe measured, and report what no rule flagged.
 
 A finding predicts one of a few things, which its rule declares (``Rule.measured_as``, one of
-``rulebase.MEASURED_AS``); the probe compares it with the matching measurement:
+``rules.base.MEASURED_AS``); the probe compares it with the matching measurement:
 
 | measured_as | predicted | measured | confirmed when |
 |---|---|---|---|

@@ -33,7 +33,7 @@ FLOAT32_NOISE = 2.0 ** -17.5
 
 def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float]:
     """The relative RMS error ordinary rounding gives ``node`` by itself under the mode, when its
-    result is stored as ``dtype``: the error model's (predict.py), at least C_OUTPUT * u for a value
+    result is stored as ``dtype``: the error model's (preclint.predict), at least C_OUTPUT * u for a value
     stored in a reduced format, and for a dot product at least C_INPUT * u_in * sqrt(sum (a b)^2)
     plus the stored result's rounding, as if the backend rounded its operands (TF32 included), so that
     a backend's choice between kernels never reads as an excess. None without reference statistics."""
