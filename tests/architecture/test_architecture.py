@@ -273,6 +273,7 @@ def test_no_module_is_longer_than_six_hundred_lines():
     assert not found, "; ".join(found)
 
 
+@pytest.mark.slow
 def test_no_function_takes_more_than_six_parameters_by_position():
     found = [f"{MODULES[name].relative_to(ROOT)}:{line} {function} takes {count} by position"
              for name in MODULES

@@ -34,6 +34,7 @@ def test_a_loop_ends_at_the_time_limit_with_the_line_it_was_on():
     assert "--timeout" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_a_swallowed_time_limit_is_raised_again():
     swallowed = []
     with pytest.raises(UserError, match="gave up after 0.2 s"):
@@ -48,6 +49,7 @@ def test_a_swallowed_time_limit_is_raised_again():
     assert swallowed == [True]
 
 
+@pytest.mark.slow
 def test_no_limit_and_the_alarm_is_gone_afterwards():
     with guard("model.py", 0):
         time.sleep(0.05)
@@ -96,6 +98,7 @@ def _run(argv, cwd, **kwargs):
                           timeout=300, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_hard_stop_when_the_code_never_lets_go(tmp_path):
     script = textwrap.dedent("""

@@ -83,6 +83,7 @@ def test_output_is_byte_identical_on_rerun(capsys):
         assert first
 
 
+@pytest.mark.slow
 def test_well_scaled_block_has_no_findings_and_exits_zero(capsys, tmp_path):
     path = write(tmp_path, "mlp.py", MLP)
     code, out, err = run(capsys, "check", path, "--output-format", "json")
@@ -221,6 +222,7 @@ class SomeObject:
     pass
 
 
+@pytest.mark.slow
 def test_bad_input_ends_in_one_line_and_exit_2(capsys, tmp_path):
     for argv, needle in bad_inputs(tmp_path):
         code, out, err = run(capsys, *argv)

@@ -129,6 +129,7 @@ MISTAKES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, needle", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
 def test_a_mistake_is_one_line_and_exit_2(models, capsys, argv, needle):
     code, out, err = run(capsys, "check", *argv, "--output-format", "concise")
@@ -154,6 +155,7 @@ def test_a_model_that_returns_no_tensor_is_checked_with_a_note(models, capsys):
     assert any("returns None and no tensor" in note for note in doc["notes"]), doc["notes"]
 
 
+@pytest.mark.slow
 def test_a_failing_model_is_in_every_document_and_the_others_are_kept(models, capsys):
     code, out, err = run(capsys, "check", "tiny.py", "fails.py", "--output-format", "json")
     assert code == 2 and err.count("\n") == 1 and "this model always fails" in err
@@ -280,6 +282,7 @@ def test_a_baseline_record_preclint_cannot_use_is_a_user_error(tmp_path, records
     assert message in str(caught.value)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_baseline_aimed_at_the_redirected_stdout_is_refused(models):
     """`preclint check ... --write-baseline report.txt > report.txt`, and /dev/stdout into a file: the
@@ -297,6 +300,7 @@ def test_a_baseline_aimed_at_the_redirected_stdout_is_refused(models):
         assert (models / "report.txt").read_text() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize(
     "shell, code, message",

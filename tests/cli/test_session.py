@@ -58,6 +58,7 @@ def cli(capsys, *argv):
     return code, out
 
 
+@pytest.mark.slow
 def test_a_path_gets_the_report_the_command_line_prints(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = model_file(tmp_path)
@@ -69,6 +70,7 @@ def test_a_path_gets_the_report_the_command_line_prints(tmp_path, capsys, monkey
     assert render_reports([report], "json") == printed
 
 
+@pytest.mark.slow
 def test_a_built_module_gets_the_findings_of_its_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = model_file(tmp_path)
@@ -163,6 +165,7 @@ def forced_placement(monkeypatch):
                         lambda loaded, options: place(loaded.module, loaded.inputs, torch.device("cpu"), force=True))
 
 
+@pytest.mark.slow
 def test_the_reference_pass_on_the_probes_copy_gives_the_same_report(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = model_file(tmp_path)

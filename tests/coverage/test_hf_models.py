@@ -64,6 +64,7 @@ def test_bert_with_named_inputs_on_the_command_line_and_the_probe(capsys):
     assert "input_ids below 300" in drawn and "token_type_ids below 2" in drawn
 
 
+@pytest.mark.slow
 def test_gpt2_with_a_dict_of_inputs(capsys, tmp_path):
     path = tmp_path / "gpt2_model.py"
     path.write_text(textwrap.dedent(f"""

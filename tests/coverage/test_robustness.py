@@ -125,6 +125,7 @@ class _NativeBatchNormAct(nn.BatchNorm2d):
                                        self.eps, False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", [_BatchNormAct, _NativeBatchNormAct])
 def test_running_statistics_read_as_values_reach_batch_norm_without_gradient(norm):
     torch.manual_seed(0)
@@ -254,6 +255,7 @@ def _box_detector(**kwargs):
     return BoxDetector(**kwargs).eval(), ([torch.rand(3, 32, 32)],)
 
 
+@pytest.mark.slow
 def test_a_detector_that_finds_nothing_is_checked_and_probed():
     model, inputs = _box_detector(score_thresh=1.1)  # no score passes: empty boxes, top-k of 0, NMS of 0
     report, graph, result = probe(model, inputs)
@@ -333,6 +335,7 @@ class _Float32Only(nn.Module):
         return self.fc(x)
 
 
+@pytest.mark.slow
 def test_a_model_that_makes_float32_values_is_measured_against_float64():
     torch.manual_seed(0)
     _, _, result = probe(_MakesFloat32().eval(), (torch.rand(1, 2, 8, 8),))  # raised: Double but found Float

@@ -40,6 +40,7 @@ def _failure(name: str, checked) -> str:
 # ------------------------------------------------------------------ the seeded sample
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(MODELS))
 def test_generated_model(seed, tmp_path):
     name = f"model-{seed}"
@@ -125,6 +126,7 @@ def test_the_oracle_sees_an_invalid_document(fmt, stdout):
     assert judge(Run(1, stdout, "", 0.1), argv, valid=True).failure == "invalid-document"
 
 
+@pytest.mark.slow
 def test_the_oracle_sees_a_model_file_preclint_modified(tmp_path, monkeypatch):
     """A planted bug: the check writes into the model file it was given."""
     import preclint.cli
@@ -182,6 +184,7 @@ def test_a_model_whose_output_holds_inf_or_nan_is_reported_not_crashed(tmp_path)
     assert "PCL002" in codes  # the infinities reach the output
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_source_file_with_a_literal_python_cannot_evaluate_is_checked(tmp_path):
     """A 5,000-digit integer (beyond Python's int-to-str limit) ended a --source-only run in an
@@ -299,6 +302,7 @@ def test_a_tensor_made_in_inference_mode_is_probed(tmp_path):
     assert json.loads(result.stdout)["environment"]["reference"]["dtype"] == "float64", result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
     """Compiling a checked file printed its SyntaxWarnings (``1for``, ``"\\d"``) on preclint's stderr."""
@@ -307,6 +311,7 @@ def test_the_checked_files_syntax_warnings_are_not_printed(tmp_path):
     assert result.returncode == 1 and result.stderr == "", result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_name_with_a_zero_width_joiner_is_a_file_that_cannot_be_parsed(tmp_path):
     """libcst builds a Name node that refuses 'x\\u200d' (CSTValidationError), which ended the run in

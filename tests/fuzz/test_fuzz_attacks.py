@@ -48,6 +48,7 @@ def _param(case):
     return pytest.param(case.name, id=f"{case.name}-{case.attack}-{case.variant}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [_param(c) for c in _sample(2 * SCALE)])
 def test_attack(name, tmp_path):
     checked = cases.check(cases.build(name), str(tmp_path))
@@ -202,6 +203,7 @@ def test_findings_are_compared_whatever_their_order():
     assert findings_of(json.dumps(a)) == findings_of(json.dumps(b)) != findings_of(json.dumps({"findings": []}))
 
 
+@pytest.mark.slow
 def test_a_run_that_outgrows_its_memory_is_a_blow_up_not_a_crash(tmp_path):
     """run_limited's RLIMIT_DATA: a model that allocates 3 GB at import ends as ``memory``."""
     (tmp_path / "m.py").write_text(textwrap.dedent("""

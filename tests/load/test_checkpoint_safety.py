@@ -116,6 +116,7 @@ REZIPPED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", list(REZIPPED))
 def test_a_re_zipped_checkpoint_reads_as_the_original(model, capsys, how):
     rezip(model / "weights.pt", model / "rezipped.pt", REZIPPED[how])
@@ -169,6 +170,7 @@ def test_records_that_lie_about_their_size_are_refused_in_one_line(model, capsys
         assert err.startswith(f"preclint: error: {model / name}: ") and needle in err, (name, err)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="an address-space limit (ulimit -v) as on Linux")
 def test_a_zip_bomb_larger_than_memory_is_refused_in_one_line(tmp_path):
@@ -204,6 +206,7 @@ def _safetensors(path: Path, header: dict, body: bytes, length=None) -> None:
     path.write_bytes(struct.pack("<Q", len(text) if length is None else length) + text + body)
 
 
+@pytest.mark.slow
 def test_a_safetensors_header_that_lies_is_refused_as_the_safetensors_library_refuses_it(model, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
     from safetensors import SafetensorError

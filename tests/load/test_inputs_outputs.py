@@ -71,6 +71,7 @@ def test_keyword_inputs_trace_with_fx_and_record_in_function_mode_alike():
     assert positional.summary["fp16"]["predicted_output"]["rel_error"] == pytest.approx(fx_out, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_the_probe_runs_keyword_inputs_and_keeps_integer_masks_integer():
     x, mask = inputs()
     for capture in ("fx", "function-mode"):
@@ -109,6 +110,7 @@ def fixed_model(kind):
     return Structured(kind)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capture", ["fx", "function-mode"])
 def test_every_floating_output_counts_whatever_holds_it(capture):
     x = inputs()[0]

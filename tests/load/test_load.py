@@ -123,6 +123,7 @@ def test_package_module_target_with_and_without_attr(tmp_path, monkeypatch):
     assert sys.path == path_before
 
 
+@pytest.mark.slow
 def test_torchvision_factory_with_input_shape():
     loaded = load_model("torchvision.models:resnet18", input_shapes=[(1, 3, 64, 64)])
     assert loaded.name == "torchvision.models:resnet18"

@@ -105,6 +105,7 @@ def _end(pids) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("case", list(MODELS))
 def test_a_pipeline_returns_with_preclint_and_the_model_s_children_are_gone(tmp_path, case):
@@ -125,6 +126,7 @@ def test_a_pipeline_returns_with_preclint_and_the_model_s_children_are_gone(tmp_
     assert pids and not left, (pids, left)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_sigterm_ends_preclint_and_the_model_s_children(tmp_path):
     (tmp_path / "model.py").write_text(textwrap.dedent(MODELS["a forward stuck on its subprocess"].format(sleep=SLEEP)))

@@ -84,6 +84,7 @@ def test_library_model_without_user_code_keeps_its_library_location(capsys, proj
     assert findings and all(line.startswith("torchvision/models/mobilenetv3.py:") for line in findings), out
 
 
+@pytest.mark.slow
 def test_sarif_and_github_annotate_the_users_line(capsys, project):
     main(ARGS[:-1] + ["sarif"])
     result = json.loads(capsys.readouterr().out)["runs"][0]["results"][0]
@@ -97,6 +98,7 @@ def test_sarif_and_github_annotate_the_users_line(capsys, project):
     assert "torchvision/models/resnet.py:" in annotation
 
 
+@pytest.mark.slow
 def test_baseline_keys_on_the_library_location(capsys, project):
     """The user's lines move; the finding, at torchvision's line, stays known to the baseline."""
     assert main(ARGS + ["--write-baseline", "baseline.json"]) == 0

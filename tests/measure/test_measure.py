@@ -116,6 +116,7 @@ def _branchy():
     return _Branchy().eval(), (torch.randn(3, 8),)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [_small, _branchy], ids=["traced", "recorded"])
 def test_an_emulated_runner_returns_what_the_probe_measured(build):
     model, inputs = build()

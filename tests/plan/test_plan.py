@@ -53,6 +53,7 @@ def test_a_single_op_is_kept_where_one_op_is_the_culprit():
     assert plan.kept_flops_fraction < 0.1
 
 
+@pytest.mark.slow
 def test_a_healthy_model_gets_an_empty_plan():
     plan, _ = plan_for(Healthy(), (torch.randn(2, 3, 16, 16),), "fp16", rtol=1e-2, atol=1e-2)
     assert plan.keep == [] and plan.kept_flops_fraction == 0 and plan.meets_tolerance
@@ -89,6 +90,7 @@ def test_cast_model_keeps_the_layer_that_reads_a_kept_overflowing_value():
     assert plan.predicted["after"].finite and plan.meets_tolerance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fp16", "fp16-full"])
 def test_policy_round_trip_runs_the_kept_layers_in_float32(mode):
     plan, _ = plan_for(WideLayer(), (torch.randn(8, 64),), mode)
@@ -189,6 +191,7 @@ def test_cli_json_plan_is_verified_and_matches_the_schema(capsys, tmp_path):
     assert "big" in out and "meets the tolerance: yes" in out
 
 
+@pytest.mark.slow
 def test_cli_plan_verifies_a_model_that_keeps_tensors_with_history(capsys, tmp_path):
     # the verifier copied the model with copy.deepcopy, which refuses such a tensor: the plan was
     # "not verified", and a --policy file ended in an internal error
@@ -206,6 +209,7 @@ def test_cli_plan_verifies_a_model_that_keeps_tensors_with_history(capsys, tmp_p
     assert "meets the tolerance: yes" in out
 
 
+@pytest.mark.slow
 def test_cli_decision_budget_keeps_the_layer_that_flips_the_top_class(capsys):
     code, out, err = run(capsys, "plan", MODELS, "--model", "OffsetClassifier", "--input", "256x32", "--precision",
                          "fp16", "--max-flip", "0.01", "--output-format", "json", "--device", "cpu")
@@ -216,6 +220,7 @@ def test_cli_decision_budget_keeps_the_layer_that_flips_the_top_class(capsys):
     assert data["measured"]["after"]["flip_fraction"] <= 0.01 and data["tolerance"]["max_flip"] == 0.01
 
 
+@pytest.mark.slow
 def test_cli_console_shows_the_table_and_the_deployment_forms(capsys):
     code, out, err = run(capsys, "plan", MODELS, "--model", "RMSHead", "--input", "16x32", "--precision", "fp16",
                          "--rtol", "1e-2", "--atol", "1e-2", "--no-verify")
@@ -226,6 +231,7 @@ def test_cli_console_shows_the_table_and_the_deployment_forms(capsys):
     assert "+            var = (h.float() * h.float()).mean(-1, keepdim=True)" in out
 
 
+@pytest.mark.slow
 def test_cli_unknown_module_in_policy_file_exits_2(capsys, tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"precision": "fp16", "keep": [{"module": "encoder.missing", "op": None}]}))
@@ -234,6 +240,7 @@ def test_cli_unknown_module_in_policy_file_exits_2(capsys, tmp_path):
     assert code == 2 and "encoder.missing" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_a_tolerance_float32_cannot_meet_exits_2(capsys):
     code, out, err = run(capsys, "plan", MODELS, "--model", "Healthy", "--input", "2x3x16x16", "--precision", "fp16",
                          "--rtol", "0", "--atol", "1e-12", "--no-verify")
@@ -250,6 +257,7 @@ def test_cli_usage_errors_exit_2(capsys, argv, message):
     assert code == 2 and message in err
 
 
+@pytest.mark.slow
 def test_cli_html_plan_goes_to_the_output_file_with_its_table(capsys, tmp_path):
     page = tmp_path / "plan.html"
     code, out, err = run(capsys, "plan", MODELS, "--model", "RMSHead", "--input", "16x32", "--precision", "fp16",

@@ -56,6 +56,7 @@ def test_a_frozen_norm_inside_a_block_keeps_its_buffer_not_the_block():
     assert plan.meets_tolerance and plan.measured["after"].failing_fraction == 0 and plan.measured["runs"] <= 3
 
 
+@pytest.mark.slow
 def test_a_batch_norm_module_whose_variance_flushes_is_kept_before_any_run():
     """torchvision's FrozenBatchNorm2d(eps=0) with a running variance of 1e-9: the module is one node,
     and its variance becomes 0 in a float16 model: predicted, so the first run with the plan is
@@ -86,6 +87,7 @@ def test_the_inputs_are_kept_when_their_rounding_is_the_culprit():
     assert plan.measured["after"].failing_fraction == 0 and plan.meets_tolerance
 
 
+@pytest.mark.slow
 def test_outputs_beyond_the_format_are_returned_in_float32():
     """A kept layer's float32 result above 65504 that the model returns: casting it back would make
     inf, so the plan keeps <outputs> as well."""
@@ -149,6 +151,7 @@ def test_units_that_are_not_modules_have_no_onnx_pattern():
     assert onnx_patterns([Kept("<inputs>"), Kept("<param:var>"), Kept("fc")]) == onnx_patterns([Kept("fc")])
 
 
+@pytest.mark.slow
 def test_the_run_without_a_plan_meeting_the_tolerance_empties_the_plan():
     """What the prediction kept as a surplus is not spent: the measurement without a plan meets."""
     model, x = Healthy().eval(), torch.randn(2, 3, 16, 16)
@@ -175,6 +178,7 @@ def test_cli_json_plan_keeps_a_parameter_and_matches_the_schema(capsys):
     assert [k["module"] for k in data["keep"]] == ["<param:var>"] and data["onnx_nodes_to_exclude"] == []
 
 
+@pytest.mark.slow
 def test_cli_decision_budget_from_the_configuration_file(capsys, tmp_path):
     config = tmp_path / "pyproject.toml"
     config.write_text("[tool.preclint]\nmax-flip = 0.01\n")
@@ -185,6 +189,7 @@ def test_cli_decision_budget_from_the_configuration_file(capsys, tmp_path):
     assert data["tolerance"]["max_flip"] == 0.01 and [k["module"] for k in data["keep"]] == ["head"]
 
 
+@pytest.mark.slow
 def test_cli_value_tolerance_from_the_configuration_file(capsys, tmp_path):
     config = tmp_path / "pyproject.toml"
     config.write_text("[tool.preclint]\nrtol = 1e-2\natol = 1e-3\n")

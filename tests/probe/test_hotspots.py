@@ -62,6 +62,7 @@ def test_healthy_models_get_no_hotspot(build):
         assert m.local.rel_error <= 3 * ordinary, (mode, name, m.local.rel_error, ordinary)
 
 
+@pytest.mark.slow
 def test_the_hotspot_message_gives_the_factor_over_ordinary():
     (bad,) = [e for e in UnflaggedHotspot.probe_bad if "attention" in e.description]
     report, _graph, _result = probed(bad.build, ("bf16",))
@@ -70,6 +71,7 @@ def test_the_hotspot_message_gives_the_factor_over_ordinary():
     assert "x what ordinary rounding gives this op" in finding.message
 
 
+@pytest.mark.slow
 def test_an_op_ordinary_rounding_leaves_exact_gets_a_message_without_a_factor():
     # an op that runs in float32 under the precision (or is exact in it) has no ordinary error to divide by
     (bad,) = [e for e in UnflaggedHotspot.probe_bad if "attention" in e.description]

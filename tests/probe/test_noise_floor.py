@@ -91,6 +91,7 @@ def noise_notes(doc):
     return [n for n in doc["notes"] if "not deterministic" in n]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", NOISY)
 def test_probe_says_a_noisy_model_is_not_deterministic_and_confirms_nothing_with_its_noise(capsys, tmp_path, kind):
     doc = probe_json(capsys, model_file(tmp_path, kind))
@@ -109,6 +110,7 @@ def test_probe_says_a_noisy_model_is_not_deterministic_and_confirms_nothing_with
 
 
 # (recorded eagerly: a traced graph keeps the draw and drops the Python call that seeds it)
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, capture", [("deterministic", "fx"), ("seeded_each_call", "function-mode")])
 def test_probe_of_a_deterministic_model_has_no_noise_floor(capsys, tmp_path, kind, capture):
     doc = probe_json(capsys, model_file(tmp_path, kind), "--capture", capture)
@@ -118,6 +120,7 @@ def test_probe_of_a_deterministic_model_has_no_noise_floor(capsys, tmp_path, kin
     assert tolerance["status"] == "confirmed"  # bf16's own error misses rtol=1e-3
 
 
+@pytest.mark.slow
 def test_probe_confirms_errors_far_above_a_faint_noise(capsys, tmp_path):
     doc = probe_json(capsys, model_file(tmp_path, "faint_noise"))
     assert len(noise_notes(doc)) == 1
@@ -126,6 +129,7 @@ def test_probe_confirms_errors_far_above_a_faint_noise(capsys, tmp_path):
     assert tolerance["status"] == "confirmed"
 
 
+@pytest.mark.slow
 def test_probe_console_report_says_it(capsys, tmp_path):
     code, out, err = run(capsys, "probe", model_file(tmp_path, "dropout"), "--device", "cpu", "--precision", "bf16",
                          "--color", "never", "--exit-zero")
@@ -133,6 +137,7 @@ def test_probe_console_report_says_it(capsys, tmp_path):
     assert "is not deterministic" in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_plan_says_the_noise_floor_in_one_line(capsys, tmp_path):
     path = model_file(tmp_path, "randn_like")
     code, out, err = run(capsys, "plan", path, "--rtol", "1e-2", "--atol", "1e-2", "--device", "cpu")
@@ -142,6 +147,7 @@ def test_plan_says_the_noise_floor_in_one_line(capsys, tmp_path):
     assert re.search(r"relative RMS \d", err) and "of the elements" in err
 
 
+@pytest.mark.slow
 def test_plan_within_the_noise_notes_it(capsys, tmp_path):
     path = model_file(tmp_path, "faint_noise")
     code, out, err = run(capsys, "plan", path, "--rtol", "1e-2", "--atol", "1e-2", "--device", "cpu",

@@ -22,6 +22,7 @@ def checked(placement):
     return loaded, report, graph, ctx, options.placement
 
 
+@pytest.mark.slow
 def test_statistics_from_the_device_copy_are_the_host_ones():
     _, report, graph, _, _ = checked(None)
     loaded, placed_report, placed_graph, _, placement = checked(

@@ -63,6 +63,7 @@ def test_every_node_is_measured_in_every_mode(cnn_probe):
     assert "torch.get_float32_matmul_precision()" in result.environment["flags"]
 
 
+@pytest.mark.slow
 def test_local_error_of_a_dot_product_has_the_size_of_its_format(cnn_probe):
     # docs/error-model.md: over whole layers the measured local error of a conv/linear was within 3x of
     # C_INPUT * u * RMS(sqrt(sum (a b)^2)); the exact emulation must land in the same band.
@@ -145,6 +146,7 @@ def test_contributions_match_one_node_at_a_time_runs(cnn_probe):
         assert 0.9 < measure.explained < 1.1, (mode, measure.explained)
 
 
+@pytest.mark.slow
 def test_amplification_of_a_pure_gain_is_the_gain():
     # y = 8 x after a conv: the relative error passes through unchanged (amplification 1), and the
     # scaling itself adds float32 rounding only under TF32
@@ -163,6 +165,7 @@ def test_amplification_of_a_pure_gain_is_the_gain():
     assert result.modes["tf32"].nodes[mul.name].amplification == pytest.approx(1.0, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_emulated_autocast_matches_a_hand_written_float16_linear():
     # autocast float16 on Linear: operands and bias rounded to float16, float32 accumulation, result
     # stored in float16. Written out by hand, the output error must equal the probe's to float32's
@@ -209,6 +212,7 @@ def test_emulated_tf32_follows_the_kernels_an_h200_picks():
     assert applied == {"0": False, "1": False, "2": True, "5": False}
 
 
+@pytest.mark.slow
 def test_tf32_applied_is_false_where_rounding_to_tf32_changes_nothing():
     # small integers are exact in TF32, so the conv's error is float32's (here: none), which the
     # probe must tell apart from a TF32 kernel, as it does for depthwise convs on cuDNN

@@ -72,6 +72,7 @@ def test_the_streamed_ledger_is_the_unstreamed_one(build, capture):
                 n.local, n.received, n.contribution, n.amplification), (mode, name)
 
 
+@pytest.mark.slow
 def test_only_a_few_blocks_are_on_the_device_at_once():
     model, inputs = llama()
     stream = WeightStream(model, torch.device("cpu"))
@@ -101,6 +102,7 @@ def test_blocks_are_layers_and_stages():
     assert "model.lm_head" in find_blocks(gpt2()[0])
 
 
+@pytest.mark.slow
 def test_probe_stream_prints_the_same_ledger(capsys, tiny):
     from tests.probe.test_probe_cli import run
 

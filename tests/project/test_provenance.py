@@ -113,6 +113,7 @@ def test_every_benchmark_that_writes_json_stamps_it(script):
         assert "benchmarks.provenance import" in text, f"{script.name} writes results without their provenance"
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_merged_measurement_keeps_the_provenance_of_the_runs_it_merges(tmp_path):
     for name, commit in (("a.json", "aaa"), ("b.json", "bbb")):

@@ -132,6 +132,7 @@ def _reference_pass(records):
     return build_graph(loaded, CheckOptions(modes=("bf16",)), resolve(records))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradient", [False, True], ids=["forward", "gradient"])
 def test_a_scaffolded_statistic_is_discovered_and_runs(scratch_analyses, gradient):
     from preclint.reference.analyses import every_analysis, writer_of

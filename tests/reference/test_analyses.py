@@ -167,6 +167,7 @@ def test_a_rule_checked_alone_finds_what_it_finds_in_a_full_check():
             assert mine and mine == [f.message for f in alone.findings], (code, example.description)
 
 
+@pytest.mark.slow
 def test_the_gains_toward_a_decision_are_the_same_without_the_gains():
     """The passes toward a decision weigh the operands the gains weigh: they watch them themselves, so
     computed alone they are those of a full reference pass."""

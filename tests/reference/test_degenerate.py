@@ -44,6 +44,7 @@ class Residue(nn.Module):
         return (y + 1e-14) - y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["check"], ["check", "--probe", "cpu"]], ids=["check", "probe"])
 def test_zero_initialised_head_gets_a_note_and_no_relative_error(capsys, tmp_path, argv):
     path = tmp_path / "vit.py"

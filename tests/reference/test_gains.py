@@ -75,6 +75,7 @@ def _node(graph, fn):
     return next(n for n in graph.nodes if n.fn == fn)
 
 
+@pytest.mark.slow
 def test_a_gate_broadcast_over_the_image_does_not_amplify():
     report, graph, _ = check(_Squeeze(), (torch.rand(1, 8, 32, 32),), select=["PCL204"])
     assert "PCL204" not in codes(report)

@@ -66,6 +66,7 @@ def test_rounding_upstream_of_a_detach_reaches_the_output(refinement):
     assert within(prediction.rel_error, measure.output.rel_error), (prediction.rel_error, measure.output.rel_error)
 
 
+@pytest.mark.slow
 def test_the_coordinates_error_an_amplifier_receives_grows_with_the_steps(refinement):
     graph, prediction, measure = refinement
     amplifiers = [n for n in graph.nodes if n.record(ReceivedGains) is not None]

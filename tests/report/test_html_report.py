@@ -47,6 +47,7 @@ def page_data(text: str) -> list:
             for block in re.findall(r"<script type='application/json' class='report-data'>(.*?)</script>", text, re.S)]
 
 
+@pytest.mark.slow
 def test_check_writes_one_self_contained_page(net, capsys):
     code = main(["check", "net.py", *ARGS, "--output-format", "html", "--output", "report.html"])
     out, err = capsys.readouterr()

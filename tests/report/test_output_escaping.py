@@ -69,6 +69,7 @@ def hostile_files(tmp_path, monkeypatch):
     return project
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_source_check_of_hostile_file_names_is_escaped_in_every_format(hostile_files, capsys, fmt):
     args = ["check", "--source-only", ".", "--output-format", fmt]
@@ -104,6 +105,7 @@ def test_a_source_check_of_hostile_file_names_is_escaped_in_every_format(hostile
         assert hidden_characters(body.replace("\t", "")) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_file_name_that_is_not_utf8_is_shown_in_every_format(hostile_files, capsys, fmt):
     (hostile_files / NOT_UTF8_FILE).write_text(AMP)
@@ -213,6 +215,7 @@ class _Capture:
         sys.stdout, sys.stderr = self.saved
 
 
+@pytest.mark.slow
 def test_the_full_report_shows_hostile_module_names_literally(hostile_model):
     code, out, err = hostile_model["full"]
     assert code == 1, err  # the findings, not "internal error: MarkupError"
@@ -226,6 +229,7 @@ def test_the_full_report_shows_hostile_module_names_literally(hostile_model):
     assert "layers.a\\n::stop-commands::x.fc" in out and "layers.t\\x1b]0;title\\x07.fc" in out
 
 
+@pytest.mark.slow
 def test_the_plan_shows_hostile_module_names_literally(hostile_model):
     code, out, err = hostile_model["plan"]
     assert code == 0, err  # the plan, not "internal error: MarkupError"
@@ -264,6 +268,7 @@ def test_the_html_page_shows_hostile_module_names_as_text(hostile_model):
     assert not any("<" in label for label in data["nodes"]["labels"] + data["nodes"]["modules"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(chromium() is None and not os.environ.get("PRECLINT_REQUIRE_BROWSER"),
                     reason="headless Chromium (Debian: apt-get install chromium) opens the page")
 def test_the_charts_draw_a_hostile_module_name_as_text_not_as_a_link(hostile_model, tmp_path):

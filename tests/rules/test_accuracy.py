@@ -11,6 +11,7 @@ from benchmarks import accuracy
 from benchmarks.zoo import BY_NAME, fingerprint
 
 
+@pytest.mark.slow
 def test_fingerprint_is_stable_and_tells_models_apart():
     one = BY_NAME["mlp_block"].build()
     again = BY_NAME["mlp_block"].build()

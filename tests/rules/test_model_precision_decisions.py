@@ -205,6 +205,7 @@ def test_masked_values_keep_the_rules_teeth():
 # ------------------------------------------------------------------------------ top contributors
 
 
+@pytest.mark.slow
 def test_a_module_called_twice_is_one_contributor():
     class Shared(torch.nn.Module):
         def __init__(self):

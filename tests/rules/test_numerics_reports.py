@@ -38,6 +38,7 @@ def test_resnet101_overflows_fp16_in_its_late_stages(resnet101_report):
     assert report.summary["bf16"]["predicted_output"]["finite"] is True
 
 
+@pytest.mark.slow
 def test_resnet101_tf32_fails_torchvisions_old_tolerance(resnet101_report):
     report, _, _ = resnet101_report
     tf32 = [f for f in report.findings if f.code == "PCL001" and f.precisions == ("tf32",)]
@@ -99,6 +100,7 @@ def test_resnext_frozen_batchnorm_risk_follows_the_weights(collapse):
 
 # --- report 3: the patch-embedding conv in FP16 against rtol=1e-3, atol=1e-5 -----------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("embed_dim", [128, 384])
 def test_patch_embedding_fp16_fails_a_tight_tolerance_for_both_widths(embed_dim):
     torch.manual_seed(0)

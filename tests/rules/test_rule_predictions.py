@@ -105,6 +105,7 @@ def test_positions_beyond_the_exact_range_name_the_step():
     assert "multiples of 16" in finding.message
 
 
+@pytest.mark.slow
 def test_rounding_flips_match_a_real_run():
     module, inputs = IntegerPrecision.bad[1].build()
     report, _, _ = check(module, inputs, precisions=("fp16", "bf16"))
@@ -125,6 +126,7 @@ def test_exact_integer_arithmetic_carries_no_error():
 # ----------------------------------------------------------------------------------------- PCL201
 
 
+@pytest.mark.slow
 def test_squares_of_large_deviations_overflow_float16_statistics():
     report, _, ctx = check_example(LowPrecisionStatistics.bad[0])
     (finding,) = findings(report, "PCL201")
@@ -135,6 +137,7 @@ def test_squares_of_large_deviations_overflow_float16_statistics():
     assert measured_rel_error(module, inputs, "fp16") > 0.5  # the normalized values collapse for real
 
 
+@pytest.mark.slow
 def test_pow_is_upcast_under_autocast_but_not_in_a_cast_model():
     class PowNorm(torch.nn.Module):
         def __init__(self):
@@ -163,6 +166,7 @@ def test_variance_below_the_normal_range_is_an_underflow():
 # ----------------------------------------------------------------------------------------- PCL202
 
 
+@pytest.mark.slow
 def test_long_products_in_a_cast_model_grow_with_the_length():
     report, _, _ = check_example(LowPrecisionReduction.bad[0])
     (finding,) = findings(report, "PCL202")
@@ -219,6 +223,7 @@ def test_cancellation_says_which_atol_is_honest_and_matches_a_real_run():
 # ----------------------------------------------------------------------------------------- PCL204
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ErrorAmplification.bad, ids=lambda e: e.description[:30])
 def test_amplification_names_its_sources_and_matches_a_real_run(example):
     module, inputs = example.build()

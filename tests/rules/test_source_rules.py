@@ -60,6 +60,7 @@ def test_valid_snippet_is_clean(rule, snippet):
 FIXABLE = [r for r in RULES if r.fixable]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rule, snippet",
     [pytest.param(r, s, id=f"{r.code}-fix-{i}") for r in FIXABLE for i, s in enumerate(r.invalid)],
@@ -103,6 +104,7 @@ def test_pcl502_fix_output():
     )
 
 
+@pytest.mark.slow
 def test_pcl502_fix_of_from_import_adds_torch_and_drops_the_unused_import():
     text = "from torch.cuda.amp import autocast\n\nwith autocast():\n    pass\n"
     fixed, _, _ = fix_file(SourceFile(PATH, text), [r() for r in selected_rules(Config())], Config())
@@ -266,6 +268,7 @@ def test_pcl599_reports_the_syntax_error_position():
     assert finding.location.path == PATH and finding.location.line >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_rule_modules_do_not_import_torch():
     import subprocess
@@ -323,6 +326,7 @@ def test_mixing_the_tf32_apis_raises_in_torch():
     assert done.returncode == 0, done.stderr + done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule, snippet", _cases("invalid") + _cases("valid"))
 def test_a_focused_parse_finds_what_a_full_parse_finds(rule, snippet):
     """check_paths blanks top-level functions and classes that hold no trigger word: same findings."""

@@ -72,6 +72,7 @@ PLANTED = {"a link to the user's file": _link_to_users_file, "a link to /dev/zer
            "a FIFO": _fifo}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plant", PLANTED.values(), ids=list(PLANTED))
 def test_what_is_planted_where_the_cache_file_lives_is_refused_not_written_through(project, plant):
     users_file = project / "users_file.txt"
@@ -90,6 +91,7 @@ def test_what_is_planted_where_the_cache_file_lives_is_refused_not_written_throu
     assert str(cache_file) in note and "the cache is not used in this run" in note
 
 
+@pytest.mark.slow
 def test_a_link_planted_for_a_cache_directory_is_refused(project):
     cache_file = warmed(project)
     elsewhere = project / "users_directory"
@@ -104,6 +106,7 @@ def test_a_link_planted_for_a_cache_directory_is_refused(project):
     assert f"warning: cache: {version}: a symbolic link" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_hard_link_to_the_users_file_is_not_written_into(project):
     """A hard link passes as a regular file of this user: it is read (and is no cache), then
     replaced by a new file; the inode it shares with the user's file is never written."""
@@ -119,6 +122,7 @@ def test_a_hard_link_to_the_users_file_is_not_written_into(project):
     assert preclint(project).stderr == ""  # rewritten: the next run trusts it
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving files away needs root")
 def test_a_cache_file_or_directory_of_another_user_is_refused(project):
     cache_file = warmed(project)
@@ -172,6 +176,7 @@ TAMPERED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, reason", TAMPERED.values(), ids=list(TAMPERED))
 def test_a_tampered_entry_is_ignored_not_trusted(project, edit, reason):
     cache_file = warmed(project)
@@ -183,6 +188,7 @@ def test_a_tampered_entry_is_ignored_not_trusted(project, edit, reason):
     assert preclint(project).stderr == ""  # rewritten as preclint writes it
 
 
+@pytest.mark.slow
 def test_findings_hidden_or_invented_by_hand_are_not_believed(project):
     cache_file = warmed(project)
     _rewrite(cache_file, _findings([]), checksum=False)  # "this file is clean"
@@ -194,6 +200,7 @@ def test_findings_hidden_or_invented_by_hand_are_not_believed(project):
     assert_findings_correct(preclint(project))
 
 
+@pytest.mark.slow
 def test_an_entry_that_points_outside_its_file_is_checked_again(project):
     """Well-formed, checksum recomputed, yet line 4000 of a 4-line file: not what preclint wrote."""
     cache_file = warmed(project)
@@ -203,6 +210,7 @@ def test_an_entry_that_points_outside_its_file_is_checked_again(project):
     assert "1 entry in" in done.stderr and "point outside their files" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"format": 3, "files": {"x": [1, 2'],
                          ids=["deeply nested", "truncated"])
 def test_a_cache_file_that_is_no_cache_counts_as_empty(project, text):
@@ -213,6 +221,7 @@ def test_a_cache_file_that_is_no_cache_counts_as_empty(project, text):
     assert "does not hold what preclint writes" in done.stderr and done.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_normal_run_has_nothing_to_say_about_its_cache(project):
     warmed(project)
     done = preclint(project)

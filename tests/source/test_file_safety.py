@@ -41,6 +41,7 @@ def one_error(done, *words) -> None:
 
 # ---------------------------------------------------------------------------- reading: bounded, no hang
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_as_the_baseline_exits_2_at_once(project):
     (project / "pkg" / "m.py").write_text(AMP)
@@ -51,6 +52,7 @@ def test_a_fifo_as_the_baseline_exits_2_at_once(project):
     assert time.monotonic() - started < 30  # the time of a start, not of a wait on the FIFO
 
 
+@pytest.mark.slow
 def test_a_baseline_linked_to_dev_zero_is_refused_without_reading_it(project):
     """git can commit `baseline.json -> /dev/zero`: read, it grows memory until MemoryError."""
     (project / "pkg" / "m.py").write_text(AMP)
@@ -58,6 +60,7 @@ def test_a_baseline_linked_to_dev_zero_is_refused_without_reading_it(project):
     one_error(preclint(project, "--baseline", "baseline.json", "pkg"), "not a regular file")
 
 
+@pytest.mark.slow
 def test_a_deeply_nested_or_huge_baseline_is_one_line(project):
     (project / "pkg" / "m.py").write_text(AMP)
     (project / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
@@ -68,6 +71,7 @@ def test_a_deeply_nested_or_huge_baseline_is_one_line(project):
     one_error(preclint(project, "--baseline", "huge.json", "pkg"), "huge.json: cannot read the baseline: larger than 64 MiB")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_configuration_that_is_a_fifo_a_device_or_too_deep_is_one_line(project):
     (project / "pkg" / "m.py").write_text(AMP)
@@ -79,6 +83,7 @@ def test_a_configuration_that_is_a_fifo_a_device_or_too_deep_is_one_line(project
     one_error(preclint(project, "pkg"), "pyproject.toml: invalid TOML: its arrays or tables nest too deeply")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_policy_that_is_a_fifo_or_too_deep_is_a_policy_error_at_once(tmp_path):
     os.mkfifo(tmp_path / "plan.json")
@@ -97,6 +102,7 @@ def test_a_policy_that_is_a_fifo_or_too_deep_is_a_policy_error_at_once(tmp_path)
     ], done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_model_file_or_weights_file_that_is_a_fifo_exits_2_at_once(project):
     (project / "model.py").write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nexample_inputs = torch.ones(1, 2)\n")
@@ -111,6 +117,7 @@ def test_a_model_file_or_weights_file_that_is_a_fifo_exits_2_at_once(project):
 
 # ---------------------------------------------------------------------------- -o and --write-baseline
 
+@pytest.mark.slow
 def test_the_report_never_replaces_an_input_of_the_same_run(project):
     (project / "pkg" / "m.py").write_text(AMP)
     assert preclint(project, "--write-baseline", "baseline.json", "pkg").returncode == 0
@@ -130,6 +137,7 @@ def test_the_report_never_replaces_an_input_of_the_same_run(project):
     assert (project / "pyproject.toml").read_text() == config
 
 
+@pytest.mark.slow
 def test_the_report_for_a_graph_check_never_replaces_its_weights_file(project):
     (project / "model.py").write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nexample_inputs = torch.ones(1, 2)\n")
     (project / "weights.pt").write_bytes(b"the user's weights")
@@ -140,6 +148,7 @@ def test_the_report_for_a_graph_check_never_replaces_its_weights_file(project):
     assert (project / "weights.pt").read_bytes() == b"the user's weights"
 
 
+@pytest.mark.slow
 def test_outputs_are_never_written_through_a_link_a_checkout_can_hold(project):
     """A pull request commits `report.sarif -> ~/.bashrc`; CI runs `preclint ... -o report.sarif`."""
     (project / "pkg" / "m.py").write_text(AMP)
@@ -178,6 +187,7 @@ def unwritable(path: pathlib.Path):
         subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
+@pytest.mark.slow
 def test_fix_goes_through_every_file_and_says_which_it_changed(project):
     for name in ("a.py", "b.py", "c.py"):
         (project / "pkg" / name).write_text(AMP)
@@ -200,6 +210,7 @@ def test_fix_goes_through_every_file_and_says_which_it_changed(project):
         "Found 1 finding.", "[*] 1 fixable with the `--fix` option."]
 
 
+@pytest.mark.slow
 def test_fix_in_a_json_report_keeps_stdout_the_report(project):
     (project / "pkg" / "a.py").write_text(AMP + TF32.replace("import torch\n", ""))
     done = subprocess.run([sys.executable, "-m", "preclint", "check", "--source-only", "--output-format", "json",

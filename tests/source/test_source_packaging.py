@@ -52,6 +52,7 @@ sys.exit(main(["check", "--source-only", "--no-cache", "--output-format", "conci
 """
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_source_side_runs_on_the_hooks_packages_alone(tmp_path):
     """`preclint check --source-only` with every installed package other than preclint and the hook's

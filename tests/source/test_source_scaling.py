@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
@@ -62,6 +64,7 @@ def _assignments_read(text: str) -> int:
     return _CountingAssignSite.reads
 
 
+@pytest.mark.slow
 def test_twice_the_checks_read_the_assignments_about_twice():
     small, large = (_assignments_read(checks_file(n)[0]) for n in (40, 80))
     # every check scanning every assignment of the file made this 4; linear is 2
@@ -92,6 +95,7 @@ def _examined_placing_every_check(text: str) -> int:
     return _CountingText.examined
 
 
+@pytest.mark.slow
 def test_placing_twice_the_findings_examines_about_twice_the_text():
     small, large = (_examined_placing_every_check(checks_file(n)[0]) for n in (100, 200))
     # a search of the whole text for each statement made this 4
@@ -112,6 +116,7 @@ def test_whole_module_positions_are_libcsts():
     assert positions._whole is not None
 
 
+@pytest.mark.slow
 def test_a_file_of_2000_checks_gets_its_findings():
     text, fp16_checks = checks_file(200, 5)  # 200 tests of five pairs of checks: 2,000 checks
     findings = check_text(text, "tests/test_checks.py")

@@ -64,6 +64,7 @@ def test_statement_positions_do_not_fall_back_to_the_whole_module():
     assert local._whole is None  # every call was placed by its own statement
 
 
+@pytest.mark.slow
 def test_statement_positions_on_preclint_own_rules():
     # real modules: classes with docstrings, nested functions, decorators, long expressions
     for name in ("tolerance_below_resolution.py", "tf32_flags.py", "fp16_epsilon_literal.py"):
