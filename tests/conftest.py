@@ -3,6 +3,7 @@ small model file for the probe's command line, an empty project for the source-o
 state dict that differs from the one a model builds."""
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -13,6 +14,35 @@ from tests.paths import MODELS
 def pytest_addoption(parser):
     parser.addoption("--update-snapshots", action="store_true", default=False,
                      help="rewrite tests/snapshots/ with what the rule examples report now")
+    parser.addoption("--cpu-durations", type=int, default=0, metavar="N",
+                     help="list the N tests that cost the most CPU (with their subprocesses): what decides "
+                          "the slow marker, since wall time on a shared machine measures the neighbours")
+
+
+_CPU_COSTS = pytest.StashKey[list]()
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = _cpu_seconds()
+    yield
+    item.config.stash.setdefault(_CPU_COSTS, []).append((_cpu_seconds() - start, item.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = config.getoption("--cpu-durations")
+    costs = sorted(config.stash.get(_CPU_COSTS, []), reverse=True)
+    if not count or not costs:
+        return
+    terminalreporter.section(f"the {count} tests that cost the most CPU")
+    for seconds, nodeid in costs[:count]:
+        terminalreporter.write_line(f"{seconds:7.2f}s  {nodeid}")
+    terminalreporter.write_line(f"{sum(s for s, _ in costs):7.2f}s  all {len(costs)} tests")
 
 
 @pytest.fixture
