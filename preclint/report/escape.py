@@ -15,8 +15,8 @@ Findings keep the raw names; each format calls the function for where its text g
 - a unified diff's headers: :func:`diff_path`, quoted as git quotes a name;
 - SARIF: :func:`file_uri`, an RFC 3986 URI reference; JSON documents (json, rdjson, gitlab):
   :func:`json_text`, valid JSON with the raw names;
-- XML (junit): :func:`xml_text`, text that XML 1.0 can carry and that a CI page shows as it is; the
-  markup (``&``, ``<``, quotes) is the XML writer's to escape.
+- XML (junit): :func:`xml_text`, text that XML 1.0 can carry, that a CI page shows as it is and
+  that a CI log does not read as a command; the markup (``&``, ``<``, quotes) is the XML writer's.
 """
 from __future__ import annotations
 
@@ -158,6 +158,7 @@ def xml_text(text: str) -> str:
     """User text for an XML document read by people on a CI page (Jenkins, GitLab, Azure): every
     character a viewer acts on or hides shown as its escape, as :func:`visible` does, and so every
     character XML 1.0 cannot carry (C0 controls, a lone surrogate, U+FFFE and U+FFFF), which no
-    reference can write either and which makes a parser reject the whole report."""
+    reference can write either and which makes a parser reject the whole report. Printed on stdout in
+    a CI log, no line of it is a workflow command either (:func:`log_line`)."""
     text = visible(text)
-    return _NOT_XML.sub(lambda m: _shown(m.group()), text) if _NOT_XML.search(text) else text
+    return log_line(_NOT_XML.sub(lambda m: _shown(m.group()), text) if _NOT_XML.search(text) else text)

@@ -1,9 +1,9 @@
 """--output-format gitlab: GitLab Code Quality, for ``artifacts: reports: codequality`` in
 ``.gitlab-ci.yml``, which GitLab shows in the merge request's widget and diff.
 
-One JSON array of issues, each with the fields GitLab reads: ``description`` (the message, one
-line), ``check_name`` (the rule code), ``fingerprint`` (report.fingerprint: stable across runs and
-edits above the finding, unique in the report, as GitLab shows one issue per fingerprint),
+One JSON array of issues, each with the fields GitLab reads: ``description`` (the message),
+``check_name`` (the rule code), ``fingerprint`` (report.fingerprint: stable across runs and edits
+above the finding, unique in the report, as GitLab shows one issue per fingerprint),
 ``severity`` (error: major, warning: minor, info: info) and ``location`` with ``path`` and
 ``lines.begin``. Paths are relative to the working directory, as preclint prints them; when the job
 runs in a subdirectory of the checkout (``CI_PROJECT_DIR``, which GitLab sets), they are made
@@ -65,7 +65,7 @@ def _model_file(report: Report) -> str:
 
 def _finding_issue(finding, fingerprint: str, model_file: str) -> dict:
     primary, _ = review_place(finding)
-    description = " ".join(finding.message.split()) + moved_note(finding, primary)
+    description = finding.message.strip() + moved_note(finding, primary)  # the raw names, as in JSON
     path, line = (primary.path, primary.line) if primary is not None else (model_file, 1)
     return _issue(description, finding.code, fingerprint, SEVERITIES.get(finding.severity, "minor"), path, line)
 
