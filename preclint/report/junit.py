@@ -30,11 +30,12 @@ SUITE = "preclint"
 
 
 def _failure(finding, model: str) -> ElementTree.Element:
-    message = f"{finding.code} {' '.join(finding.message.split())}"
-    element = ElementTree.Element("failure", {"type": finding.code, "message": xml_text(message)})
+    # escaped first: a line break in a name stays visible, as \n, instead of becoming a space
+    message = f"{finding.code} {' '.join(xml_text(finding.message).split())}"
+    element = ElementTree.Element("failure", {"type": finding.code, "message": message})
     text = finding_line(finding, model, placed=True)
     if finding.fix:
-        text += "\nhelp: " + " ".join(finding.fix.split())
+        text += "\nhelp: " + " ".join(xml_text(finding.fix).split())
     element.text = _lines(text)
     return element
 
@@ -51,7 +52,7 @@ def _testcase(name: str, classname: str, findings: list, model: str, notes: Sequ
         case.append(_failure(finding, model))
     out = [finding_line(f, model, placed=True) for f in failing] if len(failing) > 1 else []
     out += [finding_line(f, model) for f in findings if is_refuted(f)]
-    out += [f"warning: {' '.join(note.split())}" for note in notes]
+    out += [f"warning: {' '.join(xml_text(note).split())}" for note in notes]
     if out:
         ElementTree.SubElement(case, "system-out").text = _lines("\n".join(out))
     return case

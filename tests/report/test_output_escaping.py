@@ -256,6 +256,16 @@ def test_the_terse_formats_escape_hostile_module_names(hostile_model, fmt):
     assert "layers.a\\n::stop-commands::x.fc" in out
 
 
+def test_junit_shows_hostile_module_names_with_escapes(hostile_model):
+    code, out, err = hostile_model["junit"]
+    assert code == 1, err
+    assert_safe_for_a_terminal_and_a_runner(out, "junit")
+    xmlschema.XMLSchema(str(JUNIT_SCHEMA)).validate(out)
+    messages = [f.get("message") for f in ElementTree.fromstring(out).iter("failure")]
+    for name in MODULE_NAMES:
+        assert any(m.startswith(f"PCL101 layers.{visible(name)}.fc overflows") for m in messages), name
+
+
 @pytest.mark.parametrize("fmt", ["json", "rdjson", "sarif", "gitlab"])
 def test_the_json_formats_carry_the_raw_module_names(hostile_model, fmt):
     code, out, err = hostile_model[fmt]

@@ -7,14 +7,13 @@ from xml.etree import ElementTree
 
 import jsonschema
 import pytest
+import xmlschema
 
 from preclint.cli import main
 from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render, render_reports
 from preclint.report.fingerprint import SARIF_KEY, content_fingerprint, stable_fingerprints
 from tests.paths import DATA
-
-xmlschema = pytest.importorskip("xmlschema")
 
 GITLAB_SCHEMA = json.loads((DATA / "gitlab-codequality.schema.json").read_text())
 JUNIT_SCHEMA = xmlschema.XMLSchema(str(DATA / "junit-10.xsd"))
