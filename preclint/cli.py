@@ -101,7 +101,8 @@ def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-format", choices=FORMATS,
-                   help="full (default), concise, json, sarif, github, rdjson, html (a page for the browser: use --output)")
+                   help="full (default), concise, json, sarif, github, rdjson (reviewdog), gitlab (Code Quality), "
+                        "junit, html (a page for the browser: use --output)")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars on stderr")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")

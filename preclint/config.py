@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from preclint.core.errors import UserError
 from preclint.core.findings import SEVERITIES
 from preclint.core.numerics import DEFAULT_MODES, MODES
-OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "html")
+OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "gitlab", "junit", "html")
 
 # Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
 # it: minutes for the largest models preclint runs on a CPU, and a bound on a model file that never

@@ -1,7 +1,7 @@
 """Output formats. Each module converts the one Report into one format; nothing else does.
 
-A run over several models prints one output: one JSON, SARIF or rdjson document, one set of GitHub
-annotations, one text report. A model that could not be checked is a Report with an ``error``; the
+A run over several models prints one output: one JSON, SARIF, rdjson, GitLab or JUnit document, one
+set of GitHub annotations, one text report. A model that could not be checked is a Report with an ``error``; the
 document formats carry it, the text formats leave it to the error line on stderr. What users name
 (paths, modules, messages quoting them) stays raw in the Report; each format escapes it for its sink
 through report.escape.
@@ -30,6 +30,10 @@ def _format_module(fmt: str):
         from preclint.report import github as module
     elif fmt == "rdjson":
         from preclint.report import rdjson as module
+    elif fmt == "gitlab":
+        from preclint.report import gitlab as module
+    elif fmt == "junit":
+        from preclint.report import junit as module
     elif fmt == "html":
         from preclint.report import html as module
     else:

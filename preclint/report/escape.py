@@ -13,8 +13,10 @@ Findings keep the raw names; each format calls the function for where its text g
 - HTML: :func:`html_text`; chart labels, which plotly renders as a subset of HTML (``<a href>``,
   ``<b>``, ``<br>`` and entities), :func:`chart_label`;
 - a unified diff's headers: :func:`diff_path`, quoted as git quotes a name;
-- SARIF: :func:`file_uri`, an RFC 3986 URI reference; JSON documents: :func:`json_text`, valid JSON
-  with the raw names.
+- SARIF: :func:`file_uri`, an RFC 3986 URI reference; JSON documents (json, rdjson, gitlab):
+  :func:`json_text`, valid JSON with the raw names;
+- XML (junit): :func:`xml_text`, text that XML 1.0 can carry, that a CI page shows as it is and
+  that a CI log does not read as a command; the markup (``&``, ``<``, quotes) is the XML writer's.
 """
 from __future__ import annotations
 
@@ -146,3 +148,17 @@ def json_text(document, **options) -> str:
     ``ensure_ascii`` would write it, so the name stays the raw name."""
     text = json.dumps(document, ensure_ascii=False, **options)
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# XML 1.0's Char production: what a document may hold at all, even as a character reference
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: str) -> str:
+    """User text for an XML document read by people on a CI page (Jenkins, GitLab, Azure): every
+    character a viewer acts on or hides shown as its escape, as :func:`visible` does, and so every
+    character XML 1.0 cannot carry (C0 controls, a lone surrogate, U+FFFE and U+FFFF), which no
+    reference can write either and which makes a parser reject the whole report. Printed on stdout in
+    a CI log, no line of it is a workflow command either (:func:`log_line`)."""
+    text = visible(text)
+    return log_line(_NOT_XML.sub(lambda m: _shown(m.group()), text) if _NOT_XML.search(text) else text)

@@ -5,7 +5,8 @@ help in text and Markdown from the rule's docs, default level, tags), URIs are r
 working directory with ``uriBaseId`` %SRCROOT% (the repository root when preclint runs there, as in
 CI) and percent-encoded as RFC 3986 asks (report.escape.file_uri), regions are given in Unicode code
 points (``columnKind``), and each result carries GitHub's own ``primaryLocationLineHash`` so alerts
-keep their identity when lines move. Findings without a source location (model-level) are results
+keep their identity when lines move, beside preclint's own fingerprint (report.fingerprint: the one
+GitLab Code Quality and the baseline use), which does not change when the flagged line moves either. Findings without a source location (model-level) are results
 without ``locations``, which SARIF allows. Several models make one run whose invocation is not
 successful when a model could not be checked. Deterministic: no timestamps, no absolute paths.
 
@@ -24,6 +25,7 @@ from typing import Sequence
 from preclint import __version__
 from preclint.report.escape import file_uri, json_text
 from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
+from preclint.report.fingerprint import SARIF_KEY, stable_fingerprints
 from preclint.text.lines import line_text, primary_location_line_hash
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -84,7 +86,7 @@ def _number(value):
     return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
 
 
-def _result(finding, rule_index: dict) -> dict:
+def _result(finding, rule_index: dict, fingerprint: str) -> dict:
     result = {"ruleId": finding.code}
     if finding.code in rule_index:
         result["ruleIndex"] = rule_index[finding.code]
@@ -99,11 +101,12 @@ def _result(finding, rule_index: dict) -> dict:
     if finding.fix:
         text += f"\nhelp: {' '.join(finding.fix.split())}"
     result["message"] = {"text": text}
+    result["partialFingerprints"] = {SARIF_KEY: fingerprint}
     if primary is not None:
         result["locations"] = [{"physicalLocation": _physical(primary)}]
         line_hash = primary_location_line_hash(primary.path, primary.line)
         if line_hash is not None:
-            result["partialFingerprints"] = {"primaryLocationLineHash": line_hash}
+            result["partialFingerprints"]["primaryLocationLineHash"] = line_hash
     if related:
         result["relatedLocations"] = [
             {"id": i, "physicalLocation": _physical(loc), "message": {"text": text}}
@@ -138,6 +141,7 @@ def to_dict(report: Report) -> dict:
 
     rules = [rule for _, rule in sorted(all_rules().items())]
     rule_index = {rule.code: i for i, rule in enumerate(rules)}
+    findings = report.sorted_findings()
     run = {
         "tool": {
             "driver": {
@@ -148,7 +152,7 @@ def to_dict(report: Report) -> dict:
             }
         },
         "columnKind": "unicodeCodePoints",
-        "results": [_result(f, rule_index) for f in report.sorted_findings()],
+        "results": [_result(f, rule_index, fingerprint) for f, fingerprint in zip(findings, stable_fingerprints(findings))],
     }
     if report.caveats:  # a vacuous check (a degenerate output) is a fact about the run, not a result
         run["invocations"] = [{"executionSuccessful": True, "toolExecutionNotifications": [

@@ -6,45 +6,29 @@ about — the text of its line with whitespace normalised, plus the module and o
 never on the line number, so code that moves up or down keeps matching. A graph finding on a line of
 an installed library (``torchvision/models/resnet.py``, a path the same on every machine) is keyed
 without that line's text, which changes with the library's version. Records carry a count: two
-identical lines with the same finding need two records, and a third copy is new.
+identical lines with the same finding need two records, and a third copy is new. The fingerprint is
+report.fingerprint's, the one SARIF and GitLab Code Quality carry too (with an occurrence index where
+the baseline has its count); it has not changed since version 1, so every baseline written reads.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from typing import Iterable, List, Tuple
 
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding
+from preclint.report.fingerprint import content_fingerprint, finding_path, normalised_line
 from preclint.report.output import write_output_file
-from preclint.text.lines import line_text
 
 FORMAT = "preclint-baseline"
 VERSION = 1
 MAX_SIZE = 64 << 20  # some 300,000 findings
 
 
-def _normalised_line(finding: Finding) -> str:
-    # a library's line (torchvision's) is keyed by its path, module and op: its text changes with the
-    # library's version, not with the user's code
-    if finding.location is None or finding.location.library:
-        return ""
-    text = line_text(finding.location.path, finding.location.line)
-    return " ".join((text or "").split())
-
-
-def fingerprint(finding: Finding) -> str:
-    parts = [finding.code, _normalised_line(finding), finding.module, finding.op]
-    if finding.location is None and not finding.module and not finding.op:
-        parts.append(finding.name)  # a model-level finding: one per code and model
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:16]
-
-
 def finding_key(finding: Finding) -> Tuple[str, str, str]:
     """What a baseline knows a finding by: its file, its code and its fingerprint."""
-    path = finding.location.path if finding.location is not None else ""
-    return path, finding.code, fingerprint(finding)
+    return finding_path(finding), finding.code, content_fingerprint(finding)
 
 
 def write_baseline(findings: Iterable[Finding], filename: str) -> int:
@@ -53,7 +37,7 @@ def write_baseline(findings: Iterable[Finding], filename: str) -> int:
     counts = Counter(finding_key(f) for f in findings)
     lines = {}
     for f in findings:
-        lines.setdefault(finding_key(f), _normalised_line(f) or f.module or f.name)
+        lines.setdefault(finding_key(f), normalised_line(f) or f.module or f.name)
     records = [
         {"path": path, "code": code, "fingerprint": fp, "count": counts[(path, code, fp)], "text": lines[(path, code, fp)]}
         for path, code, fp in sorted(counts)

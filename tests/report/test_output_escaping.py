@@ -10,9 +10,11 @@ import re
 import sys
 import unicodedata
 from urllib.parse import unquote, urlsplit
+from xml.etree import ElementTree
 
 import jsonschema
 import pytest
+import xmlschema
 
 from preclint.cli import main
 from preclint.report import FORMATS
@@ -23,6 +25,8 @@ from tests.paths import DATA
 AMP = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = model(x)\n"
 TEXT_FORMATS = ("full", "concise", "github")
 SARIF_SCHEMA = DATA / "sarif-schema-2.1.0.json"
+GITLAB_SCHEMA = DATA / "gitlab-codequality.schema.json"
+JUNIT_SCHEMA = DATA / "junit-10.xsd"
 # preclint's own annotations: a level, escaped properties (no raw ':' or ','), then the message
 OWN_ANNOTATION = re.compile(r"::(error|warning|notice) (file=[^:,]*,line=\d+,col=\d+,)?title=preclint( \(PCL\d{3}\))?::")
 HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
@@ -90,6 +94,15 @@ def test_a_source_check_of_hostile_file_names_is_escaped_in_every_format(hostile
         assert {f["location"]["path"] for f in json.loads(out)["findings"]} == paths  # the raw names
     elif fmt == "rdjson":
         assert {d["location"]["path"] for d in json.loads(out)["diagnostics"]} == paths
+    elif fmt == "gitlab":
+        issues = json.loads(out)
+        jsonschema.validate(issues, json.loads(GITLAB_SCHEMA.read_text()))
+        assert {i["location"]["path"] for i in issues} == paths  # the raw names
+    elif fmt == "junit":
+        assert_safe_for_a_terminal_and_a_runner(out, fmt)  # shown as a CI page shows it: escapes
+        xmlschema.XMLSchema(str(JUNIT_SCHEMA)).validate(out)
+        names = {case.get("name") for case in ElementTree.fromstring(out).iter("testcase")}
+        assert names == {SHOWN, "v1 ##\\x5berror]owned.py", "\\x3a:error file=x::owned.py"}
     elif fmt == "sarif":
         document = json.loads(out)
         jsonschema.validate(document, json.loads(SARIF_SCHEMA.read_text()))
@@ -113,11 +126,11 @@ def test_a_file_name_that_is_not_utf8_is_shown_in_every_format(hostile_files, ca
     out, err = capsys.readouterr()
     assert code == 1, err  # not "internal error: UnicodeEncodeError"
     written = (hostile_files / "report").read_text(encoding="utf-8")  # strict UTF-8
-    if fmt in ("full", "concise", "github", "html"):
+    if fmt in ("full", "concise", "github", "html", "junit"):
         assert "\\xff-latin1.py" in written  # the byte, shown
     elif fmt == "sarif":
         assert '"uri": "%FF-latin1.py"' in written  # its URI: the byte, percent-encoded
-    else:  # json, rdjson: the raw name, as JSON writes a lone surrogate
+    else:  # json, rdjson, gitlab: the raw name, as JSON writes a lone surrogate
         assert json.loads(written) and '"path": "\\udcff-latin1.py"' in written
 
 
@@ -247,7 +260,17 @@ def test_the_terse_formats_escape_hostile_module_names(hostile_model, fmt):
     assert "layers.a\\n::stop-commands::x.fc" in out
 
 
-@pytest.mark.parametrize("fmt", ["json", "rdjson", "sarif"])
+def test_junit_shows_hostile_module_names_with_escapes(hostile_model):
+    code, out, err = hostile_model["junit"]
+    assert code == 1, err
+    assert_safe_for_a_terminal_and_a_runner(out, "junit")
+    xmlschema.XMLSchema(str(JUNIT_SCHEMA)).validate(out)
+    messages = [f.get("message") for f in ElementTree.fromstring(out).iter("failure")]
+    for name in MODULE_NAMES:
+        assert any(m.startswith(f"PCL101 layers.{visible(name)}.fc overflows") for m in messages), name
+
+
+@pytest.mark.parametrize("fmt", ["json", "rdjson", "sarif", "gitlab"])
 def test_the_json_formats_carry_the_raw_module_names(hostile_model, fmt):
     code, out, err = hostile_model[fmt]
     assert code == 1, err

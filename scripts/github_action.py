@@ -1,0 +1,251 @@
+"""The steps of preclint's GitHub Action (action.yml at the repository root), one subcommand each:
+
+    python scripts/github_action.py install   # a virtual environment with the source side, or the whole tool
+    python scripts/github_action.py paths     # what to check: the given paths, or a pull request's changed files
+    python scripts/github_action.py check     # preclint check on them (and on the named models); the report
+
+The action passes its inputs as environment variables (``INPUT_VERSION``, ``INPUT_INSTALL``,
+``INPUT_PATHS``, ``INPUT_ARGS``, ``INPUT_FAIL_ON``, ``INPUT_MODELS``, ``INPUT_REPORT``), never
+spliced into a shell line, so that no input and no file name becomes a command. The steps read what
+the runner sets (``GITHUB_EVENT_NAME``, ``GITHUB_EVENT_PATH``, ``GITHUB_OUTPUT``, ``RUNNER_TEMP``) and
+write their outputs to ``GITHUB_OUTPUT``; run anywhere else with those set, they do the same
+(tests/project/test_github_action.py runs them so, in a clean virtual environment, on a sample
+repository). The standard library only: this runs on the runner's own Python, before preclint is
+installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import venv
+from typing import List, Optional, Sequence
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the action's own copy of preclint
+SOURCE_REQUIREMENTS = ROOT / "scripts" / "action-source-requirements.txt"
+REPORTS = ("annotations", "sarif", "rdjson")
+FORMATS = {"annotations": "github", "sarif": "sarif", "rdjson": "rdjson"}
+VERSION = re.compile(r"[0-9][0-9A-Za-z.+!-]*")  # a release as pip spells it: 0.1.0, 0.2.0rc1
+CHECKED_SUFFIXES = (".py", ".pyi")  # what a source-only run reads
+
+
+class ActionError(Exception):
+    """A mistake in the workflow's inputs: one line, as a workflow error annotation, and exit 2."""
+
+
+def _input(name: str, default: str = "") -> str:
+    return os.environ.get(f"INPUT_{name.upper().replace('-', '_')}", default).strip()
+
+
+def _temp() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("RUNNER_TEMP") or os.environ.get("TMPDIR") or "/tmp")
+
+
+def set_output(name: str, value: str) -> None:
+    """A step output (``$GITHUB_OUTPUT``), or a line on stdout where there is none."""
+    if "\n" in value or "\r" in value:
+        raise ActionError(f"output {name} would hold a line break")
+    target = os.environ.get("GITHUB_OUTPUT")
+    if target:
+        with open(target, "a", encoding="utf-8") as stream:
+            stream.write(f"{name}={value}\n")
+    else:
+        print(f"{name}={value}")
+
+
+def _venv_python(directory: pathlib.Path) -> pathlib.Path:
+    windows = directory / "Scripts" / "python.exe"
+    return windows if windows.exists() else directory / "bin" / "python"
+
+
+def _pip(python: str, *args: str) -> None:
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+
+
+def package_spec(version: str) -> str:
+    """What pip installs: the action's own copy (no version: the tag or commit the workflow pinned),
+    a release from the package index, or the newest one ("latest")."""
+    if not version:
+        return str(ROOT)
+    if version == "latest":
+        return "preclint"
+    if not VERSION.fullmatch(version):
+        raise ActionError(f"version must be a release such as 0.1.0, or latest, not {version!r}")
+    return f"preclint=={version}"
+
+
+def install(version: str, kind: str, models: str) -> str:
+    """Install preclint; returns the Python that runs it. ``source``: a virtual environment of its own
+    holding preclint without its dependencies and the source side's (libcst, rich): no torch, a few
+    megabytes. ``full``: the whole tool, into the Python on PATH (the job's, where the models'
+    packages are installed: the graph check imports them)."""
+    if kind not in ("source", "full"):
+        raise ActionError(f"install must be source or full, not {kind!r}")
+    if models and os.environ.get("GITHUB_EVENT_NAME") == "pull_request_target":
+        raise ActionError("models run the pull request's code, which pull_request_target would run with this "
+                          "repository's token and secrets: check models on pull_request")
+    if models and kind != "full":
+        raise ActionError("models are checked by the graph check, which imports torch and your code: "
+                          "set install: full (in a job that has installed your project)")
+    spec = package_spec(version)
+    if kind == "full":
+        _pip(sys.executable, spec)
+        return sys.executable
+    directory = _temp() / "preclint-venv"
+    venv.EnvBuilder(clear=True, with_pip=True).create(directory)
+    python = str(_venv_python(directory))
+    # one pip run, all --no-deps, as the pre-commit hook's: the list is closed, and pip does not
+    # complain that preclint's own torch is missing
+    _pip(python, "--no-deps", spec, "-r", str(SOURCE_REQUIREMENTS))
+    return python
+
+
+def _git(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, check=check)
+
+
+def _pull_request_base() -> Optional[str]:
+    if os.environ.get("GITHUB_EVENT_NAME") not in ("pull_request", "pull_request_target"):
+        return None
+    event_path = os.environ.get("GITHUB_EVENT_PATH")
+    if not event_path:
+        return None
+    with open(event_path, encoding="utf-8") as stream:
+        event = json.load(stream)
+    return ((event.get("pull_request") or {}).get("base") or {}).get("sha")
+
+
+def changed_files(base: str) -> List[str]:
+    """The Python files a pull request adds, copies, modifies or renames: the difference between its
+    base commit and the checked-out commit (fetched when the checkout is shallow). Names are read
+    NUL-separated, so any name a commit can hold comes through whole."""
+    if _git("cat-file", "-e", f"{base}^{{commit}}", check=False).returncode != 0:
+        _git("fetch", "--no-tags", "--depth=1", "origin", base)
+    listed = _git("-c", "core.quotepath=off", "diff", "--name-only", "--diff-filter=ACMR", "-z", base, "HEAD", "--")
+    names = [os.fsdecode(name) for name in listed.stdout.split(b"\0") if name]
+    return [name for name in names if name.endswith(CHECKED_SUFFIXES) and os.path.isfile(name)]
+
+
+def select_paths(paths: str, report: str) -> Optional[List[str]]:
+    """The paths the source check reads: the ``paths`` input (shell words: quote a name with spaces);
+    else, for annotations and reviewdog, the changed files of a pull request; else the whole checkout.
+    Code scanning (sarif) compares a pull request's analysis with its base branch's, so it gets the
+    whole checkout: an analysis of the changed files alone would show every other alert as fixed.
+    None: a pull request that changes no Python file (nothing to check)."""
+    if paths:
+        return shlex.split(paths)
+    base = _pull_request_base()
+    if base is None or report == "sarif":
+        return ["."]
+    return changed_files(base) or None
+
+
+def model_runs(models: str) -> List[List[str]]:
+    """One argument list per line of the ``models`` input (``models/net.py --model Net --input
+    1x3x224x224``); blank lines and ``#`` comments left out."""
+    return [shlex.split(line) for line in models.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _options(args: str, fail_on: str) -> List[str]:
+    options = shlex.split(args)
+    if fail_on:
+        if fail_on not in ("info", "warning", "error"):
+            raise ActionError(f"fail-on must be info, warning or error, not {fail_on!r}")
+        options += ["--fail-on", fail_on]
+    return options
+
+
+def _worst(codes: Sequence[int]) -> int:
+    """The step's exit code: 2 (a run that failed) over 1 (findings) over 0."""
+    return 2 if any(code not in (0, 1) for code in codes) else max(codes, default=0)
+
+
+def _merge(kind: str, documents: List[dict]) -> dict:
+    """One report of the runs: SARIF runs side by side, each its own category (GitHub takes one run per
+    tool and category); reviewdog's diagnostics in one list."""
+    if kind == "sarif":
+        merged = dict(documents[0])
+        merged["runs"] = [run for document in documents for run in document["runs"]]
+        return merged
+    return {"source": {"name": "preclint"}, "diagnostics": [d for doc in documents for d in doc["diagnostics"]]}
+
+
+def check(python: str, paths: Optional[List[str]], *, args: str, fail_on: str, models: str, report: str) -> int:
+    """Run ``preclint check``: the source rules on ``paths`` (None: skipped) and the graph check on each
+    model; annotations go to the log, a SARIF or rdjson report to a file (the ``report-file`` output).
+    Returns the exit code the job ends with."""
+    if report not in REPORTS:
+        raise ActionError(f"report must be one of {', '.join(REPORTS)}, not {report!r}")
+    options = _options(args, fail_on)
+    runs: List[tuple] = []
+    if paths is None:
+        print("preclint: no Python file changed in this pull request; the source check has nothing to read")
+    else:
+        runs.append(("source", ["--source-only", *options, "--", *paths]))
+    runs += [(f"model-{i}", [*arguments, *options]) for i, arguments in enumerate(model_runs(models), 1)]
+    codes, documents = [], []
+    directory = _temp() / "preclint-report"
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, arguments in runs:
+        command = [python, "-m", "preclint", "check", "--output-format", FORMATS[report]]
+        if report == "annotations":
+            codes.append(subprocess.run(command + arguments).returncode)
+            continue
+        target = directory / f"{name}.{report}"
+        target.unlink(missing_ok=True)
+        codes.append(subprocess.run(command + ["--output", str(target), *arguments]).returncode)
+        if target.exists():
+            document = json.loads(target.read_text(encoding="utf-8"))
+            if report == "sarif":
+                for run in document["runs"]:
+                    run["automationDetails"] = {"id": f"preclint/{name}/"}
+            documents.append(document)
+    if documents:
+        output = directory / f"preclint.{report}"
+        output.write_text(json.dumps(_merge(report, documents), indent=2) + "\n", encoding="utf-8")
+        set_output("report-file", str(output))
+    code = _worst(codes)
+    set_output("exit-code", str(code))
+    return code
+
+
+def _paths_file() -> pathlib.Path:
+    return _temp() / "preclint-paths.json"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    sub.add_parser("install", help="install preclint (INPUT_VERSION, INPUT_INSTALL); output: python")
+    sub.add_parser("paths", help="what to check (INPUT_PATHS, or a pull request's changed files)")
+    step = sub.add_parser("check", help="run preclint check (INPUT_ARGS, INPUT_FAIL_ON, INPUT_MODELS, INPUT_REPORT)")
+    step.add_argument("--python", required=True, help="the Python that runs preclint (install's output)")
+    options = parser.parse_args(argv)
+    try:
+        if options.step == "install":
+            set_output("python", install(_input("version"), _input("install", "source"), _input("models")))
+            return 0
+        if options.step == "paths":
+            paths = select_paths(_input("paths"), _input("report", "annotations"))
+            _paths_file().write_text(json.dumps(paths), encoding="utf-8")  # (ASCII: a lone surrogate as its escape)
+            print(f"preclint: {'no changed Python file' if paths is None else f'{len(paths)} path(s)'} to check")
+            return 0
+        paths = json.loads(_paths_file().read_text(encoding="utf-8"))
+        check(options.python, paths, args=_input("args"), fail_on=_input("fail-on"), models=_input("models"),
+              report=_input("report", "annotations"))
+        return 0  # the exit-code output: the action's last step ends with it, after the upload
+    except ActionError as exc:
+        print(f"::error title=preclint action::{str(exc).replace('%', '%25')}")
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(f"::error title=preclint action::{' '.join(map(str, exc.cmd[:4]))} ... failed with exit code {exc.returncode}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""preclint's GitHub Action: action.yml is a composite action whose steps run
+scripts/github_action.py with its inputs as environment variables; the workflows in the docs use the
+inputs it has; and the steps themselves, run here as the runner runs them (its environment variables,
+a pull request's event, a clean virtual environment), check a sample repository's changed files."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from tests.paths import DATA, ROOT
+
+ACTION = yaml.safe_load((ROOT / "action.yml").read_text(encoding="utf-8"))
+SCRIPT = ROOT / "scripts" / "github_action.py"
+INPUTS = {"version", "install", "paths", "args", "fail-on", "models", "report"}
+AMP = "import torch\n\nwith torch.cuda.amp.autocast():\n    pass\n"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("preclint_scripts_github_action", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_action_is_composite_with_the_documented_inputs_and_outputs():
+    assert ACTION["name"] == "preclint" and ACTION["description"]
+    assert set(ACTION["inputs"]) == INPUTS
+    for name, spec in ACTION["inputs"].items():
+        assert spec["description"] and "default" in spec and spec["required"] is False, name
+    assert ACTION["inputs"]["install"]["default"] == "source" and ACTION["inputs"]["report"]["default"] == "annotations"
+    steps = ACTION["runs"]["steps"]
+    assert ACTION["runs"]["using"] == "composite"
+    ids = {step.get("id") for step in steps}
+    for output in ACTION["outputs"].values():
+        (step_id,) = re.findall(r"steps\.([\w-]+)\.outputs", output["value"])
+        assert step_id in ids
+
+
+def test_the_steps_run_the_script_with_inputs_as_environment_never_in_the_shell_line():
+    parser_steps = set()
+    for step in ACTION["runs"]["steps"]:
+        if "run" not in step:
+            continue
+        assert step["shell"] == "bash"
+        assert "${{" not in step["run"], step["name"]  # an input or a file name would become shell code
+        for name, value in (step.get("env") or {}).items():
+            if name.startswith("INPUT_"):
+                assert value == "${{ inputs.%s }}" % name[6:].lower().replace("_", "-")
+        match = re.search(r'"\$GITHUB_ACTION_PATH/scripts/github_action\.py" (\w+)', step["run"])
+        if match:
+            parser_steps.add(match.group(1))
+    assert parser_steps == {"install", "paths", "check"}
+    # every input the script reads is passed to the step that reads it
+    source = SCRIPT.read_text(encoding="utf-8")
+    read = set(re.findall(r'_input\("([\w-]+)"', source))
+    assert read == INPUTS
+    passed = {name[6:].lower().replace("_", "-") for step in ACTION["runs"]["steps"] for name in step.get("env") or {}
+              if name.startswith("INPUT_")}
+    assert passed == INPUTS
+
+
+def test_the_sarif_upload_runs_only_for_a_sarif_report_and_before_the_exit():
+    steps = ACTION["runs"]["steps"]
+    (upload,) = [s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif@")]
+    assert "inputs.report == 'sarif'" in upload["if"]
+    assert upload["with"]["sarif_file"] == "${{ steps.check.outputs.report-file }}"
+    assert steps.index(upload) == len(steps) - 2 and "exit" in steps[-1]["run"]
+
+
+def test_the_action_installs_what_the_source_hook_installs():
+    hooks = {hook["id"]: hook for hook in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
+    hook = [str(Requirement(text)) for text in hooks["preclint-source"]["additional_dependencies"][1:]]
+    lines = (ROOT / "scripts" / "action-source-requirements.txt").read_text().splitlines()
+    action = [str(Requirement(line)) for line in lines if line.strip() and not line.startswith("#")]
+    assert action == hook
+
+
+def _workflow_steps(path):
+    for block in re.findall(r"```yaml\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+        document = yaml.safe_load(block)
+        for job in (document or {}).get("jobs", {}).values():
+            yield from job.get("steps", [])
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/ci.md"])
+def test_the_documented_workflows_use_inputs_the_action_has(page):
+    uses = [step for step in _workflow_steps(ROOT / page) if re.search(r"/preclint@", str(step.get("uses", "")))]
+    assert uses, page
+    for step in uses:
+        given = step.get("with") or {}
+        assert set(given) <= INPUTS, step
+        assert given.get("report", "annotations") in ("annotations", "sarif", "rdjson")
+        assert given.get("install", "source") in ("source", "full")
+        assert "models" not in given or given.get("install") == "full"
+
+
+def test_paths_are_shell_words_and_models_one_a_line(monkeypatch):
+    action = _script()
+    monkeypatch.delenv("GITHUB_EVENT_NAME", raising=False)
+    assert action.select_paths("src 'my file.py'", "annotations") == ["src", "my file.py"]
+    assert action.select_paths("", "annotations") == ["."]
+    assert action.model_runs("a.py --model Net\n\n# later\n b.py --input 1x8") == [["a.py", "--model", "Net"],
+                                                                                   ["b.py", "--input", "1x8"]]
+    with pytest.raises(action.ActionError):
+        action.package_spec("1.0; rm -rf /")
+    assert action.package_spec("0.1.0") == "preclint==0.1.0" and action.package_spec("") == str(ROOT)
+
+
+# ---- the steps, run as the runner runs them ------------------------------------------------------------
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
+                   check=True, capture_output=True)
+
+
+@pytest.fixture
+def pull_request(tmp_path):
+    """A repository whose pull request changes two files with a finding (one named with a leading dash
+    and a space) and one without, over a base whose own finding is not the pull request's."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "old.py").write_text(AMP)
+    (repo / "clean.py").write_text("x = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "new.py").write_text(AMP)
+    (repo / "- dash me.py").write_text(AMP)
+    (repo / "clean.py").write_text("x = 1\ny = 2\n")
+    (repo / "net.py").write_text("import torch\n\nmodel = torch.nn.Linear(4, 4)\nexample_inputs = (torch.ones(2, 4),)\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "the pull request")
+    (tmp_path / "event.json").write_text(json.dumps({"pull_request": {"base": {"sha": base}}}))
+    (tmp_path / "runner").mkdir()
+    return repo
+
+
+def _step(repo, name, *args, **inputs):
+    python = inputs.pop("runner_python", sys.executable)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" and not key.startswith("INPUT_")}
+    env.update({"GITHUB_EVENT_NAME": "pull_request", "GITHUB_EVENT_PATH": str(repo.parent / "event.json"),
+                "GITHUB_OUTPUT": str(repo.parent / "output"), "RUNNER_TEMP": str(repo.parent / "runner"),
+                "PRECLINT_CACHE_DIR": str(repo.parent / "cache")})
+    env.update({f"INPUT_{key.upper()}": value for key, value in inputs.items()})
+    (repo.parent / "output").write_text("")
+    done = subprocess.run([python, str(SCRIPT), name, *args], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    outputs = dict(line.split("=", 1) for line in (repo.parent / "output").read_text().splitlines())
+    return done, outputs
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_steps_check_a_pull_request_from_a_clean_environment(pull_request):
+    """One test, as the steps take minutes: pip installs from the package index and builds preclint."""
+    repo = pull_request
+    done, outputs = _step(repo, "install")
+    assert done.returncode == 0, done.stderr
+    python = outputs["python"]
+    assert python.startswith(str(repo.parent / "runner" / "preclint-venv"))
+    found = subprocess.run([python, "-c", "import importlib.util as u; print([m for m in ('torch', 'torchvision', "
+                            "'plotly', 'numpy') if u.find_spec(m)])"], capture_output=True, text=True)
+    assert found.stdout.strip() == "[]", found  # the source side alone: no torch
+
+    done, _ = _step(repo, "paths")
+    assert json.loads((repo.parent / "runner" / "preclint-paths.json").read_text()) == ["- dash me.py", "clean.py", "net.py", "new.py"]
+    done, outputs = _step(repo, "check", "--python", python)
+    annotations = [line for line in done.stdout.splitlines() if line.startswith("::warning ")]
+    assert [line.split(",")[0] for line in annotations] == ["::warning file=- dash me.py", "::warning file=new.py"]
+    assert done.returncode == 0 and outputs["exit-code"] == "1"  # the last step ends with it
+    done, outputs = _step(repo, "check", "--python", python, fail_on="error")
+    assert outputs["exit-code"] == "0", done.stdout + done.stderr  # PCL502 is a warning
+
+    # code scanning compares whole analyses: the whole checkout, one run with its category
+    _step(repo, "paths", report="sarif")
+    done, outputs = _step(repo, "check", "--python", python, report="sarif")
+    document = json.loads(open(outputs["report-file"], encoding="utf-8").read())
+    jsonschema.validate(document, json.loads((DATA / "sarif-schema-2.1.0.json").read_text()))
+    (run,) = document["runs"]
+    assert run["automationDetails"] == {"id": "preclint/source/"} and outputs["exit-code"] == "1"
+    uris = sorted(r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"])
+    assert uris == ["-%20dash%20me.py", "new.py", "old.py"]
+
+    done, outputs = _step(repo, "install", models="net.py")  # the graph check needs the whole tool
+    assert done.returncode == 2 and done.stdout.startswith("::error title=preclint action::models are checked")
+    _full_install_runs_the_graph_check_of_the_named_models(repo)
+
+
+def _full_install_runs_the_graph_check_of_the_named_models(repo):
+    """install full into the job's Python: here a virtual environment that sees this machine's torch
+    (a fresh one would download it), as a job's Python after it installed its project."""
+    job = repo.parent / "job-python"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(job)], check=True)
+    job_python = str(job / "bin" / "python")
+    done, outputs = _step(repo, "install", install="full", models="net.py", runner_python=job_python)
+    assert done.returncode == 0 and outputs["python"] == job_python, done.stderr
+    _step(repo, "paths", paths="clean.py")
+    done, outputs = _step(repo, "check", "--python", job_python, models="net.py --precision fp16", report="rdjson",
+                          runner_python=job_python)
+    document = json.loads(open(outputs["report-file"], encoding="utf-8").read())
+    assert document["source"] == {"name": "preclint"} and isinstance(document["diagnostics"], list)
+    assert outputs["exit-code"] in ("0", "1"), done.stdout + done.stderr  # checked: no error
