@@ -6,9 +6,10 @@ A run fails the oracle when it shows any of these (the failure's class first):
   by a signal;
 - ``hang``: a run past its time limit (preclint's own ``--timeout`` on a model that runs in
   milliseconds counts too);
-- ``invalid-document``: json, sarif or rdjson output that does not parse or does not validate
+- ``invalid-document``: json, sarif, rdjson, gitlab or junit output that does not parse or does not validate
   (SARIF against the 2.1.0 schema, json against tests/data/report.schema.json, rdjson against
-  reviewdog's Diagnostic format), GitHub output with a malformed workflow command;
+  reviewdog's Diagnostic format, gitlab against the fields GitLab reads with one fingerprint an issue,
+  junit against Jenkins's JUnit schema), GitHub output with a malformed workflow command;
 - ``exit-status``: an exit status other than 0, 1, 2 (130 only after the SIGINT the harness sent);
 - ``user-error``: exit 2 without an error line, an error line with exit 0 or 1, or stderr lines that
   are neither preclint's lines nor the model's own output;
@@ -38,6 +39,8 @@ from typing import Dict, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 SARIF_SCHEMA = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
+GITLAB_SCHEMA = ROOT / "tests" / "data" / "gitlab-codequality.schema.json"
+JUNIT_SCHEMA = ROOT / "tests" / "data" / "junit-10.xsd"
 REPORT_SCHEMA = ROOT / "tests" / "data" / "report.schema.json"
 
 # stderr lines a run may print besides the model's own output
@@ -154,7 +157,9 @@ def document_problem(fmt: str, stdout: str) -> Optional[str]:
     """Why ``stdout`` is not a valid document of format ``fmt``; None when it is (or the format is text)."""
     import jsonschema
 
-    if fmt in ("json", "sarif", "rdjson"):
+    if fmt == "junit":
+        return junit_problem(stdout)
+    if fmt in ("json", "sarif", "rdjson", "gitlab"):
         try:
             doc = _strict_json(stdout)
         except ValueError as exc:
@@ -162,6 +167,11 @@ def document_problem(fmt: str, stdout: str) -> Optional[str]:
         try:
             if fmt == "sarif":
                 jsonschema.validate(doc, _schema(SARIF_SCHEMA))
+            elif fmt == "gitlab":
+                jsonschema.validate(doc, _schema(GITLAB_SCHEMA))
+                fingerprints = [issue["fingerprint"] for issue in doc]
+                if len(set(fingerprints)) != len(fingerprints):
+                    return "gitlab output: two issues share a fingerprint (GitLab shows one of them)"
             elif fmt == "json":
                 for entry in doc if isinstance(doc, list) else [doc]:
                     if not isinstance(entry, dict):
@@ -175,6 +185,17 @@ def document_problem(fmt: str, stdout: str) -> Optional[str]:
         return None
     if fmt == "github":
         return github_problem(stdout)
+    return None
+
+
+def junit_problem(text: str) -> Optional[str]:
+    """Why ``text`` is no JUnit XML document that Jenkins's schema accepts; None when it is."""
+    import xmlschema
+
+    try:
+        xmlschema.XMLSchema(str(JUNIT_SCHEMA)).validate(text)
+    except (xmlschema.XMLSchemaException, SyntaxError, ValueError) as exc:
+        return f"junit output does not validate: {str(exc).splitlines()[0][:120]}"
     return None
 
 

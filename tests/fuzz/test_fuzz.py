@@ -120,6 +120,11 @@ def test_the_oracle_sees_an_internal_error_and_a_traceback():
     ("sarif", '{"version": "2.1.0", "runs": []}{"version": "2.1.0", "runs": []}'),  # two documents
     ("rdjson", '{"diagnostics": [{"message": "m", "location": {"path": "a.py", "range": {"start": {"line": 0}}}}]}'),
     ("github", "::error file=a.py,line=x::message\n"),
+    ("gitlab", '[{"description": "d", "check_name": "PCL502", "severity": "major"}]'),  # no fingerprint, no location
+    ("gitlab", '[' + ','.join(['{"description": "d", "check_name": "PCL502", "fingerprint": "f", "severity": "major", '
+                               '"location": {"path": "a.py", "lines": {"begin": 1}}}'] * 2) + ']'),  # one fingerprint twice
+    ("junit", '<testsuites><testsuite name="preclint"><testcase name="a.py"><failure message="m">'),  # cut short
+    ("junit", '<testsuites><testcase name="a.py"/></testsuites>'),  # a test case outside any suite
 ])
 def test_the_oracle_sees_an_invalid_document(fmt, stdout):
     argv = ["check", "m.py", "--output-format", fmt]

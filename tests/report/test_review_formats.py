@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 import xmlschema
 
+from benchmarks.fuzz.oracle import document_problem
 from preclint.cli import main
 from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render, render_reports
@@ -37,7 +38,9 @@ def files(tmp_path, monkeypatch):
 
 
 def gitlab(reports) -> list:
-    issues = json.loads(render_reports(reports, "gitlab"))
+    text = render_reports(reports, "gitlab")
+    assert document_problem("gitlab", text) is None  # the fuzzer's oracle reads it as GitLab would
+    issues = json.loads(text)
     jsonschema.validate(issues, GITLAB_SCHEMA)
     assert len({issue["fingerprint"] for issue in issues}) == len(issues)  # GitLab shows one per fingerprint
     return issues
@@ -46,6 +49,7 @@ def gitlab(reports) -> list:
 def junit(reports) -> ElementTree.Element:
     text = render_reports(reports, "junit")
     JUNIT_SCHEMA.validate(text)
+    assert document_problem("junit", text) is None
     return ElementTree.fromstring(text)
 
 
