@@ -43,6 +43,7 @@ def built(path):
     return model, module.example_inputs()
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_import_preclint_needs_no_torch_and_names_the_api():
     code = ("import sys, preclint; assert 'torch' not in sys.modules, 'torch imported'; "
@@ -52,6 +53,7 @@ def test_import_preclint_needs_no_torch_and_names_the_api():
     assert done.stdout.strip() == "ok", done.stderr
 
 
+@pytest.mark.slow
 def test_the_api_returns_what_the_command_line_prints(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, printed = cli(capsys, "check", tiny, "--precision", "tf32,fp16", "--output-format", "json", "--isolated")
@@ -69,6 +71,7 @@ def test_the_api_returns_what_the_command_line_prints(tiny, tmp_path, capsys, mo
         assert [share for _, _, share in row.top_layers] == [t["share"] for t in expected["summary"][mode]["top_layers"]]
 
 
+@pytest.mark.slow
 def test_a_probed_report_is_what_preclint_probe_prints_and_its_page(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, printed = cli(capsys, "probe", tiny, "--device", "cpu", "--precision", "tf32", "--output-format", "json",
@@ -82,6 +85,7 @@ def test_a_probed_report_is_what_preclint_probe_prints_and_its_page(tiny, tmp_pa
     assert report._repr_html_() == page.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_the_page_without_a_probe_is_the_command_line_s(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     page = tmp_path / "page.html"
@@ -117,7 +121,7 @@ class Meddler(nn.Module):
         return y
 
 
-@pytest.mark.parametrize("probe", [None, "cpu"])
+@pytest.mark.parametrize("probe", [None, pytest.param("cpu", marks=pytest.mark.slow)])
 def test_a_model_that_changes_every_setting_leaves_none_changed(probe):
     model, x = Meddler().train(), torch.randn(2, 8)
     before = global_state.snapshot()
@@ -163,6 +167,7 @@ def test_mistakes_in_the_call_are_one_line_errors(tiny):
         preclint.check(nn.Linear(2, 2), torch.randn(1, 2), plan=True, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_keyword_inputs_and_a_plan(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
