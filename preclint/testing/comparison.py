@@ -118,11 +118,14 @@ def carrying_layers(tol: Tolerance, model, inputs, probe: Optional[str], most: i
     from preclint.core.errors import UserError
 
     report = tol.report
-    try:
-        if report is None or (probe is not None and report.ledger is None):
-            report = check(model, inputs, precisions=(tol.precision,), probe=probe, select=["PCL001"])
-    except UserError:
-        return []
+    if report is None or (probe is not None and report.ledger is None):
+        report = tol.explained.get(probe)
+        if report is None:
+            try:
+                report = check(model, inputs, precisions=(tol.precision,), probe=probe, select=["PCL001"])
+            except UserError:
+                return []
+            tol.explained[probe] = report
     if report.ledger is not None:
         from preclint.report.document import ranked_ledger
 

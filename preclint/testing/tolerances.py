@@ -71,6 +71,8 @@ class Tolerance:
     # the model's float32 outputs, which ``for_expected`` matches a compared tensor against
     reference: Tuple[torch.Tensor, ...] = field(default=(), repr=False, compare=False)
     report: Any = field(default=None, repr=False, compare=False)  # the check behind a prediction (preclint.Report)
+    # the checks that named the layers of a failure, by probe device (None: predicted): made once
+    explained: Dict[Optional[str], Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def rtol(self) -> float:

@@ -147,3 +147,19 @@ def test_mistakes_are_one_line_errors():
         pt.tolerance(model, x, "tf32", margin=0)
     with pytest.raises(UserError, match="no float tensor"):
         pt.tolerance(nn.Identity(), torch.arange(3), "tf32")
+
+
+@pytest.mark.slow
+def test_the_layers_of_failures_are_looked_up_once(stack, monkeypatch):
+    # a measured tolerance has no check behind it: the first failure makes the one that names the layers
+    import preclint.api
+
+    model, x, expected, _ = stack
+    measured = pt.tolerance(model, x, "tf32", probe="cpu")
+    calls = []
+    real = preclint.api.check
+    monkeypatch.setattr(preclint.api, "check", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _ in range(2):
+        with pytest.raises(AssertionError, match="The layers that carry tf32's error"):
+            pt.assert_close(expected * 1.01, expected, model=model, inputs=x, precision="tf32", tolerance=measured)
+    assert len(calls) == 1
