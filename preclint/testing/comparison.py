@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from preclint.core.tolerances import MARGIN
-from preclint.testing.tolerances import OutputTolerance, Tolerance, tolerance as meetable_tolerance
+from preclint.testing.tolerances import PREDICTION_ONLY, OutputTolerance, Tolerance, tolerance as meetable_tolerance
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def carrying_layers(tol: Tolerance, model, inputs, probe: Optional[str], most: i
         report = tol.explained.get(probe)
         if report is None:
             try:
-                report = check(model, inputs, precisions=(tol.precision,), probe=probe, select=["PCL001"])
+                report = check(model, inputs, precisions=(tol.precision,), probe=probe, select=PREDICTION_ONLY)
             except UserError:
                 return []
             tol.explained[probe] = report
