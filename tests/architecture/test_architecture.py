@@ -32,6 +32,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.source.*",),  # the source-only check: runs the source rules, prints a report
     ("preclint.plan.*",),  # the planner, its verification and its output: the session drives it
     ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
+    ("preclint.api",),  # the Python API: preclint.check and its Report, on the session
+    ("preclint.testing.*",),  # tolerances for tests and an assert_close that explains, on the API
     ("preclint.cli", "preclint.__main__"),
 ]
 

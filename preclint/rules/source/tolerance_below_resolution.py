@@ -7,6 +7,7 @@ import libcst as cst
 
 from preclint.core.findings import Finding
 from preclint.core.numerics import FP16, Format
+from preclint.core.tolerances import ONE_OP_NUMEL, RTOL_UNITS, one_op, resolution
 from preclint.rules.base import SourceRule
 from preclint.text.args import argument
 from preclint.text.index import dotted_name, number
@@ -26,13 +27,12 @@ METHODS = {"allclose": (1, 2, 1e-5, 1e-8), "isclose": (1, 2, 1e-5, 1e-8)}  # ten
 # callees known only by name (a project's own helper): judged on explicit arguments alone
 NAMES = ("assert_allclose", "assert_close", "allclose", "isclose")
 
-# The error model (docs/error-model.md): a correct result in a format with unit roundoff u differs from the
-# fp32/fp64 reference by about u relative to its own size where there is no cancellation, and by about
-# u times the typical magnitude of the values where there is. Hence an honest elementwise check is
-# rtol ~ 4u with atol ~ 7u x RMS(values); below 2u a correct result fails outright.
-HONEST_RTOL = 4
-HONEST_ATOL = 7
-MIN_RTOL = 2
+# The tolerance a precision can meet (preclint.core.tolerances, which preclint.testing uses for whole
+# models too): a correct result in a format with unit roundoff u differs from the fp32/fp64 reference
+# by about u relative to its own size where there is no cancellation, and by one op's error times
+# the typical magnitude of the values where there is; an rtol below the format's resolution (2u)
+# fails a correct result outright.
+HONEST = one_op(1.0)  # in units of u: rtol = HONEST.rtol * u, atol = HONEST.atol * u * RMS(values)
 
 
 # the parameters that hold the compared values, by keyword, in the checks above and users' helpers
@@ -113,10 +113,13 @@ def test_conv_fp16():
     out = conv.half()(x.half())
     torch.testing.assert_close(out.float(), ref, rtol=1e-5, atol=1e-5)
 """
-    fix = """
-Use a tolerance the precision can meet: rtol of about 4u (2e-3 for fp16 and TF32, 1.6e-2 for bf16)
-and atol of about 7u times the typical magnitude of the compared values (3.4e-3 x RMS for fp16).
-Or compare in fp32 where the test is about the model's logic, not its precision.
+    fix = f"""
+Use a tolerance the precision can meet: rtol of about {RTOL_UNITS}u ({one_op(2.0 ** -11).rtol:.1e} for fp16 and TF32,
+{one_op(2.0 ** -8).rtol:.1e} for bf16) and atol of about {HONEST.atol:.0f}u times the typical magnitude of the
+compared values ({one_op(2.0 ** -11).atol:.1e} x RMS for fp16): one op's error, over {ONE_OP_NUMEL} elements,
+with the margin preclint.testing.tolerance uses for a whole model (which it measures or predicts
+for your model's outputs). Or compare in fp32 where the test is about the model's logic, not its
+precision.
 """
     valid = (
         """
@@ -246,10 +249,11 @@ class TestBF16(unittest.TestCase):
             where = source.location(shown.node)
             name = fmt.name if known else "reduced precision"
             u = fmt.unit_roundoff
+            meets = one_op(u)
             fix = (
-                f"A tolerance {name} can meet: rtol={HONEST_RTOL * u:.1e} ({HONEST_RTOL}u) and "
-                f"atol of about {HONEST_ATOL * u:.1e} x the typical magnitude of the compared values "
-                f"({HONEST_ATOL}u x RMS); {name} shown by `{shown.text}` at line {where.line}."
+                f"A tolerance {name} can meet: rtol={meets.rtol:.1e} ({RTOL_UNITS}u) and "
+                f"atol of about {meets.atol:.1e} x the typical magnitude of the compared values "
+                f"({HONEST.atol:.0f}u x RMS); {name} shown by `{shown.text}` at line {where.line}."
             )
             yield source.report(
                 self, site.node, problem.format(fmt=name, u=u), fix,
@@ -272,7 +276,7 @@ class TestBF16(unittest.TestCase):
         u = fmt.unit_roundoff
         rtol_text = f"rtol={rtol:g}" + (" (the default)" if rtol_default else "") if rtol is not None else ""
         atol_text = f"atol={atol:g}" + (" (the default)" if atol_default else "") if atol is not None else ""
-        if rtol is not None and rtol < MIN_RTOL * u:
+        if rtol is not None and rtol < resolution(u):
             return (
                 f"{rtol_text} is below what {{fmt}} can resolve: its unit roundoff is {{u:.1e}}, "
                 f"so a correct {{fmt}} result fails this check."
@@ -282,9 +286,10 @@ class TestBF16(unittest.TestCase):
                 f"{atol_text} fails elements near zero: their {{fmt}} rounding error is about u times "
                 f"the typical magnitude of the values, not u times their own size."
             )
-        if rtol is not None and atol is not None and rtol < HONEST_RTOL * u and atol < u:
+        meets = one_op(u)
+        if rtol is not None and atol is not None and rtol < meets.rtol and atol < u:
             return (
-                f"{atol_text} covers {{fmt}} rounding only for values below about {atol / (HONEST_ATOL * u):.1g} "
-                f"in magnitude, and {rtol_text} is under 4u: a correct {{fmt}} result fails on elements near zero."
+                f"{atol_text} covers {{fmt}} rounding only for values below about {atol / meets.atol:.1g} "
+                f"in magnitude, and {rtol_text} is under {RTOL_UNITS}u: a correct {{fmt}} result fails on elements near zero."
             )
         return None

@@ -1,0 +1,204 @@
+"""The process-wide state that running a model's code may change, saved and given back.
+
+Checking a model runs code preclint did not write (building the model, its forward, the probe's
+runs), and preclint sets some of this state itself (seeds, TF32 for a mode, grad mode). Called from
+a notebook or a test suite, a check must leave the process as it found it, whatever the model did:
+``preserved()`` saves every setting below and restores it on the way out, exception or not.
+
+Saved: the random generators (torch's CPU and, where initialised, CUDA generators; Python's ``random``;
+numpy's global one where numpy is loaded), the default dtype and device, the float32 precision of
+every backend (TF32: the ``fp32_precision`` settings of torch >= 2.9, else the legacy ``allow_tf32``
+flags and ``float32_matmul_precision``), the reduced-precision reductions, cuDNN's switches and the
+scaled-dot-product-attention backends, autocast (per device type: on or off, dtype, its cache and the
+nesting of its regions), grad and anomaly mode, the deterministic-algorithms flags, the number of
+threads. Not restorable, so left as they are: the inter-op thread count (fixed once work began) and
+an inference-mode region left open (a C++ guard with no setter).
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import torch
+
+Setting = Tuple[str, Callable[[], Any], Callable[[Any], None]]
+
+# (the devices autocast keeps a state for; those this build does not know are skipped)
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla")
+
+
+def _attribute(path: str) -> Setting:
+    """A setting that is an attribute, such as ``torch.backends.cudnn.benchmark``."""
+    owner_path, _, name = path.rpartition(".")
+
+    def owner():
+        obj: Any = torch
+        for part in owner_path.split(".")[1:]:
+            obj = getattr(obj, part)
+        return obj
+
+    return path, lambda: getattr(owner(), name), lambda value: setattr(owner(), name, value)
+
+
+def _precision_settings() -> List[Setting]:
+    """The float32 precision of each backend: parents before their children, so that restoring a
+    parent does not overwrite a child set apart from it."""
+    # (the test of measure/backends.py's new_tf32_api, which this layer sits below)
+    if hasattr(getattr(torch.backends.cuda, "matmul", None), "fp32_precision") and \
+            hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision"):
+        paths = ["torch.backends.fp32_precision", "torch.backends.cuda.matmul.fp32_precision",
+                 "torch.backends.cudnn.fp32_precision", "torch.backends.cudnn.conv.fp32_precision",
+                 "torch.backends.cudnn.rnn.fp32_precision", "torch.backends.mkldnn.fp32_precision",
+                 "torch.backends.mkldnn.matmul.fp32_precision", "torch.backends.mkldnn.conv.fp32_precision",
+                 "torch.backends.mkldnn.rnn.fp32_precision"]
+        return [_attribute(p) for p in paths]
+    # (before torch 2.9: reading the legacy flags is safe, there being no new API to mix them with)
+    return [("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision,
+             torch.set_float32_matmul_precision),
+            _attribute("torch.backends.cuda.matmul.allow_tf32"), _attribute("torch.backends.cudnn.allow_tf32")]
+
+
+def _sdp(name: str) -> Setting:
+    cuda = torch.backends.cuda
+    return (f"torch.backends.cuda.{name}_sdp_enabled()", getattr(cuda, f"{name}_sdp_enabled"),
+            getattr(cuda, f"enable_{name}_sdp"))
+
+
+def _deterministic() -> Setting:
+    def read():
+        return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+    def write(value):
+        torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+
+    return "torch.use_deterministic_algorithms()", read, write
+
+
+def _anomaly() -> Setting:
+    def read():
+        return torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
+
+    return "torch.set_anomaly_enabled()", read, lambda value: torch.set_anomaly_enabled(value[0], value[1])
+
+
+def _default_device() -> Setting:
+    def write(device):
+        # cpu is torch's own default: no device context (a TorchFunctionMode) put in its place
+        torch.set_default_device(None if torch.device(device).type == "cpu" else device)
+
+    return "torch.get_default_device()", torch.get_default_device, write
+
+
+def _autocast(device: str) -> List[Setting]:
+    return [(f"torch.is_autocast_enabled({device!r})", lambda: torch.is_autocast_enabled(device),
+             lambda value: torch.set_autocast_enabled(device, value)),
+            (f"torch.get_autocast_dtype({device!r})", lambda: torch.get_autocast_dtype(device),
+             lambda value: torch.set_autocast_dtype(device, value))]
+
+
+def _autocast_nesting() -> Setting:
+    """How many autocast regions are open: a region the model enters and never leaves is closed,
+    and its cast cache cleared as leaving the last one clears it."""
+
+    def read():
+        level = torch.autocast_increment_nesting()
+        torch.autocast_decrement_nesting()
+        return level - 1
+
+    def write(level):
+        current = read()
+        while current > level:
+            current = torch.autocast_decrement_nesting()
+            if current == 0:
+                torch.clear_autocast_cache()
+        while current < level:
+            current = torch.autocast_increment_nesting()
+
+    return "autocast nesting", read, write
+
+
+def _random_generators() -> List[Setting]:
+    settings: List[Setting] = [("torch.get_rng_state()", torch.get_rng_state, torch.set_rng_state),
+                               ("random.getstate()", random.getstate, random.setstate)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        settings.append(("torch.cuda.get_rng_state_all()", torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        settings.append(("numpy.random.get_state()", numpy.random.get_state, numpy.random.set_state))
+    return settings
+
+
+def settings() -> List[Setting]:
+    """Every setting ``preserved`` restores, in the order it restores them."""
+    found = _random_generators() + [
+        ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
+        _default_device(),
+        *_precision_settings(),
+        _attribute("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
+        _attribute("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"),
+        _attribute("torch.backends.cuda.matmul.allow_fp16_accumulation"),
+        _attribute("torch.backends.cudnn.enabled"), _attribute("torch.backends.cudnn.benchmark"),
+        _attribute("torch.backends.cudnn.deterministic"), _attribute("torch.backends.mkldnn.enabled"),
+        _sdp("flash"), _sdp("mem_efficient"), _sdp("math"), _sdp("cudnn"),
+        _autocast_nesting(),
+        *[s for device in AUTOCAST_DEVICES for s in _autocast(device)],
+        ("torch.is_autocast_cache_enabled()", torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled),
+        ("torch.is_grad_enabled()", torch.is_grad_enabled, torch.set_grad_enabled),
+        _anomaly(),
+        _deterministic(),
+        ("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
+    ]
+    return found
+
+
+def snapshot() -> Dict[str, Any]:
+    """Each setting this torch can read, by name, as it stands now."""
+    values: Dict[str, Any] = {}
+    for name, read, _ in settings():
+        try:
+            values[name] = read()
+        except (AttributeError, RuntimeError, TypeError, ValueError):  # a device type or flag this build lacks
+            continue
+    return values
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (ValueError, RuntimeError):  # numpy arrays inside a state
+        import numpy
+
+        return bool(numpy.array_equal(a, b))
+
+
+def changed(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
+    """The names of the settings whose values differ between two snapshots."""
+    return sorted(name for name in before.keys() | after.keys()
+                  if name not in before or name not in after or not _same(before[name], after[name]))
+
+
+@contextlib.contextmanager
+def preserved() -> Iterator[None]:
+    """Run the body, then put every setting back as it was before it (see the module's docstring)."""
+    saved = [(name, write, value) for name, read, write in settings() for value in _read(read)]
+    try:
+        yield
+    finally:
+        for name, write, value in saved:
+            try:
+                write(value)
+            except (AttributeError, RuntimeError, TypeError, ValueError):
+                continue  # a setting that cannot be set back (read-only in this build)
+
+
+def _read(read: Callable[[], Any]) -> List[Any]:
+    try:
+        return [read()]
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return []
