@@ -32,6 +32,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.source.*",),  # the source-only check: runs the source rules, prints a report
     ("preclint.plan.*",),  # the planner, its verification and its output: the session drives it
     ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
+    ("preclint.diff.*",),  # two models (or two settings) walked by the session and compared, layer by layer
     ("preclint.cli", "preclint.__main__"),
 ]
 
