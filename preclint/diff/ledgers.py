@@ -246,13 +246,18 @@ def sentence_of(diff: ModeDifference) -> str:
     return text + (f", where {reason}" if reason else "")
 
 
+# what the checkpoint holds (a cause) is named before what the run shows (its consequence)
+_CAUSES = ("folded_scale", "weight_absmax", "running_mean_absmax")
+
+
 def _reason(diff: ModeDifference, group: str) -> Optional[str]:
-    """The statistic that differs most between the models in ``group``, as a clause, or None."""
+    """The statistics that differ most between the models in ``group``, as a clause (the largest
+    ratio among the checkpoint's own figures, then among the run's), or None."""
     a, b = diff.labels
     worse_index = diff.worse or 0
-    best = None
     members = [layer for layer in diff.layers if layer.module == group or layer.module.startswith(group + ".")
                or group == "(top level)"]
+    best: Dict[bool, tuple] = {}
     for key, (words, larger_is_worse) in STATISTICS.items():
         values = [layer.stats[key] for layer in members if key in layer.stats]
         pick = max if larger_is_worse else min
@@ -265,11 +270,16 @@ def _reason(diff: ModeDifference, group: str) -> Optional[str]:
         if worse_value <= 0 or better_value <= 0:
             continue
         ratio = worse_value / better_value if larger_is_worse else better_value / worse_value
-        if ratio >= EXPLAINS and (best is None or ratio > best[0]):
-            best = (ratio, words, worse_value, better_value, larger_is_worse)
-    if best is None:
+        cause = key in _CAUSES
+        if ratio >= EXPLAINS and (cause not in best or ratio > best[cause][0]):
+            best[cause] = (ratio, words, worse_value, better_value, larger_is_worse)
+    if not best:
         return None
-    _, words, worse_value, better_value, larger = best
     worse_label, better_label = (b, a) if worse_index == 1 else (a, b)
-    verb = "reach" if larger else "shrink to"
-    return f"{worse_label}'s {words} {verb} {sci(worse_value)} ({better_label}'s: {sci(better_value)})"
+    clauses = []
+    for cause in (True, False):
+        if cause in best:
+            _, words, worse_value, better_value, larger = best[cause]
+            verb = "reach" if larger else "shrink to"
+            clauses.append(f"{words} {verb} {sci(worse_value)} ({better_label}'s: {sci(better_value)})")
+    return f"{worse_label}'s " + " and its ".join(clauses)

@@ -29,6 +29,12 @@ def headline(result: DiffResult) -> List[str]:
         else:
             lines.append(f"The runs of {a} and {b} part at {_node(result, first.name)} (difference {sci(first.difference)}, "
                          f"noise threshold {sci(first.threshold)}).")
+        replays = [r for r in parting.replays + ([parting.replay_all] if parting.replay_all else []) if r.explained is not None]
+        if replays:
+            best = max(replays, key=lambda r: r.explained)
+            where = _node(result, best.node) if best is not parting.replay_all else best.node
+            lines.append(f"Forcing {a}'s choices at {where} into {b} explains {percent(max(best.explained, 0.0))} of the "
+                         f"output difference ({best.flips} of {best.units} choices changed).")
     return lines
 
 
@@ -232,7 +238,11 @@ def render_html(result: DiffResult) -> str:
                             "noise threshold": [_positive(n.threshold) for n in parting.nodes]}}
     summary = " ".join(headline(result)) + " " + " ".join(f"{stored_sentence(s.label, s.facts)}." for s in result.sides)
     lead = PlanSection(summary, columns, rows, chart, heading="Diff")
-    return render_many([s.report for s in result.sides], plan=lead, side_by_side=len(result.sides) == 2)
+    from dataclasses import replace
+
+    reports = [replace(s.report, model=f"{s.label}: {s.report.model}") if len(result.sides) == 2 else s.report
+               for s in result.sides]
+    return render_many(reports, plan=lead, side_by_side=len(result.sides) == 2)
 
 
 def _num(value):

@@ -117,6 +117,8 @@ def stored_sentence(label: str, facts: CheckpointFacts) -> str:
 
 
 def _fraction_text(fraction: float) -> str:
-    if fraction >= 0.999 or fraction == 0:
+    if fraction in (0.0, 1.0):
+        return f"{fraction * 100:.0f}%"
+    if fraction >= 0.999:
         return f"{fraction * 100:.1f}%"
     return f"{fraction * 100:.3g}%"
