@@ -84,3 +84,14 @@ def test_forcing_the_routers_choices_explains_what_the_ablation_says(seed):
     ablation = _flipped_rows_share(run_mode(model, inputs, "fp16", graph=graph), run_mode(model, inputs, "bf16", graph=graph))
     assert 0.5 < ablation
     assert abs(replay.explained - ablation) <= 0.05
+
+
+def test_a_precision_against_float32_itself():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    inputs = (torch.randn(16, 32),)
+    graph = capture_graph(model, inputs)
+    parting = part(Setting("fp16", model, "fp16"), Setting("fp32", model, None), inputs, graph)
+    assert graph[parting.first.name].module_path == "fc1"
+    # float32 differs from fp16 by fp16's own error: a few units of its rounding, 2^-11
+    assert 2 ** -13 < parting.output_difference < 2 ** -6
