@@ -166,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub, _add_model_arguments, _add_output_arguments)
 
+    from preclint.diff.command import add_parser as add_diff_parser
+
+    add_diff_parser(sub, _add_model_arguments, _add_output_arguments)
+
     rule = sub.add_parser("rule", help="show a rule's documentation")
     rule.add_argument("code", nargs="?", help="a rule code such as PCL103")
     rule.add_argument("--all", action="store_true", help="every rule")
@@ -446,6 +450,11 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             if args.command == "plan":
                 _import_torch()
                 return cmd_plan(args)
+            if args.command == "diff":
+                from preclint.diff.command import cmd_diff
+
+                _import_torch()
+                return cmd_diff(args, _use_color(args))
             raise UserError(f"unknown command {args.command}")
         except Interrupted as exc:  # SIGINT, SIGTERM: the shell's convention, 128 + the signal number
             return say_interrupted(exc.signum)

@@ -42,6 +42,7 @@ class PlanSection:
     columns: Sequence[str]
     rows: Sequence[Sequence[Any]]
     chart: Optional[Dict[str, Any]] = None
+    heading: str = "Plan"
 
 
 def plotly_js() -> str:
@@ -172,7 +173,7 @@ def _finding_card(f: Finding, anchor: str, on_chart: bool) -> str:
 
 
 def _plan(plan: PlanSection, anchor: str) -> str:
-    out = ["<section><h2>Plan</h2>", f"<p>{_e(plan.summary)}</p>"]
+    out = [f"<section><h2>{_e(plan.heading)}</h2>", f"<p>{_e(plan.summary)}</p>"]
     if plan.chart:
         out.append(f"<div class='chart' id='{anchor}-plan' data-chart='plan'></div>")
     out.append("<table class='numbers'><tr>" + "".join(f"<th>{_e(c)}</th>" for c in plan.columns) + "</tr>")
@@ -227,10 +228,19 @@ def render(report: Report, plan: Optional[PlanSection] = None) -> str:
     return render_many([report], plan)
 
 
-def render_many(reports: Sequence[Report], plan: Optional[PlanSection] = None) -> str:
-    """One page for the run: a section per model (the plan, if any, in the first)."""
+def render_many(reports: Sequence[Report], plan: Optional[PlanSection] = None, *, side_by_side: bool = False) -> str:
+    """One page for the run: a section per model (the plan, if any, in the first); ``side_by_side``:
+    the plan's section across the top and the models' sections in two columns below (`diff`)."""
     title = ", ".join(r.model for r in reports if r.model) or "source check"
-    sections = [_report_section(r, k, plan if k == 0 else None) for k, r in enumerate(reports)]
+    if side_by_side:
+        lead = [] if plan is None else [
+            "<section class='model' id='lead'>" + _plan(plan, "lead") + "<script type='application/json' "
+            f"class='report-data'>{_script_json({'anchor': 'lead', 'outputs': [], 'nodes': {'names': []}, 'plan': plan.chart})}"
+            "</script></section>"]
+        sections = lead + ["<div class='side'>" + "\n".join(_report_section(r, k, None) for k, r in enumerate(reports))
+                           + "</div>"]
+    else:
+        sections = [_report_section(r, k, plan if k == 0 else None) for k, r in enumerate(reports)]
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<meta name='generator' content='preclint {_e(__version__)}'>"
@@ -252,6 +262,7 @@ h1{font-size:22px;margin:8px 0}h2{font-size:17px;margin:26px 0 6px;border-bottom
 .sev,.status{font-size:12px;font-weight:400;border-radius:3px;padding:0 6px;background:#eef}.where{color:#556;margin:0}
 .snippet{background:#f6f7f9;border:1px solid #e3e5ea;padding:6px;overflow-x:auto;font-size:12.5px}
 .snippet i{color:#99a;font-style:normal}.snippet .hit{background:#fff1b8;display:inline-block;min-width:100%}
+.side{display:grid;grid-template-columns:1fr 1fr;gap:18px}.side>section{min-width:0}
 .fix{color:#1b5e20}.caveat,.error{color:#b3261e;font-weight:600}.related{color:#556;margin:2px 0}footer{color:#99a;margin:30px 0 10px}
 """
 

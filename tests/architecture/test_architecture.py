@@ -34,6 +34,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
     ("preclint.api",),  # the Python API: preclint.check and its Report, on the session
     ("preclint.testing.*",),  # tolerances for tests and an assert_close that explains, on the API
+    ("preclint.diff.*",),  # two models (or two settings) walked by the session and compared, layer by layer
     ("preclint.cli", "preclint.__main__"),
 ]
 

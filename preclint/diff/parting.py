@@ -1,0 +1,395 @@
+"""Where two runs part: the same inputs through two settings (two precisions, two checkpoints of one
+architecture, two devices), compared node by node along the model.
+
+The first run is recorded (every node's value); the second follows it: at each node its value
+against the first run's (``difference``), and the node replayed in the second setting on the first
+run's operands (``contributed``: what the node itself changes; the rest of the difference it
+``inherited`` from the nodes before it, in quadrature). The first setting run a second time gives
+each node's noise floor: a difference counts only at ``NOISE_MARGIN`` times that floor and above
+float32's own resolution, and the first node past it is where the runs part.
+
+A decision (argmax, top-k, sort, NMS, a threshold, an MoE router's top-k) is replayed: the second
+run once more with the first run's choices forced into it (for a top-k its values are then the
+second run's own at the first run's indices), and the part of the squared output difference that
+disappears is the part those choices explain.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from preclint.capture.calls import is_inplace_call
+from preclint.capture.observer import Observer
+from preclint.capture.trees import flatten
+from preclint.core.errors import one_line
+from preclint.core.ir import Kind
+from preclint.load.modelio import Inputs
+from preclint.measure.compare import compare
+from preclint.measure.program import Program
+from preclint.measure.runners import runner_for
+from preclint.probe.execute import Producers, invoke, tensors
+from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
+from preclint.probe.sweep import decision_changes
+
+# nodes that compute nothing of their own: their difference is their operand's
+_NO_REPLAY = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE})
+# exact in every float format: with the result in the operand's dtype such a node changes nothing
+# itself (a replay would charge it the rounding of its operand, which the node that stored it owns)
+_EXACT = frozenset({"relu", "relu_", "relu6", "max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d",
+                    "adaptive_max_pool2d", "adaptive_max_pool3d", "dropout", "identity"})
+_PAIRED = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "median"})  # (values, indices)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run: a float32 model on ``device`` and a precision mode (None: float32 itself)."""
+
+    label: str
+    model: torch.nn.Module
+    mode: Optional[str]
+    device: Any = "cpu"
+    emulated: Optional[bool] = None  # None: emulated exactly where the device is the CPU
+
+
+class _Float32:
+    """The run of a float32 model as it is: the interface of measure.modes.ModeRun, doing nothing."""
+
+    def __init__(self, model, inputs) -> None:
+        self.variant, self.inputs = model, inputs
+
+    def before(self, node, args, kwargs, callee, inplace: bool = False):
+        return args, kwargs, None
+
+    def after(self, output, decision, replay: bool = False):
+        return output
+
+    def entering(self, node, output):
+        return output
+
+    def context(self):
+        return contextlib.nullcontext()
+
+
+def prepare(setting: Setting, inputs, graph):
+    """The run of ``setting`` on ``inputs`` (float32, moved to its device)."""
+    device = torch.device(setting.device)
+    inputs = Inputs.of(inputs).map(lambda t: t.detach().to(device))
+    if setting.mode is None:
+        return _Float32(setting.model, inputs)
+    return runner_for(setting.mode, device, setting.emulated).prepare(setting.model, inputs, graph)
+
+
+@dataclass
+class NodeParting:
+    """One node in the second run against the first (relative RMS of the first's value)."""
+
+    name: str
+    difference: Optional[float] = None
+    contributed: Optional[float] = None
+    floor: float = 0.0  # the first setting against itself
+    flips: Optional[int] = None  # decisions: units whose outcome changed
+    units: Optional[int] = None
+    note: Optional[str] = None
+
+    @property
+    def inherited(self) -> Optional[float]:
+        if self.difference is None or self.contributed is None:
+            return None
+        return math.sqrt(max(self.difference ** 2 - self.contributed ** 2, 0.0))
+
+    @property
+    def threshold(self) -> float:
+        return max(NOISE_MARGIN * self.floor, DETERMINISTIC_BELOW)
+
+    @property
+    def parts(self) -> bool:
+        return self.difference is not None and self.difference > self.threshold
+
+
+@dataclass
+class Replay:
+    """One decision of the first run forced into the second."""
+
+    node: str
+    flips: int
+    units: int
+    explained: Optional[float]  # fraction of the squared output difference that disappears
+    remaining: Optional[float]  # the output difference with the choices forced (relative RMS)
+    note: Optional[str] = None
+
+
+@dataclass
+class Parting:
+    """Two runs compared along the model."""
+
+    labels: Tuple[str, str]
+    nodes: List[NodeParting] = field(default_factory=list)  # execution order
+    output_difference: Optional[float] = None
+    replays: List[Replay] = field(default_factory=list)
+    replay_all: Optional[Replay] = None  # every decision that changed, forced at once
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def first(self) -> Optional[NodeParting]:
+        return next((n for n in self.nodes if n.parts), None)
+
+    def as_dict(self, module_of=lambda name: "") -> dict:
+        first = self.first
+        return {
+            "runs": list(self.labels),
+            "first_divergent": None if first is None else {"node": first.name, "module": module_of(first.name),
+                                                            "difference": _r(first.difference),
+                                                            "noise_threshold": _r(first.threshold)},
+            "output_difference": _r(self.output_difference),
+            "along": [{"node": n.name, "module": module_of(n.name), "difference": _r(n.difference),
+                       "contributed": _r(n.contributed), "inherited": _r(n.inherited), "floor": _r(n.floor),
+                       **({"flips": n.flips, "units": n.units} if n.flips is not None else {}),
+                       **({"note": n.note} if n.note else {})} for n in self.nodes],
+            "replays": [_replay_dict(r) for r in self.replays],
+            "replay_all": _replay_dict(self.replay_all) if self.replay_all else None,
+            "notes": list(self.notes),
+        }
+
+
+def _replay_dict(r: Replay) -> dict:
+    out = {"node": r.node, "flips": r.flips, "units": r.units, "explained": _r(r.explained),
+           "remaining_difference": _r(r.remaining)}
+    if r.note:
+        out["note"] = r.note
+    return out
+
+
+def _r(value: Optional[float]) -> Optional[float]:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}") if value else 0.0
+
+
+class _Recorded:
+    """The first run: each node's outputs (by position in the run) and the run's output."""
+
+    def __init__(self) -> None:
+        self.names: List[str] = []
+        self.values: List[List[torch.Tensor]] = []
+        self.output: Any = None
+
+
+class _Observer(Observer):
+    """Runs one setting; records it (``first`` None) or follows ``first``: differences, replays on
+    the first run's operands (``replay``), decisions forced to the first run's (``force``)."""
+
+    def __init__(self, run, graph, inplace_semantics: bool, first: Optional[_Recorded] = None,
+                 replay: bool = False, force: Sequence[str] = ()) -> None:
+        self.run = run
+        self.graph = graph
+        self.inplace_semantics = inplace_semantics
+        self.first = first
+        self.replay = replay
+        self.force = frozenset(force)
+        self.record = _Recorded()
+        self.producers = Producers()
+        self.pending: Optional[list] = None
+        self.nodes: List[NodeParting] = []
+        self.off_path: Optional[str] = None
+
+    def before(self, node, args, kwargs, callee):
+        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
+        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
+        self.pending = [node, args, kwargs, decision]
+        return new_args, new_kwargs
+
+    def rename(self, node, name) -> None:
+        if self.pending is not None and self.pending[0] is node:
+            self.pending[0] = name
+        if self.record.names and self.record.names[-1] == node.name:
+            self.record.names[-1] = name
+            if self.nodes and self.nodes[-1].name == node.name:
+                self.nodes[-1].name = name
+
+    def __call__(self, node, args, kwargs, callee, output):
+        pending, self.pending = self.pending, None
+        if pending is not None and (pending[0] is node or pending[0] == node.name):
+            args, kwargs, decision = pending[1], pending[2], pending[3]
+        else:
+            decision = None
+        output = self.run.entering(node, self.run.after(output, decision))
+        if node.kind == Kind.OUTPUT:
+            return output
+        position = len(self.record.names)
+        theirs = self._theirs(node, position)
+        if theirs is not None and node.name in self.force:
+            output = _forced(node, output, theirs, args, kwargs)
+        outs = tensors(output)
+        self.record.names.append(node.name)
+        self.record.values.append([t.detach() for t in outs])
+        if theirs is not None:
+            self.nodes.append(self._compare(node, args, kwargs, callee, outs, theirs))
+        self.producers.add(str(position), outs)
+        return output
+
+    def _theirs(self, node, position: int) -> Optional[List[torch.Tensor]]:
+        first = self.first
+        if first is None or self.off_path is not None:
+            return None
+        if position >= len(first.names) or first.names[position] != node.name:
+            self.off_path = node.name  # control flow left the first run's path: nothing after lines up
+            return None
+        return first.values[position]
+
+    def _compare(self, node, args, kwargs, callee, outs, theirs) -> NodeParting:
+        row = NodeParting(node.name)
+        row.difference = _relative(outs, theirs)
+        if node.kind in (Kind.DECISION, Kind.COMPARE):
+            flips = units = 0
+            for o, t in zip(outs, theirs):
+                if o.is_floating_point() or t.is_floating_point():
+                    continue
+                changes = decision_changes(node, o, t)
+                if changes is not None:
+                    flips += int(changes[0])
+                    units += int(changes[1])
+            if units:
+                row.flips, row.units = flips, units
+        if node.fn in _EXACT and _keeps_dtype(args, kwargs, outs):
+            row.contributed = 0.0
+        elif self.replay and node.kind not in _NO_REPLAY and callee is not None and row.difference is not None:
+            row.contributed, row.note = self._replayed(node, args, kwargs, callee, theirs)
+        elif node.kind in _NO_REPLAY or callee is None:
+            row.contributed = 0.0 if node.kind == Kind.SHAPE else row.difference
+        return row
+
+    def _replayed(self, node, args, kwargs, callee, theirs) -> Tuple[Optional[float], Optional[str]]:
+        """The node in this setting on the first run's operands, against the first run's value."""
+        if is_inplace_call(callee, kwargs):
+            return None, "not replayed: it writes its operand in place"
+        flat, rebuild = flatten(args, kwargs)
+        operands = []
+        for v in flat:
+            if isinstance(v, torch.Tensor):
+                source = self.producers.get(v)
+                if source is not None:
+                    earlier = self.first.values[int(source[0])]
+                    if source[1] < len(earlier) and earlier[source[1]].shape == v.shape:
+                        v = earlier[source[1]].to(device=v.device, dtype=v.dtype)
+            operands.append(v)
+        try:
+            ref_args, ref_kwargs = rebuild(operands)
+            run_args, run_kwargs, decision = self.run.before(node, ref_args, ref_kwargs, callee)
+            replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
+        except Exception as exc:  # noqa: BLE001 - a node that cannot be called again alone: said, the rest measured
+            return None, f"not replayed: {one_line(exc)}"
+        return _relative(replayed, theirs), None
+
+
+def _keeps_dtype(args, kwargs, outs) -> bool:
+    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+    return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
+
+
+def _relative(outs: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> Optional[float]:
+    """||outs - theirs|| / ||theirs|| over the float outputs of one node (None: none comparable)."""
+    sq_d = sq_t = 0.0
+    seen = False
+    for o, t in zip(outs, theirs):
+        if not (o.is_floating_point() and t.is_floating_point()) or o.shape != t.shape:
+            continue
+        t64 = t.detach().to(o.device, torch.float64)
+        d = o.detach().double() - t64
+        sq_d += float((d * d).sum())
+        sq_t += float((t64 * t64).sum())
+        seen = True
+    if not seen or not math.isfinite(sq_d):
+        return None
+    if sq_t == 0:
+        return 0.0 if sq_d == 0 else None
+    return math.sqrt(sq_d / sq_t)
+
+
+def _forced(node, output, theirs: List[torch.Tensor], args, kwargs):
+    """``output`` with the first run's choices: its integer (and boolean) results replaced, and for a
+    (values, indices) op the values taken from this run's own operand at those indices."""
+    if isinstance(output, torch.Tensor):
+        if not output.is_floating_point() and theirs and not theirs[0].is_floating_point():
+            return theirs[0].to(output.device)
+        return output
+    if node.fn in _PAIRED and isinstance(output, tuple) and len(output) == 2 and len(theirs) == 2:
+        values, indices = output
+        chosen = theirs[1].to(indices.device)
+        operand = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        dim = kwargs.get("dim", node.attrs.get("dim", -1 if node.fn != "max" else None))
+        if operand is None or not isinstance(dim, int) or chosen.shape != indices.shape:
+            return output
+        if chosen.dim() < operand.dim():  # max/min over a dim drop it: gather needs it back
+            picked = operand.gather(dim, chosen.unsqueeze(dim)).squeeze(dim)
+        else:
+            picked = operand.gather(dim, chosen)
+        picked = picked.to(values.dtype)
+        try:
+            return type(output)((picked, chosen))
+        except TypeError:
+            return (picked, chosen)
+    return output
+
+
+def _run(program: Program, run, graph, **observing) -> _Observer:
+    observer = _Observer(run, graph, inplace_semantics=not program.is_fx, **observing)
+    with torch.no_grad(), run.context():
+        observer.record.output = program.run(run.variant, run.inputs, observer)
+    return observer
+
+
+def _output_difference(output, reference) -> Optional[float]:
+    from preclint.load.modelio import output_tensors
+
+    outs = [t.detach().cpu() for t in output_tensors(output) if t.is_floating_point()]
+    refs = [t.detach().cpu().double() for t in output_tensors(reference) if t.is_floating_point()]
+    return compare(outs, refs).rel_rms
+
+
+def part(first: Setting, second: Setting, inputs, graph, *, replay_decisions: bool = True) -> Parting:
+    """The runs of ``first`` and ``second`` on ``inputs`` compared along ``graph`` (the check's
+    capture of the model), with the noise floor of ``first`` run twice and the decisions replayed."""
+    parting = Parting((first.label, second.label))
+    program_one = Program(graph, first.model)
+    program_two = Program(graph, second.model)
+    run_one = prepare(first, inputs, graph)
+    recorded = _run(program_one, run_one, graph).record
+    again = _run(program_one, prepare(first, inputs, graph), graph, first=recorded)
+    floors = {n.name: n.difference or 0.0 for n in again.nodes}
+    run_two = prepare(second, inputs, graph)
+    followed = _run(program_two, run_two, graph, first=recorded, replay=True)
+    for row in followed.nodes:
+        row.floor = floors.get(row.name, 0.0)
+    parting.nodes = followed.nodes
+    if followed.off_path is not None:
+        parting.notes.append(f"the second run left the first run's path at {followed.off_path} (another branch of the "
+                             "model's control flow): nothing after it is compared")
+    full = parting.output_difference = _output_difference(followed.record.output, recorded.output)
+    if not replay_decisions:
+        return parting
+    changed = [n for n in parting.nodes if n.flips]
+    for row in changed:
+        parting.replays.append(_replay(program_two, second, inputs, graph, recorded, [row], full=full))
+    if len(changed) > 1:
+        parting.replay_all = _replay(program_two, second, inputs, graph, recorded, changed, full=full)
+        parting.replay_all.node = "every decision that changed"
+    return parting
+
+
+def _replay(program, second: Setting, inputs, graph, recorded, rows: List[NodeParting], *, full: Optional[float]) -> Replay:
+    flips, units = sum(r.flips or 0 for r in rows), sum(r.units or 0 for r in rows)
+    name = rows[0].name
+    try:
+        forced = _run(program, prepare(second, inputs, graph), graph, first=recorded, force=[r.name for r in rows])
+    except Exception as exc:  # noqa: BLE001 - one replay that fails leaves the others
+        return Replay(name, flips, units, None, None, f"not replayed: {one_line(exc)}")
+    remaining = _output_difference(forced.record.output, recorded.output)
+    explained = None
+    if full and remaining is not None:
+        explained = 1.0 - (remaining / full) ** 2
+    note = None if forced.off_path is None else f"with the choices forced the run left the first run's path at {forced.off_path}"
+    return Replay(name, flips, units, explained, remaining, note)
