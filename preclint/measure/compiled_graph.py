@@ -231,25 +231,28 @@ def _frames(stack_trace: Optional[str]) -> Tuple[Tuple[str, int], ...]:
 
 
 _SOURCES_RE = re.compile(r"#\s*Topologically Sorted Source Nodes:\s*\[(.*?)\](?:,\s*Original ATen:\s*\[(.*?)\])?")
-_CALL_RE = re.compile(r"^\s*([A-Za-z_]\w*)(?:\.run)?\(")
+_KERNEL_RE = re.compile(r"^\s*((?:cpp|triton)_\w+|extern_kernels\.\w+)(?:\.run)?\(")
+_OTHER_CALL_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\(")
 
 
 def read_kernels(code: str) -> List[Kernel]:
-    """The kernels the generated wrapper code calls, each with the source nodes of its comment."""
+    """The kernels the generated wrapper code calls (Inductor's C++ and Triton kernels, and the
+    library products it calls out to), each with the source nodes of the comment before its call
+    where there is one (the C++ wrapper comments only some: a kernel's name lists its ATen ops)."""
     kernels = []
     pending: Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]] = None
+    split = lambda text: tuple(s.strip() for s in (text or "").split(",") if s.strip())  # noqa: E731
     for line in code.splitlines():
         found = _SOURCES_RE.search(line)
         if found:
-            split = lambda text: tuple(s.strip() for s in (text or "").split(",") if s.strip())  # noqa: E731
             pending = (split(found.group(1)), split(found.group(2)))
             continue
-        if pending is None:
-            continue
-        call = _CALL_RE.match(line)
-        if call and not line.strip().startswith("#"):
-            kernels.append(Kernel(call.group(1), *pending))
+        call = _KERNEL_RE.match(line)
+        if call:
+            kernels.append(Kernel(call.group(1), *(pending or ((), ()))))
             pending = None
+        elif _OTHER_CALL_RE.match(line):
+            pending = None  # the comment was another call's
     return kernels
 
 

@@ -232,7 +232,7 @@ def _explain(runs: BlockRuns, figure: BlockFigure, compiled) -> None:
     """The fused kernels and elided roundings of the block, and its local output with
     emulate_precision_casts against eager's."""
     graph = compiled.compilation.graph
-    figure.fused = [f"{k.name} [{', '.join(k.sources[:6])}{', ...' if len(k.sources) > 6 else ''}]"
+    figure.fused = [k.name + (f" [{', '.join(k.sources[:6])}{', ...' if len(k.sources) > 6 else ''}]" if k.sources else "")
                     for k in graph.kernels if k.fused][:6]
     figure.elided = [f"{n.name} ({n.dtype}, {n.original}){_where(n)}" for n in elided_roundings(graph.nodes)][:8]
     if figure.path not in runs.reference_blocks or figure.path not in runs.eager_blocks:
