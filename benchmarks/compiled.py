@@ -84,8 +84,8 @@ def _timm(name: str, small: dict):
     def build(size: str):
         import timm
 
-        kwargs = small if size == "small" else {}
-        image = kwargs.pop("img_size", 224) if "img_size" in kwargs else 224
+        kwargs = dict(small) if size == "small" else {}
+        image = kwargs.get("img_size", 224)
         model = timm.create_model(name, pretrained=False, num_classes=100, **kwargs).eval()
         x = torch.randn(2, 3, image, image, generator=torch.Generator().manual_seed(0))
         return model, (x,)
