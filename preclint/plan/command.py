@@ -36,7 +36,9 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
                       help="where the verification runs: cuda, cpu (the CPU's float16/bfloat16 kernels) or auto")
     plan.add_argument("--no-verify", action="store_true", help="only predict: do not run the model with the plan")
     plan.add_argument("--policy", metavar="FILE", help="verify this plan (a JSON plan) instead of choosing one")
-    plan.add_argument("--backend", choices=("eager", "inductor"), default="eager",
+    from preclint.probe import BACKEND_CHOICES
+
+    plan.add_argument("--backend", choices=BACKEND_CHOICES, default="eager",
                       help="also run the verified plan compiled (inductor: torch.compile) and check that its kept "
                            "layers stay float32 in the compiled graph")
     plan.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")

@@ -121,6 +121,13 @@ def test_a_model_that_cannot_compile_is_measured_eagerly_with_one_note(monkeypat
     assert len(compared.notes) == 1 and "measured eagerly only" in compared.notes[0]
 
 
+def test_the_command_lines_backends_are_the_measure_layers():
+    from preclint.measure.compiled import BACKEND_CHOICES
+    from preclint.probe import BACKEND_CHOICES as PROBE_BACKENDS
+
+    assert PROBE_BACKENDS == BACKEND_CHOICES
+
+
 def test_backend_without_the_probe_is_one_line_and_exit_2(capsys):
     code = main(["check", str(MODELS), "--backend", "inductor"])
     out, err = capsys.readouterr()
