@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 from preclint import __version__
 from preclint.core.errors import UserError, one_line
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
+from preclint.probe import BACKEND_CHOICES as PROBE_BACKENDS
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
@@ -109,6 +110,12 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
+def _add_backend_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=PROBE_BACKENDS, default="eager",
+                   help="with the probe: also measure the model compiled (inductor: torch.compile on the probe's "
+                        "device) against the same float64 reference, and audit the compiled graph's precision")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="preclint", description="A precision linter for PyTorch models.")
     parser.add_argument("-V", "--version", action="version", version=f"preclint {__version__}")
@@ -143,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "when its copies do not fit there")
     _add_output_arguments(check)
 
+    _add_backend_argument(check)
     probe = sub.add_parser("probe", help="measure every layer's error per precision: the full per-layer ledger")
     probe.add_argument("paths", nargs="+", metavar="PATH", help="a model file or package.module:attr")
     _add_model_arguments(probe)
@@ -153,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--stream", action="store_true",
                        help="bring the model to the device one block (layer, stage) at a time; the default when its "
                             "copies do not fit there")
+    _add_backend_argument(probe)
     probe.add_argument("--top", type=_positive, metavar="N",
                        help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
@@ -289,7 +298,8 @@ def cmd_plan(args) -> int:
     options = CheckOptions(modes=tuple(args.precisions or ["fp16"]), rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     session = Session(config, load=_load_options(args), check=options,
-                      plan=PlanOptions(verify=not args.no_verify, device=args.device, policy_file=args.policy))
+                      plan=PlanOptions(verify=not args.no_verify, device=args.device, policy_file=args.policy,
+                                       backend=args.backend))
     fmt = args.output_format or "full"
     if fmt not in ("full", "json", "html"):
         raise UserError("plan writes --output-format full, json or html")
@@ -325,13 +335,15 @@ def _probe_options(args, every_node: bool = False):
             raise UserError("--ablate checks the probe's measured contributions: use it with --probe")
         if args.stream:
             raise UserError("--stream streams the model through the probe's device: use it with --probe")
+        if getattr(args, "backend", "eager") != "eager":
+            raise UserError("--backend measures the compiled model beside eager with the probe: use it with --probe")
         return None
     if args.no_run:
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
     from preclint.probe import ProbeOptions
 
     return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node,
-                        stream=True if args.stream else None)
+                        stream=True if args.stream else None, backend=getattr(args, "backend", "eager"))
 
 
 def cmd_rule(args) -> int:

@@ -282,6 +282,7 @@ class PlanOptions:
     verify: bool = True
     device: str = "auto"
     policy_file: Optional[str] = None
+    backend: str = "eager"  # also verify the plan compiled (measure/compiled.py) and audit its kept layers
 
 
 class Session:
@@ -363,7 +364,7 @@ class Session:
         with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
             report, graph, _ = check_model(loaded, self.config, self.options)
             plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
-                              device=settings.device, policy_file=settings.policy_file)
+                              device=settings.device, policy_file=settings.policy_file, backend=settings.backend)
         return report, plan
 
     def _plan_request(self):

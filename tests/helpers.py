@@ -21,6 +21,7 @@ def check(module, inputs, precisions: Sequence[str] = DEFAULT_MODES, rtol: Optio
 def check_example(example) -> Any:
     module, inputs = example.build()
     options: Dict[str, Any] = dict(example.options)
+    options.pop("backend", None)  # the probe's, not the check's (ProbeOptions.backend)
     return check(module, inputs, **options)
 
 

@@ -36,6 +36,11 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
                       help="where the verification runs: cuda, cpu (the CPU's float16/bfloat16 kernels) or auto")
     plan.add_argument("--no-verify", action="store_true", help="only predict: do not run the model with the plan")
     plan.add_argument("--policy", metavar="FILE", help="verify this plan (a JSON plan) instead of choosing one")
+    from preclint.probe import BACKEND_CHOICES
+
+    plan.add_argument("--backend", choices=BACKEND_CHOICES, default="eager",
+                      help="also run the verified plan compiled (inductor: torch.compile) and check that its kept "
+                           "layers stay float32 in the compiled graph")
     plan.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
     plan.add_argument("--isolated", action="store_true", help="ignore every configuration file")
     add_output_arguments(plan)
@@ -101,7 +106,7 @@ class PlanBasis:
 
 
 def build_plan(loaded, graph, findings, mode: str, tolerance, *, verify: bool = True, device: str = "auto",
-               policy_file: Optional[str] = None):
+               policy_file: Optional[str] = None, backend: str = "eager"):
     """Plan (or take the given policy), verify, refine: at most MAX_RUNS runs with a plan."""
     from preclint.plan.exports import onnx_exclude_patterns
 
@@ -124,7 +129,7 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, *, verify: bool = 
     if policy_file is not None:
         _take_policy(plan, policy_file, loaded.module, graph)
     if verify:
-        plan = verify_plan(plan, basis, device, fixed=policy_file is not None)
+        plan = verify_plan(plan, basis, device, fixed=policy_file is not None, backend=backend)
     plan.onnx_exclude = onnx_exclude_patterns(plan)
     plan.source_diff = source_diff(plan, graph, loaded.source_path) if source_diff is not None else None
     return plan
@@ -160,7 +165,7 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
     plan.meets_tolerance = planner.meets(after)
 
 
-def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = False):
+def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = False, backend: str = "eager"):
     """The plan measured on ``device``, and refined where the measurement fails it (unless ``fixed``:
     a policy the user gave): the plan that was run last."""
     from preclint.load.modelio import Inputs
@@ -189,6 +194,10 @@ def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = F
         plan.measured = {"before": before.summary, "after": before.summary, "float32": verifier.float32.summary,
                          "how": verifier.how, "runs": 0}
         plan.meets_tolerance = True
+        if backend != "eager":
+            from preclint.plan.compiled_check import verify_compiled
+
+            verify_compiled(plan, verifier, basis.graph, backend)
         return plan
     margin, extra = 1.0, []
     after = None
@@ -223,6 +232,10 @@ def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = F
     if not verifier.float32.meets:
         plan.notes.append("float32 itself misses the tolerance against float64 in this measurement: no plan can meet it")
     plan.meets_tolerance = after.meets
+    if backend != "eager":
+        from preclint.plan.compiled_check import verify_compiled
+
+        verify_compiled(plan, verifier, basis.graph, backend)
     return plan
 
 
@@ -315,6 +328,10 @@ def render_console(plan, color: bool) -> str:
             parts.append(f"{when}: {shown}")
         extra = f" ({plan.measured['how']}, {plan.measured['runs']} run(s) with a plan)" if label == "measured" else ""
         say(f"{label}{extra}: " + "; ".join(parts))
+    compiled = (plan.measured or {}).get("compiled")
+    if compiled is not None:
+        shown = f"rel {sci(compiled.rel_error)}, max abs {sci(compiled.max_abs_error)}" if compiled.finite else "inf/NaN"
+        say(f"measured compiled ({plan.measured['compiled_how']}): with the plan: {shown}")
     say("meets the tolerance: " + ("yes" if plan.meets_tolerance else "no"))
     for note in plan.notes:
         say(f"note: {note}")

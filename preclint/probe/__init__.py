@@ -29,6 +29,7 @@ from preclint.core.errors import UserError, one_line
 from preclint.capture.heap import long_lived_frozen
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
+BACKEND_CHOICES = ("eager", "inductor")  # measure.compiled.BACKEND_CHOICES, without importing torch here
 
 
 @dataclass
@@ -43,11 +44,16 @@ class ProbeOptions:
     # one block of the model on the device at a time (stream.py): None streams exactly when the
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
+    # "eager", or a compiled backend (measure/compiled.py) measured beside eager against the same
+    # float64 reference (probe/compiled.py)
+    backend: str = "eager"
     bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.core.progress) for the stages
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
             raise UserError(f"unknown probe device {self.device!r} (choose from {', '.join(DEVICE_CHOICES)})")
+        if self.backend not in BACKEND_CHOICES:
+            raise UserError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
 
 
 class _Clock:
@@ -137,6 +143,10 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     with stream.active() if stream is not None else contextlib.nullcontext():
         session = ProbeSession(setting, copies, clock, env, notes, records_graph)
         result = session.measure()
+        if options.backend != "eager":
+            from preclint.probe.compiled import measure_compiled
+
+            measure_compiled(result, session, stream is not None)
     if records_graph:
         result.graph = session.setting.graph
     return result
@@ -516,6 +526,10 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
         report.summary[mode]["measured_output"] = entry
     report.notes = list(report.notes) + probe_notes(result, ctx.display)
     report.environment = result.environment
+    if getattr(result, "backend", None) is not None:
+        from preclint.probe.compiled import merge_compiled
+
+        merge_compiled(report, result.backend)
     if ledger:
         report.ledger = [node_row(graph, ctx, result, n.name) for n in graph.nodes if n.kind != "output"]
 
@@ -565,5 +579,5 @@ def probe_report(loaded, report, ctx, config, options: ProbeOptions, *, placemen
     return result
 
 
-__all__ = ["ProbeOptions", "measure_model", "merge_into_report", "place_for_probe", "probe_report", "probed",
+__all__ = ["BACKEND_CHOICES", "ProbeOptions", "measure_model", "merge_into_report", "place_for_probe", "probe_report", "probed",
            "tolerance_of", "DEVICE_CHOICES"]

@@ -106,6 +106,7 @@ class ProbeResult:
     graph: Any = None  # the graph the probe recorded itself, where it was given none (distributed.py)
     # relative RMS between two reference runs of a model that is not deterministic, else None (noise.py)
     noise_floor: Optional[float] = None
+    backend: Any = None  # probe.compiled.BackendComparison where a compiled backend was measured too
 
     @property
     def noise_margin(self) -> float:

@@ -56,6 +56,26 @@ def _measured_cell(entry) -> str:
     return text
 
 
+def _compiled_table(console, report) -> None:
+    """Eager and compiled output error per precision (``--backend``), against the same reference."""
+    entries = {mode: e["compiled_output"] for mode, e in report.summary.items() if "compiled_output" in e}
+    if not entries:
+        return
+    backend = ((report.environment or {}).get("backend") or {}).get("backend", "compiled")
+    table = Table(title=f"Compiled ({backend}) and eager output error, against the same float64 reference",
+                  title_justify="left", show_edge=False)
+    for column in ("precision", "eager", backend, "difference", "compiled vs eager", "emulate_precision_casts"):
+        table.add_column(column, justify="left" if column == "precision" else "right")
+    for mode, c in entries.items():
+        difference = c.get("difference")
+        shown = "n/a" if difference is None else ("+" if difference > 0 else "") + sci(difference)
+        table.add_row(*(Text(visible(cell)) for cell in (
+            mode, sci(c.get("eager_rel_error")), sci(c.get("compiled_rel_error")), shown,
+            sci(c.get("compiled_vs_eager")), sci(c.get("emulated_casts_rel_error")))))
+    console.print()
+    console.print(table)
+
+
 def _share(share) -> str:
     """A contribution: signed (an error can cancel part of the others), 0% below a twentieth of a percent."""
     if share is None:
@@ -176,6 +196,7 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
             row.append(layers or "-")
             table.add_row(*(Text(visible(cell)) for cell in row))
         console.print(table)
+        _compiled_table(console, report)
     if report.ledger:
         _ledger_tables(console, report)
     for caveat in report.caveats:

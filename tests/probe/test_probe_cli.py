@@ -128,7 +128,8 @@ def test_probe_rule_examples(rule, kind, example):
     report, graph, ctx = check_example(example)
     module, inputs = example.build()
     tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0) if ctx.rtol is not None or ctx.atol is not None else None
-    result = measure_model(module, inputs, graph, ctx.modes, ProbeOptions(device="cpu"), tolerance)
+    backend = example.options.get("backend", "eager")
+    result = measure_model(module, inputs, graph, ctx.modes, ProbeOptions(device="cpu", backend=backend), tolerance)
     merge_into_report(report, ctx, result, Config(precisions=ctx.modes))
     found = [f for f in report.findings if f.code == rule.code]
     if kind == "bad":
