@@ -27,6 +27,58 @@ BF16 = Format("bf16", 2.0**-8, 3.3895313892515355e38, 1.1754943508222875e-38, 9.
 
 FORMATS = {f.name: f for f in (FP32, TF32, FP16, BF16)}
 
+# The element formats of scaled GEMMs (research/peers-3.md, section 5): never a storage format of a
+# whole value, so not in FORMATS; a Recipe scales each operand into one of them.
+E4M3 = Format("e4m3", 2.0**-4, 448.0, 2.0**-6, 2.0**-9, 16)  # float8_e4m3fn: no inf, overflow is NaN
+E5M2 = Format("e5m2", 2.0**-3, 57344.0, 2.0**-14, 2.0**-16, 8)  # float8_e5m2
+E2M1 = Format("e2m1", 2.0**-2, 6.0, 1.0, 0.5, 4)  # FP4: {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+ELEMENT_FORMATS = {f.name: f for f in (E4M3, E5M2, E2M1)}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a scaled GEMM quantises its two operands (the activation, per token, and the weight, per
+    output feature), with torchao's defaults (torchao/float8/config.py, float8_utils.py):
+
+    * ``granularity``: "tensor" (one scale per tensor), "row" (one per row of the activation and per
+      output feature of the weight) or "block" (one per ``block`` elements along the reduction);
+    * ``element``: the format the scaled values are rounded to (saturating at its largest value);
+    * ``scale``: how a scale is stored: "fp32" (max/amax), "e8m0" (a power of two, OCP MX: the
+      largest with amax / scale <= 2^emax of the element) or "e4m3" (NVFP4: an E4M3 block scale
+      times an fp32 tensor scale of amax / (448 * 6));
+    * ``power_of_two``: fp32 scales rounded down to a power of two (torchao's rowwise default);
+    * ``amax_epsilon``: the floor of amax before the division (torchao's EPS; 0 leaves 448/0 = inf);
+    * ``fast_accum``: ``use_fast_accum`` of the forward GEMM (torchao: True for the output GEMM);
+    * ``multiple``: the in and out features a converted nn.Linear must be multiples of.
+    """
+
+    granularity: str
+    element: Format
+    block: int = 0
+    scale: str = "fp32"
+    power_of_two: bool = False
+    amax_epsilon: float = 1e-12
+    fast_accum: bool = True
+    multiple: int = 16
+    hardware: str = "scaled_mm"  # what runs it on an H200: "scaled_mm" (real FP8), or "emulated"
+
+    def rejects(self, in_features: int, out_features: int) -> Optional[str]:
+        """Why a linear layer of these sizes does not convert (a kernel's shape rule), or None."""
+        if in_features % self.multiple or out_features % self.multiple:
+            return f"in/out features {in_features}x{out_features} are not multiples of {self.multiple}"
+        if self.block and in_features % self.block:
+            return f"the reduction K = {in_features} is not a multiple of the block of {self.block}"
+        return None
+
+    def describe(self) -> str:
+        if self.granularity == "block":
+            scale = {"e8m0": "a power-of-two (E8M0) scale", "e4m3": "an E4M3 scale and an fp32 tensor scale"}[self.scale]
+            return f"{self.element.name.upper()} elements, {scale} per {self.block} along K"
+        scale = "power-of-two " if self.power_of_two else ""
+        return (f"{self.element.name.upper()}, one {scale}fp32 scale {self.element.max_finite:g}/amax per "
+                f"{'tensor' if self.granularity == 'tensor' else 'row'}, amax floored at {self.amax_epsilon:g}, "
+                f"use_fast_accum={self.fast_accum}")
+
 
 @dataclass(frozen=True)
 class Mode:
@@ -42,6 +94,9 @@ class Mode:
     low: Optional[Format]
     autocast: bool
     description: str
+    # a scaled-GEMM mode: the nn.Linear layers the recipe accepts run as scaled GEMMs, the rest of the
+    # model under bf16 autocast (None: no scaled GEMMs)
+    recipe: Optional[Recipe] = None
 
 
 MODES: Dict[str, Mode] = {
@@ -52,8 +107,19 @@ MODES: Dict[str, Mode] = {
         Mode("bf16", BF16, BF16, True, "torch.autocast(dtype=torch.bfloat16)"),
         Mode("fp16-full", FP16, FP16, False, "the whole model cast to float16 (.half(), FP16 engines)"),
         Mode("bf16-full", BF16, BF16, False, "the whole model cast to bfloat16"),
+        Mode("fp8", E4M3, BF16, True, "FP8 linear layers (torchao Float8Linear, tensorwise), bf16 autocast elsewhere",
+             Recipe("tensor", E4M3)),
+        Mode("fp8-rowwise", E4M3, BF16, True, "FP8 linear layers (torchao Float8Linear, rowwise), bf16 autocast "
+             "elsewhere", Recipe("row", E4M3, power_of_two=True)),
+        Mode("mxfp8", E4M3, BF16, True, "MXFP8 linear layers (E4M3, E8M0 scale per 32), bf16 autocast elsewhere",
+             Recipe("block", E4M3, block=32, scale="e8m0", amax_epsilon=0.0, multiple=16, hardware="emulated")),
+        Mode("nvfp4", E2M1, BF16, True, "NVFP4 linear layers (E2M1, E4M3 scale per 16, fp32 tensor scale), bf16 "
+             "autocast elsewhere", Recipe("block", E2M1, block=16, scale="e4m3", amax_epsilon=0.0, multiple=16,
+                                          hardware="emulated")),
     )
 }
+# The modes whose dot products run as scaled GEMMs (the FP8 and block-scaled formats).
+SCALED_MODES: Tuple[str, ...] = tuple(name for name, mode in MODES.items() if mode.recipe is not None)
 DEFAULT_MODES: Tuple[str, ...] = ("tf32", "fp16", "bf16")
 
 # Constants of the error model (docs/error-model.md): rounding two operands gives u*sqrt(2/3) in
