@@ -206,14 +206,14 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
 def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
-    from preclint.predict.error_model import PREDICTED_ERRORS_NEED, predict
+    from preclint.predict.error_model import PREDICTED_ERRORS_NEED, errors_need, predict
     from preclint.rules import selected_rules
 
     for mode in options.modes:
         if mode not in MODES:
             raise UserError(f"unknown precision '{mode}' (known: {', '.join(MODES)})")
     rules = selected_rules(options.modes, config)
-    graph = build_graph(loaded, options, analyses_needed(rules, PREDICTED_ERRORS_NEED if options.predict_errors else ()))
+    graph = build_graph(loaded, options, analyses_needed(rules, errors_need(options.modes) if options.predict_errors else ()))
     predictions = predict(graph, options.modes)
     ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)

@@ -75,16 +75,24 @@ def encoding_scale(amax: torch.Tensor, recipe: Recipe, tensor_amax: Optional[tor
     return torch.where(decode > 0, 1.0 / decode, torch.full_like(decode, float("inf")))
 
 
+class Quantised:
+    """One operand quantised per a recipe, group by group (groups x elements, float32): the values,
+    each group's amax (float64) and encoding scale, the scaled values before rounding, and the values
+    the GEMM reads (scaled, rounded to the element format, scaled back)."""
+
+    def __init__(self, x: torch.Tensor, recipe: Recipe) -> None:
+        self.groups = _groups(x.detach().float(), recipe)
+        self.amax = self.groups.abs().amax(dim=1, keepdim=True).double()
+        self.scale = encoding_scale(self.amax, recipe)
+        self.scaled = self.groups * self.scale
+        self.values = round_element(self.scaled, recipe.element) / self.scale
+
+
 def quantise(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     """``x`` (..., K, float32) as the scaled GEMM reads it: scaled per group, rounded to the element
     format, scaled back (float32). A group whose scale is infinite (amax 0, no floor) gives NaN, as
     0 * inf does in the kernels' casts."""
-    shape = x.shape
-    groups = _groups(x.float(), recipe)
-    amax = groups.abs().amax(dim=1, keepdim=True).double()
-    scale = encoding_scale(amax, recipe)
-    q = round_element(groups * scale, recipe.element) / scale
-    return q.reshape(shape)
+    return Quantised(x, recipe).values.reshape(x.shape)
 
 
 def emulated_linear(x: torch.Tensor, weight_q: torch.Tensor, bias: Optional[torch.Tensor],
