@@ -441,16 +441,14 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
-    how = runner.how
     if mode.recipe is not None:  # the layers the recipe converts run as its scaled GEMMs
         backend = gemm_backend(mode.recipe, device, emulated)
         within = None if inside is None else {id(m) for path, m in variant.named_modules()
                                               if id(model32.get_submodule(path)) in inside}
-        converted = convert_linears(variant, mode.recipe, backend, native=not emulated, inside=within)
-        how = describe_scaled(name, mode.recipe, backend, len(converted))
+        convert_linears(variant, mode.recipe, backend, native=not emulated, inside=within)
     if stream is not None:
         stream.register(variant, base=model32)
-    run = ModeRun(name, mode, device, emulated, variant, inputs, how, low_params=low_params,
+    run = ModeRun(name, mode, device, emulated, variant, inputs, runner.how, low_params=low_params,
                   sets_tf32=runner.sets_tf32, only=only)
     def kept(key, build):
         if variant is not model32:  # a copy of this mode only: keeping its maps would keep the copy
