@@ -461,13 +461,16 @@ class Session:
     def _model(self, target, inputs) -> Iterator[Any]:
         """The LoadedModel of ``target``: a path loaded, or an nn.Module with ``inputs``, in eval mode
         while the session works on it and given back in the mode it came in."""
+        from preclint.core.numerics import scaled_recipes
+
         if isinstance(target, str):
             if inputs is not None:
                 raise UserError(f"{target}: a path's inputs come from the file or from --input, not from the call")
-            yield self.load.load(target)
+            with scaled_recipes(self.config.scaling):
+                yield self.load.load(target)
             return
         loaded = _built(target, inputs)
-        with _in_eval_mode(loaded.module):
+        with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
 
 

@@ -5,9 +5,11 @@ autocast source); the error model that uses them lives in predict.py.
 """
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import math
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class Recipe:
     fast_accum: bool = True
     multiple: int = 16
     hardware: str = "scaled_mm"  # what runs it on an H200: "scaled_mm" (real FP8), or "emulated"
+    keep: Tuple[str, ...] = ()  # module paths (globs) that stay in bfloat16 (torchao's module_filter_fn)
+
+    def keeps(self, path: str) -> bool:
+        """Whether the layer at ``path`` stays in bfloat16 by the configuration."""
+        return any(fnmatch.fnmatchcase(path, pattern) for pattern in self.keep)
 
     def rejects(self, in_features: int, out_features: int) -> Optional[str]:
         """Why a linear layer of these sizes does not convert (a kernel's shape rule), or None."""
@@ -114,12 +121,74 @@ MODES: Dict[str, Mode] = {
         Mode("mxfp8", E4M3, BF16, True, "MXFP8 linear layers (E4M3, E8M0 scale per 32), bf16 autocast elsewhere",
              Recipe("block", E4M3, block=32, scale="e8m0", amax_epsilon=0.0, multiple=16, hardware="emulated")),
         Mode("nvfp4", E2M1, BF16, True, "NVFP4 linear layers (E2M1, E4M3 scale per 16, fp32 tensor scale), bf16 "
-             "autocast elsewhere", Recipe("block", E2M1, block=16, scale="e4m3", amax_epsilon=0.0, multiple=16,
+             "autocast elsewhere", Recipe("block", E2M1, block=16, scale="e4m3", multiple=16,
                                           hardware="emulated")),
     )
 }
 # The modes whose dot products run as scaled GEMMs (the FP8 and block-scaled formats).
 SCALED_MODES: Tuple[str, ...] = tuple(name for name, mode in MODES.items() if mode.recipe is not None)
+
+# The recipe choices users make differently ([tool.preclint.scaling], --scaling KEY=VALUE): option ->
+# (Recipe field, the modes it applies to, what it takes). The defaults are torchao's (Recipe).
+SCALING_OPTIONS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
+    "format": ("element", ("fp8", "fp8-rowwise", "mxfp8"), "e4m3 or e5m2"),
+    "power-of-two": ("power_of_two", ("fp8", "fp8-rowwise"), "true or false"),
+    "amax-epsilon": ("amax_epsilon", SCALED_MODES, "a number >= 0"),
+    "fast-accum": ("fast_accum", ("fp8", "fp8-rowwise"), "true or false"),
+    "keep": ("keep", SCALED_MODES, "module paths (globs) kept in bfloat16"),
+}
+
+
+def scaling_value(option: str, value: Any) -> Any:
+    """``value`` of scaling option ``option`` as its Recipe field holds it; ValueError where it is not one."""
+    if option not in SCALING_OPTIONS:
+        raise ValueError(f"unknown scaling option {option!r} (known: {', '.join(SCALING_OPTIONS)})")
+    field_name, _, takes = SCALING_OPTIONS[option]
+    if field_name == "element":
+        if value not in ("e4m3", "e5m2"):
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return ELEMENT_FORMATS[value]
+    if field_name in ("power_of_two", "fast_accum"):
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return value
+    if field_name == "amax_epsilon":
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return number
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+    return tuple(p for part in patterns for p in part.split(",") if p)
+
+
+def scaled_mode(name: str, options: Mapping[str, Any]) -> Mode:
+    """Mode ``name`` with the scaling ``options`` that apply to it."""
+    mode = MODES[name]
+    changes = {SCALING_OPTIONS[k][0]: scaling_value(k, v) for k, v in options.items() if name in SCALING_OPTIONS[k][1]}
+    return replace(mode, recipe=replace(mode.recipe, **changes)) if changes and mode.recipe is not None else mode
+
+
+@contextlib.contextmanager
+def scaled_recipes(options: Optional[Mapping[str, Any]]) -> Iterator[None]:
+    """The scaled modes of the mode table with ``options`` applied, while the block runs (one model's
+    walk reads its modes by name, MODES[name], in every stage)."""
+    if not options:
+        yield
+        return
+    saved = {name: MODES[name] for name in SCALED_MODES}
+    try:
+        for name in SCALED_MODES:
+            MODES[name] = scaled_mode(name, options)
+        yield
+    finally:
+        MODES.update(saved)
 DEFAULT_MODES: Tuple[str, ...] = ("tf32", "fp16", "bf16")
 
 # Constants of the error model (docs/error-model.md): rounding two operands gives u*sqrt(2/3) in

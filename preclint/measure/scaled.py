@@ -69,8 +69,12 @@ def encoding_scale(amax: torch.Tensor, recipe: Recipe, tensor_amax: Optional[tor
         return torch.exp2(-exponent.clamp(-127, 127)).float()
     # NVFP4: decode = e4m3(block_amax / 6 / tensor_scale) * tensor_scale, tensor_scale = amax / (448 * 6)
     tensor_amax = amax.max() if tensor_amax is None else tensor_amax
-    tensor_scale = (tensor_amax.clamp_min(recipe.amax_epsilon or 1e-30) / (E4M3.max_finite * element.max_finite)).float()
+    tensor_scale = (tensor_amax.clamp_min(recipe.amax_epsilon or 2.0**-126) / (E4M3.max_finite * element.max_finite)).float()
+    # (an all-zero block gets E4M3's smallest normal scale, as torchao's NVFP4 clamps it; an
+    # unfloored recipe, amax-epsilon 0 with no tensor amax, leaves 0 and 0 * inf)
     block_scale = round_element((amax / element.max_finite / tensor_scale).float(), E4M3)
+    if recipe.amax_epsilon > 0:
+        block_scale = block_scale.clamp_min(E4M3.min_normal)
     decode = block_scale * tensor_scale
     return torch.where(decode > 0, 1.0 / decode, torch.full_like(decode, float("inf")))
 
@@ -202,7 +206,7 @@ def convert_linears(model: torch.nn.Module, recipe: Recipe, backend: str, native
     ids are in ``inside``, where given) with a ScaledLinear; the paths replaced."""
     replaced = []
     for path, module in list(model.named_modules()):
-        if path and converts(module, recipe) and (inside is None or id(module) in inside):
+        if path and converts(module, recipe) and not recipe.keeps(path) and (inside is None or id(module) in inside):
             model.set_submodule(path, ScaledLinear(module, recipe, backend, native))
             replaced.append(path)
     return replaced

@@ -22,7 +22,8 @@ def converted(node: Node, mode: Mode) -> bool:
     if mode.recipe is None:
         return False
     record = node.record(ScaledOperands)
-    return record is not None and mode.name in record.modes and mode.name not in record.rejected
+    return (record is not None and mode.name in record.modes and mode.name not in record.rejected
+            and not mode.recipe.keeps(node.module_path))
 
 
 def scaled_operand_rounding(node: Node, mode: Mode) -> Optional[float]:
