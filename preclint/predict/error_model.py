@@ -150,6 +150,8 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        # (a scaled GEMM with an infinite scale computes NaN: PCL106)
+        prediction.nodes[node.name].overflow |= math.isinf(prediction.nodes[node.name].local)
         if float32 and node.name not in float32 and node.params and not mode.autocast and fmt == getattr(mode.low, "name", ""):
             # a layer of a cast model casts a kept (float32) input down to its own dtype
             prediction.nodes[node.name].overflow |= graph.ran_reference and any(

@@ -52,6 +52,8 @@ class ScaledOperands:
     # channels' RMS, which say whether one channel dominates the tensor's amax
     channel_absmax: Tuple[float, ...] = ()
     channel_rms_median: float = 0.0
+    # the input under the fp8 (tensorwise) recipe with E5M2 elements: what the wider range keeps
+    input_e5m2: Optional[OperandQuantisation] = None
 
     def combined(self, mode: str) -> Optional[float]:
         """The relative RMS error of the dot products from both operands' quantisation under ``mode``."""
@@ -104,6 +106,12 @@ def scaled_operands(x: torch.Tensor, weight: torch.Tensor) -> ScaledOperands:
         q_x = _describe(x2, x_original, recipe, w2, terms)
         q_w = _describe(w, w.double(), recipe, a2, terms)
         record.modes[mode] = {"input": q_x, "weight": q_w}
+    from dataclasses import replace
+
+    from preclint.core.numerics import E5M2
+
+    if "fp8" in MODES and MODES["fp8"].recipe is not None:
+        record.input_e5m2 = _describe(x2, x_original, replace(MODES["fp8"].recipe, element=E5M2), w2, terms)
     return record
 
 
