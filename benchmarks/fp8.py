@@ -75,10 +75,13 @@ def _vit(full: bool):
     import torchvision
 
     if full:
-        return torchvision.models.vit_b_16(weights=None).eval(), (torch.rand(2, 3, 224, 224),)
-    model = torchvision.models.VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4,
-                                                 hidden_dim=128, mlp_dim=512, num_classes=16).eval()
-    return model, (torch.rand(2, 3, 64, 64),)
+        model, inputs = torchvision.models.vit_b_16(weights=None).eval(), (torch.rand(2, 3, 224, 224),)
+    else:
+        model = torchvision.models.VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4,
+                                                     hidden_dim=128, mlp_dim=512).eval()
+        inputs = (torch.rand(2, 3, 64, 64),)
+    model.heads = torch.nn.Identity()  # torchvision zero-initialises the head: compare the features it reads
+    return model, inputs
 
 
 def _massive(full: bool):
