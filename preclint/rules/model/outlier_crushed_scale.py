@@ -73,16 +73,23 @@ Use a per-block recipe (mxfp8) or keep the layer in bfloat16; smoothing the chan
             if not modes:
                 continue
             q = record.modes[modes[0]]["input"]
-            kept = {m: record.modes[m]["input"].underflow for m in record.modes
-                    if MODES[m].recipe.granularity == "block" and m not in record.rejected}
-            better = min(kept, key=kept.get) if kept else None
-            keeps = (f"; {better} blocks of {MODES[better].recipe.block} lose {percent(kept[better])}"
-                     if better is not None and kept[better] < q.underflow / 2 else "")
+            # which scaling keeps the other values: the per-block recipe of the same elements (not a
+            # narrower format) losing fewest to 0 and subnormals
+            element = MODES[modes[0]].recipe.element
+            lost = {m: record.modes[m]["input"].underflow + record.modes[m]["input"].subnormal for m in record.modes
+                    if MODES[m].recipe.granularity == "block" and MODES[m].recipe.element == element
+                    and m not in record.rejected}
+            better = min(lost, key=lost.get) if lost else None
+            if better is not None and lost[better] >= (q.underflow + q.subnormal) / 2:
+                better = None
+            keeps = (f"; {better} (blocks of {MODES[better].recipe.block}) loses {percent(lost[better])}"
+                     if better is not None else f"; no per-block {element.name.upper()} recipe keeps them")
             message = (f"{ctx.display(node.name)}'s input has one channel ({channel}) reaching "
                        f"{sci(record.channel_absmax[channel])}, {dominance:.0f}x the other channels' (90th percentile of their amax): under "
                        f"{', '.join(modes)} its scale underflows {percent(q.underflow)} of the other values to 0 and "
                        f"leaves {percent(q.subnormal)} among E4M3's subnormals{keeps}.")
-            fix = (f"Run {node.module_path} with per-block scales ({better or 'mxfp8'}) or keep it in bfloat16 "
-                   "(rowwise scales keep the channel in every row).")
+            fix = (f"Run {node.module_path} under {better}, or keep it in bfloat16 (scaling keep)." if better else
+                   f"Keep {node.module_path} in bfloat16 (scaling keep), or move the channel's scale into the weight "
+                   "(SmoothQuant-style); rowwise scales keep the channel in every row.")
             yield self.finding(node, message, fix=fix, predicted={m: ctx.node_figure(node, m) for m in modes},
                                precisions=tuple(modes))
