@@ -203,6 +203,22 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
     return rows
 
 
+def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[str]:
+    """One note per scaled mode checked: its recipe, and the linear layers it converts (once per module)."""
+    from preclint.predict.scaled import converted
+    from preclint.reference.analyses.scaled_operands import ScaledOperands
+
+    notes = []
+    for mode in modes:
+        recipe = MODES[mode].recipe
+        if recipe is None or not graph.ran_reference:
+            continue
+        layers = {n.module_path: converted(n, MODES[mode]) for n in graph.nodes if n.record(ScaledOperands) is not None}
+        notes.append(f"{mode}: {sum(layers.values())} of {len(layers)} nn.Linear layers run as scaled GEMMs "
+                     f"({recipe.describe()}); the rest of the model under bfloat16 autocast")
+    return notes
+
+
 def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
@@ -217,7 +233,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     predictions = predict(graph, options.modes)
     ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
-    notes = list(loaded.notes) + list(graph.notes)
+    notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes)
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
     if not graph.ran_reference:

@@ -66,3 +66,4 @@ def test_a_session_keeps_the_layers_the_options_name():
         report = session.check(model, (x,))
     kept = report.summary["fp8"]["predicted_output"]["rel_error"]
     assert kept == pytest.approx(report.summary["bf16"]["predicted_output"]["rel_error"]) and kept < converted / 3
+    assert any(note.startswith("fp8: 0 of 2 nn.Linear layers run as scaled GEMMs") for note in report.notes)
