@@ -299,7 +299,8 @@ def cmd_plan(args) -> int:
 
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
-                               output_format=args.output_format)
+                               output_format=args.output_format,
+                               scaling=dict(args.scaling) if getattr(args, "scaling", None) else None)
     options = CheckOptions(modes=tuple(args.precisions or ["fp16"]), rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     session = Session(config, load=_load_options(args), check=options,

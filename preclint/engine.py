@@ -378,6 +378,13 @@ class Session:
         settings = self.plan_options or PlanOptions()
         with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
             report, graph, _ = check_model(loaded, self.config, self.options)
+            if MODES[mode].recipe is not None:  # a scaled format: the layers to keep in bfloat16
+                from preclint.plan import scaled
+
+                plan = scaled.choose(graph, mode, tolerance.rtol)
+                if settings.verify:
+                    scaled.verify(plan, loaded.module, loaded.inputs, graph, settings.device)
+                return report, plan
             plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
                               device=settings.device, policy_file=settings.policy_file)
         return report, plan
@@ -387,10 +394,14 @@ class Session:
         from preclint.measure.compare import Tolerance
         from preclint.plan.planner import PLAN_MODES
 
+        from preclint.core.numerics import SCALED_MODES
+
         modes = self.options.modes
-        if len(modes) != 1 or modes[0] not in PLAN_MODES:
-            raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
+        if len(modes) != 1 or modes[0] not in PLAN_MODES + SCALED_MODES:
+            raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES + SCALED_MODES)}")
         tolerance = Tolerance(self.config.rtol, self.config.atol, self.config.max_flip)
+        if modes[0] in SCALED_MODES and self.config.rtol is None:
+            raise UserError(f"a plan for {modes[0]} needs --rtol: the output's relative RMS error to meet")
         if not tolerance.compares_values and tolerance.max_flip is None:
             raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
                             "or a decision budget --max-flip (or max-flip in [tool.preclint])")
