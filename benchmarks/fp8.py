@@ -40,8 +40,10 @@ from preclint.config import Config  # noqa: E402
 from preclint.core.numerics import BF16, C_OUTPUT, MODES, SCALED_MODES  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load.loader import LoadedModel  # noqa: E402
+from preclint.load.modelio import Inputs  # noqa: E402
 from preclint.measure.runners import run_mode, run_reference  # noqa: E402
 from preclint.measure.scaled import ScaledLinear, converts, hardware_fp8  # noqa: E402
+from preclint.probe import ProbeOptions, place_for_probe, probed  # noqa: E402
 from preclint.reference.analyses.scaled_operands import ScaledOperands  # noqa: E402
 from preclint.reference.analyses.terms import Terms  # noqa: E402
 
@@ -127,7 +129,7 @@ def layer_inputs(model: torch.nn.Module, inputs, recipe) -> Dict[str, torch.Tens
                for path, module in model.named_modules() if converts(module, recipe)]
     try:
         with torch.no_grad():
-            model(*inputs)
+            Inputs.of(inputs).call(model)
     finally:
         for handle in handles:
             handle.remove()
@@ -166,12 +168,14 @@ def _layer(linear, x, recipe, predicted, path: str, hardware: bool) -> Dict[str,
 def measure(name: str, device: torch.device, full: bool) -> Dict[str, Any]:
     torch.manual_seed(0)
     model, inputs = MODELS[name](full)
-    model = model.to(device)
-    inputs = tuple(t.to(device) for t in inputs)
     start = time.perf_counter()
     loaded = LoadedModel(model, inputs, name, None)
+    # on a GPU the reference pass runs on the probe's device copy, which every run below measures
+    placement = place_for_probe(loaded, ProbeOptions(device=str(device))) if device.type == "cuda" else None
+    model, inputs = probed(loaded, placement)
     modes = SCALED_MODES
-    _report, graph, ctx = check_model(loaded, Config(precisions=("bf16",) + modes), CheckOptions(modes=("bf16",) + modes))
+    _report, graph, ctx = check_model(loaded, Config(precisions=("bf16",) + modes),
+                                      CheckOptions(modes=("bf16",) + modes, placement=placement))
     check_seconds = time.perf_counter() - start
     reference = run_reference(model, inputs, device)
     out: Dict[str, Any] = {"model": name, "check_seconds": round(check_seconds, 1), "modes": {}}
