@@ -117,3 +117,24 @@ def test_scaled_modes_run_emulated_and_say_so(mode):
     assert error < (0.3 if mode == "nvfp4" else 0.1)
     assert "emulated" in runner_for(mode, "cpu").how
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fp8", "fp8-rowwise"])
+def test_real_fp8_gemms_agree_with_the_emulation(mode):
+    from preclint.measure.scaled import hardware_fp8
+
+    device = torch.device("cuda")
+    if not torch.cuda.is_available() or not hardware_fp8(device):
+        pytest.skip("needs a GPU with FP8 tensor cores (compute capability 8.9+)")
+    torch.manual_seed(4)
+    layer = torch.nn.Linear(1024, 512).to(device)
+    x = torch.randn(256, 1024, device=device)
+    recipe = MODES[mode].recipe
+    reference = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+    hardware = ScaledLinear(layer, recipe, "scaled_mm", native=True)(x).double()
+    emulated = ScaledLinear(layer, recipe, "emulated", native=True)(x).double()
+    error = lambda y: float((y - reference).norm() / reference.norm())  # noqa: E731
+    assert hardware.dtype == emulated.dtype and error(hardware) == pytest.approx(error(emulated), rel=0.2)
+    assert run_mode(torch.nn.Sequential(layer), (x,), mode, device, emulated=False).dtype == torch.bfloat16
+    assert "torch._scaled_mm" in runner_for(mode, device, emulated=False).how
