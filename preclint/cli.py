@@ -46,6 +46,19 @@ def _precisions(text: str) -> List[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _scaling_option(text: str):
+    from preclint.core.numerics import scaling_value
+
+    option, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError(f"expected OPTION=VALUE, not {text!r}")
+        scaling_value(option.strip(), value.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return option.strip(), value.strip()
+
+
 def _seed(text: str) -> int:
     """A seed torch.manual_seed takes: a whole number from -2**63 to 2**64 - 1."""
     try:
@@ -81,7 +94,12 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
     p.add_argument("--seed", type=_seed, default=0, help="seed for random init and random inputs (default 0)")
     p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
-                   help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full (default tf32,fp16,bf16)")
+                   help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full, fp8, fp8-rowwise, mxfp8, nvfp4 "
+                        "(default tf32,fp16,bf16)")
+    p.add_argument("--scaling", metavar="OPTION=VALUE", action="append", type=_scaling_option,
+                   help="a choice of the FP8/MX/NVFP4 recipes: format=e4m3|e5m2, power-of-two=true|false, "
+                        "amax-epsilon=1e-12, fast-accum=true|false, keep=GLOB[,GLOB] (layers kept in bfloat16); "
+                        "repeat for each (defaults: torchao's; docs/fp8.md)")
     p.add_argument("--rtol", type=float, help="relative tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--atol", type=float, help="absolute tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--capture", choices=("fx", "function-mode"), help="force a capture path instead of FX first")
@@ -200,6 +218,7 @@ def _config(args):
     return config.with_flags(select=args.select, ignore=args.ignore, extend_select=args.extend_select,
                              precisions=args.precisions, rtol=args.rtol, atol=args.atol, fail_on=args.fail_on,
                              output_format=args.output_format, timeout=args.timeout,
+                             scaling=dict(args.scaling) if getattr(args, "scaling", None) else None,
                              force_exclude=getattr(args, "force_exclude", None))
 
 
@@ -294,7 +313,8 @@ def cmd_plan(args) -> int:
 
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
-                               output_format=args.output_format)
+                               output_format=args.output_format,
+                               scaling=dict(args.scaling) if getattr(args, "scaling", None) else None)
     options = CheckOptions(modes=tuple(args.precisions or ["fp16"]), rtol=config.rtol, atol=config.atol,
                            capture=args.capture)
     session = Session(config, load=_load_options(args), check=options,

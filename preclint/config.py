@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from preclint.core.errors import UserError
 from preclint.core.findings import SEVERITIES
-from preclint.core.numerics import DEFAULT_MODES, MODES
+from preclint.core.numerics import DEFAULT_MODES, MODES, scaling_value
 OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "gitlab", "junit", "html")
 
 # Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
@@ -63,6 +63,8 @@ class Config:
     force_exclude: bool = False  # exclude applies to files named on the command line too
     output_format: str = "full"
     timeout: float = DEFAULT_TIMEOUT  # seconds per model; 0: no limit
+    # the scaled formats' recipe options (numerics.SCALING_OPTIONS): [tool.preclint.scaling], --scaling
+    scaling: Dict[str, Any] = field(default_factory=dict)
     path: Optional[str] = None  # the configuration file read, if any
     root: Optional[str] = None  # where relative patterns start: the config file's directory (else cwd)
 
@@ -122,6 +124,8 @@ class Config:
                 changes["extend_select"] = self.extend_select + list(extend_select)
         if "precisions" in changes:
             changes["precisions"] = tuple(changes["precisions"])
+        if "scaling" in changes:  # flags add to (and override) the file's options
+            changes["scaling"] = {**self.scaling, **changes["scaling"]}
         config = dataclasses.replace(self, **changes)
         config.validate("command line")
         return config
@@ -148,6 +152,11 @@ class Config:
                 raise UserError(f"{where}: {key} must be a finite number >= 0, not {value!r}")
         if self.max_flip is not None and not (_is_finite_non_negative(self.max_flip) and self.max_flip <= 1):
             raise UserError(f"{where}: max-flip must be a fraction from 0 to 1, not {self.max_flip!r}")
+        for option, value in self.scaling.items():
+            try:
+                scaling_value(option, value)
+            except ValueError as exc:
+                raise UserError(f"{where}: {exc}") from None
         if self.fail_on not in SEVERITIES:
             raise UserError(f"{where}: fail-on must be one of {', '.join(SEVERITIES)}, not {self.fail_on!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -256,7 +265,12 @@ KEYS = {
     "force-exclude": ("force_exclude", _boolean),
     "output-format": ("output_format", _string),
     "timeout": ("timeout", _number),
+    "scaling": ("scaling", lambda v, k, w: dict(v) if isinstance(v, dict) else _not_a_table(k, w)),
 }
+
+
+def _not_a_table(key: str, where: str):
+    raise UserError(f"{where}: {key} must be a table of option = value (see docs/fp8.md)")
 
 
 MAX_SIZE = 16 << 20  # a configuration larger than this is no configuration

@@ -203,21 +203,37 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
     return rows
 
 
+def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[str]:
+    """One note per scaled mode checked: its recipe, and the linear layers it converts (once per module)."""
+    from preclint.predict.scaled import converted
+    from preclint.reference.analyses.scaled_operands import ScaledOperands
+
+    notes = []
+    for mode in modes:
+        recipe = MODES[mode].recipe
+        if recipe is None or not graph.ran_reference:
+            continue
+        layers = {n.module_path: converted(n, MODES[mode]) for n in graph.nodes if n.record(ScaledOperands) is not None}
+        notes.append(f"{mode}: {sum(layers.values())} of {len(layers)} nn.Linear layers run as scaled GEMMs "
+                     f"({recipe.describe()}); the rest of the model under bfloat16 autocast")
+    return notes
+
+
 def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
-    from preclint.predict.error_model import PREDICTED_ERRORS_NEED, predict
+    from preclint.predict.error_model import PREDICTED_ERRORS_NEED, errors_need, predict
     from preclint.rules import selected_rules
 
     for mode in options.modes:
         if mode not in MODES:
             raise UserError(f"unknown precision '{mode}' (known: {', '.join(MODES)})")
     rules = selected_rules(options.modes, config)
-    graph = build_graph(loaded, options, analyses_needed(rules, PREDICTED_ERRORS_NEED if options.predict_errors else ()))
+    graph = build_graph(loaded, options, analyses_needed(rules, errors_need(options.modes) if options.predict_errors else ()))
     predictions = predict(graph, options.modes)
     ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
     findings = run_rules(ctx, config)
-    notes = list(loaded.notes) + list(graph.notes)
+    notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes)
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
     if not graph.ran_reference:
@@ -363,6 +379,13 @@ class Session:
         settings = self.plan_options or PlanOptions()
         with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
             report, graph, _ = check_model(loaded, self.config, self.options)
+            if MODES[mode].recipe is not None:  # a scaled format: the layers to keep in bfloat16
+                from preclint.plan import scaled
+
+                plan = scaled.choose(graph, mode, tolerance.rtol)
+                if settings.verify:
+                    scaled.verify(plan, loaded.module, loaded.inputs, graph, settings.device)
+                return report, plan
             plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
                               device=settings.device, policy_file=settings.policy_file, backend=settings.backend)
         return report, plan
@@ -372,10 +395,14 @@ class Session:
         from preclint.measure.compare import Tolerance
         from preclint.plan.planner import PLAN_MODES
 
+        from preclint.core.numerics import SCALED_MODES
+
         modes = self.options.modes
-        if len(modes) != 1 or modes[0] not in PLAN_MODES:
-            raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES)}")
+        if len(modes) != 1 or modes[0] not in PLAN_MODES + SCALED_MODES:
+            raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES + SCALED_MODES)}")
         tolerance = Tolerance(self.config.rtol, self.config.atol, self.config.max_flip)
+        if modes[0] in SCALED_MODES and self.config.rtol is None:
+            raise UserError(f"a plan for {modes[0]} needs --rtol: the output's relative RMS error to meet")
         if not tolerance.compares_values and tolerance.max_flip is None:
             raise UserError("plan needs the tolerance to meet: --rtol/--atol (or rtol/atol in [tool.preclint]), "
                             "or a decision budget --max-flip (or max-flip in [tool.preclint])")
@@ -462,13 +489,16 @@ class Session:
     def _model(self, target, inputs) -> Iterator[Any]:
         """The LoadedModel of ``target``: a path loaded, or an nn.Module with ``inputs``, in eval mode
         while the session works on it and given back in the mode it came in."""
+        from preclint.core.numerics import scaled_recipes
+
         if isinstance(target, str):
             if inputs is not None:
                 raise UserError(f"{target}: a path's inputs come from the file or from --input, not from the call")
-            yield self.load.load(target)
+            with scaled_recipes(self.config.scaling):
+                yield self.load.load(target)
             return
         loaded = _built(target, inputs)
-        with _in_eval_mode(loaded.module):
+        with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
 
 

@@ -9,13 +9,17 @@ from preclint.core.numerics import DEFAULT_MODES
 
 def check(module, inputs, precisions: Sequence[str] = DEFAULT_MODES, rtol: Optional[float] = None,
           atol: Optional[float] = None, run: bool = True, select: Optional[Sequence[str]] = None, name: str = "model",
-          predict_errors: bool = True):
+          predict_errors: bool = True, scaling: Optional[Dict[str, Any]] = None):
     """(report, graph, ctx) for ``module`` on ``inputs`` with the default configuration; ``predict_errors``
-    False computes only the analyses the selected rules read, as `preclint check --select` does."""
-    config = Config(select=list(select) if select else None, precisions=tuple(precisions))
+    False computes only the analyses the selected rules read, as `preclint check --select` does;
+    ``scaling``: the scaled formats' recipe options ([tool.preclint.scaling])."""
+    from preclint.core.numerics import scaled_recipes
+
+    config = Config(select=list(select) if select else None, precisions=tuple(precisions), scaling=dict(scaling or {}))
     loaded = LoadedModel(module.eval(), tuple(inputs), name, None)
-    return check_model(loaded, config, CheckOptions(modes=tuple(precisions), run=run, rtol=rtol, atol=atol,
-                                                    predict_errors=predict_errors))
+    with scaled_recipes(config.scaling):
+        return check_model(loaded, config, CheckOptions(modes=tuple(precisions), run=run, rtol=rtol, atol=atol,
+                                                        predict_errors=predict_errors))
 
 
 def check_example(example) -> Any:

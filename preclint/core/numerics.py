@@ -5,9 +5,11 @@ autocast source); the error model that uses them lives in predict.py.
 """
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import math
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,63 @@ BF16 = Format("bf16", 2.0**-8, 3.3895313892515355e38, 1.1754943508222875e-38, 9.
 
 FORMATS = {f.name: f for f in (FP32, TF32, FP16, BF16)}
 
+# The element formats of scaled GEMMs (research/peers-3.md, section 5): never a storage format of a
+# whole value, so not in FORMATS; a Recipe scales each operand into one of them.
+E4M3 = Format("e4m3", 2.0**-4, 448.0, 2.0**-6, 2.0**-9, 16)  # float8_e4m3fn: no inf, overflow is NaN
+E5M2 = Format("e5m2", 2.0**-3, 57344.0, 2.0**-14, 2.0**-16, 8)  # float8_e5m2
+E2M1 = Format("e2m1", 2.0**-2, 6.0, 1.0, 0.5, 4)  # FP4: {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+ELEMENT_FORMATS = {f.name: f for f in (E4M3, E5M2, E2M1)}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a scaled GEMM quantises its two operands (the activation, per token, and the weight, per
+    output feature), with torchao's defaults (torchao/float8/config.py, float8_utils.py):
+
+    * ``granularity``: "tensor" (one scale per tensor), "row" (one per row of the activation and per
+      output feature of the weight) or "block" (one per ``block`` elements along the reduction);
+    * ``element``: the format the scaled values are rounded to (saturating at its largest value);
+    * ``scale``: how a scale is stored: "fp32" (max/amax), "e8m0" (a power of two, OCP MX: the
+      largest with amax / scale <= 2^emax of the element) or "e4m3" (NVFP4: an E4M3 block scale
+      times an fp32 tensor scale of amax / (448 * 6));
+    * ``power_of_two``: fp32 scales rounded down to a power of two (torchao's rowwise default);
+    * ``amax_epsilon``: the floor of amax before the division (torchao's EPS; 0 leaves 448/0 = inf);
+    * ``fast_accum``: ``use_fast_accum`` of the forward GEMM (torchao: True for the output GEMM);
+    * ``multiple``: the in and out features a converted nn.Linear must be multiples of.
+    """
+
+    granularity: str
+    element: Format
+    block: int = 0
+    scale: str = "fp32"
+    power_of_two: bool = False
+    amax_epsilon: float = 1e-12
+    fast_accum: bool = True
+    multiple: int = 16
+    hardware: str = "scaled_mm"  # what runs it on an H200: "scaled_mm" (real FP8), or "emulated"
+    keep: Tuple[str, ...] = ()  # module paths (globs) that stay in bfloat16 (torchao's module_filter_fn)
+
+    def keeps(self, path: str) -> bool:
+        """Whether the layer at ``path`` stays in bfloat16 by the configuration."""
+        return any(fnmatch.fnmatchcase(path, pattern) for pattern in self.keep)
+
+    def rejects(self, in_features: int, out_features: int) -> Optional[str]:
+        """Why a linear layer of these sizes does not convert (a kernel's shape rule), or None."""
+        if in_features % self.multiple or out_features % self.multiple:
+            return f"in/out features {in_features}x{out_features} are not multiples of {self.multiple}"
+        if self.block and in_features % self.block:
+            return f"the reduction K = {in_features} is not a multiple of the block of {self.block}"
+        return None
+
+    def describe(self) -> str:
+        if self.granularity == "block":
+            scale = {"e8m0": "a power-of-two (E8M0) scale", "e4m3": "an E4M3 scale and an fp32 tensor scale"}[self.scale]
+            return f"{self.element.name.upper()} elements, {scale} per {self.block} along K"
+        scale = "power-of-two " if self.power_of_two else ""
+        return (f"{self.element.name.upper()}, one {scale}fp32 scale {self.element.max_finite:g}/amax per "
+                f"{'tensor' if self.granularity == 'tensor' else 'row'}, amax floored at {self.amax_epsilon:g}, "
+                f"use_fast_accum={self.fast_accum}")
+
 
 @dataclass(frozen=True)
 class Mode:
@@ -42,6 +101,9 @@ class Mode:
     low: Optional[Format]
     autocast: bool
     description: str
+    # a scaled-GEMM mode: the nn.Linear layers the recipe accepts run as scaled GEMMs, the rest of the
+    # model under bf16 autocast (None: no scaled GEMMs)
+    recipe: Optional[Recipe] = None
 
 
 MODES: Dict[str, Mode] = {
@@ -52,8 +114,81 @@ MODES: Dict[str, Mode] = {
         Mode("bf16", BF16, BF16, True, "torch.autocast(dtype=torch.bfloat16)"),
         Mode("fp16-full", FP16, FP16, False, "the whole model cast to float16 (.half(), FP16 engines)"),
         Mode("bf16-full", BF16, BF16, False, "the whole model cast to bfloat16"),
+        Mode("fp8", E4M3, BF16, True, "FP8 linear layers (torchao Float8Linear, tensorwise), bf16 autocast elsewhere",
+             Recipe("tensor", E4M3)),
+        Mode("fp8-rowwise", E4M3, BF16, True, "FP8 linear layers (torchao Float8Linear, rowwise), bf16 autocast "
+             "elsewhere", Recipe("row", E4M3, power_of_two=True)),
+        Mode("mxfp8", E4M3, BF16, True, "MXFP8 linear layers (E4M3, E8M0 scale per 32), bf16 autocast elsewhere",
+             Recipe("block", E4M3, block=32, scale="e8m0", amax_epsilon=0.0, multiple=16, hardware="emulated")),
+        Mode("nvfp4", E2M1, BF16, True, "NVFP4 linear layers (E2M1, E4M3 scale per 16, fp32 tensor scale), bf16 "
+             "autocast elsewhere", Recipe("block", E2M1, block=16, scale="e4m3", multiple=16,
+                                          hardware="emulated")),
     )
 }
+# The modes whose dot products run as scaled GEMMs (the FP8 and block-scaled formats).
+SCALED_MODES: Tuple[str, ...] = tuple(name for name, mode in MODES.items() if mode.recipe is not None)
+
+# The recipe choices users make differently ([tool.preclint.scaling], --scaling KEY=VALUE): option ->
+# (Recipe field, the modes it applies to, what it takes). The defaults are torchao's (Recipe).
+SCALING_OPTIONS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
+    "format": ("element", ("fp8", "fp8-rowwise", "mxfp8"), "e4m3 or e5m2"),
+    "power-of-two": ("power_of_two", ("fp8", "fp8-rowwise"), "true or false"),
+    "amax-epsilon": ("amax_epsilon", SCALED_MODES, "a number >= 0"),
+    "fast-accum": ("fast_accum", ("fp8", "fp8-rowwise"), "true or false"),
+    "keep": ("keep", SCALED_MODES, "module paths (globs) kept in bfloat16"),
+}
+
+
+def scaling_value(option: str, value: Any) -> Any:
+    """``value`` of scaling option ``option`` as its Recipe field holds it; ValueError where it is not one."""
+    if option not in SCALING_OPTIONS:
+        raise ValueError(f"unknown scaling option {option!r} (known: {', '.join(SCALING_OPTIONS)})")
+    field_name, _, takes = SCALING_OPTIONS[option]
+    if field_name == "element":
+        if value not in ("e4m3", "e5m2"):
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return ELEMENT_FORMATS[value]
+    if field_name in ("power_of_two", "fast_accum"):
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return value
+    if field_name == "amax_epsilon":
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return number
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+    return tuple(p for part in patterns for p in part.split(",") if p)
+
+
+def scaled_mode(name: str, options: Mapping[str, Any]) -> Mode:
+    """Mode ``name`` with the scaling ``options`` that apply to it."""
+    mode = MODES[name]
+    changes = {SCALING_OPTIONS[k][0]: scaling_value(k, v) for k, v in options.items() if name in SCALING_OPTIONS[k][1]}
+    return replace(mode, recipe=replace(mode.recipe, **changes)) if changes and mode.recipe is not None else mode
+
+
+@contextlib.contextmanager
+def scaled_recipes(options: Optional[Mapping[str, Any]]) -> Iterator[None]:
+    """The scaled modes of the mode table with ``options`` applied, while the block runs (one model's
+    walk reads its modes by name, MODES[name], in every stage)."""
+    if not options:
+        yield
+        return
+    saved = {name: MODES[name] for name in SCALED_MODES}
+    try:
+        for name in SCALED_MODES:
+            MODES[name] = scaled_mode(name, options)
+        yield
+    finally:
+        MODES.update(saved)
 DEFAULT_MODES: Tuple[str, ...] = ("tf32", "fp16", "bf16")
 
 # Constants of the error model (docs/error-model.md): rounding two operands gives u*sqrt(2/3) in

@@ -40,6 +40,7 @@ from preclint.core.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_f
 from preclint.measure.backends import tf32
 from preclint.measure.copies import clone_module, detached_state
 from preclint.measure.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
+from preclint.measure.scaled import convert_linears, converts, describe_scaled, gemm_backend
 from preclint.capture.trees import flatten, map_tensors
 
 # Ops whose arithmetic the emulation reproduces. The rest (data movement, casts a model asks for,
@@ -350,6 +351,8 @@ def _module_uses_tf32(node, module) -> bool:
 
 def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
     mode = MODES[name]
+    if mode.recipe is not None:
+        return describe_scaled(name, mode.recipe, gemm_backend(mode.recipe, device, emulated))
     if emulated:
         if name == "tf32":
             return ("emulated: conv, linear and matmul operands rounded to TF32 (10 mantissa bits, nearest even), "
@@ -405,8 +408,11 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             return change
         return lambda module, pname, t: change(module, pname, t) if id(module) in inside else None
 
+    scaled = set() if mode.recipe is None else {id(m) for m in model32.modules() if converts(m, mode.recipe)}
     with torch.no_grad():
-        if not emulated:
+        if not emulated and mode.recipe is not None:
+            variant = _variant(stream, model32, lambda module, pname, t: None)
+        elif not emulated:
             if mode.low is None or mode.autocast:
                 variant = model32
             else:
@@ -428,13 +434,18 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
                          if n.target.startswith("nn.") and autocast_format(n.autocast, mode) != mode.low}
             lower = {id(m) for path, m in model32.named_modules()
                      if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"
-                     and path not in elsewhere}
+                     and path not in elsewhere and id(m) not in scaled}
             variant = _variant(stream, model32, limited(lambda module, pname, t: round_to(t, low)
                                                         if id(module) in lower and t.dtype == torch.float32 else None))
         else:
             variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
+    if mode.recipe is not None:  # the layers the recipe converts run as its scaled GEMMs
+        backend = gemm_backend(mode.recipe, device, emulated)
+        within = None if inside is None else {id(m) for path, m in variant.named_modules()
+                                              if id(model32.get_submodule(path)) in inside}
+        convert_linears(variant, mode.recipe, backend, native=not emulated, inside=within)
     if stream is not None:
         stream.register(variant, base=model32)
     run = ModeRun(name, mode, device, emulated, variant, inputs, runner.how, low_params=low_params,

@@ -48,6 +48,10 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
 
 def render_plan(report, plan, fmt: str, color: bool = False) -> str:
     """The plan in ``fmt``: json, html (the check's ``report`` with the plan's section) or full."""
+    if hasattr(plan, "exports"):  # a scaled format's plan (plan/scaled.py)
+        if fmt == "html":
+            raise UserError("a plan for a scaled format writes --output-format full or json")
+        return json.dumps(plan.to_json(), indent=2) + "\n" if fmt == "json" else plan.render()
     if fmt == "json":
         return json.dumps(plan.to_json(), indent=2) + "\n"
     if fmt == "html":

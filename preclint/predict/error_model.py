@@ -26,12 +26,20 @@ from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
+from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.reference.analyses.received_gains import ReceivedGains
 from preclint.reference.analyses.terms import Terms
 
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains)
+
+
+def errors_need(modes: Iterable[str]) -> tuple:
+    """The records the error figures of ``modes`` read: PREDICTED_ERRORS_NEED, and the scaled
+    operands' statistics where a mode runs scaled GEMMs."""
+    scaled = any(MODES[m].recipe is not None for m in modes if m in MODES)
+    return PREDICTED_ERRORS_NEED + ((ScaledOperands,) if scaled else ())
 
 # The most error an output can carry: a real error saturates where the output no longer resembles the
 # reference, and an unrelated output of the same RMS differs from it by sqrt(2) of that RMS.
@@ -142,6 +150,8 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        # (a scaled GEMM with an infinite scale computes NaN: PCL106)
+        prediction.nodes[node.name].overflow |= math.isinf(prediction.nodes[node.name].local)
         if float32 and node.name not in float32 and node.params and not mode.autocast and fmt == getattr(mode.low, "name", ""):
             # a layer of a cast model casts a kept (float32) input down to its own dtype
             prediction.nodes[node.name].overflow |= graph.ran_reference and any(

@@ -17,6 +17,7 @@ from typing import Dict
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind, Node
 from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, Format, Mode
 from preclint.predict.accumulation import accumulation_error, terms_rms
+from preclint.predict.scaled import scaled_operand_rounding
 from preclint.predict.tf32 import tensor_core_tf32
 from preclint.reference.analyses.gains import Gains
 
@@ -87,7 +88,9 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
     if rounds_operands(node, mode, stored):
         terms = terms_rms(node)
         terms = out.rms if terms is None else terms
-        rounding = math.hypot(operand_rounding(node, stored or mode.dot_format), accumulation_error(node, fmt)) * terms
+        scaled = scaled_operand_rounding(node, mode)
+        operands = operand_rounding(node, stored or mode.dot_format) if scaled is None else scaled
+        rounding = math.hypot(operands, accumulation_error(node, fmt)) * terms
         if stored is not None:
             rounding = math.hypot(rounding, C_OUTPUT * stored.unit_roundoff * out.rms)
         return rounding
@@ -104,7 +107,9 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
         return terms
     stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
     if rounds_operands(node, mode, stored):
-        terms["operands"] = operand_rounding(node, stored or mode.dot_format) / math.sqrt(2.0)
+        scaled = scaled_operand_rounding(node, mode)
+        operands = operand_rounding(node, stored or mode.dot_format) if scaled is None else scaled
+        terms["operands"] = operands / math.sqrt(2.0)
         if accumulation_error(node, fmt):  # an error of the sum itself, relative to its terms
             terms["accumulation"] = accumulation_error(node, fmt)
     if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS

@@ -212,7 +212,7 @@ def bad_inputs(tmp_path):
         (["check", write(tmp_path, "raises.py", RAISES_IN_FORWARD)], "boxes must be a list"),
         (["check", linear, "--input-shape", "2,4", "--weights", str(wrong_ckpt)], "head.weight"),
         (["check", linear, "--input-shape", "2,4", "--weights", str(pickle_ckpt)], "weights"),
-        (["check", linear, "--input-shape", "2,4", "--precision", "fp8"], "fp8"),
+        (["check", linear, "--input-shape", "2,4", "--precision", "fp6"], "fp6"),
         (["check", linear, "--input-shape", "2,4", "--select", "XYZ1"], "XYZ1"),
         (["check", linear, "--input-shape", "2,4", "--weights", str(good_ckpt), "--output-format", "yaml"], "yaml"),
     ]

@@ -65,7 +65,7 @@ output-format = "concise"
         ("extend_select = ['PCL5']", "did you mean 'extend-select'?"),
         (f"select = ['{UNUSED}']", f"unknown rule code or prefix '{UNUSED}'"),
         ("select = 'PCL501'\nignore = ['F401']", "unknown rule code or prefix 'F401'"),
-        ("precisions = ['fp8']", "unknown precision 'fp8'"),
+        ("precisions = ['fp6']", "unknown precision 'fp6'"),
         ("rtol = -1", "rtol must be a finite number >= 0"),
         ("rtol = nan", "rtol must be a finite number >= 0, not nan"),
         ("atol = inf", "atol must be a finite number >= 0, not inf"),

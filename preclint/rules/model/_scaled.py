@@ -1,0 +1,47 @@
+"""What the scaled-format rules (FP8, MXFP8, NVFP4) share: the linear layers the reference pass
+described (analyses/scaled_operands.py), once per module, under the scaled modes checked."""
+from __future__ import annotations
+
+from typing import Dict, Iterator, Tuple
+
+from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Node
+from preclint.reference.analyses.scaled_operands import ScaledOperands
+
+GROUP_WORDS = {"tensor": "tensor", "row": "rows", "block": "blocks"}
+
+
+def scaled_layers(ctx) -> Iterator[Tuple[Node, ScaledOperands]]:
+    """Each nn.Linear's first call that carries the statistics, in graph order."""
+    seen = set()
+    for node in ctx.graph.nodes:
+        record = node.record(ScaledOperands)
+        if record is None or node.module_path in seen:
+            continue
+        seen.add(node.module_path)
+        yield node, record
+
+
+def flops(node: Node) -> float:
+    """Multiply-adds of a dot product: its outputs times its reduction length."""
+    if node.out is None or node.kind not in DOT_PRODUCT_KINDS:
+        return 0.0
+    return float(node.out.numel) * float(node.reduction_length or 1)
+
+
+def flop_shares(graph: Graph) -> Dict[str, float]:
+    """Each dot product's share of the model's dot-product multiply-adds."""
+    counts = {n.name: flops(n) for n in graph.nodes if n.kind in DOT_PRODUCT_KINDS}
+    total = sum(counts.values())
+    return {name: count / total for name, count in counts.items()} if total > 0 else {}
+
+
+def dominant_channel(record: ScaledOperands) -> Tuple[int, float]:
+    """The input channel with the largest amax, and how many times the 90th percentile of the
+    channels' amax it is: large for a few massive channels, small for values spread over every channel."""
+    amax = record.channel_absmax
+    if not amax:
+        return -1, 0.0
+    channel = max(range(len(amax)), key=amax.__getitem__)
+    ranked = sorted(amax)
+    p90 = ranked[min(len(ranked) - 1, int(0.9 * (len(ranked) - 1)))]
+    return channel, (amax[channel] / p90 if p90 > 0 else float("inf"))
