@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 from preclint import __version__
 from preclint.core.errors import UserError, one_line
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
+from preclint.core.numerics import DEFAULT_MODES, MODES
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
@@ -80,7 +81,8 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
     p.add_argument("--seed", type=_seed, default=0, help="seed for random init and random inputs (default 0)")
     p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
-                   help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full (default tf32,fp16,bf16)")
+                   help=f"comma-separated: {', '.join(MODES)} (default {','.join(DEFAULT_MODES)}); "
+                        "fp32 is float32 itself (TF32 off) against float64")
     p.add_argument("--rtol", type=float, help="relative tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--atol", type=float, help="absolute tolerance the outputs are compared with (enables PCL001)")
     p.add_argument("--capture", choices=("fx", "function-mode"), help="force a capture path instead of FX first")
@@ -140,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--stream", action="store_true",
                        help="with --probe: bring the model to the device one block (layer, stage) at a time; the default "
                             "when its copies do not fit there")
+    check.add_argument("--reference-device", metavar="DEVICE",
+                       help="with --probe: the expected outputs produced on DEVICE (cpu, cuda, cuda:N): float32 there "
+                            "against float32 on the probe's device, each against float64 (the same device: its other "
+                            "kernels)")
     _add_output_arguments(check)
 
     probe = sub.add_parser("probe", help="measure every layer's error per precision: the full per-layer ledger")
@@ -152,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--stream", action="store_true",
                        help="bring the model to the device one block (layer, stage) at a time; the default when its "
                             "copies do not fit there")
+    probe.add_argument("--reference-device", metavar="DEVICE",
+                       help="the expected outputs produced on DEVICE (cpu, cuda, cuda:N): float32 there against float32 "
+                            "on --device, each against float64 (the same device: its other kernels)")
     probe.add_argument("--top", type=_positive, metavar="N",
                        help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
@@ -320,13 +329,15 @@ def _probe_options(args, every_node: bool = False):
             raise UserError("--ablate checks the probe's measured contributions: use it with --probe")
         if args.stream:
             raise UserError("--stream streams the model through the probe's device: use it with --probe")
+        if getattr(args, "reference_device", None):
+            raise UserError("--reference-device compares float32 across devices in the probe: use it with --probe")
         return None
     if args.no_run:
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
     from preclint.probe import ProbeOptions
 
     return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node,
-                        stream=True if args.stream else None)
+                        stream=True if args.stream else None, reference_device=getattr(args, "reference_device", None))
 
 
 def cmd_rule(args) -> int:
