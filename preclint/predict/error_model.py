@@ -23,7 +23,7 @@ from preclint.predict.local import local_error, result_rounding, rounding_terms
 from preclint.predict.range import mark_poles, overflows, reaching_absmax
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.decision_gains import DecisionGains
-from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
 from preclint.reference.analyses.received_gains import ReceivedGains
@@ -46,6 +46,9 @@ class NodePrediction:
     pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
+    # decision nodes: expected fraction that differ between two runs of the mode whose errors are
+    # independent (float32 on two devices, kernels that add in another order)
+    disagreement: Optional[float] = None
     # amplifiers (ReceivedGains): input node -> the relative RMS error it reaches the node with
     inputs_received: Dict[str, float] = field(default_factory=dict)
 
@@ -122,6 +125,20 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) ->
         return 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
     total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins)
+    return total / len(margins)
+
+
+def expected_disagreement(margins: List[float], sigma: float, compare: bool) -> float:
+    """Expected fraction of decisions that differ between two runs, each of whose compared values carries
+    its own independent N(0, sigma^2) error: a decision that flips with probability q in each run
+    differs between them with probability 2 q (1 - q)."""
+    if sigma <= 0 or not margins:
+        return 0.0
+    spread = sigma * (1.0 if compare else math.sqrt(2.0))
+    total = 0.0
+    for m in margins:
+        q = 0.5 * math.erfc(m / (spread * math.sqrt(2.0)))
+        total += 2.0 * q * (1.0 - q)
     return total / len(margins)
 
 
@@ -280,9 +297,10 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
         gains = toward.upstream if toward is not None else None
         if gains:
             received = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
-        elif node.inputs and node.input_stats and node.input_stats[0] is not None:
+        elif node.inputs and len(node.input_stats) > deciding_input(node) and node.input_stats[deciding_input(node)] is not None:
             fallback = fallback if fallback is not None else relative_errors(graph, prediction)
-            received = fallback.get(node.inputs[0], 0.0) * node.input_stats[0].rms
+            deciding = deciding_input(node)
+            received = fallback.get(node.inputs[deciding], 0.0) * node.input_stats[deciding].rms
         else:
             continue
         p = prediction.nodes[node.name]
@@ -292,9 +310,12 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
             # the error of the margins themselves (winner minus runner-up), from a pass along that direction
             spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
             p.flip_fraction = expected_flip_fraction(margins.values, spread, True)
+            p.disagreement = expected_disagreement(margins.values, spread, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
-        p.flip_fraction = expected_flip_fraction(margins.values, received, decision is None or node.kind == Kind.COMPARE)
+        compare = decision is None or node.kind == Kind.COMPARE
+        p.flip_fraction = expected_flip_fraction(margins.values, received, compare)
+        p.disagreement = expected_disagreement(margins.values, received, compare)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:
