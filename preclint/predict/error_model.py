@@ -46,8 +46,9 @@ class NodePrediction:
     pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
-    # decision nodes: expected fraction that differ between two runs of the mode whose errors are
-    # independent (float32 on two devices, kernels that add in another order)
+    # decision nodes: expected fraction that differ between two runs of the mode on devices whose
+    # kernels round otherwise (float32 on two devices: sums in another order), from the roundings
+    # that differ between them (kernel_dependent), each run's independent of the other's
     disagreement: Optional[float] = None
     # amplifiers (ReceivedGains): input node -> the relative RMS error it reaches the node with
     inputs_received: Dict[str, float] = field(default_factory=dict)
@@ -126,6 +127,23 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) ->
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
     total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins)
     return total / len(margins)
+
+
+# Ops whose float32 result is the same on every device, given the same operands: IEEE 754 rounds
+# them correctly (or they select a value). Two devices' runs differ only where the others round
+# (sums in another order, exp/log/tanh of another library) and in what those pass on.
+CORRECTLY_ROUNDED = frozenset(
+    """add sub rsub mul div true_divide neg abs sqrt relu relu6 hardtanh clamp clamp_min clamp_max clip
+    maximum minimum where masked_fill max_pool max min amax amin floor ceil round trunc sign fmod
+    remainder square getitem identity dropout""".split())
+
+
+def kernel_dependent(node: Node) -> bool:
+    """Whether another device's kernel may round the node's result otherwise (see CORRECTLY_ROUNDED)."""
+    if node.kind in DOT_PRODUCT_KINDS or node.kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX, Kind.NORM,
+                                                       Kind.BATCHNORM, Kind.RESAMPLE, Kind.POOL):
+        return not node.fn.startswith("max_pool")
+    return node.kind in (Kind.ELEMENTWISE, Kind.ACTIVATION) and node.fn not in CORRECTLY_ROUNDED
 
 
 def expected_disagreement(margins: List[float], sigma: float, compare: bool) -> float:
@@ -305,17 +323,24 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
             continue
         p = prediction.nodes[node.name]
         p.received = received
+        # between two devices only the roundings their kernels do otherwise differ (kernel_dependent)
+        between = received
+        if gains:
+            between = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items()
+                                    if n in roundings and kernel_dependent(graph[n])))
         gap = toward.gap if toward is not None else None
         if gap:
             # the error of the margins themselves (winner minus runner-up), from a pass along that direction
             spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
+            apart = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items()
+                                  if n in roundings and kernel_dependent(graph[n])))
             p.flip_fraction = expected_flip_fraction(margins.values, spread, True)
-            p.disagreement = expected_disagreement(margins.values, spread, True)
+            p.disagreement = expected_disagreement(margins.values, apart, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
         compare = decision is None or node.kind == Kind.COMPARE
         p.flip_fraction = expected_flip_fraction(margins.values, received, compare)
-        p.disagreement = expected_disagreement(margins.values, received, compare)
+        p.disagreement = expected_disagreement(margins.values, between, compare)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:

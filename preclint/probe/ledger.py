@@ -106,6 +106,9 @@ class ProbeResult:
     graph: Any = None  # the graph the probe recorded itself, where it was given none (distributed.py)
     # relative RMS between two reference runs of a model that is not deterministic, else None (noise.py)
     noise_floor: Optional[float] = None
+    # float32 here against float32 on --reference-device, each against float64 (measure/devices.py)
+    cross_device: Any = None
+    across: Optional[ModeMeasure] = None  # the same, node by node (probe/across.py)
 
     @property
     def noise_margin(self) -> float:
