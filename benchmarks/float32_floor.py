@@ -87,9 +87,25 @@ def build_detector(size: int):
         weights=None, weights_backbone=None, min_size=size, max_size=size).eval()
 
 
+def _check_and_probe(model, inputs, device: str, reference: str):
+    """The check with --precision fp32 and the probe with --reference-device, as `preclint probe` runs
+    them: on a GPU the check's statistics come from the model's copy there (device_copy.py)."""
+    from preclint.config import Config
+    from preclint.engine import CheckOptions, check_model
+    from preclint.load.loader import LoadedModel
+    from preclint.probe import ProbeOptions, measure_model, place_for_probe, probed
+
+    loaded = LoadedModel(model, tuple(inputs), "fasterrcnn_resnet50_fpn", None)
+    options = ProbeOptions(device=device, reference_device=reference)
+    placement = place_for_probe(loaded, options) if device != "cpu" else None
+    _report, graph, ctx = check_model(loaded, Config(precisions=("fp32",)),
+                                      CheckOptions(modes=("fp32",), placement=placement))
+    checked = time.perf_counter()
+    module, placed_inputs = probed(loaded, placement)
+    return graph, ctx, measure_model(module, placed_inputs, graph, ("fp32",), options), checked
+
+
 def detector(device: str, reference: str, size: int, images: int) -> Dict[str, Any]:
-    from benchmarks.probe import _check as check
-    from preclint.probe import ProbeOptions, measure_model
     from preclint.reference.analyses.margins import DecisionMargins
 
     model = build_detector(size)
@@ -99,11 +115,8 @@ def detector(device: str, reference: str, size: int, images: int) -> Dict[str, A
         torch.manual_seed(1 + image)
         inputs = ([torch.rand(3, size, size)],)
         start = time.perf_counter()
-        _report, graph, ctx = check(model, inputs, "fasterrcnn_resnet50_fpn", modes=("fp32",))
-        checked = time.perf_counter() - start
-        result = measure_model(model, inputs, graph, ("fp32",),
-                               ProbeOptions(device=device, reference_device=reference))
-        probed = time.perf_counter() - start - checked
+        graph, ctx, result, checked_at = _check_and_probe(model, inputs, device, reference)
+        checked, probed = checked_at - start, time.perf_counter() - checked_at
         prediction = ctx.predictions["fp32"]
         across = result.across
         if across is None:

@@ -104,7 +104,7 @@ def across_notes(result, ctx) -> list:
     if cross is None:
         return []
     notes = [f"probe: float32 across devices, {cross.kernels}: {cross.between.describe()}; against float64: "
-             f"{cross.device} {cross.device_vs_float64.describe()}; {cross.reference_device} "
+             f"{cross.device} {cross.device_vs_float64.describe()}; the reference ({cross.reference_device}) "
              f"{cross.reference_vs_float64.describe()}"]
     prediction = ctx.predictions.get(FLOOR_MODE) if ctx.predictions else None
     flipped = bool(cross.between.flip_fraction)

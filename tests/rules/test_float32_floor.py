@@ -101,3 +101,17 @@ def test_nms_margins_count_only_boxes_that_overlap_in_score_order():
     assert torch.isinf(margins[2:]).all()
     classes = torch.tensor([0, 1, 2, 2])
     assert torch.isinf(nms_margins("batched_nms", (boxes, scores, classes, 0.5), {})).all()
+
+
+def test_a_threshold_on_values_exactly_zero_is_not_predicted_to_flip():
+    """torchvision's remove_small_boxes compares widths with 1e-3; a box clipped to the image on both
+    sides has width exactly 0, which no rounding moves (the fp32 mode once predicted 8 flips there)."""
+    from preclint.core.ir import Kind, Node
+    from preclint.reference.analyses.margins import decision_margins
+
+    widths = torch.tensor([0.0, 0.0, 0.0015, 25.0])
+    node = Node("ge", Kind.COMPARE, "torch.ge", fn="ge")
+    margins = decision_margins(node, (widths, 1e-3), {})
+    assert torch.isinf(margins[:2]).all() and torch.allclose(margins[2], torch.tensor(5e-4, dtype=torch.float64))
+    # at a threshold of 0 a zero is the boundary itself
+    assert decision_margins(node, (widths, 0.0), {})[0] == 0

@@ -178,7 +178,17 @@ def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
             other = other.detach().double()
         elif not isinstance(other, (int, float)):
             return None
-        return (x - other).abs().flatten()
+        margins = (x - other).abs().flatten()
+        # A value that is exactly 0 came from exact arithmetic (a box clipped to the image on both
+        # sides has width 0, a ReLU's zero, equal values subtracted): it carries no error of its own
+        # continuous neighbours, and its comparison with a threshold apart from 0 does not move.
+        zero = x.flatten() == 0
+        if isinstance(other, torch.Tensor):
+            apart = (other.expand_as(x).flatten() != 0) if other.numel() in (1, x.numel()) else torch.zeros_like(zero)
+        else:
+            apart = torch.full_like(zero, other != 0)
+        pinned = zero & apart
+        return torch.where(pinned, torch.full_like(margins, math.inf), margins)
     dim = node.attrs.get("dim")
     if fn in ("nms", "batched_nms"):
         return nms_margins(fn, args, kwargs)
