@@ -38,10 +38,10 @@ PRODUCTS = frozenset({"prod", "cumprod"})
 # float32's own accumulation (the fp32 mode, against float64), relative to the terms: a kernel that
 # adds a dot product's n terms one after another (fused multiply-adds) rounds each partial sum, of
 # RMS sqrt(j) terms at step j, by C_OUTPUT * u: C_OUTPUT / sqrt(2) * u * sqrt(n) in all. Measured on
-# the CPU (torch 2.14, benchmarks/float32_floor.py): convolutions 0.29 u sqrt(n) at n = 576 ... 4608;
-# blocked GEMMs add partial sums of blocks and err less (2.4 u at n = 64 to 5.0 u at 16384), within
-# 3x of the law up to n ~ 2000. Reductions other than dot products (sum, mean, softmax) add pairwise
-# or in blocks on the CPU and the GPU: their error is the result's rounding.
+# the CPU (torch 2.14, benchmarks/results/float32_floor_cpu.json): direct 3x3 convolutions 0.99x the
+# law at n = 576 ... 4608; blocked GEMMs add partial sums of blocks and err less (2.4 u at n = 64 to
+# 5.0 u at 16384: 1.0x to 0.13x the law). Reductions other than dot products (sum, mean, softmax) add
+# pairwise or in blocks on the CPU and the GPU: their error is the result's rounding.
 FLOAT32_ACCUMULATION = (C_OUTPUT / math.sqrt(2.0), 0.5)
 
 
