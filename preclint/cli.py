@@ -19,6 +19,7 @@ from preclint import __version__
 from preclint.core.errors import UserError, one_line
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.probe import BACKEND_CHOICES as PROBE_BACKENDS
+from preclint.core.numerics import DEFAULT_MODES, MODES
 from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
@@ -94,8 +95,8 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", metavar="FILE", help="a state dict, loaded with torch.load(weights_only=True)")
     p.add_argument("--seed", type=_seed, default=0, help="seed for random init and random inputs (default 0)")
     p.add_argument("--precision", metavar="MODES", type=_precisions, dest="precisions",
-                   help="comma-separated: tf32, fp16, bf16, fp16-full, bf16-full, fp8, fp8-rowwise, mxfp8, nvfp4 "
-                        "(default tf32,fp16,bf16)")
+                   help=f"comma-separated: {', '.join(MODES)} (default {','.join(DEFAULT_MODES)}); "
+                        "fp32 is float32 itself (TF32 off) against float64")
     p.add_argument("--scaling", metavar="OPTION=VALUE", action="append", type=_scaling_option,
                    help="a choice of the FP8/MX/NVFP4 recipes: format=e4m3|e5m2, power-of-two=true|false, "
                         "amax-epsilon=1e-12, fast-accum=true|false, keep=GLOB[,GLOB] (layers kept in bfloat16); "
@@ -166,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--stream", action="store_true",
                        help="with --probe: bring the model to the device one block (layer, stage) at a time; the default "
                             "when its copies do not fit there")
+    check.add_argument("--reference-device", metavar="DEVICE",
+                       help="with --probe: the expected outputs produced on DEVICE (cpu, cuda, cuda:N): float32 there "
+                            "against float32 on the probe's device, each against float64 (the same device: its other "
+                            "kernels)")
     _add_output_arguments(check)
 
     _add_backend_argument(check)
@@ -180,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bring the model to the device one block (layer, stage) at a time; the default when its "
                             "copies do not fit there")
     _add_backend_argument(probe)
+    probe.add_argument("--reference-device", metavar="DEVICE",
+                       help="the expected outputs produced on DEVICE (cpu, cuda, cuda:N): float32 there against float32 "
+                            "on --device, each against float64 (the same device: its other kernels)")
     probe.add_argument("--top", type=_positive, metavar="N",
                        help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
@@ -357,13 +365,16 @@ def _probe_options(args, every_node: bool = False):
             raise UserError("--stream streams the model through the probe's device: use it with --probe")
         if getattr(args, "backend", "eager") != "eager":
             raise UserError("--backend measures the compiled model beside eager with the probe: use it with --probe")
+        if getattr(args, "reference_device", None):
+            raise UserError("--reference-device compares float32 across devices in the probe: use it with --probe")
         return None
     if args.no_run:
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
     from preclint.probe import ProbeOptions
 
     return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node,
-                        stream=True if args.stream else None, backend=getattr(args, "backend", "eager"))
+                        stream=True if args.stream else None, backend=getattr(args, "backend", "eager"),
+                        reference_device=getattr(args, "reference_device", None))
 
 
 def cmd_rule(args) -> int:

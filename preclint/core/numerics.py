@@ -93,7 +93,9 @@ class Mode:
 
     ``dot_format`` is the format a conv/matmul rounds its inputs to; ``low`` the reduced storage
     format (None when values stay fp32); ``autocast`` whether only autocast's lists run in ``low``
-    (True) or the whole model is cast (False).
+    (True) or the whole model is cast (False). ``floor``: float32 itself is the precision judged
+    (against float64): every float32 result and accumulation rounds at 2^-24, which the other modes
+    take as exact, and nothing needs emulating (float32 kernels run as they are on every device).
     """
 
     name: str
@@ -104,11 +106,14 @@ class Mode:
     # a scaled-GEMM mode: the nn.Linear layers the recipe accepts run as scaled GEMMs, the rest of the
     # model under bf16 autocast (None: no scaled GEMMs)
     recipe: Optional[Recipe] = None
+    floor: bool = False
 
 
 MODES: Dict[str, Mode] = {
     m.name: m
     for m in (
+        Mode("fp32", FP32, None, False, "fp32 model with TF32 off: float32's own rounding, against float64",
+             floor=True),
         Mode("tf32", TF32, None, False, "fp32 model with TF32 convolutions and matmuls"),
         Mode("fp16", FP16, FP16, True, "torch.autocast(dtype=torch.float16)"),
         Mode("bf16", BF16, BF16, True, "torch.autocast(dtype=torch.bfloat16)"),

@@ -4,7 +4,9 @@ Native (CUDA): the user's model, unmodified, under the switch a user flips:
 
 * ``tf32``: TF32 on for cuDNN convolutions and cuBLAS matmuls;
 * ``fp16``, ``bf16``: ``torch.autocast('cuda', dtype)`` (TF32 off, so each mode measures one choice);
-* ``fp16-full``, ``bf16-full``: the model and its float inputs cast with ``.to(dtype)``.
+* ``fp16-full``, ``bf16-full``: the model and its float inputs cast with ``.to(dtype)``;
+* ``fp32``: the float32 model as it is, TF32 off: float32's own rounding (the floor). It runs
+  natively on every device, the CPU too: float32 kernels are float32 wherever they run.
 
 Emulated (the CPU, or any device when asked): the same arithmetic, reproduced by rounding values
 and computing in float32, which is what the GPU kernels do up to the order of their sums:
@@ -353,6 +355,9 @@ def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
     mode = MODES[name]
     if mode.recipe is not None:
         return describe_scaled(name, mode.recipe, gemm_backend(mode.recipe, device, emulated))
+    if mode.floor:
+        kernels = "cuDNN and cuBLAS in IEEE float32" if device.type == "cuda" else f"{device.type}'s float32 kernels"
+        return f"float32 as it runs on {device.type}, TF32 off ({kernels}), against float64"
     if emulated:
         if name == "tf32":
             return ("emulated: conv, linear and matmul operands rounded to TF32 (10 mantissa bits, nearest even), "

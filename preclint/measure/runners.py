@@ -116,8 +116,11 @@ class EmulatedRunner(Runner):
 
 def runner_for(name: str, device, emulated: Optional[bool] = None) -> Runner:
     """The runner of mode ``name`` on ``device``: emulated on the CPU (which has no TF32 and other
-    float16 kernels than a GPU's) unless ``emulated`` says otherwise."""
+    float16 kernels than a GPU's) unless ``emulated`` says otherwise. A mode that judges float32
+    itself (``Mode.floor``) has nothing to emulate: its float32 kernels run as they are, everywhere."""
     device = torch.device(device)
+    if name in MODES and MODES[name].floor:
+        return NativeRunner(name, device)
     emulated = device.type == "cpu" if emulated is None else emulated
     return EmulatedRunner(name, device) if emulated else NativeRunner(name, device)
 

@@ -6,7 +6,7 @@ import math
 from typing import Dict, Optional
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Node
-from preclint.core.numerics import FORMATS
+from preclint.core.numerics import C_OUTPUT, FORMATS
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.terms import Terms
 
@@ -35,6 +35,14 @@ LOW_PRECISION_ACCUMULATION: Dict[str, tuple] = {"cumsum": (0.163, 0.37), "cumpro
 # reduction length K (H200, K = 64 ... 16384: 0.66, 1.33, 2.62 u in all against 0.43 u without).
 FP16_GEMM_ACCUMULATION = (0.15, 0.29)
 PRODUCTS = frozenset({"prod", "cumprod"})
+# float32's own accumulation (the fp32 mode, against float64), relative to the terms: a kernel that
+# adds a dot product's n terms one after another (fused multiply-adds) rounds each partial sum, of
+# RMS sqrt(j) terms at step j, by C_OUTPUT * u: C_OUTPUT / sqrt(2) * u * sqrt(n) in all. Measured on
+# the CPU (torch 2.14, benchmarks/results/float32_floor_cpu.json): direct 3x3 convolutions 0.99x the
+# law at n = 576 ... 4608; blocked GEMMs add partial sums of blocks and err less (2.4 u at n = 64 to
+# 5.0 u at 16384: 1.0x to 0.13x the law). Reductions other than dot products (sum, mean, softmax) add
+# pairwise or in blocks on the CPU and the GPU: their error is the result's rounding.
+FLOAT32_ACCUMULATION = (C_OUTPUT / math.sqrt(2.0), 0.5)
 
 
 def accumulation_error(node: Node, fmt: str) -> float:
@@ -49,3 +57,12 @@ def accumulation_error(node: Node, fmt: str) -> float:
         return 0.0
     n = node.reduction_length or 1
     return law[0] * FORMATS[fmt].unit_roundoff * n ** law[1]
+
+
+def float32_accumulation(node: Node) -> float:
+    """Relative RMS error, against its terms, of a dot product accumulated in float32 (FLOAT32_ACCUMULATION):
+    what the other modes take as exact, and the fp32 mode's whole error of a conv, linear or matmul."""
+    if node.kind not in DOT_PRODUCT_KINDS or not contraction(node).contracts:
+        return 0.0
+    n = node.reduction_length or 1
+    return FLOAT32_ACCUMULATION[0] * FORMATS["fp32"].unit_roundoff * n ** FLOAT32_ACCUMULATION[1]

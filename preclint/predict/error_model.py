@@ -23,7 +23,7 @@ from preclint.predict.local import local_error, result_rounding, rounding_terms
 from preclint.predict.range import mark_poles, overflows, reaching_absmax
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.decision_gains import DecisionGains
-from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
 from preclint.reference.analyses.scaled_operands import ScaledOperands
@@ -54,6 +54,10 @@ class NodePrediction:
     pole: bool = False  # it divides by (or takes rsqrt/log of) a value that becomes 0 in its format
     received: Optional[float] = None  # RMS error predicted at its input (decision nodes)
     flip_fraction: Optional[float] = None  # decision nodes: expected fraction of decisions that change
+    # decision nodes: expected fraction that differ between two runs of the mode on devices whose
+    # kernels round otherwise (float32 on two devices: sums in another order), from the roundings
+    # that differ between them (kernel_dependent), each run's independent of the other's
+    disagreement: Optional[float] = None
     # amplifiers (ReceivedGains): input node -> the relative RMS error it reaches the node with
     inputs_received: Dict[str, float] = field(default_factory=dict)
 
@@ -130,6 +134,37 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) ->
         return 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
     total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins)
+    return total / len(margins)
+
+
+# Ops whose float32 result is the same on every device, given the same operands: IEEE 754 rounds
+# them correctly (or they select a value). Two devices' runs differ only where the others round
+# (sums in another order, exp/log/tanh of another library) and in what those pass on.
+CORRECTLY_ROUNDED = frozenset(
+    """add sub rsub mul div true_divide neg abs sqrt relu relu6 hardtanh clamp clamp_min clamp_max clip
+    maximum minimum where masked_fill max_pool max min amax amin floor ceil round trunc sign fmod
+    remainder square getitem identity dropout""".split())
+
+
+def kernel_dependent(node: Node) -> bool:
+    """Whether another device's kernel may round the node's result otherwise (see CORRECTLY_ROUNDED)."""
+    if node.kind in DOT_PRODUCT_KINDS or node.kind in (Kind.REDUCTION, Kind.SCAN, Kind.SOFTMAX, Kind.NORM,
+                                                       Kind.BATCHNORM, Kind.RESAMPLE, Kind.POOL):
+        return not node.fn.startswith("max_pool")
+    return node.kind in (Kind.ELEMENTWISE, Kind.ACTIVATION) and node.fn not in CORRECTLY_ROUNDED
+
+
+def expected_disagreement(margins: List[float], sigma: float, compare: bool) -> float:
+    """Expected fraction of decisions that differ between two runs, each of whose compared values carries
+    its own independent N(0, sigma^2) error: a decision that flips with probability q in each run
+    differs between them with probability 2 q (1 - q)."""
+    if sigma <= 0 or not margins:
+        return 0.0
+    spread = sigma * (1.0 if compare else math.sqrt(2.0))
+    total = 0.0
+    for m in margins:
+        q = 0.5 * math.erfc(m / (spread * math.sqrt(2.0)))
+        total += 2.0 * q * (1.0 - q)
     return total / len(margins)
 
 
@@ -290,21 +325,32 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
         gains = toward.upstream if toward is not None else None
         if gains:
             received = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
-        elif node.inputs and node.input_stats and node.input_stats[0] is not None:
+        elif node.inputs and len(node.input_stats) > deciding_input(node) and node.input_stats[deciding_input(node)] is not None:
             fallback = fallback if fallback is not None else relative_errors(graph, prediction)
-            received = fallback.get(node.inputs[0], 0.0) * node.input_stats[0].rms
+            deciding = deciding_input(node)
+            received = fallback.get(node.inputs[deciding], 0.0) * node.input_stats[deciding].rms
         else:
             continue
         p = prediction.nodes[node.name]
         p.received = received
+        # between two devices only the roundings their kernels do otherwise differ (kernel_dependent)
+        between = received
+        if gains:
+            between = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items()
+                                    if n in roundings and kernel_dependent(graph[n])))
         gap = toward.gap if toward is not None else None
         if gap:
             # the error of the margins themselves (winner minus runner-up), from a pass along that direction
             spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
+            apart = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items()
+                                  if n in roundings and kernel_dependent(graph[n])))
             p.flip_fraction = expected_flip_fraction(margins.values, spread, True)
+            p.disagreement = expected_disagreement(margins.values, apart, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
-        p.flip_fraction = expected_flip_fraction(margins.values, received, decision is None or node.kind == Kind.COMPARE)
+        compare = decision is None or node.kind == Kind.COMPARE
+        p.flip_fraction = expected_flip_fraction(margins.values, received, compare)
+        p.disagreement = expected_disagreement(margins.values, between, compare)
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:

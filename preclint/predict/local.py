@@ -7,7 +7,12 @@ Local error (RMS, absolute) of a node, from docs/error-model.md:
   C_INPUT * u_in * RMS(sqrt(sum_k (a_k b_k)^2)), plus C_OUTPUT * u_out * RMS(y) when the result is
   stored in a reduced format; independent of the reduction length K;
 * any other op whose result is stored in a reduced format: C_OUTPUT * u_out * RMS(y), except ops
-  that only select or move values (relu, max-pool, reshapes), which are exact.
+  that only select or move values (relu, max-pool, reshapes), which are exact;
+* under the fp32 mode (``Mode.floor``: float32 against float64) every float32 result counts as
+  stored in a reduced format, u = 2^-24; a dot product's operands are float32 already (the weights
+  exactly, the activations as their producers rounded them), so its error is float32's
+  accumulation, FLOAT32_ACCUMULATION of its terms (it grows with the reduction length K), with the
+  rounding of the result; values entering the graph (inputs, parameters) are exact.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from typing import Dict
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind, Node
 from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, Format, Mode
-from preclint.predict.accumulation import accumulation_error, terms_rms
+from preclint.predict.accumulation import accumulation_error, float32_accumulation, terms_rms
 from preclint.predict.scaled import scaled_operand_rounding
 from preclint.predict.tf32 import tensor_core_tf32
 from preclint.reference.analyses.gains import Gains
@@ -58,10 +63,28 @@ def result_rounding(node: Node, fmt: str, stored: Format) -> float:
     return relative
 
 
-def rounds_operands(node: Node, mode: Mode, stored) -> bool:
+def stored_format(node: Node, mode: Mode, fmt: str):
+    """The format whose rounding of the node's result counts under ``mode``: a reduced one it stores
+    in, float32 under the fp32 mode (its floor), else None (float32 counts as exact)."""
+    if fmt not in FORMATS:
+        return None
+    if fmt != "fp32":
+        return FORMATS[fmt]
+    if mode.floor and node.kind not in (Kind.INPUT, Kind.CONSTANT) and node.fn != "parameter":
+        return FORMATS[fmt]
+    return None
+
+
+def floor_dot(node: Node, mode: Mode, fmt: str) -> bool:
+    """A dot product the fp32 mode computes in float32: its operands round nothing, its sum does."""
+    return mode.floor and fmt == "fp32" and node.kind in DOT_PRODUCT_KINDS
+
+
+def rounds_operands(node: Node, mode: Mode, stored, fmt: str = "") -> bool:
     """Whether a dot product rounds its operands under ``mode``: to the reduced format when it computes
-    in it, and under tf32 where the backend uses TF32 tensor cores for it (tensor_core_tf32)."""
-    if node.kind not in DOT_PRODUCT_KINDS:
+    in it, and under tf32 where the backend uses TF32 tensor cores for it (tensor_core_tf32); never
+    in float32 under the fp32 mode (floor_dot)."""
+    if node.kind not in DOT_PRODUCT_KINDS or floor_dot(node, mode, fmt):
         return False
     if stored is not None:
         return True
@@ -84,8 +107,12 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         return 0.0
     if node.kind not in DOT_PRODUCT_KINDS and exact_integers(node, fmt):
         return 0.0
-    stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
-    if rounds_operands(node, mode, stored):
+    stored = stored_format(node, mode, fmt)
+    if floor_dot(node, mode, fmt):
+        terms = terms_rms(node)
+        terms = out.rms if terms is None else terms
+        return math.hypot(float32_accumulation(node) * terms, C_OUTPUT * stored.unit_roundoff * out.rms)
+    if rounds_operands(node, mode, stored, fmt):
         terms = terms_rms(node)
         terms = out.rms if terms is None else terms
         scaled = scaled_operand_rounding(node, mode)
@@ -105,8 +132,10 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
     terms: Dict[str, float] = {}
     if out is None or not out.is_float or not out.finite or node.kind in VALUE_FREE_KINDS:
         return terms
-    stored = FORMATS[fmt] if fmt in FORMATS and fmt != "fp32" else None
-    if rounds_operands(node, mode, stored):
+    stored = stored_format(node, mode, fmt)
+    if floor_dot(node, mode, fmt) and float32_accumulation(node):
+        terms["accumulation"] = float32_accumulation(node)
+    if rounds_operands(node, mode, stored, fmt):
         scaled = scaled_operand_rounding(node, mode)
         operands = operand_rounding(node, stored or mode.dot_format) if scaled is None else scaled
         terms["operands"] = operands / math.sqrt(2.0)

@@ -48,12 +48,19 @@ class ProbeOptions:
     # float64 reference (probe/compiled.py)
     backend: str = "eager"
     bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.core.progress) for the stages
+    # where the expected outputs are produced (cpu, cuda, cuda:N): float32 there against float32 on the
+    # probe's device, each against float64 (measure/devices.py); None: not compared
+    reference_device: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_CHOICES:
             raise UserError(f"unknown probe device {self.device!r} (choose from {', '.join(DEVICE_CHOICES)})")
         if self.backend not in BACKEND_CHOICES:
             raise UserError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
+        if self.reference_device is not None:
+            from preclint.measure.devices import reference_device
+
+            reference_device(self.reference_device)  # one clear line now, not after the passes
 
 
 class _Clock:
@@ -108,7 +115,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     bar = options.bar
     clock = _Clock(device, timings, sync=options.sync_stages, bar=bar)
     if bar is not None:  # setup, reference (twice), sensitivity, read back; per mode sweep, contributions, figures, read back
-        bar.set_total(5 + len(modes) * (4 + (not emulated) + options.ablate))
+        bar.set_total(5 + len(modes) * (4 + (not emulated) + options.ablate) + (options.reference_device is not None))
     notes: List[str] = []
     stream = None
     try:
@@ -309,6 +316,10 @@ class ProbeSession:
             if pending is not None:
                 passes.finish(result.modes[mode], pending)
         env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
+        if options.reference_device is not None:
+            from preclint.probe.across import measure_across
+
+            measure_across(self, result)
         how = ""
         if autocast is not None:
             how = f" under {str(autocast).replace('torch.', '')} autocast (the gradients only weight errors)"
@@ -521,10 +532,14 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
             if finding.location is None:
                 finding.location = ctx.model_location
         report.findings = list(report.findings) + hot
+    from preclint.probe.across import FLOOR_MODE, across_notes, across_summary
+
     for mode, entry in summary_entries(result, degenerate).items():
         report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}})
         report.summary[mode]["measured_output"] = entry
-    report.notes = list(report.notes) + probe_notes(result, ctx.display)
+        if mode == FLOOR_MODE:
+            entry.update(across_summary(result))
+    report.notes = list(report.notes) + probe_notes(result, ctx.display) + across_notes(result, ctx)
     report.environment = result.environment
     if getattr(result, "backend", None) is not None:
         from preclint.probe.compiled import merge_compiled

@@ -107,6 +107,9 @@ class ProbeResult:
     # relative RMS between two reference runs of a model that is not deterministic, else None (noise.py)
     noise_floor: Optional[float] = None
     backend: Any = None  # probe.compiled.BackendComparison where a compiled backend was measured too
+    # float32 here against float32 on --reference-device, each against float64 (measure/devices.py)
+    cross_device: Any = None
+    across: Optional[ModeMeasure] = None  # the same, node by node (probe/across.py)
 
     @property
     def noise_margin(self) -> float:

@@ -286,9 +286,13 @@ def test_the_probe_matches_detections_and_judges_decisions_by_them():
         assert f.status in ("confirmed", "refuted") or all(m.flip_fraction == 0 for m in f.measured.values())
     assert all(m.flip_fraction is not None for f in decisions for m in f.measured.values())
     # the NMS is judged by the boxes it kept, not by their indices among candidates that top-k reordered
-    nms = next(f for f in decisions if f.op == "torch.nms")
-    for mode, figure in nms.measured.items():
-        assert figure.flip_fraction <= 0.2, (mode, figure)
+    (nms,) = [n.name for n in graph.nodes if n.fn == "nms"]
+    for mode in ("fp16", "bf16"):
+        assert result.modes[mode].nodes[nms].flip_fraction <= 0.2, mode
+    # and predicted from the score gaps of boxes that overlap: an order swap of two boxes apart from
+    # each other keeps the same boxes (the gaps of all scores once predicted 27% under fp16, which kept
+    # every box)
+    assert not any(f.op == "torch.nms" and "fp16" in f.precisions for f in decisions)
 
 
 @pytest.mark.slow

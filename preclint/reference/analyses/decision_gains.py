@@ -12,7 +12,7 @@ from preclint.capture.observer import Call
 from preclint.core.ir import Node
 from preclint.reference.analyses import GradientAnalysis
 from preclint.reference.analyses.gains import GainSums, gains_toward, rounded_operands
-from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
+from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
 
 if TYPE_CHECKING:
     import torch
@@ -44,8 +44,10 @@ class DecisionGainsAnalysis(GradientAnalysis):
         sites: Dict[tuple, List[Tuple[float, Node]]] = {}
         for node in graph.nodes:
             margins = node.record(DecisionMargins) or node.record(RoundingMargins)
-            if margins and node.inputs and node.input_stats and passes.root(node.inputs[0]) is not None:
-                rms = node.input_stats[0].rms or 1.0
+            deciding = deciding_input(node)
+            if (margins and node.inputs and len(node.input_stats) > deciding and node.input_stats[deciding] is not None
+                    and passes.root(node.inputs[deciding]) is not None):
+                rms = node.input_stats[deciding].rms or 1.0
                 key = (node.module_path, node.fn, node.location)
                 sites.setdefault(key, []).append((min(margins.values) / rms, node))
         riskiest = [(min(members, key=lambda m: (m[0], m[1].name)), members) for members in sites.values()]
@@ -59,7 +61,7 @@ class DecisionGainsAnalysis(GradientAnalysis):
 def toward(passes, node: Node) -> Tuple[Dict[str, Tuple[float, float]], Optional[Dict[str, Tuple[float, float]]]]:
     """The gains toward the input of decision ``node``, and along its winner minus runner-up direction
     where it picks a winner per row."""
-    root = passes.root(node.inputs[0]) if node.inputs else None
+    root = passes.root(node.inputs[deciding_input(node)]) if node.inputs else None
     if root is None:
         raise ValueError(f"{node.name}'s input cannot root a backward pass")
     gains = gains_toward(passes, root)

@@ -30,6 +30,20 @@ class Margins:
     units: int  # how many decisions (or rounded values) the margins stand for
 
 
+# The operand a decision decides on, where it is not the first: NMS orders its boxes (operand 0) by
+# their scores (operand 1), and its margins are score gaps, so the error that flips it is the scores'.
+DECIDING_OPERAND = {"nms": 1, "batched_nms": 1}
+# How far down the score order NMS margins look for an overlapping box: an order swap with a box
+# further away needs a larger score gap than with the ones in between.
+NMS_WINDOW = 8
+
+
+def deciding_input(node: Node) -> int:
+    """The position among ``node.inputs`` of the value the decision decides on."""
+    position = DECIDING_OPERAND.get(node.fn, 0)
+    return position if position < len(node.inputs) else 0
+
+
 class DecisionMargins(Margins):
     """A decision's margins: top-1 minus top-2 per row, the gaps of a sort, or the distance to a threshold."""
 
@@ -99,6 +113,56 @@ def rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
     return torch.where(pinned, torch.full_like(distance, math.inf), distance)
 
 
+def nms_margins(fn: str, args, kwargs) -> Optional[torch.Tensor]:
+    """Per box, the score gap to the nearest box in score order (within NMS_WINDOW) that overlaps it
+    beyond the IoU threshold (of the same class, for batched_nms): swapping two boxes that overlap
+    changes which one NMS keeps, swapping two that do not changes nothing (inf). Two boxes that are
+    the same box with the same score were computed alike, and their errors are alike too: no margin.
+    (A box whose IoU with a kept one lies near the threshold flips on the boxes' error, which these
+    margins, in score units, do not count.)"""
+    import torch
+
+    boxes = args[0] if args else kwargs.get("boxes")
+    scores = args[1] if len(args) > 1 else kwargs.get("scores")
+    if not isinstance(scores, torch.Tensor) or scores.numel() < 2:
+        return None
+    s, order = scores.detach().double().sort(descending=True)
+    if not isinstance(boxes, torch.Tensor) or boxes.dim() != 2 or boxes.shape[0] != scores.numel():
+        return (s[:-1] - s[1:]).abs()
+    threshold_at, classes_at = (3, 2) if fn == "batched_nms" else (2, None)
+    threshold = args[threshold_at] if len(args) > threshold_at else kwargs.get("iou_threshold")
+    if not isinstance(threshold, (int, float)):
+        return (s[:-1] - s[1:]).abs()
+    classes = args[classes_at] if classes_at is not None and len(args) > classes_at else kwargs.get("idxs")
+    b = boxes.detach().double()[order]
+    c = classes.detach()[order] if isinstance(classes, torch.Tensor) and classes.numel() == s.numel() else None
+    n = s.numel()
+    margins = torch.full((n,), math.inf, dtype=torch.float64, device=s.device)
+    for offset in range(1, min(NMS_WINDOW, n - 1) + 1):
+        a, z = b[:-offset], b[offset:]
+        overlaps = paired_iou(a, z) > threshold
+        if c is not None:
+            overlaps &= c[:-offset] == c[offset:]
+        gap = s[:-offset] - s[offset:]
+        alike = (gap == 0) & (a == z).all(dim=-1)
+        pair = torch.where(overlaps & ~alike, gap, torch.full_like(gap, math.inf))
+        margins[:-offset] = torch.minimum(margins[:-offset], pair)
+        margins[offset:] = torch.minimum(margins[offset:], pair)
+    return margins
+
+
+def paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU of each box of ``a`` (N, 4: x1 y1 x2 y2) with the box of ``b`` in the same row."""
+    import torch
+
+    wh = (torch.min(a[:, 2:], b[:, 2:]) - torch.max(a[:, :2], b[:, :2])).clamp(min=0)
+    inter = wh[:, 0] * wh[:, 1]
+    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
+    area_b = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    union = area_a + area_b - inter
+    return torch.where(union > 0, inter / union.clamp(min=1e-300), torch.zeros_like(union))
+
+
 def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
     """Per decision unit, how far the deciding values are from changing the outcome."""
     import torch
@@ -114,14 +178,20 @@ def decision_margins(node: Node, args, kwargs) -> Optional[torch.Tensor]:
             other = other.detach().double()
         elif not isinstance(other, (int, float)):
             return None
-        return (x - other).abs().flatten()
+        margins = (x - other).abs().flatten()
+        # A value that is exactly 0 came from exact arithmetic (a box clipped to the image on both
+        # sides has width 0, a ReLU's zero, equal values subtracted): it carries no error of its own
+        # continuous neighbours, and its comparison with a threshold apart from 0 does not move.
+        zero = x.flatten() == 0
+        if isinstance(other, torch.Tensor):
+            apart = (other.expand_as(x).flatten() != 0) if other.numel() in (1, x.numel()) else torch.zeros_like(zero)
+        else:
+            apart = torch.full_like(zero, other != 0)
+        pinned = zero & apart
+        return torch.where(pinned, torch.full_like(margins, math.inf), margins)
     dim = node.attrs.get("dim")
     if fn in ("nms", "batched_nms"):
-        scores = args[1] if len(args) > 1 else None
-        if not isinstance(scores, torch.Tensor) or scores.numel() < 2:
-            return None
-        s = scores.detach().double().sort(descending=True).values
-        return (s[:-1] - s[1:]).abs()
+        return nms_margins(fn, args, kwargs)
     if fn in ("argmax", "argmin", "max", "min", "topk", "sort", "argsort", "kthvalue", "msort"):
         if fn in ("max", "min") and dim is None:
             return None  # the value of a full reduction; no index decision

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent, sci
 from preclint.core.ir import Kind
-from preclint.reference.analyses.margins import DecisionMargins
+from preclint.core.numerics import MODES
+from preclint.reference.analyses.margins import DecisionMargins, deciding_input
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
 from preclint.rules.base import Example, Rule
 
@@ -53,6 +54,26 @@ def _confident_classifier():
     return model, (x,)
 
 
+def _near_uniform_scores():
+    import torch
+
+    class Scorer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(256, 256)
+            self.cls = torch.nn.Linear(256, 91)
+
+        def forward(self, x):
+            return self.cls(torch.relu(self.body(x))).softmax(dim=-1).topk(5, dim=-1).indices
+
+    torch.manual_seed(0)
+    model = Scorer()
+    with torch.no_grad():  # a detector's class head at random init: near-uniform scores
+        model.cls.weight.mul_(1e-4)
+        model.cls.bias.mul_(1e-4)
+    return model, (torch.randn(256, 256),)
+
+
 class DecisionFlip(Rule):
     code = "PCL301"
     needs = PREDICTED_ERRORS_NEED
@@ -66,6 +87,11 @@ between the top two scores, or between a score and its threshold, is smaller tha
 precision adds, the decision flips: another class wins, NMS keeps a different box, a detection
 appears or disappears. Elementwise comparison of the outputs then fails by whole units, which is
 why torchvision compares detection scores rather than boxes.
+
+Under `fp32` (float32 itself, TF32 off, against float64) the finding says so apart: decisions whose
+margins lie within float32's own rounding go one way on one device and the other way on another
+(kernels add in other orders), and the finding gives the fraction expected to differ between two
+devices' float32 runs. No precision setting fixes those.
 """
     example = """
 scores = self.head(features)        # top-2 logits 3e-4 apart
@@ -73,9 +99,12 @@ label = scores.argmax(dim=-1)       # flips under bf16 in a fraction of rows
 """
     fix = """
 Compare pre-decision scores (or match detections) in tests instead of indices and boxes; keep the
-values that feed the decision in float32; use a stable sort.
+values that feed the decision in float32; use a stable sort. At float32's own level only the first
+helps: compare with a tolerance on decisions (a fraction of changed ones, matched detections), or
+break ties in the sort.
 """
-    bad = (Example(_offset_logits_classifier, "argmax over logits that share a large offset"),)
+    bad = (Example(_offset_logits_classifier, "argmax over logits that share a large offset"),
+           Example(_near_uniform_scores, "top-k over near-uniform scores in float32", {"precisions": ("fp32",)}))
     good = (Example(_confident_classifier, "argmax with a wide margin in every row"),)
 
     def check_graph(self, ctx):
@@ -93,17 +122,22 @@ values that feed the decision in float32; use a stable sort.
     def _site_finding(self, ctx, nodes):
         units = sum(n.record(DecisionMargins).units for n in nodes)
         per_mode = {}
+        between = {}  # floor modes: expected decisions that differ between two devices' runs
         for mode in ctx.modes:
             preds = [(n, ctx.predictions[mode].nodes[n.name]) for n in nodes]
             preds = [(n, p) for n, p in preds if p.flip_fraction is not None]
             if not preds:
                 continue
             expected = sum(p.flip_fraction * n.record(DecisionMargins).units for n, p in preds)
-            relative = [p.received / n.input_stats[0].rms for n, p in preds
-                        if n.input_stats and n.input_stats[0] is not None and n.input_stats[0].rms > 0]
+            if MODES[mode].floor:
+                between[mode] = sum((p.disagreement or 0.0) * n.record(DecisionMargins).units for n, p in preds)
+            deciding = [(n, p, n.input_stats[deciding_input(n)] if len(n.input_stats) > deciding_input(n) else None)
+                        for n, p in preds]
+            relative = [p.received / stats.rms for n, p, stats in deciding if stats is not None and stats.rms > 0]
             per_mode[mode] = (expected, max(p.received for _, p in preds), max(relative) if relative else None)
         flagged = [m for m, (expected, _, _) in per_mode.items()
-                   if expected / units >= MIN_FLIP_FRACTION or expected >= MIN_EXPECTED_FLIPS]
+                   if expected / units >= MIN_FLIP_FRACTION or expected >= MIN_EXPECTED_FLIPS
+                   or between.get(m, 0.0) / units >= MIN_FLIP_FRACTION or between.get(m, 0.0) >= MIN_EXPECTED_FLIPS]
         if not flagged:
             return None
         first = nodes[0]
@@ -117,4 +151,13 @@ values that feed the decision in float32; use a stable sort.
             f"predicted error of its input is {sci(per_mode[flagged[0]][1])} ({flagged[0]}): about {flips} of its "
             f"{units} decisions flip."
         )
+        floor = [m for m in flagged if m in between]
+        if floor:
+            m = floor[0]
+            message += (
+                f" Under {m} about {percent(between[m] / units)} of them differ between two devices' float32 runs "
+                f"(kernels that add in another order): these decisions flip at float32's own level; no precision "
+                f"setting fixes that: compare with a tolerance on decisions (match detections, compare scores) "
+                f"or sort ties."
+            )
         return self.finding(first, message, predicted=predicted, precisions=tuple(flagged))
