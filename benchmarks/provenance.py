@@ -10,10 +10,10 @@ benchmarks/results/ can be traced (benchmarks/CLAIMS.md):
 
 The commit is ``git rev-parse HEAD`` of the checkout this file is in, with ``-dirty`` when a file
 outside benchmarks/results/ differs from it or is new and not ignored (``git status``; a result being
-written is no change to the code that measured it). Git runs nothing else. Where there is no repository (a copy
-of the tree on a GPU machine), the commit is taken from ``$BENCHMARK_COMMIT`` as the launcher gives
-it (``BENCHMARK_COMMIT=$(git rev-parse HEAD)`` where the copy was made), and says so; else it is
-``None``. A process records one provenance, taken when it imports this module, as the run begins: a
+written is no change to the code that measured it). Git runs nothing else. Where the launcher sets
+``$BENCHMARK_COMMIT`` (``BENCHMARK_COMMIT=$(git rev-parse HEAD)`` where a copy of the tree was made for
+a GPU machine), that is the commit, and the record says so: such a copy can hold no repository, or one
+whose HEAD is another commit. Else, without a repository, it is ``None``. A process records one provenance, taken when it imports this module, as the run begins: a
 result written at the end of a run says what the tree was when it started, whatever was edited
 while it ran.
 """
@@ -55,12 +55,13 @@ def provenance(root: Path = ROOT) -> Dict[str, Any]:
     """commit, command, machine and date, taken now."""
     record: Dict[str, Any] = {"commit": None, "command": command_line(), "machine": machine(),
                               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    commit = git_commit(root)
-    if commit is not None:
-        record["commit"] = commit
-    elif os.environ.get(COMMIT_VARIABLE):
+    # the launcher's word wins: a copy of the tree (the GPU machine's) can carry a repository whose
+    # HEAD is not the commit the copy was made from
+    if os.environ.get(COMMIT_VARIABLE):
         record["commit"] = os.environ[COMMIT_VARIABLE].strip()
-        record["commit_from"] = f"${COMMIT_VARIABLE} (no git repository at {root})"
+        record["commit_from"] = f"${COMMIT_VARIABLE}, as the launcher gave it"
+        return record
+    record["commit"] = git_commit(root)
     return record
 
 

@@ -125,3 +125,11 @@ def test_a_merged_measurement_keeps_the_provenance_of_the_runs_it_merges(tmp_pat
     assert [run["commit"] for run in merged["merged_runs"]] == ["aaa", "bbb"]
     assert "accuracy.py merge merged.json a.json b.json" in merged["provenance"]["command"]
     assert set(merged["models"]) == {"a.json", "b.json"}
+
+
+def test_the_launchers_commit_wins_over_a_repository_the_copy_carries(repo, monkeypatch):
+    """The GPU machine's copy of the tree held a repository at the session's first commit: git there
+    named a commit the copy was not made from."""
+    monkeypatch.setenv(provenance.COMMIT_VARIABLE, "c789b36")
+    record = provenance.provenance(repo)
+    assert record["commit"] == "c789b36" and provenance.COMMIT_VARIABLE in record["commit_from"]
