@@ -25,7 +25,7 @@ from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
 from preclint.core.ir import Graph
 from preclint.core.numerics import MODES
-from preclint.locations.attach import attach_source_locations, display_location, model_location, relativize
+from preclint.locations.attach import attach_source_locations, display_location, model_location, model_name, relativize
 from preclint.report import Report
 from preclint.rules.base import RuleContext
 
@@ -215,7 +215,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     rules = selected_rules(options.modes, config)
     graph = build_graph(loaded, options, analyses_needed(rules, PREDICTED_ERRORS_NEED if options.predict_errors else ()))
     predictions = predict(graph, options.modes)
-    ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
+    ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded),
+                      model_name=model_name(loaded))
     findings = run_rules(ctx, config)
     notes = list(loaded.notes) + list(graph.notes)
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
