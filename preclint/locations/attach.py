@@ -99,7 +99,7 @@ def module_definition_locations(root, paths, model_file: Optional[str] = None, m
     from preclint.capture.frames import is_internal_file
     from preclint.locations.definitions import FILE, definition_location
 
-    modules = dict(root.named_modules())
+    modules = dict(root.named_modules(remove_duplicate=False))  # a shared module under each of its names
     files: Dict[str, Optional[str]] = {}
 
     def user_file(path: str) -> Optional[str]:
