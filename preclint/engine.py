@@ -311,6 +311,7 @@ class Session:
         self.plan_options = plan
         self.warn = warn
         self._strategy = OneProcess()
+        self._source_files: set = set()  # model files the source rules checked (real paths)
         if plan is not None:
             self._plan_request()  # mistakes in the plan's settings, found before any model loads
 
@@ -416,8 +417,23 @@ class Session:
         report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
         locate(report, loaded, graph)
         files = [target] if isinstance(target, str) else [loaded.source_path] if loaded.source_path else []
-        report.findings = suppress_graph_findings(report.findings, self.config, files)
+        # the model's file gets the source rules too, as --source-only checks it (once a session)
+        source_findings, source_codes = self._model_file_findings(target)
+        report.findings = sorted(suppress_graph_findings(report.findings + source_findings, self.config, files,
+                                                         also_checked=source_codes), key=Finding.sort_key)
         return report
+
+    def _model_file_findings(self, target) -> Tuple[List[Finding], List[str]]:
+        """The source rules' findings on the file a path names (``model.py``, ``model.py:Net``),
+        and the codes that ran; nothing for a module path, a built module, or a file checked
+        before in this session (two models of one file report its source findings once)."""
+        from preclint.source.command import model_file_source_findings
+
+        filename = _model_file(target)
+        if filename is None or os.path.realpath(filename) in self._source_files:
+            return [], []
+        self._source_files.add(os.path.realpath(filename))
+        return model_file_source_findings(filename, self.config)
 
     def _measure_share(self, target, inputs) -> None:
         """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
@@ -470,6 +486,16 @@ class Session:
         loaded = _built(target, inputs)
         with _in_eval_mode(loaded.module):
             yield loaded
+
+
+def _model_file(target) -> Optional[str]:
+    """The Python file a path names, with or without ``:attr``; None for a module path or a module."""
+    if not isinstance(target, str):
+        return None
+    for candidate in (target, target.rsplit(":", 1)[0]):
+        if candidate.endswith(".py") and os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def _name_of(target) -> str:
