@@ -27,6 +27,7 @@ from preclint.core.ir import Graph
 from preclint.core.numerics import MODES
 from preclint.locations.attach import attach_source_locations, display_location, model_location, model_name, relativize
 from preclint.report import Report
+from preclint.predict.outputs import output_figures
 from preclint.rules.base import RuleContext
 
 
@@ -82,7 +83,7 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     from preclint.reference.analyses import WeightAnalysis, every_analysis, resolve
     from preclint.capture.graph import capture
     from preclint.capture.model_error import ModelRunError
-    from preclint.load.modelio import output_notes
+    from preclint.load.modelio import output_notes, tensor_output_paths
     from preclint.core.progress import task
     from preclint.reference.statistics_pass import ReferenceObserver
 
@@ -131,6 +132,7 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     if observer is not None:
         graph.first_nonfinite = observer.first_nonfinite
         graph.notes.extend(output_notes(output))
+        graph.output_paths = tensor_output_paths(output)
     for analysis in analyses:
         if issubclass(analysis, WeightAnalysis):
             analysis().annotate(graph, loaded.module)
@@ -166,6 +168,7 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
         if not predicted:
             summary[mode] = {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}, "top_layers": []}
             continue
+        top = p.top_contributors(5)
         summary[mode] = {
             "predicted_output": {
                 "rel_error": None if degenerate else p.rel_error,
@@ -173,11 +176,27 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
                 "finite": p.finite if ctx.graph.ran_reference else None,
             },
             "top_layers": [
-                {"module": ctx.display(name), "node": name, "share": round(share, 4)}
-                for name, share in p.top_contributors(5)
+                {"module": label, "node": name, "share": round(share, 4)}
+                for (name, share), label in zip(top, distinct_labels(ctx, [name for name, _ in top]))
             ],
         }
+        outputs = output_figures(ctx.graph, p, ctx.graph.output_paths) if not degenerate else []
+        if outputs:
+            summary[mode]["outputs"] = [figure.as_dict() for figure in outputs]
     return summary
+
+
+def distinct_labels(ctx: RuleContext, names: Sequence[str]) -> List[str]:
+    """``ctx.display`` of each node, told apart where two read alike (the two residual adds of one
+    block): by the line that makes each, else by the node's name."""
+    labels = [ctx.display(name) for name in names]
+    for label in {label for label in labels if labels.count(label) > 1}:
+        clashing = [i for i, other in enumerate(labels) if other == label]
+        places = [ctx.graph[names[i]].location for i in clashing]
+        lines = [f"line {place.line}" if place is not None else None for place in places]
+        for i, line in zip(clashing, lines):
+            labels[i] = f"{label} ({line})" if line and lines.count(line) == 1 else f"{label} ({names[i]})"
+    return labels
 
 
 def predicted_profile(ctx: RuleContext) -> List[Dict]:

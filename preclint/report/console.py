@@ -159,22 +159,27 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         console.print()
         table = Table(title="Predicted output error", title_justify="left", show_edge=False)
         table.add_column("precision")
+        several = any(entry.get("outputs") for entry in report.summary.values())
+        if several:  # one row per output: each error relative to that output's own values
+            table.add_column("output")
         table.add_column("relative RMS", justify="right")
         table.add_column("max abs", justify="right")
         table.add_column("finite")
         measured = any("measured_output" in e for e in report.summary.values())
         if measured:
             table.add_column("measured rel RMS", justify="right")
-        table.add_column("layers contributing most")
+        table.add_column("layers contributing most" + (" (all outputs)" if several else ""))
         for mode, entry in report.summary.items():
             out = entry["predicted_output"]
             layers = ", ".join(f"{t['module']} {percent(t['share'])}" for t in entry.get("top_layers", [])[:3])
-            row = [mode, sci(out["rel_error"]), sci(out["max_abs_error"]),
-                   "n/a" if out["finite"] is None else ("yes" if out["finite"] else "NO")]
-            if measured:
-                row.append(_measured_cell(entry))
-            row.append(layers or "-")
-            table.add_row(*(Text(visible(cell)) for cell in row))
+            for i, figure in enumerate(entry.get("outputs") or [dict(out, output="all")]):
+                row = [mode if i == 0 else ""] + ([figure["output"]] if several else [])
+                row += [sci(figure["rel_error"]), sci(figure["max_abs_error"]),
+                        "n/a" if figure["finite"] is None else ("yes" if figure["finite"] else "NO")]
+                if measured:
+                    row.append(_measured_cell(entry) if i == 0 else "")
+                row.append((layers or "-") if i == 0 else "")
+                table.add_row(*(Text(visible(cell)) for cell in row))
         console.print(table)
     if report.ledger:
         _ledger_tables(console, report)

@@ -1,0 +1,52 @@
+"""A model with several outputs (OpenCLIP: image features, text features, logit scale) gets one
+predicted error per output, each relative to its own values, not one figure for all of them whose
+relative error divides by the logit scale; and contributors that read alike are told apart."""
+import json
+import shutil
+
+import torch
+from torch import nn
+
+from preclint.cli import main
+from preclint.engine import distinct_labels
+from tests.helpers import check
+from tests.paths import MODELS
+
+
+def test_each_output_has_its_own_error_figure(capsys, tmp_path, monkeypatch):
+    shutil.copy(MODELS / "two_towers.py", tmp_path / "model.py")
+    monkeypatch.chdir(tmp_path)
+    main(["check", "model.py", "--precision", "tf32,bf16", "--output-format", "json"])
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    for mode in ("tf32", "bf16"):
+        outputs = summary[mode]["outputs"]
+        assert [o["output"] for o in outputs] == ["output[0]", "output[1]", "output[2]"]
+        image, text, scale = (o["rel_error"] for o in outputs)
+        merged = summary[mode]["predicted_output"]["rel_error"]
+        # the features' error, relative to the features, is several times the figure pooled with the scale
+        assert image > 3 * merged and text > 3 * merged
+        assert scale == 0  # exp of a float32 parameter, outside any rounding matmul
+    main(["check", "model.py", "--precision", "bf16"])
+    table = capsys.readouterr().out
+    assert "output[1]" in table and "layers contributing most (all outputs)" in table
+
+
+def test_one_output_keeps_one_figure():
+    report, _, _ = check(nn.Linear(8, 8), (torch.randn(2, 8),), precisions=("bf16",))
+    assert "outputs" not in report.summary["bf16"]
+
+
+class _TwoAdds(nn.Module):
+    def forward(self, x):
+        x = x + 0.3
+        x = x + 0.7
+        return x
+
+
+def test_contributors_that_read_alike_are_told_apart():
+    report, graph, ctx = check(_TwoAdds(), (torch.randn(64, 64) * 10,), precisions=("bf16-full",))
+    adds = [n.name for n in graph.nodes if n.target == "operator.add"]
+    labels = distinct_labels(ctx, adds)
+    assert len(set(labels)) == 2 and all(label.startswith("operator.add in _TwoAdds (line ") for label in labels)
+    shown = [t["module"] for t in report.summary["bf16-full"]["top_layers"]]
+    assert len(shown) == len(set(shown))
