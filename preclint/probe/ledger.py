@@ -152,6 +152,8 @@ def node_row(graph, ctx, result: ProbeResult, name: str) -> Dict[str, Any]:
         "location": location,
         "modes": {},
     }
+    if ctx is not None:  # the node as findings name it (``model[0] (Linear)`` in an nn.Sequential)
+        row["label"] = ctx.display(name)
     for mode, measure in result.modes.items():
         m = measure.nodes.get(name)
         if measure.error is not None or m is None:

@@ -66,8 +66,8 @@ def _share(share) -> str:
 
 
 def _ledger_row(row, m) -> list:
-    name = row["module"] if row["op"].startswith("nn.") and row["module"] else (
-        f"{row['op']} in {row['module']}" if row["module"] else row["op"])
+    name = row.get("label") or (row["module"] if row["op"].startswith("nn.") and row["module"] else (
+        f"{row['op']} in {row['module']}" if row["module"] else row["op"]))
     location = row.get("location")
     where = f"{location['path'].rsplit('/', 1)[-1]}:{location['line']}" if location else ""
     notes = []

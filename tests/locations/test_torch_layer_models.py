@@ -66,3 +66,15 @@ def test_console_script_is_never_the_location(tmp_path):
     assert done.returncode == 1, done.stderr
     assert done.stdout.splitlines()[0].startswith("model.py:4:1: PCL101"), done.stdout
     assert "bin/preclint" not in done.stdout and sys.executable not in done.stdout
+
+
+def test_probe_ledger_names_an_entry_as_findings_do():
+    import torch
+    from torch import nn
+
+    from preclint.probe.ledger import ProbeResult, node_row
+    from tests.helpers import check
+
+    _, graph, ctx = check(nn.Sequential(nn.Linear(8, 8), nn.GELU()), (torch.randn(2, 8),), precisions=("bf16",))
+    row = node_row(graph, ctx, ProbeResult(environment={}, modes={}, order=[]), "_0")
+    assert row["label"] == "model[0] (Linear)" and row["module"] == "0"
