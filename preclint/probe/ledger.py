@@ -77,6 +77,7 @@ class ModeMeasure:
     how: str  # how the mode ran (native switch or emulation)
     nodes: Dict[str, NodeMeasure] = field(default_factory=dict)
     output: Optional[Figure] = None
+    outputs: List[Optional[Figure]] = field(default_factory=list)  # a model with several float outputs: each one's
     output_finite: Optional[bool] = None
     output_flips: Optional[int] = None  # integer outputs (labels): elements that changed
     output_units: Optional[int] = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 from itertools import groupby
-from typing import Sequence
+from typing import Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -42,12 +42,19 @@ def _figure_line(f) -> str:
     return ", ".join(parts)
 
 
-def _measured_cell(entry) -> str:
+def _measured_cell(entry, output: Optional[int] = None) -> str:
+    """The measured figure of a mode; ``output``: of that one of several outputs (its own row), where
+    the probe measured each of them as the check predicted them."""
     measured = entry.get("measured_output")
     if measured is None:
         return "n/a"
     if "error" in measured:
-        return "not measured"
+        return "not measured" if not output else ""
+    if output is not None:
+        each = measured.get("outputs") or []
+        if len(each) != len(entry.get("outputs") or ()) or each[output] is None:
+            return _measured_cell(entry) if output == 0 else ""
+        measured = each[output]
     if measured.get("finite") is False:
         return "inf/NaN"
     text = sci(measured.get("rel_error"))
@@ -177,7 +184,7 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
                 row += [sci(figure["rel_error"]), sci(figure["max_abs_error"]),
                         "n/a" if figure["finite"] is None else ("yes" if figure["finite"] else "NO")]
                 if measured:
-                    row.append(_measured_cell(entry) if i == 0 else "")
+                    row.append(_measured_cell(entry, i if several else None))
                 row.append((layers or "-") if i == 0 else "")
                 table.add_row(*(Text(visible(cell)) for cell in row))
         console.print(table)

@@ -4,6 +4,8 @@ relative error divides by the logit scale; and contributors that read alike are 
 import json
 import shutil
 
+import pytest
+
 import torch
 from torch import nn
 
@@ -50,3 +52,16 @@ def test_contributors_that_read_alike_are_told_apart():
     assert len(set(labels)) == 2 and all(label.startswith("operator.add in _TwoAdds (line ") for label in labels)
     shown = [t["module"] for t in report.summary["bf16-full"]["top_layers"]]
     assert len(shown) == len(set(shown))
+
+
+@pytest.mark.slow
+def test_the_probe_measures_each_output_as_the_check_predicts_it(capsys, tmp_path, monkeypatch):
+    shutil.copy(MODELS / "two_towers.py", tmp_path / "model.py")
+    monkeypatch.chdir(tmp_path)
+    main(["check", "model.py", "--probe", "cpu", "--precision", "bf16", "--output-format", "json"])
+    entry = json.loads(capsys.readouterr().out)["summary"]["bf16"]
+    predicted = [o["rel_error"] for o in entry["outputs"]]
+    measured = [o["rel_error"] for o in entry["measured_output"]["outputs"]]
+    for p, m in zip(predicted[:2], measured[:2]):  # the features: within 3x, each against its own values
+        assert m / 3 <= p <= 3 * m
+    assert measured[2] < 1e-6  # the logit scale: float32's exp, no reduced-precision op
