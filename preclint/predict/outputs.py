@@ -24,6 +24,9 @@ class OutputFigure:
     rel_error: Optional[float]  # RMS error relative to this output's RMS; None where not finite
     max_abs_error: Optional[float]
     finite: bool
+    error: float = 0.0  # RMS absolute error
+    rms: float = 0.0  # RMS of this output's reference values
+    numel: int = 0
 
     def as_dict(self) -> dict:
         return {"output": self.name, "rel_error": self.rel_error, "max_abs_error": self.max_abs_error,
@@ -50,7 +53,8 @@ def output_figures(graph: Graph, prediction: ModePrediction, paths: Sequence[str
     if len(produced) < 2 or prediction.output_error is None:
         return []
     if not prediction.finite:
-        return [OutputFigure(f"output{path}", None, None, False) for path, _ in produced]
+        return [OutputFigure(f"output{path}", None, None, False, rms=node.out.rms, numel=node.out.numel)
+                for path, node in produced]
     forward = relative_errors(graph, prediction)
     errors = [(forward.get(node.name) or 0.0) * node.out.rms for _, node in produced]
     numel = sum(node.out.numel for _, node in produced)
@@ -61,5 +65,6 @@ def output_figures(graph: Graph, prediction: ModePrediction, paths: Sequence[str
     for error, (path, node) in zip(errors, produced):
         absolute = error * scale
         rel = absolute / node.out.rms if node.out.rms > 0 else 0.0
-        figures.append(OutputFigure(f"output{path}", rel, absolute * gaussian_max_factor(node.out.numel), True))
+        figures.append(OutputFigure(f"output{path}", rel, absolute * gaussian_max_factor(node.out.numel), True,
+                                    absolute, node.out.rms, node.out.numel))
     return figures

@@ -65,3 +65,17 @@ def test_the_probe_measures_each_output_as_the_check_predicts_it(capsys, tmp_pat
     for p, m in zip(predicted[:2], measured[:2]):  # the features: within 3x, each against its own values
         assert m / 3 <= p <= 3 * m
     assert measured[2] < 1e-6  # the logit scale: float32's exp, no reduced-precision op
+
+
+def test_the_tolerance_is_judged_on_each_output_at_its_own_scale():
+    from tests.models.two_towers import TwoTowers
+
+    model = TwoTowers().eval()
+    torch.manual_seed(1)
+    inputs = (torch.randn(4, 48), torch.randn(4, 24))
+    report, _, _ = check(model, inputs, precisions=("bf16",), rtol=1e-2, atol=1e-5, select=["PCL001"])
+    (finding,) = report.findings
+    assert "output[0] " in finding.message and "output[2] 0)" in finding.message
+    # the features' elements near zero fail: about a fifth (pooled with the scale of 14, it read 4%)
+    fraction = float(finding.message.split("on about ")[1].split("%")[0])
+    assert 10 < fraction < 30
