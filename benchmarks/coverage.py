@@ -149,7 +149,12 @@ HF_MODELS: Dict[str, Tuple[str, str, Dict, str]] = {
                 DECODER_CALL),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", DECODER, DECODER_CALL),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(DECODER, head_dim=16), DECODER_CALL),
+    # sliding-window layers (a window shorter than the input) and soft-capped logits, masked with torch.where
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(DECODER, head_dim=16, sliding_window=16), DECODER_CALL),
     "phi": ("PhiForCausalLM", "PhiConfig", TEXT, DECODER_CALL),
+    # its default pad, bos and eos ids (32000) lie beyond the small vocabulary
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(DECODER, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+             DECODER_CALL),
     "mamba": ("MambaForCausalLM", "MambaConfig", dict(vocab_size=512, hidden_size=64, num_hidden_layers=2),
               DECODER_CALL),
     "t5": ("T5ForConditionalGeneration", "T5Config",
@@ -201,6 +206,10 @@ REPRESENTATIVE = [
     "timm/convnext_atto", "timm/mixer_s16_224",
     "hf/bert", "hf/gpt2", "hf/gpt2_upcast", "hf/llama", "hf/mixtral", "hf/t5", "hf/bart", "hf/whisper",
     "hf/wav2vec2", "hf/clip", "hf/detr", "hf/vit",
+    # the families issue 26 tried as a new user would
+    "resnext50_32x4d", "timm/eva02_tiny_patch14_224", "timm/fastvit_t8", "timm/efficientvit_b0",
+    "timm/maxvit_nano_rw_256", "timm/nf_resnet26", "hf/qwen2", "hf/mistral", "hf/gemma2", "hf/phi3", "hf/mamba",
+    "hf/dinov2", "hf/segformer",
 ]
 
 HF_FILE = """\
@@ -372,6 +381,9 @@ def report_figures(report: Dict) -> Dict:
                 refuted[f["code"]] = refuted.get(f["code"], 0) + 1
     entry["findings"] = dict(sorted(codes.items()))
     entry["static"] = dict(sorted(statuses.items()))
+    misplaced = misplaced_findings(report)
+    if misplaced:
+        entry["misplaced"] = misplaced
     if refuted:
         entry["refuted"] = dict(sorted(refuted.items()))
     notes = [n for n in report.get("notes", []) if any(
@@ -389,6 +401,19 @@ def report_figures(report: Dict) -> Dict:
     if detections:
         entry["detections"] = detections
     return entry
+
+
+def misplaced_findings(report: Dict) -> int:
+    """Findings located outside the model's file and the libraries that hold its layers: in
+    preclint's own files, the launcher that started it, Python's runpy (issue 26)."""
+    model_file = (report.get("model") or "").rsplit(":", 1)[0]
+    count = 0
+    for f in report.get("findings", []):
+        location = f.get("location") or {}
+        path = location.get("path")
+        if path and path != model_file and (not location.get("library") or path.startswith("preclint/")):
+            count += 1
+    return count
 
 
 class Budget:
@@ -490,6 +515,7 @@ def summarize_group(entries: List[Dict], probes: List[str]) -> Dict:
         "all_ok": all_ok,
         "no_crash": no_crash,
         "failures": dict(sorted(failures.items())),
+        "misplaced_findings": sum(e.get(k, {}).get("misplaced", 0) for e in entries for k in keys),
         "static_findings": dict(sorted(static.items())),
         "refuted_pct": round(100.0 * static.get("refuted", 0) / total_static, 2) if total_static else None,
         "ok_wall_s": {"median": walls[len(walls) // 2] if walls else None, "max": walls[-1] if walls else None,

@@ -25,8 +25,9 @@ from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
 from preclint.core.ir import Graph
 from preclint.core.numerics import MODES
-from preclint.locations.attach import attach_source_locations, display_location, model_location, relativize
+from preclint.locations.attach import attach_source_locations, display_location, model_location, model_name, relativize
 from preclint.report import Report
+from preclint.predict.outputs import output_figures
 from preclint.rules.base import RuleContext
 
 
@@ -82,7 +83,7 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     from preclint.reference.analyses import WeightAnalysis, every_analysis, resolve
     from preclint.capture.graph import capture
     from preclint.capture.model_error import ModelRunError
-    from preclint.load.modelio import output_notes
+    from preclint.load.modelio import output_notes, tensor_output_paths
     from preclint.core.progress import task
     from preclint.reference.statistics_pass import ReferenceObserver
 
@@ -131,6 +132,7 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     if observer is not None:
         graph.first_nonfinite = observer.first_nonfinite
         graph.notes.extend(output_notes(output))
+        graph.output_paths = tensor_output_paths(output)
     for analysis in analyses:
         if issubclass(analysis, WeightAnalysis):
             analysis().annotate(graph, loaded.module)
@@ -166,6 +168,7 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
         if not predicted:
             summary[mode] = {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}, "top_layers": []}
             continue
+        top = p.top_contributors(5)
         summary[mode] = {
             "predicted_output": {
                 "rel_error": None if degenerate else p.rel_error,
@@ -173,11 +176,27 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
                 "finite": p.finite if ctx.graph.ran_reference else None,
             },
             "top_layers": [
-                {"module": ctx.display(name), "node": name, "share": round(share, 4)}
-                for name, share in p.top_contributors(5)
+                {"module": label, "node": name, "share": round(share, 4)}
+                for (name, share), label in zip(top, distinct_labels(ctx, [name for name, _ in top]))
             ],
         }
+        outputs = output_figures(ctx.graph, p, ctx.graph.output_paths) if not degenerate else []
+        if outputs:
+            summary[mode]["outputs"] = [figure.as_dict() for figure in outputs]
     return summary
+
+
+def distinct_labels(ctx: RuleContext, names: Sequence[str]) -> List[str]:
+    """``ctx.display`` of each node, told apart where two read alike (the two residual adds of one
+    block): by the line that makes each, else by the node's name."""
+    labels = [ctx.display(name) for name in names]
+    for label in {label for label in labels if labels.count(label) > 1}:
+        clashing = [i for i, other in enumerate(labels) if other == label]
+        places = [ctx.graph[names[i]].location for i in clashing]
+        lines = [f"line {place.line}" if place is not None else None for place in places]
+        for i, line in zip(clashing, lines):
+            labels[i] = f"{label} ({line})" if line and lines.count(line) == 1 else f"{label} ({names[i]})"
+    return labels
 
 
 def predicted_profile(ctx: RuleContext) -> List[Dict]:
@@ -231,7 +250,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     rules = selected_rules(options.modes, config)
     graph = build_graph(loaded, options, analyses_needed(rules, errors_need(options.modes) if options.predict_errors else ()))
     predictions = predict(graph, options.modes)
-    ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded))
+    ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded),
+                      model_name=model_name(loaded))
     findings = run_rules(ctx, config)
     notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes)
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
@@ -327,6 +347,7 @@ class Session:
         self.plan_options = plan
         self.warn = warn
         self._strategy = OneProcess()
+        self._source_files: set = set()  # model files the source rules checked (real paths)
         if plan is not None:
             self._plan_request()  # mistakes in the plan's settings, found before any model loads
 
@@ -443,8 +464,23 @@ class Session:
         report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
         locate(report, loaded, graph)
         files = [target] if isinstance(target, str) else [loaded.source_path] if loaded.source_path else []
-        report.findings = suppress_graph_findings(report.findings, self.config, files)
+        # the model's file gets the source rules too, as --source-only checks it (once a session)
+        source_findings, source_codes = self._model_file_findings(target)
+        report.findings = sorted(suppress_graph_findings(report.findings + source_findings, self.config, files,
+                                                         also_checked=source_codes), key=Finding.sort_key)
         return report
+
+    def _model_file_findings(self, target) -> Tuple[List[Finding], List[str]]:
+        """The source rules' findings on the file a path names (``model.py``, ``model.py:Net``),
+        and the codes that ran; nothing for a module path, a built module, or a file checked
+        before in this session (two models of one file report its source findings once)."""
+        from preclint.source.command import model_file_source_findings
+
+        filename = _model_file(target)
+        if filename is None or os.path.realpath(filename) in self._source_files:
+            return [], []
+        self._source_files.add(os.path.realpath(filename))
+        return model_file_source_findings(filename, self.config)
 
     def _measure_share(self, target, inputs) -> None:
         """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
@@ -500,6 +536,16 @@ class Session:
         loaded = _built(target, inputs)
         with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
+
+
+def _model_file(target) -> Optional[str]:
+    """The Python file a path names, with or without ``:attr``; None for a module path or a module."""
+    if not isinstance(target, str):
+        return None
+    for candidate in (target, target.rsplit(":", 1)[0]):
+        if candidate.endswith(".py") and os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def _name_of(target) -> str:

@@ -123,8 +123,8 @@ def apply_policy(model: torch.nn.Module, policy: Union[Policy, Dict[str, Any], s
     ``Module.to``, and returned). Raises PolicyError when the policy names a module or a parameter
     the model lacks."""
     policy = load_policy(policy)
-    modules = dict(model.named_modules())
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    modules = dict(model.named_modules(remove_duplicate=False))  # a shared module under each of its names
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
     unknown = sorted({k.module for k in policy.keep if is_module(k.module) and k.module not in modules
                       or param_name(k.module) is not None and param_name(k.module) not in tensors
                       or not is_module(k.module) and param_name(k.module) is None

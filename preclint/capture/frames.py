@@ -50,10 +50,13 @@ def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
     if not stack_trace:
         return ()
     frames = _FRAME_RE.findall(stack_trace)  # outermost first
-    # the innermost frames are FX's and the tracer's own (preclint's tracer records the op's region)
-    while frames and not _is_model_code(frames[-1][0]):
-        frames.pop()
     entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
+    # The innermost preclint frame with no model code inside it is the tracer's own hook (create_node,
+    # which records the op's autocast region), not the call into the model: the model's frames lie
+    # between the call and the hook. A model of torch's own layers alone has none there, and what lies
+    # outside the call (the console script, runpy, a test) is whoever ran preclint, never the model.
+    if len(entered) > 1 and not any(_is_model_code(path) for path, _, _ in frames[entered[-1] + 1:]):
+        entered.pop()
     inner = frames[entered[-1] + 1:] if entered else frames
     return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
 

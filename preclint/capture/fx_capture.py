@@ -18,6 +18,7 @@ from preclint.capture.calls import call_attrs, direct_params, display_target, sc
 from preclint.capture.frames import model_frames_from_trace
 from preclint.capture.model_error import ModelRunError
 from preclint.capture.observer import Observer
+from preclint.capture.shared_modules import call_site_path, shared_module_paths
 from preclint.core.ir import Kind, Node
 from preclint.load.modelio import Inputs
 
@@ -31,6 +32,17 @@ class _Tracer(fx.Tracer):
         # stores the result as a trace constant, so that the ops a cast model runs on the rounded buffer
         # (and the buffer itself) are not in the graph
         self.proxy_buffer_attributes = proxy_buffers
+        self._shared: Optional[Dict[int, Tuple[str, ...]]] = None
+
+    def path_of_module(self, mod: torch.nn.Module) -> str:
+        # a module held in several places is named after the module whose forward calls it (the scope
+        # FX is in), not after its first owner: each call site is a place of its own
+        path = super().path_of_module(mod)
+        if self._shared is None:
+            self._shared = shared_module_paths(self.root)
+        if id(mod) in self._shared:
+            return call_site_path(self.root, self.scope.module_path, mod, path)
+        return path
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return ops.is_leaf_module(m)

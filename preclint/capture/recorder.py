@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
 from preclint.capture import autocast_regions, ops
 from preclint.capture.calls import call_attrs, direct_params, display_target, scalar_args, set_reduction_length
 from preclint.capture.frames import model_frames_on_stack
+from preclint.capture.shared_modules import call_site_path, shared_module_paths
 from preclint.capture.model_error import ModelRunError
 from preclint.capture.observer import Observer
 from preclint.capture.trees import leaves
@@ -78,7 +79,9 @@ class _Recorder(TorchFunctionMode):
         self.origin = observer.origin
         self.nodes: List[Node] = []
         self.producer: Dict[int, Tuple[str, torch.Tensor]] = {}  # id(tensor) -> (node name, tensor kept alive)
+        self.root = root
         self.paths = {id(m): p for p, m in root.named_modules()}
+        self.shared = shared_module_paths(root)  # called from several places: named after each call site
         self.module_stack: List[Tuple[str, str]] = []
         self.leaf_depth = 0
         self.busy = False
@@ -101,9 +104,13 @@ class _Recorder(TorchFunctionMode):
         while frame is not None:
             code = frame.f_code
             if code.co_argcount and code.co_varnames[0] == "self":
-                path = self.paths.get(id(frame.f_locals.get("self")))
+                owner = frame.f_locals.get("self")
+                path = self.paths.get(id(owner))
                 if path is not None:
-                    return path, type(frame.f_locals["self"]).__name__
+                    if id(owner) in self.shared:  # the place of this call: the innermost running one
+                        places = self.shared[id(owner)]
+                        path = next((p for p, _ in reversed(self.module_stack) if p in places), path)
+                    return path, type(owner).__name__
             frame = frame.f_back
         return self.module_stack[-1] if self.module_stack else ("", "")
 
@@ -151,10 +158,17 @@ class _Recorder(TorchFunctionMode):
         node = Node(name, Kind.INPUT, f"input:{name}", fn="input")
         self._publish(node, (), {}, None, value)
 
+    def _path(self, module) -> str:
+        """The module's path; a module held in several places, as the running module calls it."""
+        path = self.paths.get(id(module), "")
+        if id(module) in self.shared:
+            return call_site_path(self.root, self.module_stack[-1][0] if self.module_stack else "", module, path)
+        return path
+
     def _pre_hook(self, module, args, kwargs):
         if self.busy:
             return None
-        path = self.paths.get(id(module), "")
+        path = self._path(module)
         if self.leaf_depth == 0 and ops.is_leaf_module(module):
             kind, fn = ops.classify_module(module)
             probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
@@ -178,7 +192,7 @@ class _Recorder(TorchFunctionMode):
         if self.leaf_depth == 1:
             self.leaf_depth = 0
             args, kwargs, probe = module.__dict__.pop("_preclint_inputs", (args, kwargs, None))
-            path = self.paths.get(id(module), "")
+            path = self._path(module)
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
             frames = model_frames_on_stack() if self.locate else ()

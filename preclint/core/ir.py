@@ -139,6 +139,7 @@ class Graph:
     module_attrs: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # module path -> attributes rules need
     fx_graph: Any = None  # the traced torch.fx.Graph (FX capture only): the probe re-runs it on copies of the model
     analyses: Tuple[type, ...] = ()  # the analyses (preclint.reference.analyses) that ran: their records are on the nodes
+    output_paths: Tuple[str, ...] = ()  # each tensor the model returns, as indexed: "[0]", "['logits']", ".boxes"
 
     def computed(self, records) -> bool:
         """Whether the analyses writing each of ``records`` ran (a node without one then has nothing

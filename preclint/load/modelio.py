@@ -137,6 +137,11 @@ def output_tensors(value: Any) -> List[torch.Tensor]:
     return [leaf for _, leaf in output_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
+def tensor_output_paths(output: Any) -> Tuple[str, ...]:
+    """The path of each tensor in a nested output, in order (``output_leaves``)."""
+    return tuple(path for path, leaf in output_leaves(output) if isinstance(leaf, torch.Tensor))
+
+
 def output_notes(output: Any) -> List[str]:
     """What the report says about outputs that nothing compares: values that are not tensors, and a
     model without a floating-point output tensor (whose rounding no output error can show)."""

@@ -30,8 +30,24 @@ def model_location(loaded) -> Optional[Location]:
     return Location(path, line, 1)
 
 
+def model_name(loaded) -> str:
+    """What the user's file calls the model, for naming its parts as the user indexes them
+    (``net[0]``): the name it was loaded as where the file assigns it an instance, else ``model``."""
+    import ast
+
+    name = loaded.name.rsplit(":", 1)[-1]
+    statement = _top_level_statement(loaded.source_path, name) if loaded.source_path else None
+    return name if isinstance(statement, (ast.Assign, ast.AnnAssign)) else "model"
+
+
 def _top_level_definition(path: str, name: str) -> Optional[int]:
     """The line of the module-level class, function or assignment that defines ``name`` in ``path``."""
+    statement = _top_level_statement(path, name)
+    return statement.lineno if statement is not None else None
+
+
+def _top_level_statement(path: str, name: str):
+    """The module-level class, function or assignment (an ast statement) that defines ``name``."""
     import ast
 
     from preclint.text.lines import file_text
@@ -45,10 +61,10 @@ def _top_level_definition(path: str, name: str) -> Optional[int]:
         return None
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
-            return stmt.lineno
+            return stmt
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return stmt.lineno
+            return stmt
     return None
 
 
@@ -70,18 +86,20 @@ def relativize(findings: Sequence[Finding]) -> None:
         f.related = tuple((display_location(loc), text) for loc, text in f.related)
 
 
-def module_definition_locations(root, paths) -> Dict[str, Location]:
+def module_definition_locations(root, paths, model_file: Optional[str] = None, model_name: str = "") -> Dict[str, Location]:
     """module path -> the line in the user's code that builds that module.
 
     A module is built by the nearest enclosing module whose class the user wrote (torchvision's and
     torch's own classes are not the user's code): ``stages.0.depthwise`` is built by the class of
     ``stages.0`` as its ``depthwise`` attribute; a block inside an ``nn.Sequential`` by the class that
-    builds the Sequential.
+    builds the Sequential. Where no class of the user's encloses it (a model of torch's own layers,
+    ``model = nn.Sequential(nn.Linear(...), ...)``), by the line of ``model_file`` that builds the
+    model ``model_name`` names, or the entry there that builds the module.
     """
     from preclint.capture.frames import is_internal_file
-    from preclint.locations.definitions import definition_location
+    from preclint.locations.definitions import FILE, definition_location
 
-    modules = dict(root.named_modules())
+    modules = dict(root.named_modules(remove_duplicate=False))  # a shared module under each of its names
     files: Dict[str, Optional[str]] = {}
 
     def user_file(path: str) -> Optional[str]:
@@ -107,6 +125,10 @@ def module_definition_locations(root, paths) -> Dict[str, Location]:
             if where is not None:
                 found[path] = where
             break
+        else:
+            where = definition_location(model_file, FILE, f"{model_name}.{path}") if model_file and model_name else None
+            if where is not None:
+                found[path] = where
     return found
 
 
@@ -123,7 +145,8 @@ def attach_source_locations(findings: List[Finding], loaded, graph: Optional[Gra
 
     modules = {f.module for f in findings if f.module}
     # nothing to place: don't pay for parsing (or importing libcst)
-    definitions = module_definition_locations(loaded.module, modules) if modules else {}
+    definitions = (module_definition_locations(loaded.module, modules, loaded.source_path, loaded.name.rsplit(":", 1)[-1])
+                   if modules else {})
     fallback = model_location(loaded)
     for f in findings:
         built = definitions.get(f.module)

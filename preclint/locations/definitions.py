@@ -13,6 +13,11 @@
             setattr(self, "head", nn.Linear(8, 2))      -> ("Block", "head")
             self.add_module("proj", nn.Linear(8, 8))    -> ("Block", "proj")
 
+    model = nn.Sequential(                          -> ("", "model"): the file's top level
+        nn.Linear(8, 8),                            -> ("", "model.0")
+    )
+    def build(): return nn.Sequential(...)          -> ("", "build"), ("", "build.0"), ...
+
 Entries of ``nn.Sequential(...)``, ``nn.ModuleList([...])`` and ``nn.ModuleDict({...})`` written out
 literally get their own line; any other entry (``nn.Sequential(*layers)``, a comprehension) resolves to
 the assignment line through ``definition_location``. ``locate_calls`` maps the same keys to the lines
@@ -35,6 +40,7 @@ from preclint.text.guard import run_with_deep_stack
 from preclint.text.sourcefile import ParseFailure, SourceFile
 
 Key = Tuple[str, str]
+FILE = ""  # the class name of the keys of the file's top level: ("", "model"), ("", "model.0")
 CONTAINERS = ("Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 REGISTER = ("add_module", "register_module")
 
@@ -74,30 +80,29 @@ class _Locator(cst.CSTVisitor):
             return None
         return self.methods[-1][1] or None
 
-    def _define(self, attr: str, node: cst.CSTNode, value: Optional[cst.BaseExpression]) -> None:
-        key = (self.classes[-1], attr)
+    def _define(self, attr: str, node: cst.CSTNode, value: Optional[cst.BaseExpression], klass: Optional[str] = None) -> None:
+        key = (self.classes[-1] if klass is None else klass, attr)
         # the first assignment in __init__ wins over later re-assignments and other methods
-        in_init = self.methods[-1][0] == "__init__"
+        in_init = bool(self.methods) and self.methods[-1][0] == "__init__"
         if key not in self.definitions or (in_init and key not in self._init_keys):
             self.definitions[key] = self._loc(node)
             if in_init:
                 self._init_keys.add(key)
             if value is not None:
-                self._entries(attr, value)
+                self._entries(attr, value, key[0])
 
-    def _entries(self, attr: str, value: cst.BaseExpression) -> None:
+    def _entries(self, attr: str, value: cst.BaseExpression, klass: str) -> None:
         """Literal entries of a container module: ``attr.0``, ``attr.1``, ... or ``attr.<key>``."""
         if not isinstance(value, cst.Call):
             return
         name = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
         if name not in CONTAINERS:
             return
-        klass = self.classes[-1]
         args = value.args
         if name == "Sequential" and args and all(a.keyword is None and not a.star for a in args):
             items = [a.value for a in args]
             if len(items) == 1 and isinstance(items[0], cst.Call) and (dotted_name(items[0].func) or "").endswith("OrderedDict"):
-                self._dict_entries(attr, items[0].args[0].value if items[0].args else None)
+                self._dict_entries(attr, items[0].args[0].value if items[0].args else None, klass)
                 return
             for i, item in enumerate(items):
                 self.definitions.setdefault((klass, f"{attr}.{i}"), self._loc(item))
@@ -107,10 +112,9 @@ class _Locator(cst.CSTVisitor):
                     return
                 self.definitions.setdefault((klass, f"{attr}.{i}"), self._loc(element.value))
         elif name in ("ModuleDict", "ParameterDict") and args:
-            self._dict_entries(attr, args[0].value)
+            self._dict_entries(attr, args[0].value, klass)
 
-    def _dict_entries(self, attr: str, value: Optional[cst.BaseExpression]) -> None:
-        klass = self.classes[-1]
+    def _dict_entries(self, attr: str, value: Optional[cst.BaseExpression], klass: str) -> None:
         if isinstance(value, cst.Dict):
             for element in value.elements:
                 if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
@@ -129,6 +133,11 @@ class _Locator(cst.CSTVisitor):
         return None
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        if not self.classes and not self.methods:  # ``model = nn.Sequential(...)`` at the top level
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self._define(target.target.value, target.target, node.value, klass=FILE)
+            return
         for target in node.targets:
             attr = self._attr_of_self(target.target)
             if attr:
@@ -138,6 +147,11 @@ class _Locator(cst.CSTVisitor):
         attr = self._attr_of_self(node.target)
         if attr and node.value is not None:
             self._define(attr, node.target, node.value)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        # a top-level factory, ``def build(): return nn.Sequential(...)``: what it returns is the model
+        if not self.classes and len(self.methods) == 1 and node.value is not None:
+            self._define(self.methods[0][0], node, node.value, klass=FILE)
 
     def visit_Call(self, node: cst.Call) -> None:
         me = self._self_name()

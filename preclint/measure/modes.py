@@ -494,7 +494,7 @@ def _tf32_modules(model: torch.nn.Module, graph) -> set:
     """ids of the dot-product modules whose kernels take TF32 (tf32_kernel), judged from the shapes
     the check recorded for the nodes that call them."""
     uses = {}
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(remove_duplicate=False))  # a shared module under each of its names
     for node in (graph.nodes if graph is not None else ()):
         module = modules.get(node.module_path) if node.target.startswith("nn.") else None
         if module is not None and node.kind in DOT_PRODUCT_KINDS:

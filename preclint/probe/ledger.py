@@ -77,6 +77,7 @@ class ModeMeasure:
     how: str  # how the mode ran (native switch or emulation)
     nodes: Dict[str, NodeMeasure] = field(default_factory=dict)
     output: Optional[Figure] = None
+    outputs: List[Optional[Figure]] = field(default_factory=list)  # a model with several float outputs: each one's
     output_finite: Optional[bool] = None
     output_flips: Optional[int] = None  # integer outputs (labels): elements that changed
     output_units: Optional[int] = None
@@ -156,6 +157,8 @@ def node_row(graph, ctx, result: ProbeResult, name: str) -> Dict[str, Any]:
         "location": location,
         "modes": {},
     }
+    if ctx is not None:  # the node as findings name it (``model[0] (Linear)`` in an nn.Sequential)
+        row["label"] = ctx.display(name)
     for mode, measure in result.modes.items():
         m = measure.nodes.get(name)
         if measure.error is not None or m is None:

@@ -39,10 +39,19 @@ class Pending:
     contribution_slots: Dict[str, int] = field(default_factory=dict)
     norm_slot: Optional[int] = None  # ||E|| the contributions are divided by
     out_slots: List[Tuple[Tuple[int, int], int]] = field(default_factory=list)  # ((||e||_2, ||e||_inf), ||ref||_2)
+    output_slots: List[Optional[int]] = field(default_factory=list)  # each float output: its index in out_slots
     tol_slots: Optional[Tuple[int, int, int, int]] = None  # (failing, elements, smallest atol, smallest rtol)
     flip_slots: List[Tuple[int, int]] = field(default_factory=list)  # (changed elements slot, elements)
     delta: Union[None, float, List[Tuple[int, bool]]] = None  # the plain run against the observed one: inf, or [(slot, is_label)]
     detections: Optional[DetectionComparison] = None  # the output's detection sets against the reference's
+
+
+def _output_figure(scalars, slots) -> Figure:
+    (e2, einf), r2 = slots
+    err, ref, max_abs = scalars[e2], scalars[r2], scalars[einf]
+    if not (_finite(err) and _finite(max_abs)):
+        return Figure(float("inf"), float("inf"))
+    return Figure(err / ref if ref > 0 else 0.0, max_abs)
 
 
 def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputError,
@@ -62,7 +71,9 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
     pending.detections = compare_detections(swept.output, obs.ref.output)
     if pending.detections is not None:
         errors, ref_outputs = errors + pending.detections.errors, ref_outputs + pending.detections.references
-    for e, r in zip(errors, ref_outputs):
+    for i, (e, r) in enumerate(zip(errors, ref_outputs)):
+        if i < len(outputs.errors):
+            pending.output_slots.append(len(pending.out_slots) if e is not None else None)
         if e is None:
             continue
         pending.out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
@@ -133,6 +144,9 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
         rel = (sq_err ** 0.5 / sq_ref ** 0.5 if sq_ref > 0 else 0.0) if finite else float("inf")
         measure.output = Figure(rel, max_abs if finite else float("inf"))
         measure.output_finite = finite
+        if len(pending.output_slots) > 1:  # several outputs: each one's figure too, relative to its own values
+            measure.outputs = [_output_figure(scalars, out_slots[k]) if k is not None else None
+                               for k in pending.output_slots]
     if flip_slots:
         measure.output_flips = int(sum(scalars[s] for s, _ in flip_slots))
         measure.output_units = int(sum(n for _, n in flip_slots))

@@ -124,9 +124,21 @@ def difference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, same_inf: b
     The values compared are references (float32, or float64 for the ablation) and float32, float16
     or bfloat16 results; their difference is computed in the wider dtype and stored as ``dtype``
     (error_dtype): plenty for figures.
-    ``same_inf``: elements that are the same inf (or both NaN) differ by 0, not NaN."""
+    ``same_inf`` (one of them holds inf or NaN): elements that are the same inf (or both NaN) differ
+    by 0, not NaN; so do elements where both hold the same fill, the lowest (or highest) value of
+    their dtype or that value overflowed to inf (a mask made with ``torch.finfo(dtype).min``, which is
+    -1.8e308 in the float64 reference, -inf kept as float32, and -3.4e38 in a float32 run): they are
+    the model's masking, selected away, not a rounding error, and no finite difference measures them."""
     out = torch.empty(a.shape, dtype=dtype, device=a.device)
     d = torch.sub(a.detach(), b.detach(), out=out)
     if same_inf:
-        d = d.masked_fill((a == b) | (a.isnan() & b.isnan()), 0.0)
+        same = (a == b) | (a.isnan() & b.isnan())
+        if a.is_floating_point() and b.is_floating_point():
+            same |= _at_extreme(a) & _at_extreme(b) & ((a > 0) == (b > 0))
+        d = d.masked_fill(same, 0.0)
     return d
+
+
+def _at_extreme(t: torch.Tensor) -> torch.Tensor:
+    """Elements at the largest magnitude their dtype holds, or beyond it (inf)."""
+    return t.detach().abs() >= torch.finfo(t.dtype).max

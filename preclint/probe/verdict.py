@@ -191,6 +191,11 @@ def summary_entries(result: ProbeResult, degenerate: bool = False) -> Dict[str, 
         if measure.output is not None:
             entry["rel_error"] = None if degenerate else measure.output.rel_error
             entry["max_abs_error"] = measure.output.max_abs_error
+        if measure.outputs:
+            entry["outputs"] = [None if f is None else {
+                "rel_error": None if degenerate or not math.isfinite(f.rel_error) else f.rel_error,
+                "max_abs_error": f.max_abs_error if math.isfinite(f.max_abs_error) else None,
+                "finite": math.isfinite(f.rel_error)} for f in measure.outputs]
         entry["finite"] = measure.output_finite
         if measure.output_units:
             entry["flip_fraction"] = measure.output_flips / measure.output_units

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 from itertools import groupby
-from typing import Sequence
+from typing import Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -42,12 +42,19 @@ def _figure_line(f) -> str:
     return ", ".join(parts)
 
 
-def _measured_cell(entry) -> str:
+def _measured_cell(entry, output: Optional[int] = None) -> str:
+    """The measured figure of a mode; ``output``: of that one of several outputs (its own row), where
+    the probe measured each of them as the check predicted them."""
     measured = entry.get("measured_output")
     if measured is None:
         return "n/a"
     if "error" in measured:
-        return "not measured"
+        return "not measured" if not output else ""
+    if output is not None:
+        each = measured.get("outputs") or []
+        if len(each) != len(entry.get("outputs") or ()) or each[output] is None:
+            return _measured_cell(entry) if output == 0 else ""
+        measured = each[output]
     if measured.get("finite") is False:
         return "inf/NaN"
     text = sci(measured.get("rel_error"))
@@ -86,8 +93,8 @@ def _share(share) -> str:
 
 
 def _ledger_row(row, m) -> list:
-    name = row["module"] if row["op"].startswith("nn.") and row["module"] else (
-        f"{row['op']} in {row['module']}" if row["module"] else row["op"])
+    name = row.get("label") or (row["module"] if row["op"].startswith("nn.") and row["module"] else (
+        f"{row['op']} in {row['module']}" if row["module"] else row["op"]))
     location = row.get("location")
     where = f"{location['path'].rsplit('/', 1)[-1]}:{location['line']}" if location else ""
     notes = []
@@ -179,22 +186,27 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         console.print()
         table = Table(title="Predicted output error", title_justify="left", show_edge=False)
         table.add_column("precision")
+        several = any(entry.get("outputs") for entry in report.summary.values())
+        if several:  # one row per output: each error relative to that output's own values
+            table.add_column("output")
         table.add_column("relative RMS", justify="right")
         table.add_column("max abs", justify="right")
         table.add_column("finite")
         measured = any("measured_output" in e for e in report.summary.values())
         if measured:
             table.add_column("measured rel RMS", justify="right")
-        table.add_column("layers contributing most")
+        table.add_column("layers contributing most" + (" (all outputs)" if several else ""))
         for mode, entry in report.summary.items():
             out = entry["predicted_output"]
             layers = ", ".join(f"{t['module']} {percent(t['share'])}" for t in entry.get("top_layers", [])[:3])
-            row = [mode, sci(out["rel_error"]), sci(out["max_abs_error"]),
-                   "n/a" if out["finite"] is None else ("yes" if out["finite"] else "NO")]
-            if measured:
-                row.append(_measured_cell(entry))
-            row.append(layers or "-")
-            table.add_row(*(Text(visible(cell)) for cell in row))
+            for i, figure in enumerate(entry.get("outputs") or [dict(out, output="all")]):
+                row = [mode if i == 0 else ""] + ([figure["output"]] if several else [])
+                row += [sci(figure["rel_error"]), sci(figure["max_abs_error"]),
+                        "n/a" if figure["finite"] is None else ("yes" if figure["finite"] else "NO")]
+                if measured:
+                    row.append(_measured_cell(entry, i if several else None))
+                row.append((layers or "-") if i == 0 else "")
+                table.add_row(*(Text(visible(cell)) for cell in row))
         console.print(table)
         _compiled_table(console, report)
     if report.ledger:

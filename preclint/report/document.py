@@ -13,7 +13,8 @@ class Report:
     """Everything a run found, in preclint's own terms.
 
     ``summary`` maps a mode to ``{"predicted_output": {"rel_error", "max_abs_error", "finite"},
-    "top_layers": [{"module", "op", "share"}...]}`` (plus ``"measured_output"`` after a probe).
+    "top_layers": [{"module", "op", "share"}...]}`` (plus ``"measured_output"`` after a probe, and
+    ``"outputs": [{"output", "rel_error", "max_abs_error", "finite"}...]`` for a model with several).
     ``environment`` and ``ledger`` are set by the probe.
     """
 

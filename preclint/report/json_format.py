@@ -47,6 +47,8 @@ def to_dict(report: Report) -> dict:
         item = {"predicted_output": {k: _number(v) for k, v in entry["predicted_output"].items()}}
         if "top_layers" in entry:
             item["top_layers"] = entry["top_layers"]
+        if "outputs" in entry:  # a model with several outputs: each one's predicted error
+            item["outputs"] = [{k: v if k == "output" else _number(v) for k, v in figure.items()} for figure in entry["outputs"]]
         for key in ("measured_output", "compiled_output"):
             if key in entry:
                 item[key] = {k: _number(v) for k, v in entry[key].items()}

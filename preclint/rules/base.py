@@ -42,6 +42,7 @@ class RuleContext:
     rtol: Optional[float] = None
     atol: Optional[float] = None
     model_location: Optional[Location] = None
+    model_name: str = "model"  # what the user's file calls the model: ``model[0]`` names its first entry
 
     def for_rule(self, rule: "type[RuleDoc]") -> "RuleContext":
         """This context as ``rule`` sees it: only the modes among its ``precisions``."""
@@ -68,11 +69,25 @@ class RuleContext:
         node = self.graph.get(name)
         if node is None:
             return name
+        path = readable_module_path(node.module_path, self.model_name)
         if node.module_path and node.target.startswith("nn."):
-            return node.module_path
+            # an entry of a container the user built (``model[0]``) says what it is, as ``conv1`` does
+            return f"{path} ({node.module_type})" if path != node.module_path and node.module_type else path
         # an op of the root module's own forward is named with the root's class
-        where = f" in {node.module_path}" if node.module_path else (f" in {node.module_type}" if node.module_type else "")
+        where = f" in {path}" if node.module_path else (f" in {node.module_type}" if node.module_type else "")
         return f"{node.target}{where}" if node.kind != "input" else f"the input {name}"
+
+
+def readable_module_path(path: str, model_name: str = "model") -> str:
+    """A module path as the user indexes it where it starts inside a container the model is (an
+    ``nn.Sequential`` of torch's layers): ``0.conv`` is ``model[0].conv``; other paths as they are."""
+    parts = path.split(".") if path else []
+    if not parts or not parts[0].isdigit():
+        return path
+    text = model_name
+    for part in parts:
+        text += f"[{part}]" if part.isdigit() else f".{part}"
+    return text
 
 
 # What the probe compares a graph rule's prediction with (Rule.measured_as), and when the finding is

@@ -70,9 +70,23 @@ def apply_baseline_to_reports(reports: Sequence, baseline: Optional[str] = None,
     return bool(write_baseline)
 
 
-def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_files: Sequence[str] = ()) -> List[Finding]:
+def model_file_source_findings(filename: str, config: Config) -> Tuple[List[Finding], List[str]]:
+    """(findings, codes of the rules that ran) of the source rules on the file a model was loaded
+    from, as ``--source-only`` finds them (its excludes, per-file-ignores, unreadable-file findings),
+    before suppression comments: the graph check suppresses them with its own findings, in one pass,
+    so that an unused or unknown suppression is reported once. Reads the file; never runs it, and
+    writes no cache (the check of a model was never a source run's)."""
+    from preclint.source.run import check_paths
+
+    run = check_paths([filename], config, cache=False, jobs=1, suppress=False)
+    return run.findings, run.codes
+
+
+def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_files: Sequence[str] = (),
+                            also_checked: Sequence[str] = ()) -> List[Finding]:
     """Suppressions (and per-file-ignores) for the findings of a graph check: the codes judged for
-    unused suppressions are the graph rules that ran; ``model_files`` are searched for them too."""
+    unused suppressions are the graph rules that ran and ``also_checked`` (the source rules run on
+    the model's file); ``model_files`` are searched for them too."""
     from preclint.rules import graph_rules
     from preclint.source.run import reports_unused
     from preclint.source.suppress import apply_suppressions
@@ -81,7 +95,7 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     files = [display_path(p) for p in model_files if os.path.isfile(p)]
     if not findings and not files:  # nothing to filter and no file to look for unused suppressions in
         return []
-    checked = [rule.code for rule in graph_rules() if config.is_selected(rule.code)]
+    checked = [rule.code for rule in graph_rules() if config.is_selected(rule.code)] + list(also_checked)
     kept = [
         f for f in findings
         if f.location is None or not config.ignored_for_file(f.location.path, f.code)

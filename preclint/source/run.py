@@ -241,12 +241,15 @@ def _crashed(job: Tuple[str, bytes, Tuple[str, ...]]) -> Checked:
 
 
 def check_paths(
-    paths: Sequence[str], config: Config, cwd: Optional[str] = None, cache: bool = True, jobs: Optional[int] = None
+    paths: Sequence[str], config: Config, cwd: Optional[str] = None, cache: bool = True, jobs: Optional[int] = None,
+    *, suppress: bool = True,
 ) -> SourceRun:
     """The source-only check of ``paths`` (files and directories). A path that does not exist raises
     UserError; what is no regular file (a FIFO, a dangling symlink) is noted in ``run.notes`` and
     skipped, and a file that cannot be read is reported as unreadable. ``cache=False`` neither reads nor writes the cache; ``jobs`` is the
-    number of processes (default: the cores this process may use)."""
+    number of processes (default: the cores this process may use). ``suppress=False``: the findings
+    after per-file-ignores but before suppression comments, for a caller that suppresses them together
+    with findings of its own (the graph check of a model file, in one pass)."""
     from preclint.source.parallel import available_cores, map_checked
 
     cwd = cwd or os.getcwd()
@@ -319,6 +322,9 @@ def check_paths(
             if not config.ignored_for_file(shown, finding.code):
                 findings.append(finding)
     unused_code = unused_suppression_rule().code
+    if not suppress:
+        run.findings = findings
+        return run
     kept = apply_suppressions(findings, config.is_selected(unused_code), run.codes, files=run.files, known=known)
     run.findings = [f for f in kept if f.code != unused_code or not config.ignored_for_file(f.location.path, f.code)]
     return run

@@ -39,7 +39,8 @@ class Directive:
     unknown: Tuple[str, ...] = ()  # PCL-looking codes and names that name no rule
 
     def covers(self, code: str) -> bool:
-        return not self.codes or code in self.codes
+        # ``ignore[PCL599]`` (a code or name no rule has, a typo) is no blanket ignore: it silences nothing
+        return self.blanket or code in self.codes
 
     @property
     def blanket(self) -> bool:

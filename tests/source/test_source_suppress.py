@@ -34,6 +34,9 @@ def test_forms_that_do_not_silence():
     assert codes(f"{BAD}  # preclint: ignore[PCL501]\n") == ["PCL502", "PCL500"]
     assert codes(f"{BAD}\n# noqa: PCL502\n") == ["PCL502", "PCL500"]  # on another line
     assert codes(f'{BAD}\ns = "# noqa: PCL502"\n') == ["PCL502"]  # inside a string
+    # a code that names no rule (a typo) silences nothing: it is no blanket ignore
+    assert codes(f"{BAD}  # preclint: ignore[PCL599]\n") == ["PCL502", "PCL500"]
+    assert codes(f"{BAD}  # preclint: ignore[deprecated-amp-apii]\n") == ["PCL502", "PCL500"]
 
 
 def test_unused_suppressions_are_pcl500():

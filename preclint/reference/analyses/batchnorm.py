@@ -37,7 +37,7 @@ class BatchNormAnalysis(WeightAnalysis):
     record = BatchNormFolding
 
     def annotate(self, graph: Graph, module: torch.nn.Module) -> None:
-        modules = dict(module.named_modules())
+        modules = dict(module.named_modules(remove_duplicate=False))  # a shared module under each of its names
         for node in graph.nodes:
             if node.kind == Kind.BATCHNORM and node.module_path in modules:
                 folding = fold(graph, node, modules)

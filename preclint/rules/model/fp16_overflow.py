@@ -4,7 +4,7 @@ from __future__ import annotations
 from preclint.core.findings import ErrorFigure, sci
 from preclint.reference.analyses.reach import Reach
 from preclint.predict.range import reaching_absmax
-from preclint.rules.base import Example, Rule
+from preclint.rules.base import Example, Rule, readable_module_path
 
 
 def _deep_residual_stack():
@@ -150,7 +150,7 @@ QK^T, normalize residual streams), or compute squares with `pow`, which autocast
                 "above float16's 65504"
             )
             message += f", and {downstream} later values overflow with it." if downstream else "."
-            owner = node.module_path or "this computation"
+            owner = readable_module_path(node.module_path, ctx.model_name) or "this computation"
             fix = (f"Use bfloat16 instead of float16, or keep {owner} in float32 (autocast(enabled=False) and .float()); "
                    "or keep the values in range: normalize the residual stream, scale before the product.")
             yield self.finding(node, message, fix=fix, predicted={m: ErrorFigure(None, None) for m in modes},
