@@ -156,10 +156,11 @@ def run_rules(ctx: RuleContext, config: Optional[Config]) -> List[Finding]:
     return findings
 
 
-def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True) -> Dict[str, Dict]:
+def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True, cases=None) -> Dict[str, Dict]:
     """Per mode, the predicted output error and the layers that hold most of it; ``degenerate``: every
     float output is all zero or rounding residue, and its relative error is not reported (None);
-    ``predicted``: False where the statistics the error estimate needs were not computed (no figures)."""
+    ``predicted``: False where the statistics the error estimate needs were not computed (no figures);
+    ``cases``: tf32's KernelCases (predict/kernel_cases.py), whose float32-kernel figure it adds."""
     summary: Dict[str, Dict] = {}
     for mode in ctx.modes:
         p = ctx.predictions[mode]
@@ -177,6 +178,10 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
                 for name, share in p.top_contributors(5)
             ],
         }
+        second = cases.second_rel_error(p) if cases is not None and mode == "tf32" and not degenerate else None
+        if second is not None:
+            summary[mode]["if_float32_kernels"] = {"rel_error": second,
+                                                   "max_abs_error": cases.float32_backend.max_abs_error}
     return summary
 
 
@@ -207,6 +212,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
     from preclint.predict.error_model import PREDICTED_ERRORS_NEED, predict
+    from preclint.predict.kernel_cases import kernel_cases
     from preclint.rules import selected_rules
 
     for mode in options.modes:
@@ -226,12 +232,16 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         notes.append("the selected rules read no error estimate, so the statistics it needs were not computed and "
                      "output errors are not predicted (check without --select, or with --probe, for them)")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
+    cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
+    if cases is not None:
+        notes.append(cases.note(predictions["tf32"]))
     report = Report(
         findings=findings,
         model=loaded.name,
         capture=graph.capture,
         precisions=tuple(options.modes),
-        summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate), predicted=errors_predicted),
+        summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate), predicted=errors_predicted,
+                          cases=cases),
         notes=notes,
         caveats=[degenerate_note(degenerate, ctx.display)] if degenerate else [],
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,

@@ -42,6 +42,9 @@ class Mode:
     low: Optional[Format]
     autocast: bool
     description: str
+    # tf32 only: the dot products whose kernel is the backend's choice (core/kernels.py) predicted in
+    # float32 instead of TF32, for the prediction's second figure
+    backend_float32: bool = False
 
 
 MODES: Dict[str, Mode] = {

@@ -169,7 +169,11 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         for mode, entry in report.summary.items():
             out = entry["predicted_output"]
             layers = ", ".join(f"{t['module']} {percent(t['share'])}" for t in entry.get("top_layers", [])[:3])
-            row = [mode, sci(out["rel_error"]), sci(out["max_abs_error"]),
+            rel = sci(out["rel_error"])
+            if entry.get("if_float32_kernels"):  # tf32: the backend's kernels in float32 (predict/kernel_cases.py)
+                other = entry["if_float32_kernels"]["rel_error"]
+                rel += f" ({sci(other) if other else 'float32-sized'} if float32 kernels)"
+            row = [mode, rel, sci(out["max_abs_error"]),
                    "n/a" if out["finite"] is None else ("yes" if out["finite"] else "NO")]
             if measured:
                 row.append(_measured_cell(entry))

@@ -47,7 +47,7 @@ def to_dict(report: Report) -> dict:
         item = {"predicted_output": {k: _number(v) for k, v in entry["predicted_output"].items()}}
         if "top_layers" in entry:
             item["top_layers"] = entry["top_layers"]
-        for key in ("measured_output",):
+        for key in ("measured_output", "if_float32_kernels"):
             if key in entry:
                 item[key] = {k: _number(v) for k, v in entry[key].items()}
         summary[mode] = item
