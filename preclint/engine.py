@@ -366,14 +366,18 @@ class Session:
         the fewest units to keep in float32 that meet the tolerance under the session's one
         precision, verified unless the plan's options say not to."""
         from preclint.plan.command import build_plan
+        from preclint.plan.default_atol import with_default_atol
         from preclint.capture.usercode import guard
 
         mode, tolerance = self._plan_request()
         settings = self.plan_options or PlanOptions()
         with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
             report, graph, _ = check_model(loaded, self.config, self.options)
+            tolerance, atol_note = with_default_atol(graph, tolerance)
             plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
                               device=settings.device, policy_file=settings.policy_file)
+        if atol_note:
+            plan.notes.insert(0, atol_note)
         return report, plan
 
     def _plan_request(self):
