@@ -117,12 +117,21 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) ->
 
     An order between two values flips when their error difference (std sigma*sqrt(2)) exceeds the
     gap; a comparison with a constant when the value's own error exceeds its distance to it.
+
+    A margin of exactly 0 is a tie in float32 (equal values: zeros after a ReLU, a padded or repeated
+    input, equal scores): the values are computed alike and stay equal under any precision, so the
+    tie-break decides it as before and it is not a flip (ties() counts them apart).
     """
     if sigma <= 0 or not margins:
         return 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
-    total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins)
+    total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins if m > 0)
     return total / len(margins)
+
+
+def ties(margins: List[float]) -> float:
+    """The fraction of decisions that are exact ties in float32 (margin 0)."""
+    return sum(1 for m in margins if m == 0) / len(margins) if margins else 0.0
 
 
 def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset(),

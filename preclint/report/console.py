@@ -31,9 +31,14 @@ def _figure_line(f) -> str:
             if figure.flip_fraction is not None:
                 text += f" (flips {percent(figure.flip_fraction)})"
         if measured is not None:
-            shown = sci(measured.rel_error) if measured.rel_error is not None else "inf/NaN"
             if measured.flip_fraction is not None:
-                shown += f" (flips {percent(measured.flip_fraction)})"
+                # a decision's figure is its flips; the error of what it reads may be unmeasured (integer
+                # or empty inputs): no figure then, never a made-up inf/NaN
+                shown = f"flips {percent(measured.flip_fraction)}"
+                if measured.rel_error is not None:
+                    shown = f"{sci(measured.rel_error)} ({shown})"
+            else:
+                shown = sci(measured.rel_error) if measured.rel_error is not None else "inf/NaN"
             text = (f"{text} / measured {shown}" if text else f"{mode} measured {shown}")
             if measured.status and f.status and measured.status != f.status:
                 text += f" ({measured.status})"
