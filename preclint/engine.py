@@ -213,6 +213,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     order the rules made them and not yet pointed at the source (``locate``)."""
     from preclint.predict.error_model import PREDICTED_ERRORS_NEED, predict
     from preclint.predict.kernel_cases import kernel_cases
+    from preclint.predict.routing import routing_note
     from preclint.rules import selected_rules
 
     for mode in options.modes:
@@ -235,6 +236,9 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
     if cases is not None:
         notes.append(cases.note(predictions["tf32"]))
+    routes = routing_note(graph, predictions, ctx.display) if graph.ran_reference and errors_predicted else None
+    if routes:
+        notes.append(routes)
     report = Report(
         findings=findings,
         model=loaded.name,

@@ -5,6 +5,7 @@ from preclint.core.findings import ErrorFigure, percent, sci
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED, ties
+from preclint.predict.routing import routers
 from preclint.rules.base import Example, Rule
 
 # A decision is reported when, under some mode, at least this fraction of its units (rows for argmax,
@@ -119,6 +120,8 @@ values that feed the decision in float32; use a stable sort.
             f"predicted error of its input is {sci(per_mode[flagged[0]][1])} ({flagged[0]}): about {flips} of its "
             f"{units} decisions flip."
         )
+        if first in routers(ctx.graph):
+            message += " It routes tokens to experts: a flipped route sends a token through another expert."
         if tied:
             message += (f" {tied} of them are exact ties in float32 (margin 0: equal values, a property of the input "
                         "and the model, not of the precision), which the tie-break decides alike at every "
