@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
-from preclint.reference.degenerate import all_outputs_degenerate, degenerate_note, degenerate_outputs
+from preclint.reference.degenerate import (all_outputs_degenerate, degenerate_note, degenerate_outputs, drift_note,
+                                           mark_drifted, scale_drift)
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
@@ -233,6 +234,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         notes.append("the selected rules read no error estimate, so the statistics it needs were not computed and "
                      "output errors are not predicted (check without --select, or with --probe, for them)")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
+    drift = scale_drift(graph)
+    mark_drifted(findings, graph, drift)
     cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
     if cases is not None:
         notes.append(cases.note(predictions["tf32"]))
@@ -247,7 +250,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate), predicted=errors_predicted,
                           cases=cases),
         notes=notes,
-        caveats=[degenerate_note(degenerate, ctx.display)] if degenerate else [],
+        caveats=([degenerate_note(degenerate, ctx.display)] if degenerate else []) + ([drift_note(drift, ctx.display)] if drift else []),
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
         profile=predicted_profile(ctx) if graph.ran_reference and errors_predicted else None,
     )
