@@ -237,7 +237,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     drift = scale_drift(graph)
     mark_drifted(findings, graph, drift)
     cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
-    if cases is not None:
+    if cases is not None and cases.note(predictions["tf32"]):
         notes.append(cases.note(predictions["tf32"]))
     routes = routing_note(graph, predictions, ctx.display) if graph.ran_reference and errors_predicted else None
     if routes:

@@ -32,8 +32,12 @@ class KernelCases:
             return None
         return other
 
-    def note(self, headline: ModePrediction) -> str:
+    def note(self, headline: ModePrediction) -> Optional[str]:
+        """What the TF32 figures assume, where it matters: the backend's kernels change the figure, or
+        every kernel runs in float32 (a headline of 0); None otherwise."""
         total = sum(self.counts.values())
+        if self.second_rel_error(headline) is None and self.counts.get(FLOAT32, 0) < total:
+            return None
         fixed = self.counts.get(FLOAT32, 0)
         chosen = self.counts.get(BACKEND, 0)
         text = (f"tf32 assumes TF32 tensor cores on the {total - fixed} of {total} convs and matmuls that may take "
@@ -47,8 +51,6 @@ class KernelCases:
                      f"decide (reduction < 512 or fewer than 16 rows): TF32 {sci(headline.rel_error)} if they use TF32 "
                      f"tensor cores, {float32_figure(second)} if they run in float32. The headline is the TF32 case, since another library version, batch "
                      "size or cudnn.benchmark may pick the TF32 kernel; `--probe cuda` measures which ran")
-        elif chosen:
-            text += f"; {chosen} are small enough that the backend's heuristics decide, which changes the figure little"
         return text + ". The CPU emulation (--probe cpu) applies TF32 where the headline assumes it."
 
 
