@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.config import Config
-from preclint.reference.degenerate import all_outputs_degenerate, degenerate_note, degenerate_outputs
+from preclint.reference.degenerate import (all_outputs_degenerate, degenerate_note, degenerate_outputs, drift_note,
+                                           mark_drifted, scale_drift)
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
@@ -158,10 +159,11 @@ def run_rules(ctx: RuleContext, config: Optional[Config]) -> List[Finding]:
     return findings
 
 
-def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True) -> Dict[str, Dict]:
+def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True, cases=None) -> Dict[str, Dict]:
     """Per mode, the predicted output error and the layers that hold most of it; ``degenerate``: every
     float output is all zero or rounding residue, and its relative error is not reported (None);
-    ``predicted``: False where the statistics the error estimate needs were not computed (no figures)."""
+    ``predicted``: False where the statistics the error estimate needs were not computed (no figures);
+    ``cases``: tf32's KernelCases (predict/kernel_cases.py), whose float32-kernel figure it adds."""
     summary: Dict[str, Dict] = {}
     for mode in ctx.modes:
         p = ctx.predictions[mode]
@@ -183,6 +185,10 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
         outputs = output_figures(ctx.graph, p, ctx.graph.output_paths) if not degenerate else []
         if outputs:
             summary[mode]["outputs"] = [figure.as_dict() for figure in outputs]
+        second = cases.second_rel_error(p) if cases is not None and mode == "tf32" and not degenerate else None
+        if second is not None:
+            summary[mode]["if_float32_kernels"] = {"rel_error": second,
+                                                   "max_abs_error": cases.float32_backend.max_abs_error}
     return summary
 
 
@@ -242,6 +248,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
     from preclint.predict.error_model import PREDICTED_ERRORS_NEED, errors_need, predict
+    from preclint.predict.kernel_cases import kernel_cases
+    from preclint.predict.routing import routing_note
     from preclint.rules import selected_rules
 
     for mode in options.modes:
@@ -262,14 +270,23 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         notes.append("the selected rules read no error estimate, so the statistics it needs were not computed and "
                      "output errors are not predicted (check without --select, or with --probe, for them)")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
+    drift = scale_drift(graph)
+    mark_drifted(findings, graph, drift)
+    cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
+    if cases is not None and cases.note(predictions["tf32"]):
+        notes.append(cases.note(predictions["tf32"]))
+    routes = routing_note(graph, predictions, ctx.display) if graph.ran_reference and errors_predicted else None
+    if routes:
+        notes.append(routes)
     report = Report(
         findings=findings,
         model=loaded.name,
         capture=graph.capture,
         precisions=tuple(options.modes),
-        summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate), predicted=errors_predicted),
+        summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate), predicted=errors_predicted,
+                          cases=cases),
         notes=notes,
-        caveats=[degenerate_note(degenerate, ctx.display)] if degenerate else [],
+        caveats=([degenerate_note(degenerate, ctx.display)] if degenerate else []) + ([drift_note(drift, ctx.display)] if drift else []),
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
         profile=predicted_profile(ctx) if graph.ran_reference and errors_predicted else None,
     )
@@ -394,6 +411,7 @@ class Session:
         the fewest units to keep in float32 that meet the tolerance under the session's one
         precision, verified unless the plan's options say not to."""
         from preclint.plan.command import build_plan
+        from preclint.plan.default_atol import with_default_atol
         from preclint.capture.usercode import guard
 
         mode, tolerance = self._plan_request()
@@ -407,8 +425,11 @@ class Session:
                 if settings.verify:
                     scaled.verify(plan, loaded.module, loaded.inputs, graph, settings.device)
                 return report, plan
+            tolerance, atol_note = with_default_atol(graph, tolerance)
             plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
                               device=settings.device, policy_file=settings.policy_file, backend=settings.backend)
+        if atol_note:
+            plan.notes.insert(0, atol_note)
         return report, plan
 
     def _plan_request(self):

@@ -107,6 +107,9 @@ class Mode:
     # model under bf16 autocast (None: no scaled GEMMs)
     recipe: Optional[Recipe] = None
     floor: bool = False
+    # tf32 only: the dot products whose kernel is the backend's choice (core/kernels.py) predicted in
+    # float32 instead of TF32, for the prediction's second figure
+    backend_float32: bool = False
 
 
 MODES: Dict[str, Mode] = {

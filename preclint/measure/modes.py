@@ -37,6 +37,7 @@ import torch
 
 from preclint.capture import ops
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
+from preclint.core.kernels import FLOAT32, conv_kernel, product_kernel
 from preclint.load.modelio import Inputs
 from preclint.core.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
 from preclint.measure.backends import tf32
@@ -277,20 +278,13 @@ def _promoted(args, kwargs) -> Optional[torch.dtype]:
 
 
 def tf32_kernel(node, callee, args, kwargs) -> bool:
-    """Whether a conv or matmul gets a TF32 tensor-core kernel: the emulation's model of cuDNN and
-    cuBLAS, from what the probe measured on an H200 (torch 2.11, CUDA 13.0, cuDNN 9.19; see
-    probe_h200_agree.json in benchmarks/CLAIMS.md). Three kinds of layer had float32-sized error with TF32 on:
-
-    * depthwise convolutions (mobilenet_v3, efficientnet, convnext): CUDA-core kernels;
-    * convolutions reading 4 or fewer channels per group (the RGB stems of resnet, mobilenet,
-      efficientnet and convnext, ViT's patch embedding);
-    * products with a single row, which BLAS computes as matrix-vector products (a classifier head
-      or a squeeze-excitation 1x1 conv at batch size 1).
-
-    Other kernels choose by shape heuristics the emulation cannot know (some 1x1 stride-2 convs at
-    batch 1 ran without TF32 too); a real probe measures every layer.
-    """
+    """Whether the emulation rounds a conv's or matmul's operands to TF32: where core/kernels.py says
+    the backend may take a TF32 kernel (the assumption the headline prediction makes too), not where
+    it was measured not to (depthwise convs, convs over 4 or fewer channels per group, single-row
+    products; probe_h200_agree.json in benchmarks/CLAIMS.md). The shapes are the check's where it
+    recorded the node (the output's positions), else the call's."""
     x = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+    out = node.out.shape if getattr(node, "out", None) is not None else None
     if node.kind == Kind.CONV:
         weight = getattr(callee, "weight", None) if isinstance(callee, torch.nn.Module) else (
             args[1] if len(args) > 1 else kwargs.get("weight"))
@@ -298,54 +292,72 @@ def tf32_kernel(node, callee, args, kwargs) -> bool:
             return True
         transposed = bool(getattr(callee, "transposed", False)) or "transpose" in node.fn
         groups = getattr(callee, "groups", None) or node.groups or 1
-        # output positions of a 1x1 conv: one per input pixel (at stride 1; fewer with a stride)
-        rows = x.shape[0] * x.shape[2:].numel() if isinstance(x, torch.Tensor) and x.dim() >= 3 else None
-        return conv_uses_tf32(tuple(weight.shape), groups, transposed, rows)
+        if out is None and isinstance(x, torch.Tensor) and x.dim() >= 3 and weight.dim() >= 3 \
+                and all(k == 1 for k in weight.shape[2:]):
+            out = (x.shape[0], 0) + tuple(x.shape[2:])  # a 1x1 conv: one output per input pixel (at stride 1)
+        return conv_uses_tf32(tuple(weight.shape), groups, transposed, _rows(out, channels_first=True))
     if node.kind == Kind.MATMUL and len(args) >= 2 and all(isinstance(a, torch.Tensor) for a in args[:2]):
         a, b = args[0], args[1]
-        return (a.shape[-2] if a.dim() >= 2 else 1) > 1 and (b.shape[-1] if b.dim() >= 2 else 1) > 1
-    rows = x.numel() // max(x.shape[-1], 1) if isinstance(x, torch.Tensor) and x.dim() >= 1 else None
-    return product_uses_tf32(node.kind, rows)
+        return product_kernel(a.shape[-2] if a.dim() >= 2 else 1, b.shape[-1] if b.dim() >= 2 else 1,
+                              a.shape[-1]) != FLOAT32
+    if out is None and isinstance(x, torch.Tensor) and x.dim() >= 1:
+        out = tuple(x.shape[:-1]) + (None,)
+    weight = getattr(callee, "weight", None) if isinstance(callee, torch.nn.Module) else (
+        args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else kwargs.get("weight"))
+    return product_uses_tf32(_rows(out), tuple(weight.shape) if isinstance(weight, torch.Tensor) else None)
+
+
+def _rows(shape, channels_first: bool = False) -> Optional[int]:
+    """The rows of a product's result: all but the last dimension, or for a conv (channels first)
+    all but the channels."""
+    if not shape or len(shape) < (3 if channels_first else 1):
+        return None
+    rest = [d for i, d in enumerate(shape) if i != (1 if channels_first else len(shape) - 1)]
+    rows = 1
+    for d in rest:
+        rows *= d
+    return rows
 
 
 def conv_uses_tf32(weight_shape: tuple, groups: int, transposed: bool, rows: Optional[int]) -> bool:
-    """``rows``: the output positions (batch x pixels), which decide only for 1x1 kernels."""
+    """``rows``: the output positions (batch x pixels), None where unknown."""
     if len(weight_shape) < 3:
         return True
     per_group = weight_shape[0] if transposed else weight_shape[1]
-    if groups > 1 and per_group == 1:
-        return False
-    if per_group <= 4:
-        return False
+    out_per_group = weight_shape[1] if transposed else weight_shape[0] // max(groups, 1)
     kernel = 1
     for k in weight_shape[2:]:
         kernel *= k
-    return not (kernel == 1 and rows == 1)
+    return conv_kernel(per_group, groups, kernel, rows, out_per_group) != FLOAT32
 
 
-def product_uses_tf32(kind: str, rows: Optional[int]) -> bool:
-    """A linear layer over a single row is a matrix-vector product."""
-    return not (kind == Kind.LINEAR and rows == 1)
+def product_uses_tf32(rows: Optional[int], weight_shape: Optional[tuple]) -> bool:
+    """A linear layer (weight out x in) over ``rows`` rows; a single row is a matrix-vector product."""
+    cols, reduction = (weight_shape[0], weight_shape[-1]) if weight_shape and len(weight_shape) == 2 else (None, None)
+    return product_kernel(rows, cols, reduction) != FLOAT32
 
 
 def _module_uses_tf32(node, module) -> bool:
     """The kernel rule for a module node, from the output shape the check recorded."""
     out = node.out.shape if node.out is not None else None
-    if node.kind == Kind.CONV and isinstance(getattr(module, "weight", None), torch.Tensor):
-        rows = None
-        if out is not None and len(out) >= 3 and out[1]:
-            rows = 1
-            for d in out:
-                rows *= d
-            rows //= out[1]
-        return conv_uses_tf32(tuple(module.weight.shape), getattr(module, "groups", 1) or 1,
-                              bool(getattr(module, "transposed", False)), rows)
-    rows = None
-    if out is not None and len(out) >= 1:
-        rows = 1
-        for d in out[:-1]:
-            rows *= d
-    return product_uses_tf32(node.kind, rows)
+    weight = getattr(module, "weight", None)
+    shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
+    if node.kind == Kind.CONV and shape is not None:
+        return conv_uses_tf32(shape, getattr(module, "groups", 1) or 1, bool(getattr(module, "transposed", False)),
+                              _rows(out, channels_first=True))
+    return product_uses_tf32(_rows(out), shape)
+
+
+def _weight_uses_tf32(module) -> bool:
+    """The kernel rule for a module no node of the check calls as a module (its parameters are read by
+    functional ops, or the whole model is one layer): from its weight's shape alone."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return True
+    if ops.classify_module(module)[0] == Kind.CONV:
+        return conv_uses_tf32(tuple(weight.shape), getattr(module, "groups", 1) or 1,
+                              bool(getattr(module, "transposed", False)), None)
+    return True
 
 
 # --------------------------------------------------------------------------------------- building
@@ -361,8 +373,9 @@ def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
     if emulated:
         if name == "tf32":
             return ("emulated: conv, linear and matmul operands rounded to TF32 (10 mantissa bits, nearest even), "
-                    "float32 accumulation, where an H200's cuDNN/cuBLAS use TF32 kernels (not for depthwise convs, "
-                    "convs over <= 4 channels, or single-row products)")
+                    "float32 accumulation, wherever the prediction assumes a TF32 kernel: every one the backend may "
+                    "choose, not depthwise convs, convs over <= 4 channels per group or single-row products, which an "
+                    "H200 ran in float32")
         low = mode.low.name
         if mode.autocast:
             return (f"emulated autocast({low}) with CUDA's op lists: listed ops round operands and parameters to {low}, "
@@ -499,7 +512,7 @@ def _tf32_modules(model: torch.nn.Module, graph) -> set:
         module = modules.get(node.module_path) if node.target.startswith("nn.") else None
         if module is not None and node.kind in DOT_PRODUCT_KINDS:
             uses.setdefault(id(module), _module_uses_tf32(node, module))
-    return {id(m) for _, m in _dot_modules(model) if uses.get(id(m), True)}
+    return {id(m) for _, m in _dot_modules(model) if uses.get(id(m), _weight_uses_tf32(m))}
 
 
 def _cast_inputs(inputs, dtype: torch.dtype) -> Inputs:

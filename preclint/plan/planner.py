@@ -32,6 +32,7 @@ from preclint.predict.error_model import ModePrediction, expected_flip_fraction,
 from preclint.predict.local import rounding_terms
 from preclint.predict.range import reaching_absmax
 from preclint.measure.compare import Tolerance
+from preclint.plan.conditional import conditional_units
 from preclint.plan.document import ErrorSummary, KeepEntry, Plan
 from preclint.plan.units import (INPUTS_UNIT, NO_ARITHMETIC, OUTPUTS_UNIT, Unit, is_model_tensor, module_within, node_flops,
                                  parent, promotes, unit_nodes, unit_of)
@@ -62,9 +63,35 @@ class Planner:
         self.total_flops = sum(self.flops.values()) or 1.0
         self._nodes: Dict[Unit, Tuple[str, ...]] = {}
         self._cache: Dict[FrozenSet[Unit], ModePrediction] = {}
+        self._conditional: Optional[Dict[Unit, FrozenSet[str]]] = None
         # a rounding to integers decides as much as an argmax: both flip under a low precision
         self.decisions = [n for n in graph.nodes
                           if n.record(DecisionMargins) is not None or n.record(RoundingMargins) is not None]
+
+    @property
+    def conditional(self) -> Dict[Unit, FrozenSet[str]]:
+        """A cast model's inputs and parameters that it can take in float32 only while the ops reading
+        them, which take their operands' dtypes as given (a functional conv's weight), run in float32
+        too: unit -> those readers (plan/conditional.py)."""
+        if self._conditional is None:
+            self._conditional = conditional_units(self.graph, self.mode)
+        return self._conditional
+
+    def runnable(self, units) -> bool:
+        """Whether every conditional unit among ``units`` has its readers kept too."""
+        kept = None
+        for unit in units:
+            readers = self.conditional.get(unit)
+            if readers is not None:
+                kept = self.kept_nodes(units) if kept is None else kept
+                if not readers <= kept:
+                    return False
+        return True
+
+    def runnable_part(self, units) -> Set[Unit]:
+        """``units`` without the conditional ones whose readers are no longer kept."""
+        kept = self.kept_nodes(units)
+        return {u for u in units if u not in self.conditional or self.conditional[u] <= kept}
 
     def nodes(self, unit: Unit) -> Tuple[str, ...]:
         if unit not in self._nodes:
@@ -305,6 +332,8 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
         for unit in candidates:
             if unit in kept or any(u.op is None and module_within(unit.module, u.module) for u in kept):
                 continue
+            if not planner.runnable(kept | {unit}):
+                continue
             if unit.is_module:
                 share = max((planner.unit_share(s, unit) for s in shares), default=0.0)
             else:
@@ -324,8 +353,10 @@ def choose(planner: Planner, must: Set[Unit]) -> Set[Unit]:
             return kept
         kept = widened
     for unit in sorted(kept - must, key=lambda u: (-planner.cost([u]), u.label)):
-        trial = kept - {unit}
-        if planner.meets(planner.predict(trial)):
+        if unit not in kept:
+            continue
+        trial = planner.runnable_part(kept - {unit})
+        if planner.meets(planner.predict(trial)) and must <= trial:
             kept = trial
     return kept
 
@@ -336,7 +367,7 @@ def _candidates(planner: Planner) -> List[Unit]:
     for node in planner.graph.nodes:
         if node.out is None or not node.out.is_float:
             continue
-        if cast_model and _keepable(planner, node):
+        if cast_model and (_keepable(planner, node) or unit_of(node, planner.mode) in planner.conditional):
             units.append(unit_of(node, planner.mode))  # the low format rounds it, or cannot hold it
         if node.kind in NO_ARITHMETIC:
             continue

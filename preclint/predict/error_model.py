@@ -129,11 +129,15 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) ->
 
     An order between two values flips when their error difference (std sigma*sqrt(2)) exceeds the
     gap; a comparison with a constant when the value's own error exceeds its distance to it.
+
+    A margin of exactly 0 is a tie in float32 (equal values: zeros after a ReLU, a padded or repeated
+    input, equal scores): the values are computed alike and stay equal under any precision, so the
+    tie-break decides it as before and it is not a flip (ties() counts them apart).
     """
     if sigma <= 0 or not margins:
         return 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
-    total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins)
+    total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins if m > 0)
     return total / len(margins)
 
 
@@ -157,7 +161,9 @@ def kernel_dependent(node: Node) -> bool:
 def expected_disagreement(margins: List[float], sigma: float, compare: bool) -> float:
     """Expected fraction of decisions that differ between two runs, each of whose compared values carries
     its own independent N(0, sigma^2) error: a decision that flips with probability q in each run
-    differs between them with probability 2 q (1 - q)."""
+    differs between them with probability 2 q (1 - q). Unlike a flip within one device, an exact tie
+    in float32 counts here (q = 1/2): values equal at float32's resolution need not stay equal when
+    another device's kernels add in another order."""
     if sigma <= 0 or not margins:
         return 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
@@ -166,6 +172,11 @@ def expected_disagreement(margins: List[float], sigma: float, compare: bool) -> 
         q = 0.5 * math.erfc(m / (spread * math.sqrt(2.0)))
         total += 2.0 * q * (1.0 - q)
     return total / len(margins)
+
+
+def ties(margins: List[float]) -> float:
+    """The fraction of decisions that are exact ties in float32 (margin 0)."""
+    return sum(1 for m in margins if m == 0) / len(margins) if margins else 0.0
 
 
 def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset(),

@@ -1,32 +1,45 @@
-"""TF32: which dot products the backend runs on TF32 tensor cores, the only ones TF32 rounds."""
+"""TF32: which dot products the backend runs on TF32 tensor cores, the only ones TF32 rounds.
+
+The assumption is core/kernels.py's, shared with the CPU emulation: TF32 wherever the backend may
+take it (the headline), float32 where it was measured not to; ``BACKEND`` kernels, whose choice is
+cuDNN's or cuBLAS's, are also predicted in float32 for the second figure (``float32_backend``).
+"""
 from __future__ import annotations
 
+import math
+
 from preclint.core.ir import Kind, Node
+from preclint.core.kernels import BACKEND, FLOAT32, TF32, conv_kernel, product_kernel
 from preclint.predict.accumulation import contraction
 
 
-def tensor_core_tf32(node: Node) -> bool:
-    """Whether the backend runs the dot product on TF32 tensor cores when TF32 is on. On an H200
-    (torch 2.11, cuBLAS, cuDNN 9.19; probe_h200_agree.json in benchmarks/CLAIMS.md) these ran in plain fp32 instead:
-    products with a single row (matrix-vector: cuBLAS gemv; a classifier on one image, an SE block's
-    1x1 convs on pooled features), depthwise convs, and convs that read fewer than 4 channels per
-    group (an RGB stem, a patch embedding). An einsum that contracts nothing is an elementwise
-    product. Other shapes are left to the backend's heuristics, which the probe measures."""
+def tf32_kernel(node: Node) -> str:
+    """The kernel class (core/kernels.py) of a dot product under TF32, from the shapes the check
+    recorded. An einsum that contracts nothing is an elementwise product (FLOAT32)."""
     if not contraction(node).contracts:
-        return False
+        return FLOAT32
     out = node.out
     shape = out.shape if out is not None else ()
     if node.kind == Kind.CONV and len(shape) >= 3:
         rows = out.numel // max(1, shape[1])  # batch x output positions
-        in_channels = node.attrs.get("in_channels")
         groups = node.groups or 1
+        in_channels = node.attrs.get("in_channels")
         if in_channels is None and len(node.input_stats) > 0 and node.input_stats[0] is not None:
             in_channels = node.input_stats[0].shape[1] if len(node.input_stats[0].shape) > 1 else None
-        if in_channels is not None and (in_channels // groups < 4 or (groups > 1 and groups == in_channels)):
-            return False
-        return rows > 1
+        out_channels = node.attrs.get("out_channels") or shape[1]
+        kernel = node.attrs.get("kernel_size") or ()
+        return conv_kernel(in_channels // groups if in_channels is not None else None, groups,
+                           math.prod(kernel) if kernel else 1, rows, out_channels // groups)
+    reduction = node.reduction_length
     if node.kind == Kind.LINEAR and shape:
-        return out.numel // max(1, shape[-1]) > 1
+        return product_kernel(out.numel // max(1, shape[-1]), shape[-1], reduction)
     if node.kind == Kind.MATMUL and len(shape) >= 2 and node.fn in ("matmul", "mm", "bmm", "baddbmm"):
-        return shape[-2] > 1 and shape[-1] > 1
-    return True
+        return product_kernel(shape[-2], shape[-1], reduction)
+    return TF32
+
+
+def tensor_core_tf32(node: Node, float32_backend: bool = False) -> bool:
+    """Whether the prediction rounds the dot product's operands to TF32: for every kernel that may take
+    TF32, or with ``float32_backend`` only for those measured to (the backend's choices in float32)."""
+    kernel = tf32_kernel(node)
+    return kernel == TF32 or (kernel == BACKEND and not float32_backend)

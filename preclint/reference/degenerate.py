@@ -66,3 +66,90 @@ def degenerate_note(found: Sequence[DegenerateOutput], display) -> str:
             "zeros or rounding residue at every precision (a zero-initialised head does this). Pass trained "
             "weights with --weights FILE (a state dict); relative errors of such an output are not reported.")
 
+
+
+# Activations that shrink or grow by this factor between two dot products of the network: a trained
+# network keeps its activations within a few orders of magnitude (its normalisations are fitted), so
+# such a drift is the initialisation's (BatchNorm at its default statistics in YOLOv8: 0.17 -> 5e-10;
+# random-init ResNet-101: 1e5), and the figures that follow from it describe the weights, not the model.
+DRIFT = 1e4
+MIN_LAYERS = 6
+STEP = 100.0
+# a value this far into the drift is one the drift made (findings about it are marked)
+DRIFTED = 1e3
+# the findings that are about the size of values: underflow (shrinking), overflow (growing)
+DRIFT_CODES = {"vanishing": ("PCL105",), "exploding": ("PCL101",)}
+
+
+@dataclass
+class ScaleDrift:
+    kind: str  # "vanishing" or "exploding"
+    start: str  # the node with the larger (vanishing) or smaller (exploding) RMS, before ``end``
+    start_rms: float
+    end: str
+    end_rms: float
+
+    @property
+    def factor(self) -> float:
+        return max(self.start_rms, self.end_rms) / min(self.start_rms, self.end_rms)
+
+    def drifted(self, rms: float) -> bool:
+        """Whether a value of this RMS lies in the range the drift made."""
+        if self.kind == "vanishing":
+            return 0 < rms <= self.start_rms / DRIFTED
+        return rms >= self.start_rms * DRIFTED
+
+    def describe(self, display) -> str:
+        way = "shrink" if self.kind == "vanishing" else "grow"
+        return (f"activations {way} by {self.factor:.0e} over the network, from RMS {sci(self.start_rms)} at "
+                f"{display(self.start)} to {sci(self.end_rms)} at {display(self.end)}")
+
+
+def scale_drift(graph: Graph) -> Optional[ScaleDrift]:
+    """The largest shrink (else growth) of the RMS of the dot products' results along the network, where
+    it reaches DRIFT and builds up layer by layer, as an initialisation compounds (over MIN_LAYERS dot
+    products at least, none of them changing the scale STEP-fold or more: a deliberate rescaling, a
+    `* 1e6`, is the model's); None otherwise or without a reference pass."""
+    if not graph.ran_reference:
+        return None
+    values = [(n.name, n.out.rms) for n in graph.nodes
+              if n.kind in DOT_PRODUCT_KINDS and n.out is not None and n.out.is_float and n.out.finite
+              and n.out.numel > 1 and n.out.rms > 0]
+    steps = [max(a / b, b / a) for (_, a), (_, b) in zip(values, values[1:])]
+    if len(values) < MIN_LAYERS or (steps and max(steps) >= STEP):
+        return None
+    shrink = grow = None
+    high = low = None
+    for name, rms in values:
+        if high is not None and (shrink is None or high[1] / rms > shrink[1] / shrink[3]):
+            shrink = (high[0], high[1], name, rms)
+        if low is not None and (grow is None or rms / low[1] > grow[3] / grow[1]):
+            grow = (low[0], low[1], name, rms)
+        high = (name, rms) if high is None or rms > high[1] else high
+        low = (name, rms) if low is None or rms < low[1] else low
+    if shrink is not None and shrink[1] / shrink[3] >= DRIFT:
+        return ScaleDrift("vanishing", *shrink)
+    if grow is not None and grow[3] / grow[1] >= DRIFT:
+        return ScaleDrift("exploding", *grow)
+    return None
+
+
+def drift_note(drift: ScaleDrift, display) -> str:
+    return (f"these weights are a poor stand-in for a trained model: {drift.describe(display)}. Random "
+            "initialisation does this (BatchNorm at its default statistics, unscaled residual branches); trained "
+            "weights keep activations within a few orders of magnitude. Findings about values in that range are "
+            "marked as describing these weights; if they are not the trained ones, pass those with --weights FILE "
+            "(a state dict) for figures that hold for the model.")
+
+
+def mark_drifted(findings, graph: Graph, drift: Optional[ScaleDrift]) -> None:
+    """Say so in the findings that describe only the drift: underflow where activations vanished,
+    overflow where they exploded."""
+    if drift is None:
+        return
+    for f in findings:
+        node = graph.get(f.node) if f.node else None
+        if f.code in DRIFT_CODES[drift.kind] and node is not None and node.out is not None and drift.drifted(node.out.rms):
+            f.message += (f" This likely describes these weights rather than the model: the network's activations "
+                          f"{'shrink' if drift.kind == 'vanishing' else 'grow'} {drift.factor:.0e}-fold with them "
+                          "(see the warning); with trained weights it may not occur.")

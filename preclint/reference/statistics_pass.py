@@ -182,6 +182,7 @@ class ReferenceObserver(Observer):
         self.first_nonfinite: Optional[str] = None
         self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
         self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
+        self.computed_weights: List[torch.Tensor] = []  # weights computed in forward: the backward passes ask for them
         self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
         self.input_names: List[str] = []
         self.failures: List[str] = []  # "node: error" of statistics that could not be computed
@@ -309,11 +310,12 @@ class ReferenceObserver(Observer):
                 self.handles.append(hook_gradient(view, partial(self._on_operand_grad, entry)))
                 # a view of a view has the root as its _base; remember which tensor this one stands for
                 self.view_origin[id(view)] = v
+                self.computed_weights += [view] if position in (1, "weight") and node.kind in (Kind.CONV, Kind.LINEAR) else []
                 return view
             return v
 
         args = tuple(as_view(a, i) for i, a in enumerate(args))
-        kwargs = {k: as_view(v) for k, v in kwargs.items()}
+        kwargs = {k: as_view(v, k if node.kind in (Kind.CONV, Kind.LINEAR) else None) for k, v in kwargs.items()}
         # what is watched beyond the operands: weights the callee holds, hooked as they are
         for weight in {id(t): t for t in wanted if id(t) not in operands}.values():
             if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
@@ -435,7 +437,7 @@ class ReferenceObserver(Observer):
         # Asking only for the inputs' and weights' gradients keeps memory flat; the hooks still see
         # every value on the way. Models without float inputs (token ids) ask for all values instead.
         leaves = [self.values[n] for n in self.input_names] or list(self.values.values())
-        leaves = leaves + list(weights.values()) + self.constant_leaves
+        leaves = leaves + list(weights.values()) + self.constant_leaves + self.computed_weights
         generator = torch.Generator().manual_seed(seed)
         directions = probes if cotangents is None else 1
         self._listeners, self._unknown = tuple(listeners), set()
@@ -476,6 +478,7 @@ class ReferenceObserver(Observer):
             self.producers.clear()
             self.operand_sources.clear()
             self.constant_leaves.clear()
+            self.computed_weights.clear()
 
     def _backward_passes(self, graph: Graph, output: Any) -> None:
         passes = BackwardPasses(self, graph, output)

@@ -31,9 +31,14 @@ def _figure_line(f) -> str:
             if figure.flip_fraction is not None:
                 text += f" (flips {percent(figure.flip_fraction)})"
         if measured is not None:
-            shown = sci(measured.rel_error) if measured.rel_error is not None else "inf/NaN"
             if measured.flip_fraction is not None:
-                shown += f" (flips {percent(measured.flip_fraction)})"
+                # a decision's figure is its flips; the error of what it reads may be unmeasured (integer
+                # or empty inputs): no figure then, never a made-up inf/NaN
+                shown = f"flips {percent(measured.flip_fraction)}"
+                if measured.rel_error is not None:
+                    shown = f"{sci(measured.rel_error)} ({shown})"
+            else:
+                shown = sci(measured.rel_error) if measured.rel_error is not None else "inf/NaN"
             text = (f"{text} / measured {shown}" if text else f"{mode} measured {shown}")
             if measured.status and f.status and measured.status != f.status:
                 text += f" ({measured.status})"
@@ -201,7 +206,11 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
             layers = ", ".join(f"{t['module']} {percent(t['share'])}" for t in entry.get("top_layers", [])[:3])
             for i, figure in enumerate(entry.get("outputs") or [dict(out, output="all")]):
                 row = [mode if i == 0 else ""] + ([figure["output"]] if several else [])
-                row += [sci(figure["rel_error"]), sci(figure["max_abs_error"]),
+                rel = sci(figure["rel_error"])
+                if entry.get("if_float32_kernels") and not several:  # tf32: the backend's kernels in float32
+                    other = entry["if_float32_kernels"]["rel_error"]  # (predict/kernel_cases.py)
+                    rel += f" ({sci(other) if other else 'float32-sized'} if float32 kernels)"
+                row += [rel, sci(figure["max_abs_error"]),
                         "n/a" if figure["finite"] is None else ("yes" if figure["finite"] else "NO")]
                 if measured:
                     row.append(_measured_cell(entry, i if several else None))

@@ -49,7 +49,7 @@ def to_dict(report: Report) -> dict:
             item["top_layers"] = entry["top_layers"]
         if "outputs" in entry:  # a model with several outputs: each one's predicted error
             item["outputs"] = [{k: v if k == "output" else _number(v) for k, v in figure.items()} for figure in entry["outputs"]]
-        for key in ("measured_output", "compiled_output"):
+        for key in ("measured_output", "compiled_output", "if_float32_kernels"):
             if key in entry:
                 item[key] = {k: _number(v) for k, v in entry[key].items()}
         summary[mode] = item

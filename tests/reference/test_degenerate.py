@@ -99,3 +99,45 @@ def test_every_format_shows_the_caveat(capsys, tmp_path):
     jsonschema.validate(sarif, json.loads((DATA / "sarif-schema-2.1.0.json").read_text()))
     (notification,) = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]
     assert "--weights FILE" in notification["message"]["text"]
+
+
+# ultralytics' Conv blocks at random init: BatchNorm at its default statistics passes on a conv whose
+# default init shrinks the signal, so activations fall from 0.3 to 1e-13 over 24 blocks (YOLOv8n's
+# backbone: 0.17 to 5e-10), and float16 underflow findings describe the weights, not the model
+VANISHING = """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    def block(c_in, c_out):
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.SiLU())
+
+
+    model = nn.Sequential(block(3, 16), *[block(16, 16) for _ in range(23)]).eval()
+    example_inputs = (torch.rand(1, 3, 32, 32),)
+"""
+
+
+@pytest.mark.slow
+def test_vanishing_activations_are_called_out_once_with_the_figure(capsys, tmp_path):
+    path = tmp_path / "yolo_like.py"
+    path.write_text(textwrap.dedent(VANISHING))
+    code = main(["check", str(path), "--precision", "fp16", "--output-format", "json", "--exit-zero"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    stand_in = [c for c in doc.get("caveats", []) if "poor stand-in" in c]
+    assert len(stand_in) == 1 and "activations shrink by" in stand_in[0] and "--weights" in stand_in[0]
+    underflow = [f for f in doc["findings"] if f["code"] == "PCL105"]
+    assert underflow and all("likely describes these weights rather than the model" in f["message"] for f in underflow)
+
+
+def test_a_network_that_keeps_its_scale_is_no_stand_in_case():
+    from preclint.reference.degenerate import scale_drift
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.ReLU())
+    _, graph, _ = check(model, (torch.rand(1, 3, 16, 16),), precisions=("fp16",))
+    assert scale_drift(graph) is None

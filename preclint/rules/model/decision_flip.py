@@ -5,7 +5,8 @@ from preclint.core.findings import ErrorFigure, percent, sci
 from preclint.core.ir import Kind
 from preclint.core.numerics import MODES
 from preclint.reference.analyses.margins import DecisionMargins, deciding_input
-from preclint.predict.error_model import PREDICTED_ERRORS_NEED
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED, ties
+from preclint.predict.routing import routers
 from preclint.rules.base import Example, Rule
 
 # A decision is reported when, under some mode, at least this fraction of its units (rows for argmax,
@@ -145,7 +146,9 @@ break ties in the sort.
         what = "threshold comparison" if first.kind == Kind.COMPARE else first.fn
         calls = f" ({len(nodes)} calls)" if len(nodes) > 1 else ""
         flips = ", ".join(f"{percent(per_mode[m][0] / units)} under {m}" for m in flagged)
-        smallest = min(min(n.record(DecisionMargins).values) for n in nodes)
+        margins = [m for n in nodes for m in n.record(DecisionMargins).values]
+        smallest = min((m for m in margins if m > 0), default=0.0)
+        tied = round(sum(ties(n.record(DecisionMargins).values) * n.record(DecisionMargins).units for n in nodes))
         message = (
             f"{ctx.display(first.name)} ({what}{calls}) decides on margins as small as {sci(smallest)} while the "
             f"predicted error of its input is {sci(per_mode[flagged[0]][1])} ({flagged[0]}): about {flips} of its "
@@ -160,4 +163,10 @@ break ties in the sort.
                 f"setting fixes that: compare with a tolerance on decisions (match detections, compare scores) "
                 f"or sort ties."
             )
+        if first in routers(ctx.graph):
+            message += " It routes tokens to experts: a flipped route sends a token through another expert."
+        if tied:
+            message += (f" {tied} of them are exact ties in float32 (margin 0: equal values, a property of the input "
+                        "and the model, not of the precision), which the tie-break decides alike at every "
+                        "precision; they are not counted as flips.")
         return self.finding(first, message, predicted=predicted, precisions=tuple(flagged))
