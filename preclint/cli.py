@@ -323,11 +323,18 @@ def cmd_plan(args) -> int:
     config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
                                output_format=args.output_format,
                                scaling=dict(args.scaling) if getattr(args, "scaling", None) else None)
-    options = CheckOptions(modes=tuple(args.precisions or ["fp16"]), rtol=config.rtol, atol=config.atol,
-                           capture=args.capture)
+    formats = ()
+    if args.formats is not None:
+        from preclint.plan.formats import parse_formats
+
+        if args.precisions:
+            raise UserError("--formats chooses the formats itself: give it without --precision")
+        formats = tuple(parse_formats(args.formats))
+    modes = [f for f in formats if f != "bf16"] or args.precisions or ["fp16"]
+    options = CheckOptions(modes=tuple(modes), rtol=config.rtol, atol=config.atol, capture=args.capture)
     session = Session(config, load=_load_options(args), check=options,
                       plan=PlanOptions(verify=not args.no_verify, device=args.device, policy_file=args.policy,
-                                       backend=args.backend))
+                                       backend=args.backend, formats=formats))
     fmt = args.output_format or "full"
     if fmt not in ("full", "json", "html"):
         raise UserError("plan writes --output-format full, json or html")

@@ -336,6 +336,7 @@ class PlanOptions:
     device: str = "auto"
     policy_file: Optional[str] = None
     backend: str = "eager"  # also verify the plan compiled (measure/compiled.py) and audit its kept layers
+    formats: Tuple[str, ...] = ()  # --formats: a format per layer from these, cheapest first (plan/formats.py)
 
 
 class Session:
@@ -418,13 +419,10 @@ class Session:
         settings = self.plan_options or PlanOptions()
         with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
             report, graph, _ = check_model(loaded, self.config, self.options)
-            if MODES[mode].recipe is not None:  # a scaled format: the layers to keep in bfloat16
-                from preclint.plan import scaled
+            if settings.formats or MODES[mode].recipe is not None:  # scaled formats: plan/scaled.py, plan/formats.py
+                from preclint.plan.formats import scaled_plan
 
-                plan = scaled.choose(graph, mode, tolerance.rtol)
-                if settings.verify:
-                    scaled.verify(plan, loaded.module, loaded.inputs, graph, settings.device)
-                return report, plan
+                return report, scaled_plan(loaded, graph, mode, tolerance.rtol, settings)
             tolerance, atol_note = with_default_atol(graph, tolerance)
             plan = build_plan(loaded, graph, report.findings, mode, tolerance, verify=settings.verify,
                               device=settings.device, policy_file=settings.policy_file, backend=settings.backend)
@@ -439,6 +437,10 @@ class Session:
 
         from preclint.core.numerics import SCALED_MODES
 
+        if self.plan_options is not None and self.plan_options.formats:  # a format per layer (plan/formats.py)
+            if self.config.rtol is None:
+                raise UserError("a plan with --formats needs --rtol: the output's relative RMS error to meet")
+            return None, Tolerance(self.config.rtol, None, None)
         modes = self.options.modes
         if len(modes) != 1 or modes[0] not in PLAN_MODES + SCALED_MODES:
             raise UserError(f"plan takes one --precision: {', '.join(PLAN_MODES + SCALED_MODES)}")

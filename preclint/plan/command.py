@@ -34,6 +34,9 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
                       help="decision budget: the fraction of decisions (top-1 classes, thresholds, top-k) allowed to change")
     plan.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                       help="where the verification runs: cuda, cpu (the CPU's float16/bfloat16 kernels) or auto")
+    plan.add_argument("--formats", metavar="FORMATS",
+                      help="a format per nn.Linear layer from this list (e.g. nvfp4,mxfp8,fp8,bf16), the cheapest "
+                           "that meets --rtol; instead of --precision")
     plan.add_argument("--no-verify", action="store_true", help="only predict: do not run the model with the plan")
     plan.add_argument("--policy", metavar="FILE", help="verify this plan (a JSON plan) instead of choosing one")
     from preclint.probe import BACKEND_CHOICES
@@ -48,7 +51,7 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
 
 def render_plan(report, plan, fmt: str, color: bool = False) -> str:
     """The plan in ``fmt``: json, html (the check's ``report`` with the plan's section) or full."""
-    if hasattr(plan, "exports"):  # a scaled format's plan (plan/scaled.py)
+    if hasattr(plan, "exports"):  # a scaled format's plan (plan/scaled.py, plan/formats.py)
         if fmt == "html":
             raise UserError("a plan for a scaled format writes --output-format full or json")
         return json.dumps(plan.to_json(), indent=2) + "\n" if fmt == "json" else plan.render()
