@@ -14,7 +14,7 @@ from typing import Dict, FrozenSet, List
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
 from preclint.core.numerics import Mode
-from preclint.plan.units import _NO_PROMOTION, is_model_tensor, unit_of
+from preclint.plan.units import NO_PROMOTION, is_model_tensor, unit_of
 
 
 def _readers(graph: Graph, node: Node) -> List[Node]:
@@ -50,7 +50,7 @@ def conditional_units(graph: Graph, mode: Mode) -> Dict:
         readers = _readers(graph, node)
         if any(r.target.startswith("nn.") for r in readers):
             continue
-        strict: FrozenSet[str] = frozenset(r.name for r in readers if r.kind in DOT_PRODUCT_KINDS or r.fn in _NO_PROMOTION)
+        strict: FrozenSet[str] = frozenset(r.name for r in readers if r.kind in DOT_PRODUCT_KINDS or r.fn in NO_PROMOTION)
         if strict:
             found[unit_of(node, mode)] = strict
     return found

@@ -89,7 +89,7 @@ def promotes(graph: Graph, node: Node, modules_cast: bool = False, formats: Opti
                 if modules_cast:
                     continue
                 return False
-            if reader.kind in DOT_PRODUCT_KINDS or reader.fn in _NO_PROMOTION:
+            if reader.kind in DOT_PRODUCT_KINDS or reader.fn in NO_PROMOTION:
                 others = [i for i in reader.inputs if i not in chain and graph.get(i) is not None
                           and graph[i].out is not None and graph[i].out.is_float]
                 if formats is None or any(formats.get(i) != "fp32" for i in others):
@@ -101,7 +101,7 @@ def promotes(graph: Graph, node: Node, modules_cast: bool = False, formats: Opti
 
 
 # ops that take their operands' dtypes as given instead of promoting them
-_NO_PROMOTION = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "bmm", "mm", "einsum", "addmm", "baddbmm",
+NO_PROMOTION = frozenset({"linear", "conv1d", "conv2d", "conv3d", "matmul", "bmm", "mm", "einsum", "addmm", "baddbmm",
                            "layer_norm", "group_norm", "batch_norm", "embedding", "scaled_dot_product_attention"})
 
 

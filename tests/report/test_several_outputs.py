@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from preclint.cli import main
-from preclint.engine import distinct_labels
+from preclint.report.summary import distinct_labels
 from tests.helpers import check
 from tests.paths import MODELS
 
