@@ -186,7 +186,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
                      "output errors are not predicted (check without --select, or with --probe, for them)")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
     drift = scale_drift(graph)
-    mark_drifted(findings, graph, drift)
+    mark_drifted(findings, graph, drift, {kind: {rule.code for rule in rules if rule.size_drift == kind}
+                                          for kind in ("vanishing", "exploding")})
     cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
     if cases is not None and cases.note(predictions["tf32"]):
         notes.append(cases.note(predictions["tf32"]))

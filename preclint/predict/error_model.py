@@ -124,7 +124,7 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
     return total
 
 
-def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) -> float:
+def expected_flip_fraction(margins: List[float], sigma: float, compare: bool, ties_flip: bool = False) -> float:
     """Expected fraction of decisions that change when each compared value carries N(0, sigma^2) error.
 
     An order between two values flips when their error difference (std sigma*sqrt(2)) exceeds the
@@ -132,12 +132,14 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool) ->
 
     A margin of exactly 0 is a tie in float32 (equal values: zeros after a ReLU, a padded or repeated
     input, equal scores): the values are computed alike and stay equal under any precision, so the
-    tie-break decides it as before and it is not a flip (ties() counts them apart).
+    tie-break decides it as before and it is not a flip (ties() counts them apart). ``ties_flip``:
+    against float64 (the fp32 mode) a tie in float32 is one float32's own rounding made, which float64
+    orders: a coin flip.
     """
     if sigma <= 0 or not margins:
         return 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
-    total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins if m > 0)
+    total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins if m > 0 or ties_flip)
     return total / len(margins)
 
 
@@ -355,12 +357,12 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
             spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
             apart = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items()
                                   if n in roundings and kernel_dependent(graph[n])))
-            p.flip_fraction = expected_flip_fraction(margins.values, spread, True)
+            p.flip_fraction = expected_flip_fraction(margins.values, spread, True, prediction.mode.floor)
             p.disagreement = expected_disagreement(margins.values, apart, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
         compare = decision is None or node.kind == Kind.COMPARE
-        p.flip_fraction = expected_flip_fraction(margins.values, received, compare)
+        p.flip_fraction = expected_flip_fraction(margins.values, received, compare, prediction.mode.floor)
         p.disagreement = expected_disagreement(margins.values, between, compare)
 
 

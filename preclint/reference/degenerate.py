@@ -77,8 +77,6 @@ MIN_LAYERS = 6
 STEP = 100.0
 # a value this far into the drift is one the drift made (findings about it are marked)
 DRIFTED = 1e3
-# the findings that are about the size of values: underflow (shrinking), overflow (growing)
-DRIFT_CODES = {"vanishing": ("PCL105",), "exploding": ("PCL101",)}
 
 
 @dataclass
@@ -142,14 +140,15 @@ def drift_note(drift: ScaleDrift, display) -> str:
             "(a state dict) for figures that hold for the model.")
 
 
-def mark_drifted(findings, graph: Graph, drift: Optional[ScaleDrift]) -> None:
+def mark_drifted(findings, graph: Graph, drift: Optional[ScaleDrift], codes_by_drift) -> None:
     """Say so in the findings that describe only the drift: underflow where activations vanished,
-    overflow where they exploded."""
+    overflow where they exploded (``codes_by_drift``: "vanishing"/"exploding" -> the codes of the rules
+    about values too small / too large, from their ``size_drift``)."""
     if drift is None:
         return
     for f in findings:
         node = graph.get(f.node) if f.node else None
-        if f.code in DRIFT_CODES[drift.kind] and node is not None and node.out is not None and drift.drifted(node.out.rms):
+        if f.code in codes_by_drift.get(drift.kind, ()) and node is not None and node.out is not None and drift.drifted(node.out.rms):
             f.message += (f" This likely describes these weights rather than the model: the network's activations "
                           f"{'shrink' if drift.kind == 'vanishing' else 'grow'} {drift.factor:.0e}-fold with them "
                           "(see the warning); with trained weights it may not occur.")

@@ -147,6 +147,9 @@ class Rule(RuleDoc):
     probe_bad: ClassVar[Sequence[Example]] = ()
     probe_good: ClassVar[Sequence[Example]] = ()
     measured_as: ClassVar[str] = "received"  # a key of MEASURED_AS: what the probe confirms a finding by
+    # "vanishing" or "exploding": the finding is about values too small or too large for a format, so
+    # where random-init activations drift that way (reference/degenerate.py) it may describe the weights
+    size_drift: ClassVar[Optional[str]] = None
 
     def check_graph(self, ctx: RuleContext) -> Iterator[Finding]:
         """The findings the graph and the predictions give."""

@@ -160,7 +160,7 @@ def test_mistakes_in_the_call_are_one_line_errors(tiny):
     with pytest.raises(UserError, match="probe must be"):
         preclint.check(tiny, probe="gpu")
     with pytest.raises(UserError, match="unknown precision"):
-        preclint.check(tiny, precisions=("fp8",))
+        preclint.check(tiny, precisions=("fp6",))
     with pytest.raises(UserError, match="give the inputs"):
         preclint.check(nn.Linear(2, 2))
     with pytest.raises(UserError, match="plan takes one --precision"):

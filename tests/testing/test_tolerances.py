@@ -142,7 +142,7 @@ def test_the_tolerance_leaves_the_process_and_the_model_as_they_were(stack):
 def test_mistakes_are_one_line_errors():
     model, x = Stack(), torch.rand(1, 3, 4, 4)
     with pytest.raises(UserError, match="unknown precision"):
-        pt.tolerance(model, x, "fp8")
+        pt.tolerance(model, x, "fp6")
     with pytest.raises(UserError, match="margin must be"):
         pt.tolerance(model, x, "tf32", margin=0)
     with pytest.raises(UserError, match="no float tensor"):

@@ -57,6 +57,7 @@ class CompiledPrecisionChange(Rule):
     summary = "The compiled graph computes a value in another precision than the model's code or plan asks for."
     severity = "warning"
     needs_probe = True
+    needs = ()  # judged on the compiled run, from no statistics of the reference pass
     why = """
 A compiler is free to change how a model's numbers are computed: Inductor fuses ops and keeps the
 intermediates of a fused kernel in float32 where eager rounds each one to bfloat16/float16, and it

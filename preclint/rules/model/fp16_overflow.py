@@ -97,6 +97,7 @@ def _additive_mask(whole_row_masked: bool):
 
 class Fp16Overflow(Rule):
     code = "PCL101"
+    size_drift = "exploding"  # values that drift up with random-init weights
     needs = (Reach,)
     measured_as = "overflow"
     name = "fp16-overflow"
