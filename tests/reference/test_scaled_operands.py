@@ -71,3 +71,12 @@ def test_the_reference_pass_records_it_for_linear_modules_only():
     assert recorded == {"fc"}
     _, graph, _ = check(Net(), (torch.randn(2, 4, 32),), precisions=("bf16",))
     assert not any(n.record(ScaledOperands) for n in graph.nodes)  # computed only for scaled modes
+
+
+def test_a_reduction_of_fewer_than_a_block_is_rejected_and_not_grouped_across_rows():
+    """K = 16 under MXFP8's blocks of 32: reshaping the (8, 16) input into 32-blocks would mix two
+    rows in a block (and fails outright where the element count is no multiple of 32)."""
+    torch.manual_seed(0)
+    record = scaled_operands(torch.randn(1, 16), torch.randn(16, 16))
+    assert "mxfp8" in record.rejected and "mxfp8" not in record.modes
+    assert "nvfp4" in record.modes and "fp8" in record.modes  # blocks of 16 fit; tensorwise always does

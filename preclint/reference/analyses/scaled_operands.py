@@ -102,6 +102,8 @@ def scaled_operands(x: torch.Tensor, weight: torch.Tensor) -> ScaledOperands:
         reason = recipe.rejects(weight.shape[1], weight.shape[0])
         if reason is not None:
             record.rejected[mode] = reason
+        if recipe.granularity == "block" and weight.shape[1] % recipe.block:
+            continue  # K falls into no whole blocks: nothing to describe (the rejection says why)
         # (a layer the recipe rejects is still described: the rules say what its conversion would do)
         q_x = _describe(x2, x_original, recipe, w2, terms)
         q_w = _describe(w, w.double(), recipe, a2, terms)
