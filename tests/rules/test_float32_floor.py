@@ -58,22 +58,11 @@ def test_the_fp32_mode_is_one_row_of_the_modes_table():
 
 def _near_uniform_scores():
     """A detector's class head at random init: near-uniform scores whose top five sit float32's
-    rounding apart in some rows."""
-    class Scorer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body = torch.nn.Linear(256, 256)
-            self.cls = torch.nn.Linear(256, 91)
+    rounding apart in some rows (PCL301's fp32 example)."""
+    from preclint.rules.model.decision_flip import DecisionFlip
 
-        def forward(self, x):
-            return self.cls(torch.relu(self.body(x))).softmax(dim=-1).topk(5, dim=-1).indices
-
-    torch.manual_seed(0)
-    model = Scorer().eval()
-    with torch.no_grad():
-        model.cls.weight.mul_(1e-4)
-        model.cls.bias.mul_(1e-4)
-    return model, (torch.randn(256, 256),)
+    model, inputs = next(e for e in DecisionFlip.bad if e.options.get("precisions") == ("fp32",)).build()
+    return model.eval(), inputs
 
 
 @pytest.mark.slow
