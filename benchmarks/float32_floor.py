@@ -122,10 +122,13 @@ def detector(device: str, reference: str, size: int, images: int) -> Dict[str, A
         if across is None:
             raise SystemExit("the probe measured nothing across devices: " + "; ".join(result.notes))
         rows = []
+        uncounted = {}  # decisions the probe could not count unit by unit, with why
         for node in graph.nodes:
             margins = node.record(DecisionMargins)
             p = prediction.nodes[node.name]
             m = across.nodes.get(node.name)
+            if margins is not None and m is not None and not m.units and m.note:
+                uncounted[node.name] = m.note
             if margins is None or p.disagreement is None or m is None or not m.units:
                 continue
             site = f"{node.module_path or '-'}:{node.fn}"
@@ -141,7 +144,7 @@ def detector(device: str, reference: str, size: int, images: int) -> Dict[str, A
         cross = result.cross_device
         per_image.append({"image": image, "check_seconds": round(checked, 1), "probe_seconds": round(probed, 1),
                           "outputs": cross.as_dict() if cross is not None else None,
-                          "diverged_at": across.diverged_at, "decisions": rows})
+                          "diverged_at": across.diverged_at, "decisions": rows, "not_counted": uncounted})
         for row in rows:
             print(f"image {image} {row['site']:40s} predicted {row['predicted_count']:8.2f} of {row['predicted_units']:5d}"
                   f"  measured {row['measured_count']:5d} of {row['measured_units']:5d}")

@@ -95,6 +95,8 @@ class SweepObserver(Observer):
         self.scalars = Scalars()
         self.slots: Dict[str, NodeSlots] = {}
         self.errors: Dict[str, List[Optional[torch.Tensor]]] = {}
+        # nodes whose results hold their units in another order than the reference's (reordered())
+        self.reordered: set = set()
 
     # ------------------------------------------------------------ observer protocol
 
@@ -130,8 +132,11 @@ class SweepObserver(Observer):
         if aligned:
             slots = self.slots[node.name] = NodeSlots()
             self._received(node.name, outs, slots)
+            reads_reordered = self._reads_reordered(orig_args, orig_kwargs)
             if counts_flips(node, self.graph):
-                self._flips(node, outs, slots, orig_args)
+                self._flips(node, outs, slots, orig_args, reads_reordered)
+            if reads_reordered or reordered(node, outs, self.ref.values[node.name]):
+                self.reordered.add(node.name)
             slots.inputs = self._input_producers(orig_args, orig_kwargs)
             self._local(node, orig_args, orig_kwargs, callee, outs, slots)
         self.producers.add(node.name, outs)
@@ -194,12 +199,27 @@ class SweepObserver(Observer):
             n2, ninf = self.scalars.norms(d)
             slots.received.append((j, n2, ninf))
 
-    def _flips(self, node, outs: List[torch.Tensor], slots: NodeSlots, args) -> None:
+    def _reads_reordered(self, args, kwargs) -> bool:
+        for v in flatten(args, kwargs)[0]:
+            if isinstance(v, torch.Tensor):
+                source = self.producers.get(v)
+                if source is not None and source[0] in self.reordered:
+                    return True
+        return False
+
+    def _flips(self, node, outs: List[torch.Tensor], slots: NodeSlots, args, reads_reordered: bool = False) -> None:
         refs = self.ref.values[node.name]
         for o, r in zip(outs, refs):
             if o.is_floating_point() or r.is_floating_point():
                 continue
             changes = self._nms_changes(node, o, r, args) if node.fn in ("nms", "batched_nms") else None
+            if changes is None and reads_reordered:
+                # Its units arrive in another order than in the reference (an order decision upstream
+                # went otherwise, a top-k's ranking of near-tied scores): unit i here is not unit i
+                # there, so a count by position would count that reordering as this node's flips.
+                slots.note = slots.note or ("decisions not counted: its units arrive in another order than "
+                                            "in the reference (an order decided upstream differs)")
+                continue
             if changes is None:
                 changes = decision_changes(node, o, r)
             if changes is None:  # not comparable (another number of candidates): no figure rather than a wrong one
@@ -326,6 +346,22 @@ def _keeps_dtype(args, kwargs, outs: List[torch.Tensor]) -> bool:
     """Whether every float result has the dtype of the (first) float operand."""
     first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
     return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
+
+
+ORDER_DECISIONS = ("topk", "sort", "argsort", "msort")
+
+
+def reordered(node, outs: List[torch.Tensor], refs: List[torch.Tensor]) -> bool:
+    """Whether an order decision (top-k, sort) ranked its units otherwise than the reference did: its
+    indices differ position by position, even where a top-k chose the same set (which is no flip of
+    its own, decision_changes). What is gathered by those indices holds its units in another order."""
+    if node.fn not in ORDER_DECISIONS:
+        return False
+    for o, r in zip(outs, refs):
+        if not o.is_floating_point() and not r.is_floating_point() and o.shape == r.shape:
+            if bool((o.to(r.device) != r).any()):
+                return True
+    return False
 
 
 def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
