@@ -4,6 +4,7 @@ from typing import Any, Dict, Optional, Sequence
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
 from preclint.load.loader import LoadedModel
+from preclint.core.findings import Finding, Location
 from preclint.core.numerics import DEFAULT_MODES
 
 
@@ -31,3 +32,10 @@ def check_example(example) -> Any:
 
 def codes(report):
     return {f.code for f in report.findings}
+
+
+def finding(code="PCL502", line=2, column=6, path="pkg/m.py", severity="warning", **kw):
+    """A finding as the source side makes one (a deprecated AMP call by default), for the output formats' tests."""
+    loc = Location(path, line, column) if path else None
+    return Finding(code, kw.pop("name", "deprecated-amp-api"), severity, kw.pop("message", "It is deprecated."),
+                   kw.pop("fix", "Use the new one."), location=loc, **kw)

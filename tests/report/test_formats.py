@@ -9,15 +9,10 @@ import pytest
 from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render
 from preclint.text.lines import _line_hashes
+from tests.helpers import finding
 from tests.paths import DATA
 
 SCHEMA = DATA / "sarif-schema-2.1.0.json"
-
-
-def finding(code="PCL502", line=2, column=6, path="pkg/m.py", severity="warning", **kw):
-    loc = Location(path, line, column) if path else None
-    return Finding(code, kw.pop("name", "deprecated-amp-api"), severity, kw.pop("message", "It is deprecated."),
-                   kw.pop("fix", "Use the new one."), location=loc, **kw)
 
 
 @pytest.fixture

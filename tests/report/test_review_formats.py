@@ -14,17 +14,12 @@ from preclint.cli import main
 from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import Report, render, render_reports
 from preclint.report.fingerprint import SARIF_KEY, content_fingerprint, stable_fingerprints
+from tests.helpers import finding
 from tests.paths import DATA
 
 GITLAB_SCHEMA = json.loads((DATA / "gitlab-codequality.schema.json").read_text())
 JUNIT_SCHEMA = xmlschema.XMLSchema(str(DATA / "junit-10.xsd"))
 AMP = "with torch.cuda.amp.autocast():\n    y = model(x)\n"
-
-
-def finding(code="PCL502", line=2, column=6, path="pkg/m.py", severity="warning", **kw):
-    loc = Location(path, line, column) if path else None
-    return Finding(code, kw.pop("name", "deprecated-amp-api"), severity, kw.pop("message", "It is deprecated."),
-                   kw.pop("fix", "Use the new one."), location=loc, **kw)
 
 
 @pytest.fixture
