@@ -113,6 +113,27 @@ def comparison_of(error: BaseException, recorder: Recorder) -> Optional[Comparis
     return None
 
 
+def failed_values(error: BaseException, recorder: Recorder, most: int = 3) -> Tuple[Optional[Comparison], bool]:
+    """(the comparison of float values that failed, whether it is an earlier one than ``error``'s).
+
+    ``error``'s own comparison where it compared float values outside its tolerance; else the one
+    whose AssertionError was being handled when ``error`` was raised: torchvision's model tests
+    compare the scores first and, where that fails, the decisions (argmax, a detector's scores)
+    inside the ``except``; a failure of those is explained by the values' failure before it. A
+    failure that is not the values (a dtype, a device, a shape) is torch's to explain."""
+    current: Optional[BaseException] = error
+    for depth in range(most):
+        if not isinstance(current, AssertionError):
+            break
+        found = comparison_of(current, recorder)
+        if found is not None and _any_outside(found):
+            return found, depth > 0
+        if current.__suppress_context__:
+            break
+        current = current.__context__
+    return None, False
+
+
 def _same_statement(filename: str, raised: int, called: int) -> bool:
     """Whether line ``called`` is in the innermost statement of ``filename`` that holds line ``raised``."""
     if raised == called:
@@ -192,18 +213,21 @@ class Explainer:
 
     def explain(self, error: BaseException, recorder: Recorder,
                 registered: List[Tuple[Any, Any, Optional[str]]]) -> Optional[Explanation]:
-        found = comparison_of(error, recorder)
+        found, earlier = failed_values(error, recorder)
         if found is None:
             return None
-        if not _any_outside(found):
-            return None  # not the values (a dtype, a device, a shape): torch's message says all there is
         subject, why_not = subject_of(found.actual, registered, list(recorder.calls))
         if subject is None:
-            return Explanation(f"preclint: not explained: {why_not}.", f"{UNEXPLAINED}: {why_not}")
-        try:
-            return self._explain(found, subject)
-        except UserError as problem:
-            return Explanation(f"preclint: not explained: {problem}", f"{UNEXPLAINED}: {problem}")
+            explanation = Explanation(f"preclint: not explained: {why_not}.", f"{UNEXPLAINED}: {why_not}")
+        else:
+            try:
+                explanation = self._explain(found, subject)
+            except UserError as problem:
+                explanation = Explanation(f"preclint: not explained: {problem}", f"{UNEXPLAINED}: {problem}")
+        if earlier:
+            return Explanation(f"preclint: the comparison of values that failed first, whose AssertionError the test "
+                               f"handled before this one:\n{explanation.text}", explanation.summary)
+        return explanation
 
     def precision_of(self, subject: Subject) -> Tuple[str, str]:
         if subject.precision is not None:

@@ -135,5 +135,8 @@ class Explaining:
         for nodeid, line in self.summaries:
             terminalreporter.write_line(f"{nodeid}: {line}")
         found = counts([line for _, line in self.summaries])
-        terminalreporter.write_line(", ".join(f"{n} {verdict}" for verdict, n in found.items() if n)
-                                    + f" among {len(self.summaries)} failed comparisons")
+        names = {"precision": "precision difference", "real change": "real change"}
+        total = len(self.summaries)
+        terminalreporter.write_line(
+            ", ".join(f"{n} {names.get(verdict, verdict)}{'s' if n > 1 and verdict in names else ''}"
+                      for verdict, n in found.items() if n) + f" ({total} failed comparison{'s' if total > 1 else ''})")

@@ -82,6 +82,22 @@ def test_a_post_processed_output():
     with torch.no_grad():
         actual = torch.softmax(model(x) * 1.5, dim=1)  # no module returned this tensor
     torch.testing.assert_close(actual, torch.softmax(expected, dim=1))
+
+
+def _assert_expected(output, expected, prec):
+    torch.testing.assert_close(output, expected, rtol=prec, atol=prec, check_dtype=False, check_device=False)
+
+
+def test_scores_then_decisions():
+    """torchvision's check_out: the scores compared, and where they differ, the decisions."""
+    model, x, expected = build()
+    with torch.no_grad():
+        model.head.bias[expected.argmin(dim=1)[0]] += 100.0  # a change that flips a decision
+        out = model(x)
+    try:
+        _assert_expected(out.cpu(), expected, prec=0.01)
+    except AssertionError:
+        torch.testing.assert_close(out.argmax(dim=1), expected.argmax(dim=1), rtol=0.01, atol=0.01)
 '''
 
 
@@ -130,7 +146,7 @@ def test_a_tf32_difference_is_explained_as_precision_with_a_tolerance_that_passe
     summary = out.split("= preclint =")[1]
     assert "test_suite.py::test_under_tf32: precision: output under tf32" in summary
     assert "test_suite.py::test_under_tf32_with_allclose: precision: output under tf32" in summary
-    assert "2 precision among 2 failed comparisons" in summary
+    assert "2 precision differences (2 failed comparisons)" in summary
     rtol, atol = map(float, re.search(r"The tolerance tf32 can meet passes it: rtol=(\S+), atol=(\S+) ", out).groups())
     model, x, expected = tiny_model()
     import preclint.testing
@@ -147,9 +163,10 @@ def test_a_perturbed_weight_is_explained_as_a_real_change(suite):
     module returned is left unexplained, with the line that says how to name the model."""
     suite.makepyfile(test_suite=CHANGED_SUITE)
     result = suite.runpytest("-p", PLUGIN, "--preclint=tf32")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=3)
     out = result.stdout.str()
-    changed, post_processed = out.split(" test_a_post_processed_output ")[:2]
+    changed, rest = out.split(" test_a_post_processed_output ", 1)  # each test's failure, by its header
+    post_processed, decisions = rest.split(" test_scores_then_decisions ", 1)
     assert "preclint: output computed under tf32 (--preclint=tf32)" in changed
     assert "beyond the margin of 3: a real change (weights, inputs, code), not rounding" in changed
     assert "fails it too" in changed
@@ -157,7 +174,11 @@ def test_a_perturbed_weight_is_explained_as_a_real_change(suite):
     summary = out.split("= preclint =")[1]
     assert "test_suite.py::test_a_perturbed_weight: real change: output under tf32" in summary
     assert "test_suite.py::test_a_post_processed_output: not explained: " in summary
-    assert "1 real change, 1 not explained among 2 failed comparisons" in summary
+    # the decisions' failure is explained by the scores' before it, which the test handled
+    assert "preclint: the comparison of values that failed first, whose AssertionError the test handled" in decisions
+    assert "torch.testing.assert_close with rtol=1.00e-02, atol=1.00e-02" in decisions and "a real change" in decisions
+    assert "test_suite.py::test_scores_then_decisions: real change: output under tf32" in summary
+    assert "2 real changes, 1 not explained (3 failed comparisons)" in summary
 
 
 @pytest.mark.slow
@@ -239,3 +260,27 @@ def test_an_unknown_precision_is_one_line(suite):
     result = suite.runpytest("-p", PLUGIN, "--preclint=tf23")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--preclint=tf23: unknown precision (known: fp32, tf32" in result.stderr.str()
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_tf32_convolutions_are_inferred_and_explained_as_precision(suite):
+    """test_models.py's case: the output recorded in float32 on the CPU, compared on an Ampere or
+    newer GPU, where cuDNN runs float32 convolutions in TF32 by default."""
+    suite.makepyfile(test_suite='''
+import torch
+from tiny import build
+
+
+def test_on_the_gpu():
+    model, x, expected = build()
+    torch.backends.cudnn.allow_tf32 = True  # torch's default
+    out = model.cuda()(x.cuda())
+    torch.testing.assert_close(out.cpu(), expected)
+''')
+    result = suite.runpytest("-p", PLUGIN, "--preclint")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "computed under tf32 (inferred: TF32 was allowed for cuDNN convolutions (torch's default))" in out, out
+    assert "a precision difference, not a change" in out, out
