@@ -179,6 +179,7 @@ class Recorder:
         if self._depth == 0 and self._pending:
             settings = self._pending.pop()
             if settings is not None:
+                module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it compiled
                 self.calls.append(Call(module, Inputs(tuple(args), dict(kwargs or {})), output, settings))
 
     def note(self, model: torch.nn.Module, inputs: Inputs, output: Any, precision: str) -> None:

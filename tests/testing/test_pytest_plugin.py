@@ -184,6 +184,8 @@ def test_a_perturbed_weight_is_explained_as_a_real_change(suite):
 @pytest.mark.slow
 def test_a_bare_option_infers_the_precision_from_autocast(suite):
     suite.makepyfile(test_suite='''
+import unittest
+
 import torch
 from tiny import build
 
@@ -193,12 +195,41 @@ def test_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         actual = model(x)
     torch.testing.assert_close(actual.float(), expected)
+
+
+class TestModels(unittest.TestCase):
+    def test_under_autocast(self):
+        model, x, expected = build()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            actual = model(x)
+        self.assertTrue(torch.allclose(actual.float(), expected))
 ''')
     result = suite.runpytest("-p", PLUGIN, "--preclint", "test_suite.py")  # the path is not the precision
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     out = result.stdout.str()
-    assert "preclint: output computed under bf16 (inferred: autocast('cpu', bfloat16) was on)" in out
-    assert "a precision difference, not a change" in out
+    assert out.count("preclint: output computed under bf16 (inferred: autocast('cpu', bfloat16) was on)") == 2, out
+    assert "torch.allclose with rtol=1.00e-05, atol=1.00e-08" in out  # the unittest case's
+    assert out.count("a precision difference, not a change") == 2
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_explained_and_warns_nothing(suite):
+    """torch warns of global module hooks when a module is compiled; a suite run with -W error must not fail on it."""
+    suite.makepyfile(test_suite='''
+import torch
+from tiny import build
+
+
+def test_compiled():
+    model, x, expected = build()
+    with torch.no_grad():
+        model.convs[0].weight.mul_(1.01)
+        out = torch.compile(model, backend="eager")(x)
+    torch.testing.assert_close(out, expected)
+''')
+    result = suite.runpytest("-p", PLUGIN, "--preclint=tf32", "-W", "error")
+    result.assert_outcomes(failed=1)
+    assert "test_suite.py::test_compiled: real change: output under tf32" in result.stdout.str()
 
 
 UNCHANGED_SUITE = '''
