@@ -232,10 +232,10 @@ class Explainer:
     def precision_of(self, subject: Subject) -> Tuple[str, str]:
         if subject.precision is not None:
             return subject.precision, "given to preclint_model"
+        if subject.computed is not None:  # known, where the run's precision is a blanket statement
+            return subject.computed, "computed by preclint.testing.output_under"
         if self.precision != "auto":
             return self.precision, f"--preclint={self.precision}"
-        if subject.computed is not None:
-            return subject.computed, "computed by preclint.testing.output_under"
         settings = subject.settings or settings_now(subject.model, subject.inputs.args)
         precision, why = infer_precision(settings, subject.model)
         return precision, f"inferred: {why}"

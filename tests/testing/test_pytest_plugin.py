@@ -167,7 +167,7 @@ def test_a_perturbed_weight_is_explained_as_a_real_change(suite):
     out = result.stdout.str()
     changed, rest = out.split(" test_a_post_processed_output ", 1)  # each test's failure, by its header
     post_processed, decisions = rest.split(" test_scores_then_decisions ", 1)
-    assert "preclint: output computed under tf32 (--preclint=tf32)" in changed
+    assert "preclint: output computed under tf32 (computed by preclint.testing.output_under)" in changed
     assert "beyond the margin of 3: a real change (weights, inputs, code), not rounding" in changed
     assert "fails it too" in changed
     assert "preclint: not explained: no module called in the test returned the compared tensor" in post_processed
@@ -315,3 +315,13 @@ def test_on_the_gpu():
     out = result.stdout.str()
     assert "computed under tf32 (inferred: TF32 was allowed for cuDNN convolutions (torch's default))" in out, out
     assert "a precision difference, not a change" in out, out
+
+
+def test_the_entry_point_names_the_plugin():
+    """pytest loads the plugin where preclint is installed through this entry point (-p no:preclint keeps it out)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.entry-points.pytest11]", 1)[1].split("\n[", 1)[0]
+    assert re.search(r'^preclint = "preclint\.testing\.pytest_plugin"$', section, re.M), section
+    import preclint.testing.pytest_plugin as plugin
+
+    assert callable(plugin.pytest_addoption) and callable(plugin.pytest_configure)
