@@ -73,15 +73,15 @@ class Explanation:
 
 def infer_precision(settings: Settings, model: torch.nn.Module) -> Tuple[str, str]:
     """(precision, why) the model computed in under ``settings``: autocast on for its device: fp16 or
-    bf16; its parameters in float16/bfloat16: fp16-full/bf16-full; on CUDA with TF32 allowed for the
-    ops it has (matmuls; cuDNN convolutions, allowed by default, where it has a convolution): tf32;
+    bf16; its parameters in float16/bfloat16: fp16-full/bf16-full; on a CUDA GPU that has TF32
+    (Ampere and newer) with TF32 allowed for the ops it has (matmuls; cuDNN convolutions, allowed by default, where it has a convolution): tf32;
     else fp32, float32's own rounding (another kernel, device or order than the recording's)."""
     dtype = settings.autocast.get(settings.device)
     if dtype in ("float16", "bfloat16"):
         return ("fp16" if dtype == "float16" else "bf16"), f"autocast({settings.device!r}, {dtype}) was on"
     if settings.dtype in ("float16", "bfloat16"):
         return ("fp16-full" if settings.dtype == "float16" else "bf16-full"), f"its parameters are {settings.dtype}"
-    if settings.device == "cuda":
+    if settings.device == "cuda" and settings.tf32_capable:
         if settings.matmul_tf32:
             return "tf32", "TF32 was allowed for CUDA matmuls"
         if settings.conv_tf32 and any(isinstance(m, CONVOLUTIONS) for m in model.modules()):

@@ -32,13 +32,15 @@ class Settings:
 
     ``device``: the device type the model ran on; ``autocast``: device type -> the dtype autocast casts
     to, for each device where it was on; ``matmul_tf32``/``conv_tf32``: TF32 allowed for CUDA matmuls /
-    cuDNN convolutions (the flags; the CPU has no TF32); ``dtype``: the model's parameters' dtype."""
+    cuDNN convolutions (the flags; the CPU has no TF32); ``dtype``: the model's parameters' dtype;
+    ``tf32_capable``: the device computes in TF32 where allowed (CUDA, compute capability 8.0 or more)."""
 
     device: str = "cpu"
     autocast: Dict[str, str] = field(default_factory=dict)
     matmul_tf32: bool = False
     conv_tf32: bool = False
     dtype: str = "float32"
+    tf32_capable: bool = True
 
 
 def _flag(legacy, current) -> bool:
@@ -91,7 +93,15 @@ def settings_now(module: Optional[torch.nn.Module] = None, inputs: Any = None) -
     where = param if param is not None else _first_tensor(inputs)
     device = where.device.type if where is not None else "cpu"
     dtype = str(param.dtype).replace("torch.", "") if param is not None else "float32"
-    return Settings(device, autocast_state(), dtype=dtype, **tf32_flags())
+    capable = device == "cuda" and _tf32_capable(where.device)
+    return Settings(device, autocast_state(), dtype=dtype, tf32_capable=capable, **tf32_flags())
+
+
+def _tf32_capable(device: torch.device) -> bool:
+    try:
+        return torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and newer
+    except Exception:
+        return True  # unknown: the flags decide
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ LINEAR = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     (Settings("cpu", {"cpu": "bfloat16"}), LINEAR, "bf16"),
     (Settings("cuda", {"cpu": "bfloat16"}), LINEAR, "fp32"),  # autocast on for another device
     (Settings("cuda", dtype="bfloat16"), LINEAR, "bf16-full"),
+    (Settings("cuda", conv_tf32=True, matmul_tf32=True, tf32_capable=False), CONV, "fp32"),  # a V100: no TF32
 ])
 def test_the_precision_is_inferred_from_the_settings_the_model_ran_under(settings, model, precision):
     assert infer_precision(settings, model)[0] == precision
