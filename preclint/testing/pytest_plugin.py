@@ -114,7 +114,7 @@ class Explaining:
                 self._explain(item, error, recorder)
         finally:
             recorder.forget()
-            item.stash[REGISTERED] = []  # the models named: not kept past the test
+            item.stash.get(REGISTERED, []).clear()  # the models named: not kept past the test
 
     def _explain(self, item: pytest.Item, error: AssertionError, recorder) -> None:
         try:
