@@ -20,8 +20,12 @@ if TYPE_CHECKING:
 # judges an NMS with (the reference stage cannot import the measure stage; a test holds them equal).
 SAME_BOX_IOU = 0.5
 # Swaps played out per NMS call, the smallest score gaps first: beyond a few hundred the gaps are
-# far above any precision's error of the scores. Each costs one NMS over the candidates.
+# far above any precision's error of the scores. Each costs one NMS over the candidates, so a call
+# over many candidates plays out fewer: SWAP_WORK candidates' worth of NMS in all (64 swaps of 1000
+# boxes, 16 of an RPN's 4000), never fewer than MIN_SWAPS.
 MAX_SWAPS = 256
+MIN_SWAPS = 16
+SWAP_WORK = 64_000
 
 
 def swap_margins(boxes: "torch.Tensor", pairs: List[Tuple[int, int, float]], threshold: float) -> "torch.Tensor":
@@ -36,7 +40,7 @@ def swap_margins(boxes: "torch.Tensor", pairs: List[Tuple[int, int, float]], thr
     margins = torch.full((n,), math.inf, dtype=torch.float64)
     if not pairs:
         return margins
-    pairs = sorted(pairs, key=lambda p: p[2])[:MAX_SWAPS]
+    pairs = sorted(pairs, key=lambda p: p[2])[:max(MIN_SWAPS, min(MAX_SWAPS, SWAP_WORK // n))]
     ranks = torch.arange(n, 0, -1, dtype=torch.float64)  # forces an order: distinct, descending
     kept = _kept(boxes, ranks, threshold)
     for high, low, gap in pairs:
