@@ -16,8 +16,8 @@ Scores and boxes of the kept pairs give the numeric error; the changed detection
 over all detections (kept plus changed) are the fraction of the output's decisions that flipped. A
 moved box is another candidate that won (another NMS winner, a top-k that chose otherwise): its
 offset is a decision's, tens of pixels, and counted among the flips rather than as rounding error
-(under TF32, emulated on the CPU, a random-init Faster R-CNN at 320 px erred 1.4e-2 with its moved
-boxes counted, 3.5e-3 without: 2.2e-3 predicted).
+(counted as error, it made a random-init Faster R-CNN's TF32 error 5 times the prediction: issue 26;
+benchmarks/float32_floor.py tf32 measures it over the kept detections).
 """
 from __future__ import annotations
 
