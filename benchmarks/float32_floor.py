@@ -262,8 +262,8 @@ def tf32_detector(device: str, size: int, images: int) -> Dict[str, Any]:
         row = {"image": image, "predicted_rel_error": predicted, "measured_rel_error": error,
                "measured_over_predicted": round(error / predicted, 3) if error and predicted else None,
                "detections": changes.as_dict() if changes is not None else None, "how": measured.how}
-        print(f"tf32 image {image}: predicted {predicted:.3g}, measured {error:.3g} (kept detections);"
-              f" {changes.describe() if changes is not None else ''}")
+        print(f"tf32 image {image}: predicted {predicted}, measured {error} (kept detections); "
+              f"{changes.describe() if changes is not None else 'no detections compared'}")
         rows.append(row)
     ratios = [r["measured_over_predicted"] for r in rows if r["measured_over_predicted"]]
     return {"model": "fasterrcnn_resnet50_fpn", "size": size, "images": images, "device": device, "per_image": rows,
