@@ -5,13 +5,19 @@ A detector's output is a set per image (torchvision: ``{"boxes": (N, 4), "scores
 means nothing there: one box more shifts every later row. The probe matches the detections of a
 precision's run to the reference's instead, greedily by IoU (pairs of the same label first), and counts:
 
-* ``kept``: matched, same label, IoU >= KEPT_IOU: the box is where it was;
-* ``moved``: matched, same label, MATCH_IOU <= IoU < KEPT_IOU: the same object, another box;
+* ``kept``: matched, same label, IoU >= KEPT_IOU or every corner within MOVED_PIXELS: the box is
+  where it was;
+* ``moved``: matched, same label, MATCH_IOU <= IoU < KEPT_IOU, a corner more than MOVED_PIXELS away:
+  the same object, another box;
 * ``relabelled``: matched by IoU to a detection of another label only;
 * ``lost`` / ``added``: detections of the reference / of the run without a match.
 
-Scores and boxes of the matched pairs give the numeric error; the changed detections (all but the kept)
-over all detections (kept plus changed) are the fraction of the output's decisions that flipped.
+Scores and boxes of the kept pairs give the numeric error; the changed detections (all but the kept)
+over all detections (kept plus changed) are the fraction of the output's decisions that flipped. A
+moved box is another candidate that won (another NMS winner, a top-k that chose otherwise): its
+offset is a decision's, tens of pixels, and counted among the flips rather than as rounding error
+(counted as error, it made a random-init Faster R-CNN's TF32 error 5 times the prediction: issue 26;
+benchmarks/float32_floor.py tf32 measures it over the kept detections).
 """
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ MATCH_IOU = 0.5
 # fraction of a pixel (IoU > 0.99 for boxes of ten pixels and more), a different NMS winner moves it
 # by a good part of its size.
 KEPT_IOU = 0.9
+# A box whose corners all lie this close to the reference's has not moved, whatever its IoU: a box
+# under a pixel wide (random-init detectors clip many to the image's border) loses IoU to rounding.
+MOVED_PIXELS = 0.5
 
 
 @dataclass
@@ -37,8 +46,8 @@ class DetectionChanges:
     relabelled: int = 0
     lost: int = 0
     added: int = 0
-    score_max_abs_error: Optional[float] = None  # over matched pairs
-    box_max_abs_error: Optional[float] = None  # pixels, over matched pairs
+    score_max_abs_error: Optional[float] = None  # over kept pairs
+    box_max_abs_error: Optional[float] = None  # pixels, over kept pairs
     sets: int = 0  # detection sets compared (images)
 
     @property
@@ -81,7 +90,7 @@ class DetectionChanges:
         if self.score_max_abs_error is not None:
             errors.append(f"scores by up to {self.score_max_abs_error:.3g}")
         if self.box_max_abs_error is not None:
-            errors.append(f"matched boxes by up to {self.box_max_abs_error:.3g} px")
+            errors.append(f"kept boxes by up to {self.box_max_abs_error:.3g} px")
         return text + (f"; {' and '.join(errors)}" if errors else "")
 
 
@@ -184,20 +193,22 @@ def _compare_set(run: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]):
         labels = ref_labels = None
     pairs = match(boxes, ref_boxes, labels, ref_labels)
     changes = DetectionChanges(reference=len(ref_boxes), measured=len(boxes), sets=1)
+    kept = []
     for i, j, iou in pairs:
         if labels is not None and int(labels[i]) != int(ref_labels[j]):
             changes.relabelled += 1
-        elif iou >= KEPT_IOU:
+        elif iou >= KEPT_IOU or float((boxes[i].double() - ref_boxes[j].to(boxes.device).double()).abs().max()) <= MOVED_PIXELS:
             changes.kept += 1
+            kept.append((i, j))
         else:
             changes.moved += 1
     changes.lost = len(ref_boxes) - len(pairs)
     changes.added = len(boxes) - len(pairs)
     errors, references = [], []
-    if pairs:
+    if kept:
         device = ref_boxes.device
-        run_index = torch.tensor([i for i, _, _ in pairs], device=boxes.device)
-        ref_index = torch.tensor([j for _, j, _ in pairs], device=device)
+        run_index = torch.tensor([i for i, _ in kept], device=boxes.device)
+        ref_index = torch.tensor([j for _, j in kept], device=device)
         for key in ("boxes", "scores"):
             a, b = run.get(key), ref.get(key)
             if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()

@@ -88,6 +88,9 @@ class ModeMeasure:
     tolerance: Optional[ToleranceCheck] = None
     agreement: Optional[Dict[str, Any]] = None  # contributions against --ablate
     diverged_at: Optional[str] = None  # control flow left the reference's path at this node
+    # nodes whose results hold their units in another order than the reference's: an order decision
+    # (top-k, sort) that ranked near-ties otherwise, and what gathers by it (probe/sweep.py, reordered)
+    reordered: List[str] = field(default_factory=list)
     error: Optional[str] = None  # "could not measure": why
     notes: List[str] = field(default_factory=list)
 

@@ -223,6 +223,7 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
     if any_contribution:
         measure.explained = explained
     measure.diverged_at = obs.diverged_at
+    measure.reordered = [name for name in obs.slots if name in obs.reordered]
 
 
 def _amplification(m: NodeMeasure, slots: NodeSlots, received: Dict[Tuple[str, int], Tuple[float, float]]) -> Optional[float]:

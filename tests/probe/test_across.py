@@ -121,3 +121,6 @@ def test_a_threshold_behind_a_reordered_ranking_is_not_counted_as_flips():
     measured = across.nodes[threshold]
     assert not measured.flips and not measured.units
     assert "another order" in (measured.note or "")
+    # the ranking is named as reordered, its set unchanged (a reordering, no flip of its own)
+    assert ranking in across.reordered and threshold in across.reordered
+    assert across.nodes[ranking].flips == 0

@@ -8,7 +8,6 @@ import torch
 from preclint.core.numerics import MODES
 from preclint.measure.runners import run_reference
 from preclint.predict.accumulation import FLOAT32_ACCUMULATION
-from preclint.reference.analyses.margins import nms_margins
 from tests.helpers import check
 
 U = 2.0 ** -24
@@ -78,18 +77,6 @@ def test_decisions_that_flip_in_float32_are_reported_as_the_floor_with_their_rat
         measured = float((model(*inputs).sort(-1).values != run_reference(model, inputs).sort(-1).values)
                          .any(-1).float().mean())
     assert measured > 0 and measured / 3 < predicted < measured * 3
-
-
-def test_nms_margins_count_only_boxes_that_overlap_in_score_order():
-    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.5, 0.0, 10.5, 10.0], [50.0, 50.0, 60.0, 60.0],
-                          [50.0, 50.0, 60.0, 60.0]])
-    scores = torch.tensor([0.9, 0.8999, 0.5, 0.5])
-    margins = nms_margins("nms", (boxes, scores, 0.5), {})
-    # the first two overlap: their order decides which is kept; the last two are one box computed alike
-    assert torch.allclose(margins[:2], torch.tensor([1e-4, 1e-4], dtype=torch.float64), rtol=1e-3)
-    assert torch.isinf(margins[2:]).all()
-    classes = torch.tensor([0, 1, 2, 2])
-    assert torch.isinf(nms_margins("batched_nms", (boxes, scores, classes, 0.5), {})).all()
 
 
 def test_a_threshold_on_values_exactly_zero_is_not_predicted_to_flip():

@@ -114,19 +114,22 @@ def rounding_margins(node: Node, args, output) -> Optional[torch.Tensor]:
 
 
 def nms_margins(fn: str, args, kwargs) -> Optional[torch.Tensor]:
-    """Per box, the score gap to the nearest box in score order (within NMS_WINDOW) that overlaps it
-    beyond the IoU threshold (of the same class, for batched_nms): swapping two boxes that overlap
-    changes which one NMS keeps, swapping two that do not changes nothing (inf). Two boxes that are
-    the same box with the same score were computed alike, and their errors are alike too: no margin.
-    (A box whose IoU with a kept one lies near the threshold flips on the boxes' error, which these
-    margins, in score units, do not count.)"""
+    """Per box, the smallest score gap of a swap in score order that changes the box's outcome by
+    position (_nms_swaps.py): swapping two boxes that overlap beyond the IoU threshold (of the same
+    class, for batched_nms) keeps the other one in the same place, which changes no detection; what
+    it suppresses or lets through in turn does. Swaps are sought within NMS_WINDOW places in score
+    order. Two boxes that are the same box with the same score were computed alike, and their errors
+    are alike too: no swap. (A box whose IoU with a kept one lies near the threshold flips on the
+    boxes' error, which these margins, in score units, do not count.)"""
     import torch
+
+    from preclint.reference.analyses._nms_swaps import swap_margins
 
     boxes = args[0] if args else kwargs.get("boxes")
     scores = args[1] if len(args) > 1 else kwargs.get("scores")
     if not isinstance(scores, torch.Tensor) or scores.numel() < 2:
         return None
-    s, order = scores.detach().double().sort(descending=True)
+    s, order = scores.detach().double().cpu().sort(descending=True, stable=True)
     if not isinstance(boxes, torch.Tensor) or boxes.dim() != 2 or boxes.shape[0] != scores.numel():
         return (s[:-1] - s[1:]).abs()
     threshold_at, classes_at = (3, 2) if fn == "batched_nms" else (2, None)
@@ -134,10 +137,10 @@ def nms_margins(fn: str, args, kwargs) -> Optional[torch.Tensor]:
     if not isinstance(threshold, (int, float)):
         return (s[:-1] - s[1:]).abs()
     classes = args[classes_at] if classes_at is not None and len(args) > classes_at else kwargs.get("idxs")
-    b = boxes.detach().double()[order]
-    c = classes.detach()[order] if isinstance(classes, torch.Tensor) and classes.numel() == s.numel() else None
+    b = boxes.detach().double().cpu()[order]
+    c = classes.detach().cpu()[order] if isinstance(classes, torch.Tensor) and classes.numel() == s.numel() else None
     n = s.numel()
-    margins = torch.full((n,), math.inf, dtype=torch.float64, device=s.device)
+    pairs = []
     for offset in range(1, min(NMS_WINDOW, n - 1) + 1):
         a, z = b[:-offset], b[offset:]
         overlaps = paired_iou(a, z) > threshold
@@ -145,10 +148,13 @@ def nms_margins(fn: str, args, kwargs) -> Optional[torch.Tensor]:
             overlaps &= c[:-offset] == c[offset:]
         gap = s[:-offset] - s[offset:]
         alike = (gap == 0) & (a == z).all(dim=-1)
-        pair = torch.where(overlaps & ~alike, gap, torch.full_like(gap, math.inf))
-        margins[:-offset] = torch.minimum(margins[:-offset], pair)
-        margins[offset:] = torch.minimum(margins[offset:], pair)
-    return margins
+        for k in torch.nonzero(overlaps & ~alike).flatten().tolist():
+            pairs.append((k, k + offset, float(gap[k])))
+    if c is not None:
+        # batched NMS's own trick: boxes of different classes set apart so that they never overlap
+        b = b + (c.double() * (float(b.max() - b.min()) + 1.0))[:, None]
+    margins = swap_margins(b, pairs, float(threshold))
+    return margins.to(scores.device)
 
 
 def paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
