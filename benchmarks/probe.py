@@ -3,6 +3,7 @@ against real GPU arithmetic.
 
     python benchmarks/probe.py speed --device cuda --model resnet50 --batch 32 [--ablate] --out speed.json
     python benchmarks/probe.py speed --device cpu --model resnet18 --batch 1 --out cpu_speed.json
+    python benchmarks/probe.py speed --device cpu --model resnet50 --batch 1 --threads 1 --repeats 2 --out r50.json
     python benchmarks/probe.py agree --models resnet18,vit_b_16 --out agree.json   # GPU machine
     python benchmarks/probe.py report speed.json cpu_speed.json agree.json         # markdown tables
 
@@ -11,6 +12,13 @@ the probe of three modes (local, received and contribution for every node), warm
 probe runs, so that CUDA's context, cuDNN's heuristics and the allocator are set up as in any
 process that has run the model once. A third run waits for the device at the end of each stage and
 gives the time of each (``stages``). The static check that the probe extends is timed apart.
+
+The bare work (``bare_work``), timed beside each warm probe run: the model brought to the device, a
+float64 copy made and run, and per mode its copy made and run once as the probe runs it (natively
+on a GPU, emulated op by op on the CPU), nothing observed, no autograd. ``probe_over_bare`` is the
+issue's ratio (target: at most 4), and ``stage_shares`` each stage's share and its time over the
+bare work. On the CPU the same figures in CPU seconds of the process (``*_cpu``): on a shared host
+they move far less than wall time; ``--threads`` fixes torch's thread count.
 
 ``agree`` probes each model of the zoo (benchmarks/zoo.py) natively on the GPU and emulated (on the
 GPU's own float32 units: emulation is device-independent arithmetic, checked against the CPU by the
@@ -66,6 +74,77 @@ def forward_time(model, inputs, device: str, repeats: int = 10) -> float:
     return statistics.median(times)
 
 
+class StageSeconds:
+    """A progress bar (preclint.core.progress.Bar's interface) that keeps the CPU seconds of each
+    stage the probe describes: on a shared host the process's CPU time moves far less than the wall
+    time with the other processes' load."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+        self._open: Optional[tuple] = None
+
+    def set_total(self, total) -> None:
+        pass
+
+    def describe(self, description: str) -> None:
+        self._open = (description.replace("probe: ", "", 1), time.process_time())
+
+    def advance(self, amount: float = 1.0) -> None:
+        if self._open is not None:  # (a stage the probe skipped advances without a description)
+            stage, start = self._open
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.process_time() - start
+        self._open = None
+
+
+def timed(fn):
+    """(fn's result, wall seconds, CPU seconds of the process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = fn()
+    return value, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def bare_work(model, inputs, graph, device: str, modes=MODES) -> Dict[str, float]:
+    """Seconds of the work any probe of ``modes`` must do, nothing observed: the float32 model and
+    inputs brought to the device, a float64 copy made there and run once, and per mode its copy
+    made and run once as the probe runs the mode (measure/runners.py: natively on a GPU, emulated
+    op by op on the CPU, as the CPU probe does), without autograd. ``total`` is their sum."""
+    from preclint.measure.backends import tf32
+    from preclint.measure.copies import copy_to
+    from preclint.measure.runners import runner_for
+
+    dev = torch.device(device)
+    out: Dict[str, float] = {}
+    with torch.no_grad():
+        _sync(device)
+        start = time.perf_counter()
+        model32 = copy_to(model, dev)
+        inputs32 = tuple(x.to(dev) for x in inputs)
+        _sync(device)
+        out["transfer"] = time.perf_counter() - start
+        start = time.perf_counter()
+        model64 = copy_to(model32, dev, torch.float64)
+        with tf32(False):
+            model64(*(x.to(torch.float64) if x.is_floating_point() else x for x in inputs32))
+        _sync(device)
+        out["forward_float64"] = time.perf_counter() - start
+        del model64
+        for mode in modes:
+            runner = runner_for(mode, dev)
+            start = time.perf_counter()
+            runner.run(runner.prepare(model32, inputs32, graph), graph)
+            _sync(device)
+            out[f"forward_{mode}"] = time.perf_counter() - start
+    out["total"] = sum(out.values())
+    return out
+
+
+def stage_shares(stages: Dict[str, float], bare: float) -> Dict[str, Dict[str, float]]:
+    """Each stage's seconds, its share of all stages and its time over the bare work's."""
+    whole = sum(stages.values()) or 1.0
+    return {k: {"seconds": round(v, 4), "share": round(v / whole, 4), "over_bare": round(v / bare, 4)}
+            for k, v in stages.items()}
+
+
 def _check(model, inputs, name: str, modes=MODES):
     loaded = LoadedModel(model.eval(), tuple(inputs), name, None)
     return check_model(loaded, Config(precisions=tuple(modes)), CheckOptions(modes=tuple(modes)))
@@ -83,11 +162,14 @@ def speed(args) -> Dict[str, Any]:
     _report, graph, _ctx = _check(model, inputs, args.model)
     record["check_seconds"] = time.perf_counter() - start
     record["forward_fp32_seconds"] = forward_time(_copy(model), inputs, args.device)
-    runs = []
-    for _ in range(1 + args.repeats):
-        start = time.perf_counter()
-        result = measure_model(model, inputs, graph, MODES, ProbeOptions(device=args.device))
-        runs.append((time.perf_counter() - start, result))
+    runs, bare_runs, cpu_pairs = [], [], []
+    for i in range(1 + args.repeats):
+        result, wall, cpu = timed(lambda: measure_model(model, inputs, graph, MODES, ProbeOptions(device=args.device)))
+        runs.append((wall, result))
+        if i:  # the bare work beside each warm probe run: a host whose speed drifts moves both alike
+            bare, _, bare_cpu = timed(lambda: bare_work(model, inputs, graph, args.device))
+            bare_runs.append(bare)
+            cpu_pairs.append((cpu, bare_cpu))
     warm = [t for t, _ in runs[1:]]
     result = runs[-1][1]
     total = statistics.median(warm)
@@ -96,17 +178,37 @@ def speed(args) -> Dict[str, Any]:
     record["probe_seconds_first_run"] = runs[0][0]
     # the stages: a third run that waits for the device at each stage's end (slower than the runs
     # above, in which the device works on while Python issues the next stage)
+    stage_cpu = StageSeconds()
     start = time.perf_counter()
-    staged = measure_model(model, inputs, graph, MODES, ProbeOptions(device=args.device, sync_stages=True))
+    staged = measure_model(model, inputs, graph, MODES, ProbeOptions(device=args.device, sync_stages=True, bar=stage_cpu))
     record["probe_seconds_stages_synchronized"] = time.perf_counter() - start
     record["stages"] = {k: round(v, 4) for k, v in staged.timings.items()}
     record["probe_over_forward"] = total / record["forward_fp32_seconds"]
+    bare_runs = bare_runs or [bare_work(model, inputs, graph, args.device)]
+    bare = statistics.median(b["total"] for b in bare_runs)
+    record["bare_seconds"] = bare  # the median of the runs beside the warm probe runs
+    record["bare_runs"] = bare_runs
+    record["bare"] = {k: statistics.median(b[k] for b in bare_runs) for k in bare_runs[0]}
+    record["probe_over_bare"] = total / bare
+    # each warm probe run over the bare work run after it, and their median: the target's ratio
+    record["probe_over_bare_runs"] = [t / b["total"] for t, b in zip(warm, bare_runs)]
+    record["probe_over_bare_median"] = statistics.median(record["probe_over_bare_runs"])
+    record["stage_shares"] = stage_shares(staged.timings, bare)
+    if args.device == "cpu" and cpu_pairs:
+        # the same in CPU seconds of the process (what a loaded host distorts least): the probe's,
+        # the bare work's, their ratio (median over the pairs) and each stage's
+        record["probe_cpu_seconds"] = statistics.median(p for p, _ in cpu_pairs)
+        record["bare_cpu_seconds"] = statistics.median(b for _, b in cpu_pairs)
+        record["probe_over_bare_cpu"] = statistics.median(p / b for p, b in cpu_pairs)
+        record["stage_shares_cpu"] = stage_shares(stage_cpu.seconds, record["bare_cpu_seconds"])
     record["emulated"] = result.environment["emulated"]
     record["output_rel_error"] = {m: result.modes[m].output.rel_error if result.modes[m].output else None for m in MODES}
     record["errors"] = {m: result.modes[m].error for m in MODES if result.modes[m].error}
     record["observer_delta"] = {m: result.modes[m].observer_delta for m in MODES}
     record["explained"] = {m: result.modes[m].explained for m in MODES}
     record["tf32_not_applied"] = [n for n, m in result.modes["tf32"].nodes.items() if m.tf32_applied is False]
+    # every node's figures as printed, for `python benchmarks/large_models.py --compare A B`
+    record["ledger"] = ledger_digest(result)
     if args.device == "cuda":
         record["floor"] = floor(model, inputs, graph, args.device)
     _write(args.out, record)  # before the ablation, which may be cut short
@@ -185,6 +287,12 @@ def floor(model, inputs, graph, device: str) -> Dict[str, Any]:
     out["total"] = (out["transfer"] + out["forward_float64"]
                     + sum(2 * out[f"forward_{m}"] + out["backward_bf16"] + 2 * out["compare_all_values"] for m in modes))
     return out
+
+
+def ledger_digest(result) -> Dict[str, Dict[str, list]]:
+    from benchmarks.large_models import digest
+
+    return digest(result)
 
 
 def _write(path: Optional[str], record: Dict[str, Any]) -> None:
@@ -301,9 +409,12 @@ def _sci(v) -> str:
 
 def report(paths: List[str]) -> str:
     lines = []
+    docs = []
     for path in paths:
         with open(path) as fh:
             doc = json.load(fh)
+        docs += list(doc["speed"].values()) if "speed" in doc else [doc]
+    for doc in docs:
         if "probe_seconds" in doc:
             m = doc["machine"]
             where = m.get("gpu") or f"{m.get('cpu')} ({m.get('threads')} threads)"
@@ -326,10 +437,27 @@ def report(paths: List[str]) -> str:
             if doc.get("floor"):
                 f = doc["floor"]
                 lines.append(f"| least device time of any such probe (`floor`) | {f['total']:.3f} | {f['total'] / fwd:.1f} |")
+            if "bare_seconds" in doc:
+                lines.append(f"| bare work: float64 + one forward per mode, nothing observed | {doc['bare_seconds']:.3f} | "
+                             f"{doc['bare_seconds'] / fwd:.1f} |")
             lines.append(f"| static check (`preclint check`, CPU) | {doc['check_seconds']:.2f} | |")
             lines.append("")
-            lines.append("Stages: " + ", ".join(f"{k} {v:.3f}s" for k, v in doc["stages"].items()))
-            lines.append("")
+            if "probe_over_bare" in doc:
+                cpu = (f"; in CPU seconds {doc['probe_cpu_seconds']:.2f} / {doc['bare_cpu_seconds']:.2f} = "
+                       f"{doc['probe_over_bare_cpu']:.2f}x") if "probe_over_bare_cpu" in doc else ""
+                lines.append(f"Probe over bare work: {doc.get('probe_over_bare_median', doc['probe_over_bare']):.2f}x (wall, median of the pairs){cpu}")
+                lines.append("")
+            shares = doc.get("stage_shares_cpu") or doc.get("stage_shares")
+            if shares:
+                lines.append("| stage | seconds | share | x bare |")
+                lines.append("|---|---|---|---|")
+                for k, v in shares.items():
+                    if v["share"] >= 0.005:
+                        lines.append(f"| {k} | {v['seconds']:.3f} | {v['share']:.0%} | {v['over_bare']:.2f} |")
+                lines.append("")
+            else:
+                lines.append("Stages: " + ", ".join(f"{k} {v:.3f}s" for k, v in doc["stages"].items()))
+                lines.append("")
             if doc.get("agreement"):
                 for mode, a in doc["agreement"].items():
                     if a:
@@ -366,10 +494,11 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("speed")
     s.add_argument("--device", default="cuda")
-    s.add_argument("--model", default="resnet50")
+    s.add_argument("--model", default="resnet50", help="a torchvision model, or several separated by commas")
     s.add_argument("--batch", type=int, default=32)
     s.add_argument("--ablate", action="store_true")
     s.add_argument("--repeats", type=int, default=5, help="warm probe runs after the first (their median is reported)")
+    s.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
     s.add_argument("--out")
     a = sub.add_parser("agree")
     a.add_argument("--models", default="resnet18,resnet50,mobilenet_v3_large,efficientnet_b0,convnext_tiny,"
@@ -381,9 +510,18 @@ def main(argv=None) -> int:
     r.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
     if args.command == "speed":
-        record = speed(args)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        names = args.model.split(",")
+        if len(names) == 1:
+            record = speed(args)
+        else:  # several models in one file: {"speed": {model: its record}}
+            record = {"machine": machine(args.device), "command": "speed", "speed": {}}
+            for name in names:
+                record["speed"][name] = speed(argparse.Namespace(**dict(vars(args), model=name, out=None)))
+                _write(args.out, record)
         _write(args.out, record)
-        print(json.dumps(record, indent=1, default=str))
+        print(json.dumps({k: v for k, v in record.items() if k != "ledger"}, indent=1, default=str)[:20000])
     elif args.command == "agree":
         agree(args)
     else:

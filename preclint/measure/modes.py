@@ -72,6 +72,9 @@ class Decision:
 
     out_dtype: Optional[torch.dtype] = None  # cast float results to this (None: keep)
     inplace_target: Optional[torch.Tensor] = None  # write the result back here (in-place ops)
+    # the operands were only widened to float32 (their values as given) and the op computes as the
+    # float32 model does: its result is the float32 op's, stored as ``out_dtype`` says
+    widened_only: bool = False
 
 
 @dataclass
@@ -146,7 +149,7 @@ class ModeRun:
         if full and isinstance(callee, torch.nn.Module) and node.kind not in (Kind.SHAPE, Kind.CAST):
             # a module of a cast model (an embedding too) computes from low-format inputs and
             # parameters and stores a low-format result; dot products round their operands first
-            fn = (lambda t: round_to(t.float(), low) if _is_float32ish(t) else t) if node.kind in DOT_PRODUCT_KINDS else up
+            fn = (lambda t: _rounded_up(t, low)) if node.kind in DOT_PRODUCT_KINDS else up
             return _map_floats(args, fn), _map_floats(kwargs, fn), Decision(low, target)
         if self.name == "tf32":
             if node.kind in DOT_PRODUCT_KINDS and tf32_kernel(node, callee, args, kwargs):
@@ -164,19 +167,22 @@ class ModeRun:
         here = autocast_format(node.autocast, self.mode)
         if here is not None:
             at = LOW_DTYPES[here.name]
-            lowered = lambda t: round_to(t.float(), at) if _is_float32ish(t) else t  # noqa: E731
+            lowered = lambda t: _rounded_up(t, at)  # noqa: E731
             if policy == "lower" and node.kind in _EMULATED_KINDS:
-                return _map_floats(args, lowered), _map_floats(kwargs, lowered), Decision(at, target)
+                # operands already in the format only widen: the op computes as the float32 model's
+                # does wherever its module's parameters are the float32 model's (sweep.py checks)
+                widened = casting is None and _all_floats_in(args, kwargs, at)
+                return _map_floats(args, lowered), _map_floats(kwargs, lowered), Decision(at, target, widened)
             if policy == "fp32":  # torchvision's nms and roi_align too: autocast runs them in float32
-                return _map_floats(args, up), _map_floats(kwargs, up), Decision(None, target)
+                return _map_floats(args, up), _map_floats(kwargs, up), Decision(None, target, casting is None)
         elif full and (node.kind in DOT_PRODUCT_KINDS or (policy == "lower" and node.kind in _EMULATED_KINDS)):
             # -full: operands and parameters already hold low-format values; accumulate in float32
-            rounded = lambda t: round_to(t.float(), low) if _is_float32ish(t) else t  # noqa: E731
+            rounded = lambda t: _rounded_up(t, low)  # noqa: E731
             return _map_floats(args, rounded), _map_floats(kwargs, rounded), Decision(low, target)
         out_dtype = _stored_dtype(node, callee, args, kwargs)
         if out_dtype not in REDUCED_FLOATS and not _any_reduced(args, kwargs):
             return args, kwargs, None
-        return _map_floats(args, up), _map_floats(kwargs, up), Decision(out_dtype, target)
+        return _map_floats(args, up), _map_floats(kwargs, up), Decision(out_dtype, target, casting is None)
 
     def entering(self, node, output):
         """A parameter the graph reads as a value (FX get_attr): low-format in a cast model."""
@@ -216,6 +222,19 @@ def _autocast_off(device_type: str):
         yield
     finally:
         torch.set_autocast_enabled(device_type, enabled)
+
+
+def _rounded_up(t: torch.Tensor, low: torch.dtype) -> torch.Tensor:
+    """A float32, float16 or bfloat16 operand as float32 holding values of ``low``: an operand in
+    ``low`` already only widens (its rounding again would be two conversions that change nothing)."""
+    if t.dtype == low:
+        return t.float()
+    return round_to(t.float(), low) if _is_float32ish(t) else t
+
+
+def _all_floats_in(args, kwargs, dtype: torch.dtype) -> bool:
+    floats = [v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return bool(floats) and all(v.dtype == dtype for v in floats)
 
 
 def _is_float32ish(t: torch.Tensor) -> bool:
@@ -492,6 +511,10 @@ def _variant(stream, model: torch.nn.Module, change) -> torch.nn.Module:
                 continue
             if stream is None:
                 new = change(module, pname, t.detach())
+                if new is not None and new.dtype == t.dtype and new.shape == t.shape and torch.equal(new, t):
+                    # exact in the format already (a model trained or stored in it): the copy shares
+                    # it, and its calls are then seen to compute as the float32 model's do
+                    new = None
             else:
                 new = stream.derived(t.detach(), lambda value, m=module, n=pname: change(m, n, value))
             if new is None:

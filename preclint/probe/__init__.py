@@ -226,9 +226,10 @@ class ProbeSession:
         from preclint.measure.program import RunFailed
         from preclint.probe.reference_pass import reference_pass, resolve_reference
         from preclint.probe.sensitivity import sensitivity_pass
-        from preclint.probe.noise import rerun, settle_floor
+        from preclint.probe.noise import generator_states, rerun, settle_floor
 
         reference_copy = (copies.model64, copies.inputs64)
+        drawn_from = generator_states(device)
         try:
             # TF32 off: values a model computes below float64 even here are then float32's best
             with clock("reference"), _tf32_on_gpu(device, False):
@@ -250,7 +251,7 @@ class ProbeSession:
             env["reference"]["dtype"] = "float32"
             reference_copy = (model32, inputs32)
         with clock("reference: again"), _tf32_on_gpu(device, False):  # the noise floor (noise.py)
-            again = rerun(program, *reference_copy)
+            again = rerun(program, *reference_copy, known=(device, drawn_from, ref.output))
         if self.records_graph:
             graph = self._recorded_graph(ref)
             self.setting = setting = replace(setting, graph=graph)

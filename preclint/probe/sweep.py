@@ -20,6 +20,7 @@ from preclint.measure.modes import ModeRun
 from preclint.measure.program import Program
 from preclint.measure.rounding import REDUCED_FLOATS
 from preclint.probe.execute import Producers, invoke, tensors
+from preclint.probe.noise import RANDOM_OPS
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars, difference, error_dtype
 from preclint.capture.trees import flatten
@@ -97,6 +98,9 @@ class SweepObserver(Observer):
         self.errors: Dict[str, List[Optional[torch.Tensor]]] = {}
         # nodes whose results hold their units in another order than the reference's (reordered())
         self.reordered: set = set()
+        # the run's float inputs as they came (id -> version): each holds the reference's value of
+        # that input (the float32 input is float64's exactly; a cast one is the same cast of it)
+        self.entering = {id(t): t._version for t in _input_tensors(run.inputs) if t.is_floating_point()}
 
     # ------------------------------------------------------------ observer protocol
 
@@ -288,6 +292,30 @@ class SweepObserver(Observer):
                 out.append(rounded)
         return rebuild(out)
 
+    def _operands_as_in_reference(self, args, kwargs) -> bool:
+        """Whether a call has float operands and every one holds its reference value exactly, known
+        without comparing: one of the run's inputs, unchanged since it came in, or a parameter the
+        mode's copy shares with the float32 model."""
+        floats = 0
+        for v in flatten(args, kwargs)[0]:
+            if not (isinstance(v, torch.Tensor) and v.is_floating_point()):
+                continue
+            floats += 1
+            if self.entering.get(id(v)) == v._version:
+                continue
+            if self.run.original_tensors.get(id(v)) is v and id(v) not in self.run.low_params:
+                continue
+            return False
+        return floats > 0
+
+    def _exact_replay(self, args, kwargs, ref_args, ref_kwargs, callee) -> List[torch.Tensor]:
+        """The node in float32 on the reference operands as the mode rounded them (the float32 model's
+        module and parameters): what its local error is measured against where it reads low-format values."""
+        exact_args, exact_kwargs = self._exact_args(args, kwargs, ref_args, ref_kwargs)
+        exact_callee = self.run.originals.get(id(callee), callee) if isinstance(callee, torch.nn.Module) else callee
+        with self.run.exact_context():
+            return tensors(invoke(exact_callee, exact_args, exact_kwargs))
+
     def _local(self, node, args, kwargs, callee, outs: List[torch.Tensor], slots: NodeSlots) -> None:
         name = node.name
         if not any(t.is_floating_point() for t in outs):
@@ -315,14 +343,25 @@ class SweepObserver(Observer):
         try:
             ref_args, ref_kwargs = self._reference_args(args, kwargs, copy=inplace)
             run_args, run_kwargs, decision = self.run.before(node, ref_args, ref_kwargs, callee)
-            replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
-            if any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in flatten(ref_args, ref_kwargs)[0]):
+            reduced = any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in flatten(ref_args, ref_kwargs)[0])
+            exact_callee = self.run.originals.get(id(callee), callee) if isinstance(callee, torch.nn.Module) else callee
+            if not inplace and node.fn not in RANDOM_OPS and self._operands_as_in_reference(args, kwargs):
+                # every float operand is the reference's value already (the model's inputs, the
+                # float32 model's own parameters): the replay would repeat the run's own call
+                replayed = outs
+                exact = self._exact_replay(args, kwargs, ref_args, ref_kwargs, callee) if reduced else self.ref.values[name]
+            elif reduced and not inplace and decision is not None and decision.widened_only \
+                    and _same_arithmetic(callee, exact_callee):
+                # the mode's replay would compute what the exact one does, on the same float32 values
+                # (ModeRun.before only widened them): run it once, and store its result as the mode does
                 exact_args, exact_kwargs = self._exact_args(args, kwargs, ref_args, ref_kwargs)
-                exact_callee = self.run.originals.get(id(callee), callee) if isinstance(callee, torch.nn.Module) else callee
                 with self.run.exact_context():
-                    exact = tensors(invoke(exact_callee, exact_args, exact_kwargs))
+                    value = invoke(exact_callee, exact_args, exact_kwargs)
+                exact = tensors(value)
+                replayed = tensors(self.run.after(value, decision, replay=True))
             else:
-                exact = self.ref.values[name]
+                replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
+                exact = self._exact_replay(args, kwargs, ref_args, ref_kwargs, callee) if reduced else self.ref.values[name]
         except _Unmatched as exc:
             slots.note = f"local error not measured: {exc}"
             return
@@ -340,6 +379,25 @@ class SweepObserver(Observer):
             kept.append(e if self.keep_errors else None)
         if self.keep_errors:
             self.errors[name] = kept
+
+
+def _input_tensors(inputs) -> List[torch.Tensor]:
+    from preclint.load.modelio import Inputs
+
+    return Inputs.of(inputs).tensors()
+
+
+def _same_arithmetic(callee, exact_callee) -> bool:
+    """Whether the mode's copy of a call computes with the float32 model's tensors: the same function,
+    or a module copy whose parameters and buffers are the float32 module's own (none rounded)."""
+    if callee is exact_callee:
+        return True
+    if not (isinstance(callee, torch.nn.Module) and isinstance(exact_callee, torch.nn.Module)) \
+            or type(callee) is not type(exact_callee):
+        return False
+    mine = list(callee.parameters()) + list(callee.buffers())
+    theirs = list(exact_callee.parameters()) + list(exact_callee.buffers())
+    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs))
 
 
 def _keeps_dtype(args, kwargs, outs: List[torch.Tensor]) -> bool:
