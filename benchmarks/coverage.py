@@ -400,6 +400,11 @@ def report_figures(report: Dict) -> Dict:
         words in n for words in ("could not", "not measured", "without", "left the reference's path", "cannot run"))]
     if notes:
         entry["notes"] = [n[:200] for n in notes]
+    if report.get("caveats"):  # the weights a poor stand-in, outputs degenerate: said once per model
+        entry["caveats"] = [c[:200] for c in report["caveats"]]
+    mismatches = [n for n in report.get("notes", []) if " measured an output error of " in n]
+    if mismatches:  # probe/mismatch.py: measured and predicted more than 3x apart
+        entry["mismatch_notes"] = [n[:300] for n in mismatches]
     summary = report.get("summary", {})
     unmeasured = {mode: s["measured_output"]["error"] for mode, s in summary.items()
                   if "error" in s.get("measured_output", {})}
