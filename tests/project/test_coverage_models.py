@@ -49,6 +49,7 @@ def test_a_model_with_several_outputs_is_judged_by_its_worst_output():
     report["summary"]["fp16"]["measured_output"]["outputs"] = [{"rel_error": 1e-3}, {"rel_error": 8e-4}]
     row = report_accuracy(report)["fp16"]
     assert [o["factor"] for o in row["outputs"]] == [1.0, 8.0] and row["factor"] == 8.0
+    assert row["factor_overall"] == 1.0
 
 
 def test_the_summary_gives_the_share_within_3x_and_the_pairs_outside():
