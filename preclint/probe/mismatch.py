@@ -43,6 +43,7 @@ def mismatch_notes(report, ctx, result) -> List[str]:
             continue
         over = _clamped(measured) / _clamped(predicted)
         if 1 / FACTOR <= over <= FACTOR:
+            notes += _output_note(ctx, mode, entry)
             continue
         how = f"{over:.1f}x the prediction" if over > 1 else f"{1 / over:.1f}x below the prediction"
         text = (f"probe: {mode} measured an output error of {sci(measured)} against {sci(predicted)} predicted "
@@ -51,6 +52,60 @@ def mismatch_notes(report, ctx, result) -> List[str]:
         notes.append(text + (f"; likeliest reason: {reason}" if reason else "") + ". The measured figure is this "
                      "model's on this device.")
     return notes
+
+
+def _output_note(ctx, mode: str, entry: Dict) -> List[str]:
+    """A model of several outputs predicted well as a whole: the one output (the farthest) whose own
+    figures lie more than FACTOR apart, with why where the graph shows it (a slice of another value)."""
+    predicted = entry.get("outputs") or []
+    measured = (entry.get("measured_output") or {}).get("outputs") or []
+    if len(predicted) < 2 or len(predicted) != len(measured):
+        return []
+    worst = None
+    for p, m in zip(predicted, measured):
+        p_err, m_err = (p or {}).get("rel_error"), (m or {}).get("rel_error")
+        if p_err is None or m_err is None or not (math.isfinite(p_err) and math.isfinite(m_err)):
+            continue
+        over = _clamped(m_err) / _clamped(p_err)
+        if not 1 / FACTOR <= over <= FACTOR and (worst is None or abs(math.log(over)) > abs(math.log(worst[0]))):
+            worst = (over, p, p_err, m_err)
+    if worst is None:
+        return []
+    over, figure, p_err, m_err = worst
+    how = f"{over:.1f}x the prediction" if over > 1 else f"{1 / over:.1f}x below the prediction"
+    text = (f"probe: {mode} measured {figure.get('output')} with an error of {sci(m_err)} against {sci(p_err)} "
+            f"predicted ({how}), though the outputs together lie within {FACTOR:.0f}x")
+    sliced = _sliced_from(ctx.graph, figure.get("output"), predicted)
+    if sliced is not None:
+        part, whole = sliced
+        text += (f"; likeliest reason: it is a part of {ctx.display(whole.name)}, and the prediction gives a part the "
+                 f"relative error of the whole it is taken from, while this part's elements carry "
+                 f"{'more' if over > 1 else 'less'} of it")
+        if part.out.rms and whole.out.rms and not 1 / FACTOR <= whole.out.rms / part.out.rms <= FACTOR:
+            text += f" (its RMS {sci(part.out.rms)}, the whole's {sci(whole.out.rms)})"
+
+    return [text + ". The measured figure is this output's on this device."]
+
+
+def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[tuple]:
+    """(the output's producer, the node it is a slice or view of: getitem, select, reshape), where its
+    producer is one."""
+    from preclint.core.ir import Kind
+
+    outputs = graph.output_nodes
+    if len(outputs) != 1:
+        return None
+    producers = [n for n in outputs[0].inputs if graph.get(n) is not None and graph[n].out is not None
+                 and graph[n].out.is_float]
+    names = [f.get("output") for f in figures]
+    if len(producers) != len(names) or output not in names:
+        return None
+    part = node = graph[producers[names.index(output)]]
+    if node.kind != Kind.SHAPE or not node.inputs:
+        return None
+    while node.kind == Kind.SHAPE and node.inputs and graph.get(node.inputs[0]) is not None:
+        node = graph[node.inputs[0]]
+    return (part, node) if node.out is not None else None
 
 
 def _reason(ctx, measure, mode: str, predicted: float, measured: float, entry: Dict) -> Optional[str]:

@@ -82,3 +82,30 @@ def test_a_measured_error_within_the_run_to_run_noise_gets_no_note():
     torch.manual_seed(0)
     report, _ = probed(SignStep(), (torch.randn(16, 32),), ("fp16",), noisy)
     assert not mismatch(report)
+
+
+class FirstToken(nn.Module):
+    """Returns the tokens and, as a second output, the first token alone (as DINOv2's pooler_output
+    is the CLS token of last_hidden_state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return {"tokens": y, "first": y[:, 0]}
+
+
+def test_one_output_far_from_its_prediction_gets_a_note_though_the_whole_is_predicted_well():
+    torch.manual_seed(0)
+    model = FirstToken().eval()
+    x = torch.randn(1, 64, 32)
+    with torch.no_grad():  # the first token's outputs cancel: W x0 = -b + 1e-3 noise
+        target = -model.fc.bias.double() + 1e-3 * torch.randn(32, dtype=torch.float64)
+        x[0, 0] = torch.linalg.lstsq(model.fc.weight.double(), target.unsqueeze(1)).solution.squeeze(1).float()
+    report, _ = probed(model, (x,), ("fp16",))
+    (note,) = mismatch(report)
+    assert note.startswith("probe: fp16 measured output['first'] with an error of ")
+    assert "though the outputs together lie within 3x" in note and "it is a part of fc" in note
+    assert "(its RMS 8.2" in note
