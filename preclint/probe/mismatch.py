@@ -77,8 +77,8 @@ def _output_note(ctx, mode: str, entry: Dict) -> List[str]:
             f"predicted ({how}), though the outputs together lie within {FACTOR:.0f}x")
     sliced = _sliced_from(ctx.graph, figure.get("output"), predicted)
     if sliced is not None:
-        part, whole = sliced
-        text += (f"; likeliest reason: it is a part of {ctx.display(whole.name)}, and the prediction gives a part the "
+        part, whole, whole_output = sliced
+        text += (f"; likeliest reason: it is a part of {whole_output or ctx.display(whole.name)}, and the prediction gives a part the "
                  f"relative error of the whole it is taken from, while this part's elements carry "
                  f"{'more' if over > 1 else 'less'} of it")
         if part.out.rms and whole.out.rms and not 1 / FACTOR <= whole.out.rms / part.out.rms <= FACTOR:
@@ -88,8 +88,8 @@ def _output_note(ctx, mode: str, entry: Dict) -> List[str]:
 
 
 def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[tuple]:
-    """(the output's producer, the node it is a slice or view of: getitem, select, reshape), where its
-    producer is one."""
+    """(the output's producer, the node it is a slice or view of: getitem, select, reshape, and that
+    node's output name where the model returns it too), where the output's producer is a slice."""
     from preclint.core.ir import Kind
 
     outputs = graph.output_nodes
@@ -105,7 +105,10 @@ def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[
         return None
     while node.kind == Kind.SHAPE and node.inputs and graph.get(node.inputs[0]) is not None:
         node = graph[node.inputs[0]]
-    return (part, node) if node.out is not None else None
+    if node.out is None:
+        return None
+    # the whole as the user reads it, where the model returns it too (DINOv2's last_hidden_state)
+    return part, node, names[producers.index(node.name)] if node.name in producers else None
 
 
 def _reason(ctx, measure, mode: str, predicted: float, measured: float, entry: Dict) -> Optional[str]:

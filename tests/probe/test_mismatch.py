@@ -107,5 +107,5 @@ def test_one_output_far_from_its_prediction_gets_a_note_though_the_whole_is_pred
     report, _ = probed(model, (x,), ("fp16",))
     (note,) = mismatch(report)
     assert note.startswith("probe: fp16 measured output['first'] with an error of ")
-    assert "though the outputs together lie within 3x" in note and "it is a part of fc" in note
+    assert "though the outputs together lie within 3x" in note and "it is a part of output['tokens']" in note
     assert "(its RMS 8.2" in note
