@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, Tuple
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.coverage_accuracy import report_accuracy, summarize_accuracy  # noqa: E402
 from benchmarks.provenance import stamp  # noqa: E402
 
 SUITES = ("torchvision", "timm", "hf")
@@ -211,6 +212,12 @@ REPRESENTATIVE = [
     "timm/maxvit_nano_rw_256", "timm/nf_resnet26", "hf/qwen2", "hf/mistral", "hf/gemma2", "hf/phi3", "hf/mamba",
     "hf/dinov2", "hf/segformer",
 ]
+# `--models issue26`: the families issue 26 tried that install here (its predicted-vs-measured target)
+ISSUE_26 = [
+    "resnext50_32x4d", "timm/eva02_tiny_patch14_224", "timm/fastvit_t8", "timm/efficientvit_b0",
+    "timm/maxvit_nano_rw_256", "timm/nf_resnet26", "hf/qwen2", "hf/mistral", "hf/gemma2", "hf/phi3", "hf/mamba",
+    "hf/dinov2", "hf/segformer", "fasterrcnn_resnet50_fpn", "hf/mixtral", "hf/wav2vec2", "hf/detr",
+]
 
 HF_FILE = """\
 import torch
@@ -353,6 +360,9 @@ def outcome(result: Dict, cut: bool = False) -> Dict:
         entry["error"] = lines[-1][:300] if lines else ""
     if report is not None:
         entry.update(report_figures(report))
+        accuracy = report_accuracy(report)
+        if accuracy:
+            entry["accuracy"] = accuracy
     return settle(entry)
 
 
@@ -390,6 +400,11 @@ def report_figures(report: Dict) -> Dict:
         words in n for words in ("could not", "not measured", "without", "left the reference's path", "cannot run"))]
     if notes:
         entry["notes"] = [n[:200] for n in notes]
+    if report.get("caveats"):  # the weights a poor stand-in, outputs degenerate: said once per model
+        entry["caveats"] = [c[:200] for c in report["caveats"]]
+    mismatches = [n for n in report.get("notes", []) if " measured an output error of " in n]
+    if mismatches:  # probe/mismatch.py: measured and predicted more than 3x apart
+        entry["mismatch_notes"] = [n[:300] for n in mismatches]
     summary = report.get("summary", {})
     unmeasured = {mode: s["measured_output"]["error"] for mode, s in summary.items()
                   if "error" in s.get("measured_output", {})}
@@ -521,6 +536,8 @@ def summarize_group(entries: List[Dict], probes: List[str]) -> Dict:
         "ok_wall_s": {"median": walls[len(walls) // 2] if walls else None, "max": walls[-1] if walls else None,
                       "total": round(sum(walls), 1)},
         "max_rss_mib": max([(e[k].get("rss_mib") or 0) for e in entries for k in keys if k in e] or [0]),
+        # issue 26: predicted within 3x of measured, per (model, precision) pair, for each probe
+        **{f"{k}_accuracy": summarize_accuracy(entries, k) for k in keys[1:]},
     }
 
 
@@ -616,7 +633,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, of {', '.join(SUITES)} (default all)")
     parser.add_argument("--models", help="comma-separated names: torchvision's, timm/NAME, hf/NAME (default: the "
-                        "suites' lists); 'representative': a subset of every task and family, for the GPU")
+                        "suites' lists); 'representative': a subset of every task and family, for the GPU; 'issue26': the "
+                        "families issue 26 tried")
     parser.add_argument("--skip", help="comma-separated names to leave out")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per command (default 600)")
     parser.add_argument("--time-budget", type=float, help="seconds for the whole run: no command starts after it, "
@@ -657,6 +675,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     suites = args.suites.split(",")
     if args.models == "representative":
         names = REPRESENTATIVE
+    elif args.models == "issue26":
+        names = ISSUE_26
     else:
         names = args.models.split(",") if args.models else all_models(suites)
     skip = set(args.skip.split(",")) if args.skip else set()

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, 
 
 from preclint.config import Config
 from preclint.reference.degenerate import (all_outputs_degenerate, degenerate_note, degenerate_outputs, drift_note,
-                                           mark_drifted, scale_drift)
+                                           mark_drifted, near_zero_note, near_zero_outputs, scale_drift)
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
@@ -186,6 +186,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
                      "output errors are not predicted (check without --select, or with --probe, for them)")
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
     drift = scale_drift(graph)
+    # said once: a drift over the network already explains outputs near zero
+    near_zero = near_zero_outputs(graph) if drift is None else []
     mark_drifted(findings, graph, drift, {kind: {rule.code for rule in rules if rule.size_drift == kind}
                                           for kind in ("vanishing", "exploding")})
     cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
@@ -202,7 +204,8 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         summary=summarize(ctx, degenerate=all_outputs_degenerate(graph, degenerate), predicted=errors_predicted,
                           cases=cases),
         notes=notes,
-        caveats=([degenerate_note(degenerate, ctx.display)] if degenerate else []) + ([drift_note(drift, ctx.display)] if drift else []),
+        caveats=([degenerate_note(degenerate, ctx.display)] if degenerate else []) + ([drift_note(drift, ctx.display)] if drift else [])
+        + ([near_zero_note(near_zero, ctx.display)] if near_zero else []),
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
         profile=predicted_profile(ctx) if graph.ran_reference and errors_predicted else None,
     )

@@ -520,6 +520,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
     from preclint.reference.degenerate import all_outputs_degenerate
     from preclint.probe.ledger import node_row
     from preclint.probe.verdict import judge, probe_notes, summary_entries
+    from preclint.probe.mismatch import mismatch_notes
     from preclint.rules import rules_to_run
 
     graph = ctx.graph
@@ -540,7 +541,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
         report.summary[mode]["measured_output"] = entry
         if mode == FLOOR_MODE:
             entry.update(across_summary(result))
-    report.notes = list(report.notes) + probe_notes(result, ctx.display) + across_notes(result, ctx)
+    report.notes = [*report.notes, *probe_notes(result, ctx.display), *across_notes(result, ctx), *mismatch_notes(report, ctx, result)]
     report.environment = result.environment
     if getattr(result, "backend", None) is not None:
         from preclint.probe.compiled import merge_compiled

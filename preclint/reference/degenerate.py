@@ -152,3 +152,72 @@ def mark_drifted(findings, graph: Graph, drift: Optional[ScaleDrift], codes_by_d
             f.message += (f" This likely describes these weights rather than the model: the network's activations "
                           f"{'shrink' if drift.kind == 'vanishing' else 'grow'} {drift.factor:.0e}-fold with them "
                           "(see the warning); with trained weights it may not occur.")
+
+
+# Outputs this far below the model's inputs (RMS against RMS): a trained network's outputs keep the
+# scale its task gives them (logits of order 1, features near its inputs'), and random-init ones land
+# within 1e-2 of the inputs (torchvision's resnet18 0.55, regnet_y_400mf 0.02, resnext50 0.04), but an
+# initialisation that scales residual branches or the head down (timm's FastViT 4e-4 with layer scale
+# 1e-5, EVA's head_init_scale 1e-3) leaves outputs near zero. Their relative errors still hold; their
+# absolute errors, the atol a comparison needs and the range findings describe the initialisation.
+NEAR_ZERO = 1e-3
+
+
+@dataclass
+class NearZeroOutput:
+    node: str  # the node that produces the output
+    rms: float
+    input_rms: float  # RMS of the model's float inputs (else of its embedding lookups)
+
+    @property
+    def ratio(self) -> float:
+        return self.rms / self.input_rms
+
+    def describe(self, display) -> str:
+        return (f"{display(self.node)} has RMS {sci(self.rms)}, {self.ratio:.1e} times the inputs' "
+                f"(RMS {sci(self.input_rms)})")
+
+
+def _input_rms(graph: Graph) -> float:
+    """RMS of the model's float inputs, else of what its embedding lookups return (token ids are not values)."""
+    inputs = [n.out for n in graph.nodes if n.kind == Kind.INPUT and n.fn == "input" and n.out is not None]
+    floats = [s for s in inputs if s.is_float and s.finite and s.numel > 0]
+    if not floats:
+        floats = [n.out for n in graph.nodes if n.fn == "embedding" and n.out is not None and n.out.is_float
+                  and n.out.finite and n.out.numel > 0]
+    total = sum(s.numel for s in floats)
+    return (sum(s.rms ** 2 * s.numel for s in floats) / total) ** 0.5 if total else 0.0
+
+
+def near_zero_outputs(graph: Graph) -> List[NearZeroOutput]:
+    """The float outputs (of more than one element) whose RMS is below NEAR_ZERO times the inputs'
+    but not degenerate (degenerate_outputs says those): outputs a random initialisation left near
+    zero. Empty without a reference pass or float inputs to compare with."""
+    if not graph.ran_reference:
+        return []
+    scale = _input_rms(graph)
+    if scale <= 0:
+        return []
+    degenerate = {d.node for d in degenerate_outputs(graph)}
+    found = []
+    for output in graph.output_nodes:
+        for name in output.inputs:
+            node = graph.get(name)
+            while node is not None and node.kind == Kind.SHAPE and node.inputs:
+                node = graph.get(node.inputs[0])
+            stats = node.out if node is not None else None
+            if (stats is None or not stats.is_float or not stats.finite or stats.numel < 2 or stats.rms == 0
+                    or node.name in degenerate or node.kind == Kind.INPUT):
+                continue
+            if stats.rms < NEAR_ZERO * scale:
+                found.append(NearZeroOutput(node.name, stats.rms, scale))
+    return found
+
+
+def near_zero_note(found: Sequence[NearZeroOutput], display) -> str:
+    what = "; ".join(d.describe(display) for d in found)
+    return (f"these weights are a poor stand-in for a trained model: the output is near zero ({what}). An "
+            "initialisation that scales residual branches or the head down does this; trained weights give outputs "
+            "the scale of their task. Relative errors still hold, but absolute errors, the atol a comparison needs "
+            "and range findings describe these weights; if they are not the trained ones, pass those with "
+            "--weights FILE (a state dict).")

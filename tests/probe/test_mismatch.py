@@ -1,0 +1,111 @@
+"""After a probe, a mode whose measured output error lies more than 3x from the predicted one gets one
+note with both figures and the likeliest reason in the probe's ledger; modes predicted well get none."""
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from preclint.config import Config
+from preclint.probe import ProbeOptions, measure_model, merge_into_report
+from preclint.rules.model.unflagged_hotspot import _healthy_mlp, _stem_dominated
+from tests.helpers import check
+
+
+class SignStep(nn.Module):
+    """A hard switch on the sign of a linear layer's output: a value that rounding moves across 0
+    jumps by 2, which the prediction's linear gains cannot see."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return torch.where(y > 0, y + 1, y - 1)
+
+
+def probed(model, inputs, modes, change=None):
+    report, graph, ctx = check(model.eval(), inputs, precisions=modes)
+    result = measure_model(model, inputs, graph, modes, ProbeOptions(device="cpu"))
+    if change is not None:
+        change(result)
+    merge_into_report(report, ctx, result, Config(precisions=modes))
+    return report, result
+
+
+def mismatch(report):
+    return [n for n in report.notes if "predicted (" in n]
+
+
+@pytest.mark.slow
+def test_a_step_the_prediction_misses_gets_one_note_with_both_figures_and_the_reason():
+    torch.manual_seed(0)
+    report, _ = probed(SignStep(), (torch.randn(16, 32),), ("fp16",))
+    predicted = report.summary["fp16"]["predicted_output"]["rel_error"]
+    measured = report.summary["fp16"]["measured_output"]["rel_error"]
+    assert measured > 3 * predicted
+    (note,) = mismatch(report)
+    assert note.startswith("probe: fp16 measured an output error of ")
+    assert f"{measured:.3g}" in note and f"{predicted:.2e}" in note
+    assert "at torch.where" in note and "decisions at operator.gt" in note and "flipped" in note
+
+
+@pytest.mark.slow
+def test_models_predicted_within_3x_get_no_note():
+    for build in (_healthy_mlp, _stem_dominated):
+        model, inputs = build()
+        report, _ = probed(model, inputs, ("tf32", "fp16", "bf16"))
+        assert not mismatch(report), build.__name__
+
+
+def test_tf32_measured_far_below_the_prediction_names_the_float32_kernels():
+    """As on a GPU that runs small matmuls in float32: every matmul's local error fp32-sized, and the
+    output error a hundredth of the TF32 prediction."""
+    def float32_kernels(result):
+        measure = result.modes["tf32"]
+        for m in measure.nodes.values():
+            if m.tf32_applied is not None:
+                m.tf32_applied = False
+        measure.output = dataclasses.replace(measure.output, rel_error=measure.output.rel_error / 100)
+
+    model, inputs = _healthy_mlp()
+    report, _ = probed(model, inputs, ("tf32",), float32_kernels)
+    (note,) = mismatch(report)
+    assert "below the prediction" in note and "2 of the 2 convs and matmuls ran float32 kernels on this device" in note
+
+
+def test_a_measured_error_within_the_run_to_run_noise_gets_no_note():
+    def noisy(result):
+        result.noise_floor = result.modes["fp16"].output.rel_error
+
+    torch.manual_seed(0)
+    report, _ = probed(SignStep(), (torch.randn(16, 32),), ("fp16",), noisy)
+    assert not mismatch(report)
+
+
+class FirstToken(nn.Module):
+    """Returns the tokens and, as a second output, the first token alone (as DINOv2's pooler_output
+    is the CLS token of last_hidden_state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return {"tokens": y, "first": y[:, 0]}
+
+
+def test_one_output_far_from_its_prediction_gets_a_note_though_the_whole_is_predicted_well():
+    torch.manual_seed(0)
+    model = FirstToken().eval()
+    x = torch.randn(1, 64, 32)
+    with torch.no_grad():  # the first token's outputs cancel: W x0 = -b + 1e-3 noise
+        target = -model.fc.bias.double() + 1e-3 * torch.randn(32, dtype=torch.float64)
+        x[0, 0] = torch.linalg.lstsq(model.fc.weight.double(), target.unsqueeze(1)).solution.squeeze(1).float()
+    report, _ = probed(model, (x,), ("fp16",))
+    (note,) = mismatch(report)
+    assert note.startswith("probe: fp16 measured output['first'] with an error of ")
+    assert "though the outputs together lie within 3x" in note and "it is a part of output['tokens']" in note
+    assert "(its RMS 8.2" in note
