@@ -1,0 +1,372 @@
+"""The ops of an eager run, recorded once and replayed without the model's Python.
+
+A model FX cannot trace runs under capture's function-mode recorder in every probe pass; for a
+Llama-shaped model the model's Python and the recorder's per-op work cost more than the ops. While
+the recorder runs, a :class:`Tape` keeps what the model did: each op's callee (a leaf module by its
+path, or the torch function), its operands as the model passed them (tensors as slots: an input, a
+parameter or buffer by name, an earlier op's result; everything else a constant), and every answer
+a tensor gave the model's Python (a size, a dtype). A :class:`Recording` replays that list on any
+copy of the model with the same parameter and input shapes, dtypes and devices, calling the
+observer exactly as the recorder does, so that the passes see the same nodes and values.
+
+A replay is exactly the model's computation only where the model's Python is a function of what
+the recording checks. So a recording is never replayed when the run
+
+* read a tensor's values in Python (``.item()``, ``bool(x)``, ``.tolist()``: control flow may follow),
+* drew random numbers at its top level (``torch.randn``; a replay would not redo a reseed),
+* wrote its inputs or parameters in place, read a tensor no recorded op made (one kept on a module
+  between runs), passed an operand that is no plain constant (a module, a generator),
+* set autocast on itself, or ran hooks of its own on modules the recorder walks into;
+
+and nothing is replayed until two eager runs of the model on the same copy recorded the same ops
+with the same constants (the reference and its rerun for the noise floor): a model that reads the
+time or a counter of its own runs other ops each time. A replay checks every query the recording
+made (a size, a dtype) against the replayed value; where one differs (a mode's dtypes changed what
+the model's Python would do) the replay stops: :class:`Diverged`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from preclint.capture import autocast_regions
+from preclint.capture.observer import Observer
+from preclint.capture.recorder import _property_name
+from preclint.capture.trees import is_leaf, leaves
+from preclint.core.ir import Node
+from preclint.load.modelio import Inputs
+
+# What a tensor tells the model's Python that a recording can check on the replayed value: its
+# metadata. Any other answer (item, tolist, __bool__, __int__, equal, a grad_fn) stops the replay.
+_METADATA_QUERIES = frozenset(
+    "shape dtype device ndim size dim numel nelement is_cuda is_cpu is_floating_point is_complex stride "
+    "is_contiguous element_size get_device __len__ layout is_sparse is_quantized is_meta".split())
+# Top-level ops that draw random numbers (modules such as nn.Dropout run their own code on replay).
+_RANDOM_OPS = frozenset(
+    "rand rand_like randn randn_like randint randint_like randperm bernoulli bernoulli_ multinomial normal "
+    "normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_ poisson dropout dropout_ "
+    "alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d rrelu rrelu_ gumbel_softmax".split())
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout,
+                   torch.memory_format, type(Ellipsis), torch.Size)
+
+
+class Diverged(Exception):
+    """A replay met a query whose answer differs from the recording's: the model's Python could
+    take another path here."""
+
+
+class _Operands:
+    """An op's (args, kwargs) as a pytree spec, its constant leaves and its tensor leaves' slots (what
+    two recordings compare), and a function that builds them from a replay's values: compiled for
+    the plain tuples, lists and dicts nearly every op takes, pytree's unflatten for anything else."""
+
+    __slots__ = ("spec", "flat", "slots", "compiled", "constants")
+
+    def __init__(self, spec, flat: list, slots: List[Tuple[int, int]], value) -> None:
+        self.spec, self.flat, self.slots = spec, flat, slots
+        self.constants: list = []
+        source = _source(value, iter(index for _, index in slots), self.constants)
+        # (the source names nothing but the two arguments: e[i] for a slot, c[i] for a constant)
+        self.compiled = eval(f"lambda e, c: {source}", {}) if source is not None else None  # noqa: S307
+
+    def build(self, env: list):
+        if self.compiled is not None:
+            return self.compiled(env, self.constants)
+        flat = list(self.flat)
+        for position, index in self.slots:
+            flat[position] = env[index]
+        return tree_unflatten(flat, self.spec)
+
+    def same(self, other: "_Operands") -> bool:
+        return (self.spec == other.spec and self.slots == other.slots
+                and all(_same_constant(a, b) for a, b in zip(self.flat, other.flat)))
+
+
+def _source(value, slots, constants: list) -> Optional[str]:
+    """Python source that rebuilds ``value`` (its tensors from ``slots``, in pytree's leaf order, as
+    ``e[i]``; other leaves as constants ``c[i]``); None where it holds other containers than plain
+    tuples, lists and dicts (a torch.Size of ints is a constant, kept a Size)."""
+    t = type(value)
+    if isinstance(value, torch.Tensor):
+        return f"e[{next(slots)}]"
+    if t is tuple or t is list:
+        parts = [_source(v, slots, constants) for v in value]
+        if any(p is None for p in parts):
+            return None
+        inner = ", ".join(parts)
+        return f"({inner}{',' if len(parts) == 1 else ''})" if t is tuple else f"[{inner}]"
+    if t is dict:
+        if not all(type(k) is str for k in value):
+            return None
+        parts = [_source(v, slots, constants) for v in value.values()]
+        if any(p is None for p in parts):
+            return None
+        return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(value, parts)) + "}"
+    if t is torch.Size or not is_leaf(value):
+        if t is not torch.Size:
+            return None
+    constants.append(value)
+    return f"c[{len(constants) - 1}]"
+
+
+def _same_constant(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return a is b or a == b
+
+
+class _Entry:
+    """One step of the recording: an input, an op or a query."""
+
+    __slots__ = ("kind", "node", "callee", "operands", "outputs", "target", "grad", "answer", "position")
+
+    def __init__(self, kind: str, node: Node, **fields) -> None:
+        self.kind, self.node = kind, node
+        self.callee = fields.get("callee")  # a leaf module's path, or the function
+        self.operands: Optional[_Operands] = fields.get("operands")
+        self.outputs: List[int] = fields.get("outputs", [])  # the slots of the result's tensors, in order
+        self.target: Optional[int] = fields.get("target")  # the slot of an in-place op's target
+        self.grad: bool = fields.get("grad", False)
+        self.answer = fields.get("answer")  # a query's answer
+        self.position: int = fields.get("position", 0)  # an input's place in Inputs.named()
+
+    def same(self, other: "_Entry") -> bool:
+        if (self.kind, self.node.name, self.outputs, self.target, self.grad, self.position) != (
+                other.kind, other.node.name, other.outputs, other.target, other.grad, other.position):
+            return False
+        if self.kind == "input":
+            return True
+        same_callee = self.callee == other.callee  # (a property getter is a new method-wrapper each time)
+        return same_callee and self.operands.same(other.operands) and (
+            self.kind != "query" or _same_constant(self.answer, other.answer))
+
+
+def _is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def signature(root: torch.nn.Module, inputs) -> Optional[tuple]:
+    """What a recording must share with a run to replay it: the model's class and its parameters'
+    and buffers' names, shapes, dtypes and devices, the inputs' structure and tensors' metadata, and
+    whether the model is in training mode. None where an input is no tensor or plain constant."""
+    tensors = tuple((name, t.dtype, tuple(t.shape), t.device)
+                    for name, t in list(root.named_parameters()) + list(root.named_buffers()))
+    inputs = Inputs.of(inputs)
+    flat, spec = tree_flatten((tuple(inputs.args), dict(inputs.kwargs)))
+    described = []
+    for value in flat:
+        if isinstance(value, torch.Tensor):
+            described.append((value.dtype, tuple(value.shape), value.device))
+        elif isinstance(value, _CONSTANT_TYPES):
+            described.append((type(value), value))
+        else:
+            return None
+    return (type(root).__qualname__, root.training, tensors, str(spec), tuple(described))
+
+
+class Tape:
+    """Told by the recorder of each input, op and query of one eager run (capture/recorder.py)."""
+
+    def __init__(self, root: torch.nn.Module, inputs) -> None:
+        self.entries: List[_Entry] = []
+        self.reason: Optional[str] = None  # why this run cannot be replayed
+        self.grad = torch.is_grad_enabled()
+        self.paths = {id(m): p for p, m in root.named_modules(remove_duplicate=False)}
+        self.param_names = {}
+        for name, t in list(root.named_parameters()) + list(root.named_buffers()):
+            self.param_names.setdefault(id(t), name)
+        self.slot_of: Dict[int, int] = {}
+        self.kept: List[Any] = []  # the tensors slot_of names, alive while the run is recorded
+        self.params: List[Tuple[int, str]] = []  # (slot, name) of each parameter or buffer read
+        self.slots = 0
+        self.output: Optional[_Operands] = None
+        self.inputs = [name for name, _ in Inputs.of(inputs).named()]
+        self.input_slots: set = set()
+        # slots whose values no pass can change: integer or bool tensors computed from constants
+        # alone (the positions torch.arange makes), which the model's Python may read
+        self.invariant: set = set()
+        hooked = [p for p, m in root.named_modules() if (m._forward_hooks or m._forward_pre_hooks)]
+        if hooked:
+            self.refuse(f"the model's modules have hooks of their own ({hooked[0]})")
+        if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+            self.refuse("global module hooks are registered")
+
+    def refuse(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def _new_slot(self, tensor) -> int:
+        index = self.slots
+        self.slots += 1
+        self.slot_of[id(tensor)] = index
+        self.kept.append(tensor)
+        return index
+
+    def _operands(self, value, where: str) -> Optional[_Operands]:
+        flat, spec = tree_flatten(value)
+        slots = []
+        for position, leaf in enumerate(flat):
+            if isinstance(leaf, torch.Tensor):
+                index = self.slot_of.get(id(leaf))
+                if index is None and id(leaf) in self.param_names:
+                    index = self._new_slot(leaf)
+                    self.params.append((index, self.param_names[id(leaf)]))
+                if index is None:
+                    self.refuse(f"{where} reads a tensor no recorded op made")
+                    return None
+                slots.append((position, index))
+                flat[position] = None
+            elif isinstance(leaf, slice):
+                if not all(isinstance(v, _CONSTANT_TYPES) for v in (leaf.start, leaf.stop, leaf.step)):
+                    self.refuse(f"{where} takes a slice of tensors")
+                    return None
+            elif not isinstance(leaf, _CONSTANT_TYPES):
+                self.refuse(f"{where} takes a {type(leaf).__name__}")
+                return None
+        return _Operands(spec, flat, slots, value)
+
+    def input(self, node: Node, value) -> None:
+        name = node.target[len("input:"):]
+        if name not in self.inputs:
+            return self.refuse(f"the input {name} is not one the model was given")
+        slots = [self._new_slot(v) for v in leaves(value) if isinstance(v, torch.Tensor)]
+        self.input_slots.update(slots)
+        self.entries.append(_Entry("input", node, outputs=slots, position=self.inputs.index(name)))
+
+    def op(self, node: Node, callee, given, output, target) -> None:
+        if self.reason is not None:
+            return
+        where = f"{node.target} ({node.name})"
+        if given is None:
+            return self.refuse(f"{where} ran without its module's hooks")
+        region = node.autocast
+        while region is not None:
+            if region.enabled or region.cast_inputs:
+                return self.refuse(f"{where} runs in an autocast region the model's code turns on")
+            region = region.parent
+        if node.fn in _RANDOM_OPS and not isinstance(callee, torch.nn.Module):
+            return self.refuse(f"{where} draws random numbers")
+        if isinstance(callee, torch.nn.Module):
+            callee = self.paths.get(id(callee))
+            if callee is None:
+                return self.refuse(f"{where} calls a module that is not the model's")
+        operands = self._operands(given, where)
+        if operands is None:
+            return
+        if target is not None:
+            written = self.slot_of.get(id(target))
+            if written is None or written in self.input_slots or any(written == s for s, _ in self.params):
+                return self.refuse(f"{where} writes the model's inputs or parameters in place")
+        outs = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
+        outputs = [self._new_slot(v) for v in outs]
+        if all(i in self.invariant for _, i in operands.slots) and not any(_is_float(v) for v in outs):
+            self.invariant.update(outputs)
+        target_slot = self._new_slot(target) if target is not None else None
+        self.entries.append(_Entry("op", node, callee=callee, operands=operands, outputs=outputs,
+                                   target=target_slot, grad=torch.is_grad_enabled()))
+
+    def query(self, pending: Node, func, given, answer) -> None:
+        if self.reason is not None:
+            return
+        prop = _property_name(func)
+        name = prop or getattr(func, "__name__", str(func))
+        operands = self._operands(given, f"Tensor.{name}")
+        if operands is None:
+            return
+        if name not in _METADATA_QUERIES and not all(i in self.invariant for _, i in operands.slots):
+            return self.refuse(f"the model reads a tensor's values in Python (Tensor.{name})")
+        self.entries.append(_Entry("query", pending, callee=func, operands=operands, answer=answer))
+
+    def finish(self, output) -> Optional["Recording"]:
+        """The recording of the run that returned ``output``; None where it cannot be replayed."""
+        if self.reason is None:
+            self.output = self._operands(output, "the model's output")
+        self.slot_of.clear()
+        self.kept.clear()
+        if self.reason is not None:
+            return None
+        return Recording(self)
+
+
+class Recording:
+    """One eager run's ops, replayable on copies of the model (see the module's docstring)."""
+
+    def __init__(self, tape: Tape) -> None:
+        self.entries = tape.entries
+        self.params = tape.params
+        self.slots = tape.slots
+        self.output = tape.output
+        self.grad = tape.grad  # recorded with autograd on: it knows where the model's code turned it off
+        self.nodes = [e.node for e in self.entries if e.kind != "query"]
+
+    def same(self, other: "Recording") -> bool:
+        """Whether ``other`` made the same ops on the same operands and got the same answers."""
+        return (len(self.entries) == len(other.entries) and self.params == other.params
+                and self.output.same(other.output) and all(a.same(b) for a, b in zip(self.entries, other.entries)))
+
+    def run(self, root: torch.nn.Module, inputs, observer: Observer) -> Any:
+        """The model's output, the ops replayed on ``root`` and ``inputs`` under ``observer``."""
+        env: list = [None] * self.slots
+        tensors = dict(root.named_parameters(remove_duplicate=False))
+        tensors.update(root.named_buffers(remove_duplicate=False))
+        for index, name in self.params:
+            env[index] = tensors[name]
+        named = Inputs.of(inputs).named()
+        modules: Dict[str, torch.nn.Module] = {}
+        grad = torch.is_grad_enabled()
+        for entry in self.entries:
+            node = entry.node
+            if entry.kind == "input":
+                value = named[entry.position][1]
+                observer(node, (), {}, None, value)
+                for index, v in zip(entry.outputs, [v for v in leaves(value) if isinstance(v, torch.Tensor)]):
+                    env[index] = v
+                continue
+            args, kwargs = entry.operands.build(env)
+            callee = entry.callee
+            if isinstance(callee, str):
+                callee = modules.get(callee)
+                if callee is None:
+                    callee = modules[entry.callee] = root.get_submodule(entry.callee)
+            if node.autocast is None and (entry.grad or not grad):
+                _step(entry, observer, callee, args, kwargs, env)
+                continue
+            # as the model's code ran it: autograd off where it turned it off, autocast off in its
+            # autocast(enabled=False) regions where a mode turns autocast on
+            with contextlib.ExitStack() as stack:
+                if grad and not entry.grad:
+                    stack.enter_context(torch.no_grad())
+                args, kwargs = stack.enter_context(autocast_regions.replaying(node.autocast, args, kwargs))
+                _step(entry, observer, callee, args, kwargs, env)
+        return self.output.build(env)
+
+
+def _step(entry: _Entry, observer: Observer, callee, args, kwargs, env: list) -> None:
+    """One op or query of a replay, the observer told as the recorder tells it."""
+    node = entry.node
+    pending = Node("", node.kind, "", fn=node.fn, autocast=node.autocast)
+    args, kwargs = observer.before(pending, args, kwargs, callee)
+    output = callee(*args, **kwargs)
+    if entry.kind == "query":
+        if not _same_constant(output, entry.answer):
+            raise Diverged(f"{getattr(callee, '__name__', 'a query')} answered {output!r}, "
+                           f"not {entry.answer!r} as recorded")
+        return
+    observer.rename(pending, node.name)
+    target = args[0] if entry.target is not None else None
+    if target is not None and not [v for v in leaves(output) if isinstance(v, torch.Tensor)]:
+        output = target  # setitem and its kind return nothing: the recorder hands on the target
+    output = observer(node, args, kwargs, callee, output)
+    outs = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
+    if len(outs) != len(entry.outputs):
+        raise Diverged(f"{node.name} returned {len(outs)} tensors, not {len(entry.outputs)} as recorded")
+    for index, v in zip(entry.outputs, outs):
+        env[index] = v
+    if target is not None:
+        env[entry.target] = target
