@@ -25,7 +25,7 @@ from preclint.capture.observer import Observer
 from preclint.capture.recorder import capture_function_mode
 from preclint.core.errors import one_line
 from preclint.core.ir import Graph
-from preclint.measure.replay import Diverged, Recording, Tape, signature
+from preclint.measure.replay import Diverged, Recording, Tape, regime, signature
 
 
 class _Tracer(fx.Tracer):
@@ -63,7 +63,7 @@ class Program:
             else:  # cannot happen for a deterministic trace; run eagerly rather than mislabel values
                 self.note = "the model traced differently a second time; the probe recorded its ops eagerly instead"
         self._fx_nodes = {n.name: n for n in self.fx_graph.nodes} if self.fx_graph is not None else {}
-        # eager recordings by the signature of the copy and inputs they ran on (replay.signature)
+        # eager recordings by the copy and inputs they ran on and the observer's dtypes (replay.signature, regime)
         self.recordings: Dict[tuple, Recording] = {}
         self.replays_confirmed = False  # two eager runs of one signature recorded the same ops
         self.replay_refused: Optional[str] = None  # why no run is replayed
@@ -98,7 +98,10 @@ class Program:
         the model's own code under the recorder (recording it, until a recording is refused)."""
         # a streamed copy's blocks are filled by hooks on the blocks' forward calls, which a replay
         # does not make
-        key = signature(root, inputs) if self.replays and self.stream is None and self.replay_refused is None else None
+        key = None
+        if self.replays and self.stream is None and self.replay_refused is None:
+            shapes = signature(root, inputs)
+            key = (shapes, regime(observer)) if shapes is not None else None
         recording = self.recordings.get(key) if key is not None and self.replays_confirmed else None
         if recording is not None and (recording.grad or not torch.is_grad_enabled()):
             try:

@@ -6,8 +6,8 @@ the recorder runs, a :class:`Tape` keeps what the model did: each op's callee (a
 path, or the torch function), its operands as the model passed them (tensors as slots: an input, a
 parameter or buffer by name, an earlier op's result; everything else a constant), and every answer
 a tensor gave the model's Python (a size, a dtype). A :class:`Recording` replays that list on any
-copy of the model with the same parameter and input shapes, dtypes and devices, calling the
-observer exactly as the recorder does, so that the passes see the same nodes and values.
+copy of the model with the same parameter and input shapes, dtypes and devices (and an observer that stores
+results in the same dtypes: :func:`regime`), calling the observer exactly as the recorder does, so that the passes see the same nodes and values.
 
 A replay is exactly the model's computation only where the model's Python is a function of what
 the recording checks. So a recording is never replayed when the run
@@ -59,58 +59,82 @@ class Diverged(Exception):
     take another path here."""
 
 
+class _Refused(Exception):
+    """An operand a replay cannot give again (the message says which)."""
+
+
 class _Operands:
-    """An op's (args, kwargs) as a pytree spec, its constant leaves and its tensor leaves' slots (what
-    two recordings compare), and a function that builds them from a replay's values: compiled for
-    the plain tuples, lists and dicts nearly every op takes, pytree's unflatten for anything else."""
+    """An op's (args, kwargs) as a replay rebuilds them: for the plain tuples, lists and dicts nearly
+    every op takes, Python source (``e[i]``: the tensor in slot i; ``c[i]``: a constant), compiled at
+    the first replay; for anything else (a ModelOutput, a named tuple) pytree's spec and leaves."""
 
-    __slots__ = ("spec", "flat", "slots", "compiled", "constants")
+    __slots__ = ("source", "constants", "spec", "flat", "positions", "indices", "compiled")
 
-    def __init__(self, spec, flat: list, slots: List[Tuple[int, int]], value) -> None:
-        self.spec, self.flat, self.slots = spec, flat, slots
-        self.constants: list = []
-        source = _source(value, iter(index for _, index in slots), self.constants)
-        # (the source names nothing but the two arguments: e[i] for a slot, c[i] for a constant)
-        self.compiled = eval(f"lambda e, c: {source}", {}) if source is not None else None  # noqa: S307
+    def __init__(self, source: Optional[str], constants: list, indices: List[int], spec=None, flat=None,
+                 positions=None) -> None:
+        self.source, self.constants, self.indices = source, constants, indices  # indices: the slots read
+        self.spec, self.flat, self.positions = spec, flat, positions
+        self.compiled = None
 
     def build(self, env: list):
-        if self.compiled is not None:
+        if self.source is not None:
+            if self.compiled is None:  # (the source names nothing but its two arguments)
+                self.compiled = eval(f"lambda e, c: {self.source}", {})  # noqa: S307
             return self.compiled(env, self.constants)
         flat = list(self.flat)
-        for position, index in self.slots:
+        for position, index in zip(self.positions, self.indices):
             flat[position] = env[index]
         return tree_unflatten(flat, self.spec)
 
     def same(self, other: "_Operands") -> bool:
-        return (self.spec == other.spec and self.slots == other.slots
-                and all(_same_constant(a, b) for a, b in zip(self.flat, other.flat)))
+        if (self.source, self.spec, self.indices, self.positions) != (other.source, other.spec, other.indices,
+                                                                       other.positions):
+            return False
+        mine, theirs = (self.constants, other.constants) if self.source is not None else (self.flat, other.flat)
+        return len(mine) == len(theirs) and all(_same_constant(a, b) for a, b in zip(mine, theirs))
 
 
-def _source(value, slots, constants: list) -> Optional[str]:
-    """Python source that rebuilds ``value`` (its tensors from ``slots``, in pytree's leaf order, as
-    ``e[i]``; other leaves as constants ``c[i]``); None where it holds other containers than plain
-    tuples, lists and dicts (a torch.Size of ints is a constant, kept a Size)."""
+def _source(value, slot_of, constants: list, indices: list) -> Optional[str]:
+    """Python source that rebuilds ``value``: each tensor as ``e[slot_of(tensor)]``, in pytree's leaf
+    order (its slot appended to ``indices``), other leaves as constants ``c[i]``; None where it holds
+    other containers than plain tuples, lists and dicts (a torch.Size is a constant, kept a Size).
+    Raises _Refused for a leaf no replay can give again."""
     t = type(value)
     if isinstance(value, torch.Tensor):
-        return f"e[{next(slots)}]"
+        indices.append(slot_of(value))
+        return f"e[{indices[-1]}]"
     if t is tuple or t is list:
-        parts = [_source(v, slots, constants) for v in value]
-        if any(p is None for p in parts):
-            return None
+        parts = []
+        for v in value:
+            part = _source(v, slot_of, constants, indices)
+            if part is None:
+                return None
+            parts.append(part)
         inner = ", ".join(parts)
         return f"({inner}{',' if len(parts) == 1 else ''})" if t is tuple else f"[{inner}]"
     if t is dict:
         if not all(type(k) is str for k in value):
             return None
-        parts = [_source(v, slots, constants) for v in value.values()]
-        if any(p is None for p in parts):
-            return None
-        return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(value, parts)) + "}"
-    if t is torch.Size or not is_leaf(value):
-        if t is not torch.Size:
-            return None
+        parts = []
+        for k, v in value.items():
+            part = _source(v, slot_of, constants, indices)
+            if part is None:
+                return None
+            parts.append(f"{k!r}: {part}")
+        return "{" + ", ".join(parts) + "}"
+    _check_constant(value)
+    if t is not torch.Size and not is_leaf(value):
+        return None
     constants.append(value)
     return f"c[{len(constants) - 1}]"
+
+
+def _check_constant(value) -> None:
+    if isinstance(value, slice):
+        if not all(isinstance(v, _CONSTANT_TYPES) for v in (value.start, value.stop, value.step)):
+            raise _Refused("takes a slice of tensors")
+    elif not isinstance(value, _CONSTANT_TYPES) and is_leaf(value):
+        raise _Refused(f"takes a {type(value).__name__}")
 
 
 def _same_constant(a, b) -> bool:
@@ -170,6 +194,18 @@ def signature(root: torch.nn.Module, inputs) -> Optional[tuple]:
     return (type(root).__qualname__, root.training, tensors, str(spec), tuple(described))
 
 
+def regime(observer: Observer) -> tuple:
+    """What of an observer decides the dtypes the model's Python reads (part of a recording's key):
+    a precision mode's run (``observer.run``, a measure.modes.ModeRun) stores results in its low
+    format, in a cast model or autocast's ops, or one module alone (``only``), and the model's code
+    reads ``x.dtype`` (Llama's RMSNorm casts back to it). Runs that keep float32 results share ()."""
+    run = getattr(observer, "run", None)
+    low, only = getattr(run, "low", None), getattr(run, "only", None)
+    if low is None and only is None:
+        return ()
+    return (low, getattr(getattr(run, "mode", None), "autocast", None), only, getattr(run, "emulated", None))
+
+
 class Tape:
     """Told by the recorder of each input, op and query of one eager run (capture/recorder.py)."""
 
@@ -208,28 +244,35 @@ class Tape:
         self.kept.append(tensor)
         return index
 
+    def _slot_for(self, tensor) -> int:
+        index = self.slot_of.get(id(tensor))
+        if index is None and id(tensor) in self.param_names:
+            index = self._new_slot(tensor)
+            self.params.append((index, self.param_names[id(tensor)]))
+        if index is None:
+            raise _Refused("reads a tensor no recorded op made")
+        return index
+
     def _operands(self, value, where: str) -> Optional[_Operands]:
-        flat, spec = tree_flatten(value)
-        slots = []
-        for position, leaf in enumerate(flat):
-            if isinstance(leaf, torch.Tensor):
-                index = self.slot_of.get(id(leaf))
-                if index is None and id(leaf) in self.param_names:
-                    index = self._new_slot(leaf)
-                    self.params.append((index, self.param_names[id(leaf)]))
-                if index is None:
-                    self.refuse(f"{where} reads a tensor no recorded op made")
-                    return None
-                slots.append((position, index))
-                flat[position] = None
-            elif isinstance(leaf, slice):
-                if not all(isinstance(v, _CONSTANT_TYPES) for v in (leaf.start, leaf.stop, leaf.step)):
-                    self.refuse(f"{where} takes a slice of tensors")
-                    return None
-            elif not isinstance(leaf, _CONSTANT_TYPES):
-                self.refuse(f"{where} takes a {type(leaf).__name__}")
-                return None
-        return _Operands(spec, flat, slots, value)
+        try:
+            constants: list = []
+            indices: list = []
+            source = _source(value, self._slot_for, constants, indices)
+            if source is not None:
+                return _Operands(source, constants, indices)
+            flat, spec = tree_flatten(value)
+            positions, indices = [], []
+            for position, leaf in enumerate(flat):
+                if isinstance(leaf, torch.Tensor):
+                    positions.append(position)
+                    indices.append(self._slot_for(leaf))
+                    flat[position] = None
+                else:
+                    _check_constant(leaf)
+            return _Operands(None, [], indices, spec, flat, positions)
+        except _Refused as exc:
+            self.refuse(f"{where} {exc}")
+            return None
 
     def input(self, node: Node, value) -> None:
         name = node.target[len("input:"):]
@@ -265,7 +308,7 @@ class Tape:
                 return self.refuse(f"{where} writes the model's inputs or parameters in place")
         outs = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
         outputs = [self._new_slot(v) for v in outs]
-        if all(i in self.invariant for _, i in operands.slots) and not any(_is_float(v) for v in outs):
+        if all(i in self.invariant for i in operands.indices) and not any(_is_float(v) for v in outs):
             self.invariant.update(outputs)
         target_slot = self._new_slot(target) if target is not None else None
         self.entries.append(_Entry("op", node, callee=callee, operands=operands, outputs=outputs,
@@ -279,7 +322,7 @@ class Tape:
         operands = self._operands(given, f"Tensor.{name}")
         if operands is None:
             return
-        if name not in _METADATA_QUERIES and not all(i in self.invariant for _, i in operands.slots):
+        if name not in _METADATA_QUERIES and not all(i in self.invariant for i in operands.indices):
             return self.refuse(f"the model reads a tensor's values in Python (Tensor.{name})")
         self.entries.append(_Entry("query", pending, callee=func, operands=operands, answer=answer))
 
@@ -313,10 +356,8 @@ class Recording:
     def run(self, root: torch.nn.Module, inputs, observer: Observer) -> Any:
         """The model's output, the ops replayed on ``root`` and ``inputs`` under ``observer``."""
         env: list = [None] * self.slots
-        tensors = dict(root.named_parameters(remove_duplicate=False))
-        tensors.update(root.named_buffers(remove_duplicate=False))
         for index, name in self.params:
-            env[index] = tensors[name]
+            env[index] = _tensor_at(root, name)
         named = Inputs.of(inputs).named()
         modules: Dict[str, torch.nn.Module] = {}
         grad = torch.is_grad_enabled()
@@ -345,6 +386,14 @@ class Recording:
                 args, kwargs = stack.enter_context(autocast_regions.replaying(node.autocast, args, kwargs))
                 _step(entry, observer, callee, args, kwargs, env)
         return self.output.build(env)
+
+
+def _tensor_at(root: torch.nn.Module, name: str) -> torch.Tensor:
+    """The parameter or buffer ``name`` of ``root`` (as get_parameter finds it, a buffer too)."""
+    module_path, _, leaf = name.rpartition(".")
+    module = root.get_submodule(module_path) if module_path else root
+    found = module._parameters.get(leaf)
+    return found if found is not None else module._buffers[leaf]
 
 
 def _step(entry: _Entry, observer: Observer, callee, args, kwargs, env: list) -> None:

@@ -223,3 +223,28 @@ def test_a_replay_stops_where_a_dtype_the_model_reads_differs():
             else:  # never a wrong value: the run fails
                 with pytest.raises(RunFailed):
                     program.run(model, (x,), Widening(False))
+
+
+@pytest.mark.slow
+def test_the_probe_of_a_llama_measures_the_same_replayed_as_run(monkeypatch):
+    from preclint.measure.replay import Recording
+    from preclint.probe import ProbeOptions, measure_model
+    from tests.helpers import check
+
+    modes = ("tf32", "fp16", "bf16")
+    model, inputs = tiny_llama()
+    replayed = []
+    run = Recording.run
+    monkeypatch.setattr(Recording, "run", lambda self, *a: replayed.append(1) or run(self, *a))
+    ledgers = []
+    for replays in (False, True):
+        monkeypatch.setattr(Program, "replays", replays)
+        _, graph, _ = check(model, inputs, precisions=modes)
+        result = measure_model(model, inputs, graph, modes, ProbeOptions(device="cpu", ledger=True))
+        ledgers.append({mode: {name: (m.local and m.local.rel_error, m.received and m.received.rel_error,
+                                      m.contribution) for name, m in measure.nodes.items()}
+                        for mode, measure in result.modes.items()})
+        if not replays:
+            assert not replayed
+    assert len(replayed) >= len(modes)  # every mode's sweep at least
+    assert ledgers[0] == ledgers[1] and ledgers[0]["fp16"]
