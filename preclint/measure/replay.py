@@ -63,70 +63,106 @@ class _Refused(Exception):
     """An operand a replay cannot give again (the message says which)."""
 
 
+class _Slot:
+    """A tensor operand in a template: the replay's value in slot ``index``."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __eq__(self, other) -> bool:
+        return type(other) is _Slot and other.index == self.index
+
+    def __hash__(self) -> int:
+        return self.index
+
+
 class _Operands:
     """An op's (args, kwargs) as a replay rebuilds them: for the plain tuples, lists and dicts nearly
-    every op takes, Python source (``e[i]``: the tensor in slot i; ``c[i]``: a constant), compiled at
-    the first replay; for anything else (a ModelOutput, a named tuple) pytree's spec and leaves."""
+    every op takes, a template (the structure with each tensor a _Slot, the rest as given); for
+    anything else (a ModelOutput, a named tuple) pytree's spec and leaves."""
 
-    __slots__ = ("source", "constants", "spec", "flat", "positions", "indices", "compiled")
+    __slots__ = ("template", "spec", "flat", "positions", "indices")
 
-    def __init__(self, source: Optional[str], constants: list, indices: List[int], spec=None, flat=None,
-                 positions=None) -> None:
-        self.source, self.constants, self.indices = source, constants, indices  # indices: the slots read
+    def __init__(self, template, indices: List[int], spec=None, flat=None, positions=None) -> None:
+        self.template, self.indices = template, indices  # indices: the slots it reads, in order
         self.spec, self.flat, self.positions = spec, flat, positions
-        self.compiled = None
 
     def build(self, env: list):
-        if self.source is not None:
-            if self.compiled is None:  # (the source names nothing but its two arguments)
-                self.compiled = eval(f"lambda e, c: {self.source}", {})  # noqa: S307
-            return self.compiled(env, self.constants)
+        if self.spec is None:
+            return _fill(self.template, env)
         flat = list(self.flat)
         for position, index in zip(self.positions, self.indices):
             flat[position] = env[index]
         return tree_unflatten(flat, self.spec)
 
     def same(self, other: "_Operands") -> bool:
-        if (self.source, self.spec, self.indices, self.positions) != (other.source, other.spec, other.indices,
-                                                                       other.positions):
+        if (self.spec, self.indices, self.positions) != (other.spec, other.indices, other.positions):
             return False
-        mine, theirs = (self.constants, other.constants) if self.source is not None else (self.flat, other.flat)
-        return len(mine) == len(theirs) and all(_same_constant(a, b) for a, b in zip(mine, theirs))
+        if self.spec is None:
+            return _same_template(self.template, other.template)
+        return len(self.flat) == len(other.flat) and all(_same_constant(a, b) for a, b in zip(self.flat, other.flat))
 
 
-def _source(value, slot_of, constants: list, indices: list) -> Optional[str]:
-    """Python source that rebuilds ``value``: each tensor as ``e[slot_of(tensor)]``, in pytree's leaf
-    order (its slot appended to ``indices``), other leaves as constants ``c[i]``; None where it holds
-    other containers than plain tuples, lists and dicts (a torch.Size is a constant, kept a Size).
-    Raises _Refused for a leaf no replay can give again."""
+def _fill(template, env: list):
+    """``template`` with each _Slot replaced by its value: fresh lists and dicts every time (a callee
+    may change the list it is given), tuples rebuilt only where they hold a slot."""
+    t = type(template)
+    if t is _Slot:
+        return env[template.index]
+    if t is tuple:
+        return tuple([_fill(v, env) for v in template])
+    if t is list:
+        return [_fill(v, env) for v in template]
+    if t is dict:
+        return {k: _fill(v, env) for k, v in template.items()}
+    return template
+
+
+def _same_template(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) in (tuple, list):
+        return len(a) == len(b) and all(_same_template(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return list(a) == list(b) and all(_same_template(a[k], b[k]) for k in a)
+    return a == b if type(a) is _Slot else _same_constant(a, b)
+
+
+def _template(value, slot_of, indices: list):
+    """``value`` with each tensor made ``_Slot(slot_of(tensor))`` (in pytree's leaf order, its slot
+    appended to ``indices``); _NOT_PLAIN where it holds other containers than plain tuples, lists and dicts
+    (a torch.Size is a constant, kept a Size). Raises _Refused for a leaf no replay can give again."""
     t = type(value)
     if isinstance(value, torch.Tensor):
         indices.append(slot_of(value))
-        return f"e[{indices[-1]}]"
+        return _Slot(indices[-1])
     if t is tuple or t is list:
         parts = []
         for v in value:
-            part = _source(v, slot_of, constants, indices)
-            if part is None:
-                return None
+            part = _template(v, slot_of, indices)
+            if part is _NOT_PLAIN:
+                return _NOT_PLAIN
             parts.append(part)
-        inner = ", ".join(parts)
-        return f"({inner}{',' if len(parts) == 1 else ''})" if t is tuple else f"[{inner}]"
+        return tuple(parts) if t is tuple else parts
     if t is dict:
         if not all(type(k) is str for k in value):
-            return None
-        parts = []
+            return _NOT_PLAIN
+        parts = {}
         for k, v in value.items():
-            part = _source(v, slot_of, constants, indices)
-            if part is None:
-                return None
-            parts.append(f"{k!r}: {part}")
-        return "{" + ", ".join(parts) + "}"
+            part = _template(v, slot_of, indices)
+            if part is _NOT_PLAIN:
+                return _NOT_PLAIN
+            parts[k] = part
+        return parts
     _check_constant(value)
     if t is not torch.Size and not is_leaf(value):
-        return None
-    constants.append(value)
-    return f"c[{len(constants) - 1}]"
+        return _NOT_PLAIN
+    return value
+
+
+_NOT_PLAIN = object()  # what _template answers for a container it does not rebuild itself
 
 
 def _check_constant(value) -> None:
@@ -255,11 +291,10 @@ class Tape:
 
     def _operands(self, value, where: str) -> Optional[_Operands]:
         try:
-            constants: list = []
             indices: list = []
-            source = _source(value, self._slot_for, constants, indices)
-            if source is not None:
-                return _Operands(source, constants, indices)
+            template = _template(value, self._slot_for, indices)
+            if template is not _NOT_PLAIN:
+                return _Operands(template, indices)
             flat, spec = tree_flatten(value)
             positions, indices = [], []
             for position, leaf in enumerate(flat):
@@ -269,7 +304,7 @@ class Tape:
                     flat[position] = None
                 else:
                     _check_constant(leaf)
-            return _Operands(None, [], indices, spec, flat, positions)
+            return _Operands(None, indices, spec, flat, positions)
         except _Refused as exc:
             self.refuse(f"{where} {exc}")
             return None
