@@ -382,6 +382,19 @@ class Recording:
         self.output = tape.output
         self.grad = tape.grad  # recorded with autograd on: it knows where the model's code turned it off
         self.nodes = [e.node for e in self.entries if e.kind != "query"]
+        # the slots to let go after each entry, at their last read: a replay holds no value longer
+        # than the model would (the observers keep what they keep)
+        last: Dict[int, int] = {}
+        for k, entry in enumerate(self.entries):
+            for index in (entry.operands.indices if entry.operands is not None else ()):
+                last[index] = k
+            for index in entry.outputs + ([entry.target] if entry.target is not None else []):
+                last[index] = k
+        kept = set(self.output.indices)
+        self.frees: List[Tuple[int, ...]] = [() for _ in self.entries]
+        for index, k in last.items():
+            if index not in kept:
+                self.frees[k] += (index,)
 
     def same(self, other: "Recording") -> bool:
         """Whether ``other`` made the same ops on the same operands and got the same answers."""
@@ -396,30 +409,21 @@ class Recording:
         named = Inputs.of(inputs).named()
         modules: Dict[str, torch.nn.Module] = {}
         grad = torch.is_grad_enabled()
-        for entry in self.entries:
-            node = entry.node
+        for entry, frees in zip(self.entries, self.frees):
             if entry.kind == "input":
                 value = named[entry.position][1]
-                observer(node, (), {}, None, value)
+                observer(entry.node, (), {}, None, value)
                 for index, v in zip(entry.outputs, [v for v in leaves(value) if isinstance(v, torch.Tensor)]):
                     env[index] = v
-                continue
-            args, kwargs = entry.operands.build(env)
-            callee = entry.callee
-            if isinstance(callee, str):
-                callee = modules.get(callee)
-                if callee is None:
-                    callee = modules[entry.callee] = root.get_submodule(entry.callee)
-            if node.autocast is None and (entry.grad or not grad):
-                _step(entry, observer, callee, args, kwargs, env)
-                continue
-            # as the model's code ran it: autograd off where it turned it off, autocast off in its
-            # autocast(enabled=False) regions where a mode turns autocast on
-            with contextlib.ExitStack() as stack:
-                if grad and not entry.grad:
-                    stack.enter_context(torch.no_grad())
-                args, kwargs = stack.enter_context(autocast_regions.replaying(node.autocast, args, kwargs))
-                _step(entry, observer, callee, args, kwargs, env)
+            else:
+                callee = entry.callee
+                if isinstance(callee, str):
+                    callee = modules.get(callee)
+                    if callee is None:
+                        callee = modules[entry.callee] = root.get_submodule(entry.callee)
+                _run_entry(entry, observer, callee, env, grad)
+            for index in frees:
+                env[index] = None
         return self.output.build(env)
 
 
@@ -429,6 +433,20 @@ def _tensor_at(root: torch.nn.Module, name: str) -> torch.Tensor:
     module = root.get_submodule(module_path) if module_path else root
     found = module._parameters.get(leaf)
     return found if found is not None else module._buffers[leaf]
+
+
+def _run_entry(entry: _Entry, observer: Observer, callee, env: list, grad: bool) -> None:
+    args, kwargs = entry.operands.build(env)
+    autocast = entry.node.autocast
+    if autocast is None and (entry.grad or not grad):
+        return _step(entry, observer, callee, args, kwargs, env)
+    # as the model's code ran it: autograd off where it turned it off, autocast off in its
+    # autocast(enabled=False) regions where a mode turns autocast on
+    with contextlib.ExitStack() as stack:
+        if grad and not entry.grad:
+            stack.enter_context(torch.no_grad())
+        args, kwargs = stack.enter_context(autocast_regions.replaying(autocast, args, kwargs))
+        _step(entry, observer, callee, args, kwargs, env)
 
 
 def _step(entry: _Entry, observer: Observer, callee, args, kwargs, env: list) -> None:

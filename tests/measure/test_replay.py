@@ -248,3 +248,35 @@ def test_the_probe_of_a_llama_measures_the_same_replayed_as_run(monkeypatch):
             assert not replayed
     assert len(replayed) >= len(modes)  # every mode's sweep at least
     assert ledgers[0] == ledgers[1] and ledgers[0]["fp16"]
+
+
+class Chain(nn.Module):
+    def forward(self, x):
+        for _ in range(8):
+            x = torch.tanh(x) * 1.5
+        return x
+
+
+class Alive(Observer):
+    """How many earlier results are still alive when each op has run (weak references only)."""
+
+    def __init__(self) -> None:
+        self.made = []
+        self.most_alive = 0
+
+    def __call__(self, node, args, kwargs, callee, output):
+        import weakref
+
+        self.most_alive = max(self.most_alive, sum(r() is not None for r in self.made))
+        if isinstance(output, torch.Tensor) and node.fn != "input":
+            self.made.append(weakref.ref(output))
+        return output
+
+
+def test_a_replay_lets_each_value_go_after_its_last_use():
+    model, x = Chain(), torch.randn(64, 64)
+    program, results = runs(model, (x,), 3, Alive)
+    assert program.replayed == 1
+    recorded, replayed = results[0][0], results[2][0]
+    assert recorded.most_alive == 15  # the recorder keeps every value of the run it records
+    assert replayed.most_alive <= 2
