@@ -135,4 +135,5 @@ class Program:
     def _refuse(self, reason: str) -> None:
         self.replay_refused = reason
         self.recordings.clear()
-        self.note = f"every pass runs the model's code: its recorded ops are not replayed ({reason})"
+        refused = f"every pass runs the model's code: its recorded ops are not replayed ({reason})"
+        self.note = f"{self.note}; {refused}" if self.note else refused

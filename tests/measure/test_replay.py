@@ -138,6 +138,7 @@ class Tied(nn.Module):
 
 @pytest.mark.slow
 def test_a_hugging_face_llama_is_replayed_bit_for_bit_with_the_same_node_names():
+    # (transformers' Llama: torch.fx cannot trace it, so the probe records it eagerly)
     model, inputs = tiny_llama()
     program, results = runs(model, inputs, 4, lambda: Values(rounding=True))
     assert program.replayed == 2, program.note  # the first two runs record (and confirm), the others replay
@@ -246,7 +247,9 @@ def test_the_probe_of_a_llama_measures_the_same_replayed_as_run(monkeypatch):
                         for mode, measure in result.modes.items()})
         if not replays:
             assert not replayed
-    assert len(replayed) >= len(modes)  # every mode's sweep at least
+    # the float32 passes after the first (tf32's sweep among them); the float16 and bfloat16 sweeps
+    # store their results in their format and record for themselves
+    assert len(replayed) >= 2
     assert ledgers[0] == ledgers[1] and ledgers[0]["fp16"]
 
 
