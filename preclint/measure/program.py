@@ -114,7 +114,7 @@ class Program:
                 self.replayed += 1
                 self.recorded = recording.nodes
                 return output
-        tape = Tape(root, inputs) if key is not None else None
+        tape = Tape(root, inputs) if key is not None and self.replay_refused is None else None
         self.recorded, output = capture_function_mode(root, inputs, observer, locate=False, tape=tape)
         if tape is not None:
             self._learn(key, tape.finish(output), tape.reason)

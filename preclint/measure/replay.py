@@ -263,7 +263,8 @@ class Tape:
         # slots whose values no pass can change: integer or bool tensors computed from constants
         # alone (the positions torch.arange makes), which the model's Python may read
         self.invariant: set = set()
-        hooked = [p for p, m in root.named_modules() if (m._forward_hooks or m._forward_pre_hooks)]
+        hooked = [p for p, m in root.named_modules()
+                  if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks]
         if hooked:
             self.refuse(f"the model's modules have hooks of their own ({hooked[0]})")
         if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:

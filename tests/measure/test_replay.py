@@ -283,3 +283,14 @@ def test_a_replay_lets_each_value_go_after_its_last_use():
     recorded, replayed = results[0][0], results[2][0]
     assert recorded.most_alive == 15  # the recorder keeps every value of the run it records
     assert replayed.most_alive <= 2
+
+
+def test_a_model_with_hooks_of_its_own_runs_them_every_pass():
+    model = Tied()
+    calls = []
+    model.register_forward_hook(lambda module, args, output: calls.append(1))
+    program = eager_program(model)
+    with torch.no_grad():
+        for _ in range(3):
+            program.run(model, (torch.randn(3, 6),), Observer())
+    assert program.replayed == 0 and len(calls) == 3 and "hooks" in program.note
