@@ -402,8 +402,9 @@ def report_figures(report: Dict) -> Dict:
         entry["notes"] = [n[:200] for n in notes]
     if report.get("caveats"):  # the weights a poor stand-in, outputs degenerate: said once per model
         entry["caveats"] = [c[:200] for c in report["caveats"]]
-    mismatches = [n for n in report.get("notes", []) if " measured an output error of " in n]
-    if mismatches:  # probe/mismatch.py: measured and predicted more than 3x apart
+    # probe/mismatch.py: measured and predicted more than 3x apart, for the outputs together or for one
+    mismatches = [n for n in report.get("notes", []) if n.startswith("probe: ") and " predicted (" in n]
+    if mismatches:
         entry["mismatch_notes"] = [n[:300] for n in mismatches]
     summary = report.get("summary", {})
     unmeasured = {mode: s["measured_output"]["error"] for mode, s in summary.items()

@@ -61,3 +61,16 @@ def test_the_summary_gives_the_share_within_3x_and_the_pairs_outside():
     summary = summarize_accuracy(entries, "probe_cpu")
     assert (summary["pairs"], summary["within_3x"], summary["within_3x_fraction"]) == (3, 1, 0.3333)
     assert [(p["model"], p["mode"]) for p in summary["outside_3x"]] == [("a", "fp16"), ("b", "bf16")]
+
+
+def test_both_kinds_of_mismatch_note_are_recorded():
+    """probe/mismatch.py words a note for the outputs together and one for a single output differently;
+    the benchmark keeps both (it once kept only the first, and the H200 run lost wav2vec2's)."""
+    report = {"summary": {}, "notes": [
+        "probe: tf32 measured an output error of 3.1e-3 against 2.0e-4 predicted (15.5x the prediction).",
+        "probe: tf32 measured output['extract_features'] with an error of 3.3e-7 against 5.0e-4 predicted "
+        "(1500.0x below the prediction), though the outputs together lie within 3x.",
+        "probe: the reference ran in float32 (TF32 off)",
+    ]}
+    assert [n[:40] for n in coverage.report_figures(report)["mismatch_notes"]] == [
+        "probe: tf32 measured an output error of ", "probe: tf32 measured output['extract_fea"]
