@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from preclint.reference.analyses.terms import CONDITION_THRESHOLDS, condition_fractions
-from preclint.reference.statistics_pass import tensor_stats
+from preclint.reference.value_stats import tensor_stats
 
 
 def _values():
