@@ -5,7 +5,7 @@ the model, one FX symbolic trace, one fp32 forward pass (1x3x224x224). Both run 
 processes, alternately, several times; the script prints the median wall time and peak RSS of
 each and their ratios, measured in this one run.
 
-    python benchmarks/check_speed.py [--repeats 3]
+    python benchmarks/check_speed.py [--repeats 3] [--threads 1] [--out FILE]
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ PRECLINT = [sys.executable, "-m", "preclint", "check", "torchvision.models:resne
             "--output-format", "json", "--exit-zero"]
 
 
-def measure(argv) -> tuple:
+def measure(argv, env=None) -> tuple:
     """Wall seconds and peak RSS (MiB) of one child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     stderr = proc.stderr.read().decode() if proc.stderr else ""
@@ -52,12 +52,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="also write the result (JSON) here")
+    parser.add_argument("--threads", type=int, help="torch's threads in both (OMP_NUM_THREADS); on a machine "
+                        "others load, one thread each measures the work where two wait on each other")
     args = parser.parse_args()
+    env = None
+    if args.threads:
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     runs = {"baseline": [], "preclint": []}
-    measure([sys.executable, "-c", BASELINE])  # warm the page cache for both
+    load_before = os.getloadavg()  # others' work on the machine: a loaded machine stretches both
+    measure([sys.executable, "-c", BASELINE], env)  # warm the page cache for both
     for _ in range(args.repeats):
-        runs["baseline"].append(measure([sys.executable, "-c", BASELINE]))
-        runs["preclint"].append(measure(PRECLINT))
+        runs["baseline"].append(measure([sys.executable, "-c", BASELINE], env))
+        runs["preclint"].append(measure(PRECLINT, env))
     result = {}
     for name, values in runs.items():
         result[name] = {"wall_s": statistics.median(v[0] for v in values),
@@ -66,6 +72,11 @@ def main() -> None:
         "wall": result["preclint"]["wall_s"] / result["baseline"]["wall_s"],
         "peak_rss": result["preclint"]["peak_rss_mib"] / result["baseline"]["peak_rss_mib"],
     }
+    result["threads"] = args.threads or "torch's default"
+    result["load_average"] = {"before": [round(v, 2) for v in load_before],
+                              "after": [round(v, 2) for v in os.getloadavg()]}
+    result["runs"] = {name: [{"wall_s": round(w, 3), "peak_rss_mib": round(r, 1)} for w, r in values]
+                      for name, values in runs.items()}
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     import torch  # noqa: E402 - only for the versions line
 

@@ -1,13 +1,12 @@
 """Which source files are whose: the user's model code, a library's (torchvision, transformers),
 torch's own, Python's or preclint's; and the frames of the model's code that made an op, read from
-an FX stack trace or from the live stack."""
+the live stack (as FX traces, or as a recorded run runs)."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 import sysconfig
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 
@@ -16,7 +15,6 @@ from preclint.core.findings import Location
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _PRECLINT_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.split(".", 1)[0]].__file__)) + os.sep  # the package, all stages
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
-_FRAME_RE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
 
 
 def _in_library(path: str) -> bool:
@@ -41,24 +39,6 @@ def is_internal_file(path: str) -> bool:
     if torchvision is not None and path.startswith(os.path.dirname(os.path.abspath(torchvision.__file__)) + os.sep):
         return True
     return not _is_model_code(path) or _in_library(path)
-
-
-def model_frames_from_trace(stack_trace: Optional[str]) -> Tuple[Location, ...]:
-    """The frames of the model's code in an FX stack trace, innermost first: the frames inside the
-    innermost preclint frame (outside it is whoever ran preclint: its console script, runpy, a test),
-    less torch's own and generated code. The first is the line that made the op."""
-    if not stack_trace:
-        return ()
-    frames = _FRAME_RE.findall(stack_trace)  # outermost first
-    entered = [i for i, (path, _, _) in enumerate(frames) if os.path.abspath(path).startswith(_PRECLINT_DIR)]
-    # The innermost preclint frame with no model code inside it is the tracer's own hook (create_node,
-    # which records the op's autocast region), not the call into the model: the model's frames lie
-    # between the call and the hook. A model of torch's own layers alone has none there, and what lies
-    # outside the call (the console script, runpy, a test) is whoever ran preclint, never the model.
-    if len(entered) > 1 and not any(_is_model_code(path) for path, _, _ in frames[entered[-1] + 1:]):
-        entered.pop()
-    inner = frames[entered[-1] + 1:] if entered else frames
-    return tuple(Location(path, int(line), 1) for path, line, _ in reversed(inner) if _is_model_code(path))
 
 
 # A frame's file, classified once: (preclint's own, the model's code). Every recorded op of every

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from preclint.capture import autocast_regions, ops
 from preclint.capture.calls import call_attrs, direct_params, display_target, scalar_args, set_reduction_length
-from preclint.capture.frames import model_frames_from_trace
+from preclint.capture.frames import model_frames_on_stack
 from preclint.capture.model_error import ModelRunError
 from preclint.capture.observer import Observer
 from preclint.capture.shared_modules import call_site_path, shared_module_paths
@@ -23,10 +23,14 @@ from preclint.core.ir import Kind, Node
 from preclint.load.modelio import Inputs
 
 
+FRAMES = "preclint_frames"  # node.meta key: the model's frames that made the node (frames.py)
+
+
 class _Tracer(fx.Tracer):
     def __init__(self, proxy_buffers: bool = True) -> None:
         super().__init__()
-        self.record_stack_traces = True
+        # (not FX's record_stack_traces: it formats every frame of the stack as text, each line read
+        # from its file, for every node; create_node takes the model's frames from the live stack)
         # a buffer read is an attribute node, as a parameter's is: otherwise FX computes what the forward
         # does with buffers alone while tracing (a frozen batch norm's w * (running_var + eps).rsqrt()) and
         # stores the result as a trace constant, so that the ops a cast model runs on the rounded buffer
@@ -50,12 +54,9 @@ class _Tracer(fx.Tracer):
     def create_node(self, *args, **kwargs) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         node.meta["autocast"] = autocast_regions.current()  # the region the model's code set around it
+        # the model's frames between this hook and trace_fx, innermost first: the line that made the op
+        node.meta[FRAMES] = model_frames_on_stack()
         return node
-
-    def _filter_traceback_frames(self, user_stack_summary):
-        # FX's own filter imports torch's symbolic-shapes machinery (half a second) to drop its files;
-        # model_frames_from_trace picks the model's frames itself, so keep the frames as they are.
-        return user_stack_summary
 
 
 def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
@@ -131,7 +132,7 @@ def fx_arguments(graph: fx.Graph, module: torch.nn.Module, inputs: Any) -> list:
 
 def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     inputs = tuple(a.name for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node))
-    frames = model_frames_from_trace(node.stack_trace)
+    frames = node.meta.get(FRAMES, ())
     location = frames[0] if frames else None
     stack = node.meta.get("nn_module_stack") or {}
     owner_path, owner_type = "", type(gm).__name__  # the root module's forward, unless a submodule's

@@ -3,6 +3,7 @@ a library, the line that builds the module), the model's definition for findings
 their own, and paths as reports print them."""
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import Dict, List, Optional, Sequence
@@ -19,10 +20,11 @@ def model_location(loaded) -> Optional[Location]:
     if not path:
         return None
     line = None
+    cls = type(loaded.module)
     try:
-        cls_file = inspect.getsourcefile(type(loaded.module))
+        cls_file = inspect.getsourcefile(cls)
         if cls_file and os.path.abspath(cls_file) == os.path.abspath(path):
-            line = inspect.getsourcelines(type(loaded.module))[1]
+            line = _class_line(path, cls) or inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
         pass
     if line is None:
@@ -46,18 +48,46 @@ def _top_level_definition(path: str, name: str) -> Optional[int]:
     return statement.lineno if statement is not None else None
 
 
+def _class_line(path: str, cls: type) -> Optional[int]:
+    """The line ``inspect.getsourcelines`` gives a module-level class (its first decorator's, or its
+    ``class`` line), from the file's tree parsed once; None where another look is needed."""
+    import ast
+
+    tree = _module_tree(path)
+    if tree is None or cls.__qualname__ != cls.__name__:
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ClassDef) and stmt.name == cls.__name__:
+            return stmt.decorator_list[0].lineno if stmt.decorator_list else stmt.lineno
+    return None
+
+
+def _module_tree(path: str):
+    """The ast of ``path`` (None where it does not parse), parsed once for its text."""
+    from preclint.text.lines import file_text
+
+    text = file_text(path)
+    return _parsed(text) if text else None
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str):
+    import ast
+
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
 def _top_level_statement(path: str, name: str):
     """The module-level class, function or assignment (an ast statement) that defines ``name``."""
     import ast
 
-    from preclint.text.lines import file_text
-
-    text = file_text(path)
-    if not text or not name.isidentifier():
+    if not name.isidentifier():
         return None
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    tree = _module_tree(path)
+    if tree is None:
         return None
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:

@@ -34,42 +34,8 @@ from preclint.load.modelio import output_tensors
 from preclint.core.numerics import FP16
 from preclint.capture.observer import Call, Observer
 from preclint.reference.poison import PoisonTracker
+from preclint.reference.value_stats import tensor_stats
 from preclint.capture.trees import flatten
-
-
-def tensor_stats(t: torch.Tensor) -> TensorStats:
-    dtype = str(t.dtype).replace("torch.", "")
-    shape = tuple(t.shape)
-    if t.numel() == 0:
-        return TensorStats(shape, dtype, 0)
-    with torch.no_grad():
-        x = t.detach()
-        if not (x.is_floating_point() or x.is_complex()):
-            a = x.abs().to(torch.float64) if x.dtype != torch.bool else x.to(torch.float64)
-            nz = a[a != 0]
-            return TensorStats(shape, dtype, x.numel(), float(a.max()), float(a.pow(2).mean().sqrt()),
-                               float(nz.min()) if nz.numel() else math.inf, True, True)
-        x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        a = x.abs()
-        # read back together, one wait for the device instead of four (the figures of the finite
-        # case; the rest is recomputed below where they do not hold)
-        absmax, rms, smallest, whole = torch.stack([
-            a.max(), a.pow(2).mean().sqrt(), torch.where(a == 0, torch.full_like(a, math.inf), a).min(),
-            (a == a.round()).all().to(a.dtype)]).tolist()
-        # absmax: inf or NaN (max propagates NaN) exactly when some value is not finite
-        if math.isfinite(absmax) and absmax <= 1e18:
-            return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, True, absmax >= 1 and whole == 1.0)
-        finite = math.isfinite(absmax)
-        if not finite:
-            a = a[torch.isfinite(a)]
-            if a.numel() == 0:
-                return TensorStats(shape, dtype, x.numel(), math.inf, math.inf, math.inf, False, False)
-            absmax = float(a.max())
-        # the mean square in float64 so that values near fp32's range do not overflow it
-        rms = float(a.double().pow(2).mean().sqrt()) if absmax > 1e18 else float(a.pow(2).mean().sqrt())
-        smallest = float(torch.where(a == 0, torch.full_like(a, math.inf), a).min())
-        integer_valued = absmax >= 1 and bool((a == a.round()).all())
-        return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, finite, integer_valued)
 
 
 def hook_gradient(t: torch.Tensor, fn) -> Any:

@@ -17,10 +17,10 @@ from typing import Dict, Iterator, List, Tuple, Type
 KINDS = ("model", "source")  # the subpackages that hold rules
 
 
-def rule_modules() -> List[str]:
-    """The pack's rule modules, as ``kind.name`` (every module of a kind not starting with ``_``)."""
+def rule_modules(kinds: Tuple[str, ...] = KINDS) -> List[str]:
+    """The pack's rule modules, as ``kind.name`` (every module of a kind in ``kinds`` not starting with ``_``)."""
     found = []
-    for kind in KINDS:
+    for kind in kinds:
         package = importlib.import_module(f"{__name__}.{kind}")
         found += [f"{kind}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
                   if not info.name.startswith("_")]
@@ -38,10 +38,16 @@ def rules_of(module) -> List[type]:
     ]
 
 
-@functools.lru_cache(maxsize=None)
 def _discover() -> Tuple[type, ...]:
+    return tuple(sorted(_discover_kind("model") + _discover_kind("source"), key=lambda rule: rule.code))
+
+
+@functools.lru_cache(maxsize=None)
+def _discover_kind(kind: str) -> Tuple[type, ...]:
+    # one kind at a time: a model's check imports no source rule (they import libcst, a third of a
+    # second) until a suppression comment asks what the source rules are
     found = []
-    for name in rule_modules():
+    for name in rule_modules((kind,)):
         found += rules_of(importlib.import_module(f"{__name__}.{name}"))
     return tuple(sorted(found, key=lambda rule: rule.code))
 
@@ -49,19 +55,19 @@ def _discover() -> Tuple[type, ...]:
 def rediscover() -> None:
     """Forget the rules found, so that the next look walks the pack again (after a module is added)."""
     importlib.invalidate_caches()
-    _discover.cache_clear()
+    _discover_kind.cache_clear()
 
 
 def graph_rules() -> List[Type]:
     from preclint.rules.base import Rule
 
-    return [rule for rule in _discover() if issubclass(rule, Rule)]
+    return [rule for rule in _discover_kind("model") if issubclass(rule, Rule)]
 
 
 def source_rules() -> List[Type]:
     from preclint.rules.base import SourceRule
 
-    return [rule for rule in _discover() if issubclass(rule, SourceRule)]
+    return [rule for rule in _discover_kind("source") if issubclass(rule, SourceRule)]
 
 
 def all_rules() -> Dict[str, Type]:

@@ -44,9 +44,10 @@ def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[s
     of the run's ``inputs`` (its configuration, a weights file; the baseline it reads may be
     refreshed) or the report's own stdout."""
     from preclint.report.output import check_output_target
-    from preclint.source.baseline import read_baseline
 
     if baseline:
+        from preclint.source.baseline import read_baseline
+
         read_baseline(baseline)
     if write_baseline:
         others = [(path, role) for path, role in inputs if path not in (baseline, write_baseline)]
@@ -88,7 +89,6 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     unused suppressions are the graph rules that ran and ``also_checked`` (the source rules run on
     the model's file); ``model_files`` are searched for them too."""
     from preclint.rules import graph_rules
-    from preclint.source.run import reports_unused
     from preclint.source.suppress import apply_suppressions
 
     findings = list(findings)
@@ -100,7 +100,13 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
         f for f in findings
         if f.location is None or not config.ignored_for_file(f.location.path, f.code)
     ]
-    return apply_suppressions(kept, reports_unused(config), checked, files=files)
+    return apply_suppressions(kept, lambda: _reports_unused(config), checked, files=files)
+
+
+def _reports_unused(config: Config) -> bool:
+    from preclint.source.run import reports_unused  # (the source side's modules, only where asked)
+
+    return reports_unused(config)
 
 
 def run_source_only(

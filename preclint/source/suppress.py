@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 from preclint.core.findings import Finding, Location
 from preclint.text import lexical
@@ -126,14 +126,14 @@ def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
 
 def apply_suppressions(
     findings: Iterable[Finding],
-    report_unused: bool,
+    report_unused: Union[bool, Callable[[], bool]],
     checked_codes: Optional[Iterable[str]] = None,
     files: Iterable[str] = (),
     texts: Optional[Mapping[str, str]] = None,
     known: Optional[Mapping[str, Dict[int, List[Directive]]]] = None,
 ) -> List[Finding]:
     """``findings`` less the suppressed ones, plus PCL500 findings for unused suppressions when
-    ``report_unused``.
+    ``report_unused`` (a bool, or a function asked only where some file holds a directive).
 
     Paths in the findings' locations are read relative to the working directory (as printed).
     ``checked_codes``: the codes whose rules ran over these files; a suppression naming another code
@@ -168,14 +168,8 @@ def apply_suppressions(
             kept.append(finding)
     if not report_unused:
         return kept
-
-    from preclint.rules import all_rules, unused_suppression_rule
-
-    reporter = unused_suppression_rule()
-    every = set(all_rules())
-    checked = every if checked_codes is None else set(checked_codes)
-    silenced_at = {(path, line, column) for path, line, column, _ in used}
     paths = {f.location.path for f in findings if f.location is not None and f.location.path}
+    with_directives = []
     for path in sorted(paths | set(files)):
         if path not in directives:
             # a file without findings can only hold an unused suppression that names preclint or a
@@ -184,6 +178,20 @@ def apply_suppressions(
             text = _read(path, texts)
             if text is None or not may_name_preclint(text):
                 continue
+        if directives_of(path):
+            with_directives.append(path)
+    # (the rules are asked for only where a directive may be unused: a model's check with none
+    # imports no source rule)
+    if not with_directives or (callable(report_unused) and not report_unused()):
+        return kept
+
+    from preclint.rules import all_rules, unused_suppression_rule
+
+    reporter = unused_suppression_rule()
+    every = set(all_rules())
+    checked = every if checked_codes is None else set(checked_codes)
+    silenced_at = {(path, line, column) for path, line, column, _ in used}
+    for path in with_directives:
         for line, line_directives in sorted(directives_of(path).items()):
             for directive in line_directives:
                 if reporter.code in directive.codes or (directive.kind == "noqa" and directive.blanket):

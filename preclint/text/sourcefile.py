@@ -10,14 +10,16 @@ import os
 import re
 import tokenize
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
-
-import libcst as cst
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from preclint.core.findings import Finding, Location
 from preclint.text.guard import MAX_DEPTH, blank, elide, judge
-from preclint.text.positions import Positions
 from preclint.text.safe_io import read_regular
+
+if TYPE_CHECKING:  # libcst (a third of a second to import) only where a file is parsed
+    import libcst as cst
+
+    from preclint.text.positions import Positions
 
 
 class ParseFailure(Exception):
@@ -146,6 +148,8 @@ class SourceFile:
                 text = elide(text, quiet)
                 self.elided = len(quiet)
         self._parsed_text = text
+        import libcst as cst
+
         try:
             return cst.parse_module(text)
         except (cst.ParserSyntaxError, cst.CSTValidationError) as exc:
@@ -185,6 +189,8 @@ class SourceFile:
 
     def _position(self, node: cst.CSTNode):
         if self._positions is None:
+            from preclint.text.positions import Positions
+
             self._positions = Positions(self.module, self._parsed_text)
         return self._positions[node]
 

@@ -86,7 +86,9 @@ def fold(graph: Graph, node, modules) -> Optional[BatchNormFolding]:
         if producer is not None and producer.kind == Kind.CONV and producer.module_path in modules:
             weight = getattr(modules[producer.module_path], "weight", None)
             if isinstance(weight, torch.Tensor) and weight.shape[0] == scale.numel():
-                folded = weight.detach().double().flatten(1).abs().amax(dim=1) * scale.abs()
+                # (the largest magnitude per channel in the weight's own format: exact, and without a
+                # float64 copy of every weight)
+                folded = weight.detach().flatten(1).abs().amax(dim=1).double() * scale.abs()
                 facts.folded_weight_absmax = float(folded.max())
                 facts.folds_into = producer.module_path
     return facts
