@@ -27,6 +27,7 @@ the model's Python would do) the replay stops: :class:`Diverged`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -242,6 +243,21 @@ def regime(observer: Observer) -> tuple:
     return (low, getattr(getattr(run, "mode", None), "autocast", None), only, getattr(run, "emulated", None))
 
 
+def _refuses_on_error(method):
+    """A tape method whose own failure (a case its bookkeeping does not foresee) stops the recording
+    with the reason, never the model's run: the model then runs eagerly on every pass, as before."""
+
+    @functools.wraps(method)
+    def guarded(self, *args):
+        try:
+            return method(self, *args)
+        except Exception as exc:  # noqa: BLE001 - the recording is lost, not the run
+            self.refuse(f"the recording failed ({type(exc).__name__}: {exc})")
+            return None
+
+    return guarded
+
+
 class Tape:
     """Told by the recorder of each input, op and query of one eager run (capture/recorder.py)."""
 
@@ -310,6 +326,7 @@ class Tape:
             self.refuse(f"{where} {exc}")
             return None
 
+    @_refuses_on_error
     def input(self, node: Node, value) -> None:
         name = node.target[len("input:"):]
         if name not in self.inputs:
@@ -318,6 +335,7 @@ class Tape:
         self.input_slots.update(slots)
         self.entries.append(_Entry("input", node, outputs=slots, position=self.inputs.index(name)))
 
+    @_refuses_on_error
     def op(self, node: Node, callee, given, output, target) -> None:
         if self.reason is not None:
             return
@@ -328,7 +346,7 @@ class Tape:
         while region is not None:
             if region.enabled or region.cast_inputs:
                 return self.refuse(f"{where} runs in an autocast region the model's code turns on")
-            region = region.parent
+            region = region.outer
         if node.fn in _RANDOM_OPS and not isinstance(callee, torch.nn.Module):
             return self.refuse(f"{where} draws random numbers")
         if isinstance(callee, torch.nn.Module):
@@ -350,6 +368,7 @@ class Tape:
         self.entries.append(_Entry("op", node, callee=callee, operands=operands, outputs=outputs,
                                    target=target_slot, grad=torch.is_grad_enabled()))
 
+    @_refuses_on_error
     def query(self, pending: Node, func, given, answer) -> None:
         if self.reason is not None:
             return

@@ -294,3 +294,39 @@ def test_a_model_with_hooks_of_its_own_runs_them_every_pass():
         for _ in range(3):
             program.run(model, (torch.randn(3, 6),), Observer())
     assert program.replayed == 0 and len(calls) == 3 and "hooks" in program.note
+
+
+class KeepsFloat32(nn.Module):
+    """A region the model turns autocast off in, as transformers' rotary embeddings do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            angles = x.float() @ x.float().T
+        return self.lin(x) + angles.sum()
+
+
+def test_a_region_with_autocast_turned_off_is_replayed():
+    """The regions nest through `outer`: a replay of a model that turns autocast off once crashed the
+    probe of every transformers Llama on a GPU (AttributeError in the reference pass)."""
+    model, inputs = KeepsFloat32(), (torch.randn(3, 4),)
+    program, results = runs(model, inputs, 3, Values)
+    assert program.replayed == 1, program.note
+    assert torch.equal(results[0][1], results[2][1])
+
+
+def test_a_failure_of_the_recording_itself_runs_the_model(monkeypatch):
+    """Whatever the tape's bookkeeping does not foresee costs the replay, not the probe's run."""
+    from preclint.measure import replay
+
+    def broken(self, *args):
+        raise AttributeError("a case the tape did not foresee")
+
+    monkeypatch.setattr(replay.Tape, "op", replay._refuses_on_error(broken))
+    model, inputs = Tied(), (torch.randn(3, 6),)
+    program, results = runs(model, inputs, 3, Values)
+    assert program.replayed == 0 and "the recording failed (AttributeError" in program.note
+    assert torch.equal(results[0][1][0], results[2][1][0])
