@@ -70,12 +70,9 @@ class _Unrecorded:
 class _Recorder(TorchFunctionMode):
     """Records leaf-module calls and top-level torch calls of one eager run."""
 
-    def __init__(self, root: torch.nn.Module, observer: Observer, locate: bool = True, tape=None) -> None:
+    def __init__(self, root: torch.nn.Module, observer: Observer, locate: bool = True) -> None:
         super().__init__()
         self.observer = observer
-        # what measure/replay.py keeps of the run to replay it without the model's Python: told of
-        # every input, op (with the operands the model passed) and query a tensor answered in Python
-        self.tape = tape
         # where in the model's code each op is (the stack walked per op): the check's capture needs it
         # for its findings; the probe's runs name nodes by the order they run, and need it not
         self.locate = locate
@@ -145,13 +142,11 @@ class _Recorder(TorchFunctionMode):
                     return True
         return False
 
-    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None, given=None):
+    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
         with _Unrecorded(self):
             set_reduction_length(node, args, kwargs, callee)
             output = self.observer(node, args, kwargs, callee, output)
         self.nodes.append(node)
-        if self.tape is not None and callee is not None:
-            self.tape.op(node, callee, given, output, inplace_target)
         for v in leaves(output):
             if isinstance(v, torch.Tensor):
                 self.producer[id(v)] = (node.name, v)
@@ -162,8 +157,6 @@ class _Recorder(TorchFunctionMode):
     def add_input(self, name: str, value) -> None:
         node = Node(name, Kind.INPUT, f"input:{name}", fn="input")
         self._publish(node, (), {}, None, value)
-        if self.tape is not None:
-            self.tape.input(node, value)
 
     def _path(self, module) -> str:
         """The module's path; a module held in several places, as the running module calls it."""
@@ -179,10 +172,9 @@ class _Recorder(TorchFunctionMode):
         if self.leaf_depth == 0 and ops.is_leaf_module(module):
             kind, fn = ops.classify_module(module)
             probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
-            given = (args, kwargs)
             with _Unrecorded(self):
                 args, kwargs = self.observer.before(probe, args, kwargs, module)
-            module._preclint_inputs = (args, kwargs, probe, given)
+            module._preclint_inputs = (args, kwargs, probe)
             self.leaf_depth += 1
             return args, kwargs
         elif self.leaf_depth > 0:
@@ -199,7 +191,7 @@ class _Recorder(TorchFunctionMode):
             return None
         if self.leaf_depth == 1:
             self.leaf_depth = 0
-            args, kwargs, probe, given = module.__dict__.pop("_preclint_inputs", (args, kwargs, None, None))
+            args, kwargs, probe = module.__dict__.pop("_preclint_inputs", (args, kwargs, None))
             path = self._path(module)
             kind, fn = ops.classify_module(module)
             attrs = ops.module_attrs(module)
@@ -211,7 +203,7 @@ class _Recorder(TorchFunctionMode):
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
                         autocast=autocast_regions.current())
             self.observer.rename(probe, node.name)
-            result = self._publish(node, args, kwargs, module, output, given=given)
+            result = self._publish(node, args, kwargs, module, output)
             return result if result is not output else None
         if self.module_stack:
             self.module_stack.pop()
@@ -225,15 +217,12 @@ class _Recorder(TorchFunctionMode):
         fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
         kind = ops.classify_function(fn)
         pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
-        given = (args, kwargs)
         with _Unrecorded(self):
             args, kwargs = self.observer.before(pending, args, kwargs, func)
         output = func(*args, **kwargs)
         flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
-            if self.tape is not None:  # a size, a dtype, a number: what the model's Python goes on with
-                self.tape.query(pending, func, given, output)
             return output
         owner_path, owner_type = self._calling_module()
         is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
@@ -257,17 +246,17 @@ class _Recorder(TorchFunctionMode):
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
         if not flat_out and target_tensor is not None:
-            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor, given=given)
+            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor)
             return output
-        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor, given=given)
+        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
 
 
 def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer,
-                          locate: bool = True, tape=None) -> Tuple[List[Node], Any]:
+                          locate: bool = True) -> Tuple[List[Node], Any]:
     """The nodes of one eager run of ``module`` on ``inputs`` and its output; ``locate``: find each
-    node's lines in the model's code; ``tape``: told of each input, op and query (measure/replay.py)."""
+    node's lines in the model's code."""
     inputs = Inputs.of(inputs)
-    recorder = _Recorder(module, observer, locate, tape)
+    recorder = _Recorder(module, observer, locate)
     try:
         for name, value in inputs.named():
             recorder.add_input(recorder._unique(name), value)

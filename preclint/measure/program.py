@@ -7,9 +7,7 @@ values line up node by node by name:
 * FX models: the graph the check traced is re-rooted on each copy of the model; capture's
   interpreter runs it and hands each value to the observer. A run can start part-way, from values of an earlier run (``initial_env``).
 * Models FX cannot trace: capture's function-mode recorder runs the copy eagerly; its node names are
-  assigned in execution order, so they match as long as control flow does (the probe checks). Once
-  two eager runs recorded the same ops, later runs on copies of the same shapes and dtypes replay
-  the recorded ops without the model's Python (measure/replay.py), where the recording allows it.
+  assigned in execution order, so they match as long as control flow does (the probe checks).
 """
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ from preclint.capture.observer import Observer
 from preclint.capture.recorder import capture_function_mode
 from preclint.core.errors import one_line
 from preclint.core.ir import Graph
-from preclint.measure.replay import Diverged, Recording, Tape, regime, signature
 
 
 class _Tracer(fx.Tracer):
@@ -47,8 +44,6 @@ class RunFailed(Exception):
 class Program:
     """The model as it is executed on any copy (float64, float16, rounded weights)."""
 
-    replays = True  # whether runs of an eager recording may be replayed (tests compare without)
-
     def __init__(self, graph: Graph, module: torch.nn.Module) -> None:
         self.ir_nodes = {n.name: n for n in graph.nodes}
         self.order = [n.name for n in graph.nodes]
@@ -63,11 +58,6 @@ class Program:
             else:  # cannot happen for a deterministic trace; run eagerly rather than mislabel values
                 self.note = "the model traced differently a second time; the probe recorded its ops eagerly instead"
         self._fx_nodes = {n.name: n for n in self.fx_graph.nodes} if self.fx_graph is not None else {}
-        # eager recordings by the copy and inputs they ran on and the observer's dtypes (replay.signature, regime)
-        self.recordings: Dict[tuple, Recording] = {}
-        self.replays_confirmed = False  # two eager runs of one signature recorded the same ops
-        self.replay_refused: Optional[str] = None  # why no run is replayed
-        self.replayed = 0  # runs replayed so far
 
     @property
     def is_fx(self) -> bool:
@@ -80,7 +70,8 @@ class Program:
             observer = self.stream.observing(observer, root)
         try:
             if self.fx_graph is None:
-                return self._run_eagerly(root, inputs, observer)
+                self.recorded, output = capture_function_mode(root, inputs, observer, locate=False)
+                return output
             # the graph runs on the copy itself: its call_module and get_attr targets are the copy's;
             # the check recorded the reduction lengths from the same shapes already
             runner = FxRunner(root, self.ir_nodes, observer, graph=self.fx_graph, record=False)
@@ -92,48 +83,3 @@ class Program:
             raise
         except Exception as exc:
             raise RunFailed(exc) from exc
-
-    def _run_eagerly(self, root: torch.nn.Module, inputs, observer: Observer):
-        """A run of a model FX cannot trace: its recorded ops replayed where a recording serves, else
-        the model's own code under the recorder (recording it, until a recording is refused)."""
-        # a streamed copy's blocks are filled by hooks on the blocks' forward calls, which a replay
-        # does not make
-        key = None
-        if self.replays and self.stream is None and self.replay_refused is None:
-            shapes = signature(root, inputs)
-            key = (shapes, regime(observer)) if shapes is not None else None
-        recording = self.recordings.get(key) if key is not None and self.replays_confirmed else None
-        if recording is not None and (recording.grad or not torch.is_grad_enabled()):
-            try:
-                output = recording.run(root, inputs, observer)
-            except Diverged as exc:
-                self._refuse(f"a replay of the recorded ops diverged from the model ({exc})")
-                if not observer.reset():
-                    raise RunFailed(exc) from exc
-            else:
-                self.replayed += 1
-                self.recorded = recording.nodes
-                return output
-        tape = Tape(root, inputs) if key is not None and self.replay_refused is None else None
-        self.recorded, output = capture_function_mode(root, inputs, observer, locate=False, tape=tape)
-        if tape is not None:
-            self._learn(key, tape.finish(output), tape.reason)
-        return output
-
-    def _learn(self, key: tuple, recording: Optional[Recording], reason: Optional[str]) -> None:
-        if recording is None:
-            return self._refuse(reason or "the run could not be recorded")
-        recording.nodes = self.recorded
-        earlier = self.recordings.get(key)
-        if earlier is not None and earlier.grad == recording.grad:
-            if not recording.same(earlier):
-                return self._refuse("the model ran other ops, or the same ops on other constants, a second time")
-            self.replays_confirmed = True
-        if earlier is None or recording.grad:
-            self.recordings[key] = recording
-
-    def _refuse(self, reason: str) -> None:
-        self.replay_refused = reason
-        self.recordings.clear()
-        refused = f"every pass runs the model's code: its recorded ops are not replayed ({reason})"
-        self.note = f"{self.note}; {refused}" if self.note else refused
