@@ -43,7 +43,7 @@ def mismatch_notes(report, ctx, result) -> List[str]:
             continue
         over = _clamped(measured) / _clamped(predicted)
         if 1 / FACTOR <= over <= FACTOR:
-            notes += _output_note(ctx, mode, entry)
+            notes += _output_note(ctx, mode, entry, measure)
             continue
         how = f"{over:.1f}x the prediction" if over > 1 else f"{1 / over:.1f}x below the prediction"
         text = (f"probe: {mode} measured an output error of {sci(measured)} against {sci(predicted)} predicted "
@@ -54,7 +54,7 @@ def mismatch_notes(report, ctx, result) -> List[str]:
     return notes
 
 
-def _output_note(ctx, mode: str, entry: Dict) -> List[str]:
+def _output_note(ctx, mode: str, entry: Dict, measure) -> List[str]:
     """A model of several outputs predicted well as a whole: the one output (the farthest) whose own
     figures lie more than FACTOR apart, with why where the graph shows it (a slice of another value)."""
     predicted = entry.get("outputs") or []
@@ -83,8 +83,25 @@ def _output_note(ctx, mode: str, entry: Dict) -> List[str]:
                  f"{'more' if over > 1 else 'less'} of it")
         if part.out.rms and whole.out.rms and not 1 / FACTOR <= whole.out.rms / part.out.rms <= FACTOR:
             text += f" (its RMS {sci(part.out.rms)}, the whole's {sci(whole.out.rms)})"
+    elif mode == "tf32" and over < 1:
+        # the convs and matmuls this output is computed from; the model's figure with float32 kernels
+        # is for the outputs together, not for this one
+        producer = _producer(ctx.graph, figure.get("output"), predicted)
+        reason = _float32_kernels(ctx, measure, m_err, {}, within=_upstream(ctx.graph, producer) | {producer}
+                                  if producer is not None else None)
+        if reason:
+            text += f"; likeliest reason: {reason}"
 
     return [text + ". The measured figure is this output's on this device."]
+
+
+def _producer(graph, output: Optional[str], figures: List[Dict]) -> Optional[str]:
+    """The node whose value the model returns as ``output`` (one of ``figures``' outputs)."""
+    outputs = graph.output_nodes
+    names = [f.get("output") for f in figures]
+    if len(outputs) != 1 or output not in names or len(outputs[0].inputs) != len(names):
+        return None
+    return outputs[0].inputs[names.index(output)]
 
 
 def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[tuple]:
@@ -126,10 +143,11 @@ def _reason(ctx, measure, mode: str, predicted: float, measured: float, entry: D
     return _over_rated(ctx, measure, mode, predicted, measured)
 
 
-def _float32_kernels(ctx, measure, measured: float, entry: Dict) -> Optional[str]:
+def _float32_kernels(ctx, measure, measured: float, entry: Dict, within: Optional[set] = None) -> Optional[str]:
     """TF32 over-predicted: the device ran float32 kernels for convs and matmuls the prediction
-    gave TF32 (the ledger's tf32_applied)."""
+    gave TF32 (the ledger's tf32_applied); only those ``within`` the given nodes where given."""
     dots = [(name, m) for name, m in measure.nodes.items() if m.tf32_applied is not None
+            and (within is None or name in within)
             and ctx.graph.get(name) is not None and ctx.graph[name].kind in DOT_PRODUCT_KINDS]
     plain = [name for name, m in dots if not m.tf32_applied]
     if not plain:

@@ -109,3 +109,33 @@ def test_one_output_far_from_its_prediction_gets_a_note_though_the_whole_is_pred
     assert note.startswith("probe: fp16 measured output['first'] with an error of ")
     assert "though the outputs together lie within 3x" in note and "it is a part of output['tokens']" in note
     assert "(its RMS 8.2" in note
+
+
+class TwoHeads(nn.Module):
+    """Two outputs, each from a matmul of its own (as wav2vec2 returns its conv features beside the
+    transformer's states)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return {"states": self.a(x), "features": self.b(x)}
+
+
+def test_one_output_measured_far_below_tf32_names_the_float32_kernels_it_is_computed_from():
+    """As the H200 ran wav2vec2's feature convs in float32 while the rest of the model used TF32."""
+    def features_in_float32(result):
+        measure = result.modes["tf32"]
+        for name, m in measure.nodes.items():
+            if m.tf32_applied is not None:
+                m.tf32_applied = not name.startswith("b")
+        measure.outputs[1] = dataclasses.replace(measure.outputs[1], rel_error=measure.outputs[1].rel_error / 1000)
+
+    torch.manual_seed(0)
+    report, result = probed(TwoHeads(), (torch.randn(8, 32),), ("tf32",), features_in_float32)
+    assert [n for n, m in result.modes["tf32"].nodes.items() if m.tf32_applied is False] == ["b"]
+    (note,) = mismatch(report)
+    assert note.startswith("probe: tf32 measured output['features'] with an error of ")
+    assert "likeliest reason: 1 of the 1 convs and matmuls ran float32 kernels on this device" in note
