@@ -80,7 +80,8 @@ def test_library_model_without_user_code_keeps_its_library_location(capsys, proj
                  "fp16", "--output-format", "concise", "--select", "PCL105"])
     out = capsys.readouterr().out
     assert code == 1
-    findings = out.splitlines()[:-1]
+    # (the findings, then the caveats: mobilenet's random-init output is near zero)
+    findings = [line for line in out.splitlines()[:-1] if not line.startswith("warning: ")]
     assert findings and all(line.startswith("torchvision/models/mobilenetv3.py:") for line in findings), out
 
 
