@@ -95,13 +95,23 @@ def _output_note(ctx, mode: str, entry: Dict, measure) -> List[str]:
     return [text + ". The measured figure is this output's on this device."]
 
 
-def _producer(graph, output: Optional[str], figures: List[Dict]) -> Optional[str]:
-    """The node whose value the model returns as ``output`` (one of ``figures``' outputs)."""
+def _output_producers(graph, figures: List[Dict]) -> Optional[Dict[str, str]]:
+    """Each of ``figures``' outputs (as the user reads it: output['pooler_output']) and the node whose
+    value the model returns as it; None where the graph's float outputs do not line up with them."""
     outputs = graph.output_nodes
-    names = [f.get("output") for f in figures]
-    if len(outputs) != 1 or output not in names or len(outputs[0].inputs) != len(names):
+    if len(outputs) != 1:
         return None
-    return outputs[0].inputs[names.index(output)]
+    producers = [n for n in outputs[0].inputs if graph.get(n) is not None and graph[n].out is not None
+                 and graph[n].out.is_float]
+    names = [f.get("output") for f in figures]
+    if len(producers) != len(names):
+        return None
+    return dict(zip(names, producers))
+
+
+def _producer(graph, output: Optional[str], figures: List[Dict]) -> Optional[str]:
+    """The node whose value the model returns as ``output``."""
+    return (_output_producers(graph, figures) or {}).get(output)
 
 
 def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[tuple]:
@@ -109,15 +119,10 @@ def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[
     node's output name where the model returns it too), where the output's producer is a slice."""
     from preclint.core.ir import Kind
 
-    outputs = graph.output_nodes
-    if len(outputs) != 1:
+    producers = _output_producers(graph, figures)
+    if producers is None or output not in producers:
         return None
-    producers = [n for n in outputs[0].inputs if graph.get(n) is not None and graph[n].out is not None
-                 and graph[n].out.is_float]
-    names = [f.get("output") for f in figures]
-    if len(producers) != len(names) or output not in names:
-        return None
-    part = node = graph[producers[names.index(output)]]
+    part = node = graph[producers[output]]
     if node.kind != Kind.SHAPE or not node.inputs:
         return None
     while node.kind == Kind.SHAPE and node.inputs and graph.get(node.inputs[0]) is not None:
@@ -125,7 +130,7 @@ def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[
     if node.out is None:
         return None
     # the whole as the user reads it, where the model returns it too (DINOv2's last_hidden_state)
-    return part, node, names[producers.index(node.name)] if node.name in producers else None
+    return part, node, next((name for name, producer in producers.items() if producer == node.name), None)
 
 
 def _reason(ctx, measure, mode: str, predicted: float, measured: float, entry: Dict) -> Optional[str]:
