@@ -121,8 +121,10 @@ def sensitivity_pass(program: Program, graph, model32: torch.nn.Module, inputs32
             p.requires_grad_(True)
         leaves += [p for p in constants]
         with torch.enable_grad(), _autocast(inputs, autocast):
-            output = program.run(model32, inputs, sens)
-            floats = [t for t in tensors(output) if t.is_floating_point()]
+            floats: List[torch.Tensor] = []
+            if leaves:  # (with nothing to take a gradient from, as for token ids, this run would be in vain)
+                output = program.run(model32, inputs, sens)
+                floats = [t for t in tensors(output) if t.is_floating_point()]
             if not any(t.requires_grad for t in floats):
                 # no float input reaches the output (token ids): take the gradient through the weights
                 sens.close()

@@ -554,3 +554,33 @@ def test_a_run_without_flips_refutes_only_a_rate_under_which_that_was_unlikely()
     # 1% of 4096 rows: 1.4e-18
     assert _no_flips(ErrorFigure(0.01, 0.1, flip_fraction=0.01), 4096) == "refuted"
     assert _no_flips(None, 12) == "refuted"  # nothing predicted per decision: no flip refutes it
+
+
+def test_a_token_id_model_runs_once_for_its_gradients(monkeypatch):
+    # token ids carry no gradient: the sensitivity pass takes it through the weights, and a first run
+    # with the weights switched off could only find that out (a whole pass of the model in vain)
+    from preclint.measure.program import Program
+    import preclint.probe.sensitivity as sensitivity_module
+
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(32, 16)
+            self.fc = nn.Linear(16, 8)
+
+        def forward(self, ids):
+            return self.fc(torch.tanh(self.embed(ids)))
+
+    runs = []
+    real_run = Program.run
+
+    def counted(self, root, inputs, observer):
+        runs.append(type(observer).__name__)
+        return real_run(self, root, inputs, observer)
+
+    monkeypatch.setattr(Program, "run", counted)
+    torch.manual_seed(0)
+    _r, _g, _c, result = probe(Tokens().eval(), (torch.randint(0, 32, (2, 6)),), modes=("fp16",))
+    assert runs.count(sensitivity_module.Sensitivity.__name__) == 1
+    assert result.modes["fp16"].explained is not None
+    assert not any("contributions not measured" in note for note in result.notes)
