@@ -111,8 +111,8 @@ def finite_squares(product: torch.Tensor) -> torch.Tensor:
     mask) has gradient 0 and is exact, no error; and a sum beyond float32's range fits float64."""
     import torch
 
-    product = product.double()
-    product = torch.where(torch.isfinite(product), product, torch.zeros_like(product))
+    # (nan_to_num zeroes inf and NaN as where(isfinite(p), p, 0) does, in one pass instead of three)
+    product = torch.nan_to_num(product.double(), nan=0.0, posinf=0.0, neginf=0.0)
     return torch.dot(product, product)
 
 
