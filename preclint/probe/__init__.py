@@ -427,10 +427,24 @@ class _ModePasses:
                 swept.observer.errors = {}
             return measure, pending
         except Exception as exc:
-            _failed(measure, mode, device, exc)
             if swept is not None:
                 swept.observer.errors = {}
+            if sens is not None and _out_of_memory(exc):
+                # the run with gradients (its activations) and the error vectors a sweep keeps for
+                # it are the probe's largest holdings after the reference: without them the mode's
+                # own figures may fit (a 1B Llama at 4096 tokens on one H200)
+                self._let_contributions_go(mode, device)
+                return self.issue(mode)
+            _failed(measure, mode, device, exc)
             return measure, None
+
+    def _let_contributions_go(self, mode: str, device) -> None:
+        self.sens.close()
+        self.sens = None
+        _release(device)
+        self.session.notes.append(
+            f"contributions not measured from {mode} on: out of memory on {device} with the run with gradients "
+            "kept, so it was let go and the modes measured without it")
 
     def finish(self, measure, pending) -> None:
         """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
@@ -451,12 +465,18 @@ class _ModePasses:
             swept.observer.errors = {}
 
 
-def _failed(measure, mode, device, exc) -> None:
+def _out_of_memory(exc) -> bool:
     from preclint.measure.program import RunFailed
     from preclint.probe.device import is_out_of_memory
 
+    return is_out_of_memory(exc.cause if isinstance(exc, RunFailed) else exc)
+
+
+def _failed(measure, mode, device, exc) -> None:
+    from preclint.measure.program import RunFailed
+
     cause = exc.cause if isinstance(exc, RunFailed) else exc
-    if is_out_of_memory(cause):
+    if _out_of_memory(exc):
         measure.error = f"out of memory on {device}"
     elif isinstance(exc, RunFailed):
         measure.error = f"the model failed under {mode} on {device}: {one_line(cause)}"

@@ -584,3 +584,48 @@ def test_a_token_id_model_runs_once_for_its_gradients(monkeypatch):
     assert runs.count(sensitivity_module.Sensitivity.__name__) == 1
     assert result.modes["fp16"].explained is not None
     assert not any("contributions not measured" in note for note in result.notes)
+
+
+def test_a_mode_out_of_memory_with_the_gradients_kept_is_measured_without_them(monkeypatch):
+    # the run with gradients and the error vectors kept for it are the first thing to let go when a
+    # mode does not fit: the mode gets its ledger, the contributions a note
+    import preclint.probe.sweep as sweep_module
+
+    real = sweep_module.sweep
+    calls = []
+
+    def sweep(program, run, ref, graph, keep_errors):
+        calls.append(keep_errors)
+        if keep_errors:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return real(program, run, ref, graph, keep_errors)
+
+    monkeypatch.setattr(sweep_module, "sweep", sweep)
+    model, inputs = small_cnn()
+    _r, _g, _c, result = probe(model, inputs, modes=("fp16", "bf16"))
+    assert calls == [True, False, False]  # once with the gradients, then never again
+    for mode in ("fp16", "bf16"):
+        measured = result.modes[mode]
+        assert measured.error is None and measured.output is not None and measured.nodes
+        assert measured.explained is None
+    assert any(note.startswith("contributions not measured from fp16 on: out of memory") for note in result.notes)
+
+
+def test_a_mode_that_does_not_fit_even_without_the_gradients_fails_alone(monkeypatch):
+    import preclint.probe.sweep as sweep_module
+
+    real = sweep_module.sweep
+    calls = []
+
+    def sweep(program, run, ref, graph, keep_errors):
+        calls.append(keep_errors)
+        if len(calls) <= 2:  # fp16, with the gradients kept and without
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return real(program, run, ref, graph, keep_errors)
+
+    monkeypatch.setattr(sweep_module, "sweep", sweep)
+    model, inputs = small_cnn()
+    _r, _g, _c, result = probe(model, inputs, modes=("fp16", "bf16"))
+    assert calls == [True, False, False]
+    assert result.modes["fp16"].error.startswith("out of memory")
+    assert result.modes["bf16"].error is None and result.modes["bf16"].nodes
