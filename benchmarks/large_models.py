@@ -268,6 +268,7 @@ def run(args) -> Dict[str, Any]:
         "streamed": result.environment.get("streamed"), "stages_s": typical["stages_s"],
         "runs": [{k: v for k, v in r.items() if k != "stages_s"} for r in runs],
         "errors": {mode: m.error for mode, m in result.modes.items() if m.error},
+        "notes": list(result.notes),  # (a mode measured without contributions says so here)
         "output_rel_error": {mode: m.output.rel_error if m.output else None for mode, m in result.modes.items()},
     }
     ledger = digest(result)
