@@ -222,8 +222,9 @@ class ProbeSession:
         env, clock, notes = self.env, self.clock, self.notes
         program, stream, model32, inputs32 = copies.program, copies.stream, copies.model32, copies.inputs32
 
-        from preclint.probe.device import is_out_of_memory
+        from preclint.probe.device import is_out_of_memory, release, tf32_on_gpu
         from preclint.measure.program import RunFailed
+        from preclint.probe.mode_passes import ModePasses
         from preclint.probe.reference_pass import reference_pass, resolve_reference
         from preclint.probe.sensitivity import sensitivity_pass
         from preclint.probe.noise import generator_states, rerun, settle_floor
@@ -232,7 +233,7 @@ class ProbeSession:
         drawn_from = generator_states(device)
         try:
             # TF32 off: values a model computes below float64 even here are then float32's best
-            with clock("reference"), _tf32_on_gpu(device, False):
+            with clock("reference"), tf32_on_gpu(device, False):
                 ref = reference_pass(program, copies.model64, copies.inputs64, keep_float64=options.ablate)
         except Exception as exc:
             cause = exc.cause if isinstance(exc, RunFailed) else exc
@@ -241,16 +242,16 @@ class ProbeSession:
             # A model that will not run in float64 (it builds float32 values of its own that its layers
             # then refuse beside float64 ones): float32 with TF32 off is still 2^13 times finer than the
             # modes measured against it.
-            _release(device)
+            release(device)
             try:
-                with clock("reference"), _tf32_on_gpu(device, False):
+                with clock("reference"), tf32_on_gpu(device, False):
                     ref = reference_pass(program, model32, inputs32, keep_float64=False)
             except Exception:
                 raise UserError(_failure(name, "in float64", device, cause)) from cause
             notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
             env["reference"]["dtype"] = "float32"
             reference_copy = (model32, inputs32)
-        with clock("reference: again"), _tf32_on_gpu(device, False):  # the noise floor (noise.py)
+        with clock("reference: again"), tf32_on_gpu(device, False):  # the noise floor (noise.py)
             again = rerun(program, *reference_copy, known=(device, drawn_from, ref.output))
         if self.records_graph:
             graph = self._recorded_graph(ref)
@@ -265,12 +266,12 @@ class ProbeSession:
         autocast = _sensitivity_autocast(device, program)
         for attempt in dict.fromkeys((autocast, None)):  # a model that fails under autocast: float32
             try:
-                with clock("sensitivity"), _tf32_on_gpu(device, True):
+                with clock("sensitivity"), tf32_on_gpu(device, True):
                     sens = sensitivity_pass(program, graph, model32, inputs32, attempt)
                 autocast = attempt
                 break
             except Exception as exc:  # contributions are lost, the rest of the probe is not
-                _release(device)
+                release(device)
                 if attempt is not None:
                     continue
                 cause = exc.cause if isinstance(exc, RunFailed) else exc
@@ -303,7 +304,7 @@ class ProbeSession:
         # On a GPU every mode is issued first and read back after: the device never waits for Python in
         # between. The CPU has nothing to overlap: each mode is read back at once, and its copy of the
         # model (rounded weights) is gone before the next one is made.
-        passes = _ModePasses(self, ref, sens, SharedCopies(stream=stream))
+        passes = ModePasses(self, ref, sens, SharedCopies(stream=stream))
         issued = []
         for mode in modes:
             result.modes[mode], pending = passes.issue(mode)
@@ -373,135 +374,6 @@ def _sensitivity_autocast(device, program):
     import torch
 
     return torch.bfloat16 if device.type == "cuda" and program.is_fx else None
-
-
-@dataclass
-class _ModePasses:
-    """What every mode's sweep and read-back share: the session (its setting and copies on the
-    device), the reference, and the sensitivity pass (None when it failed)."""
-
-    session: ProbeSession
-    ref: Any  # measure.ReferenceStore
-    sens: Any  # measure.Sensitivity, or None
-    shared: Any  # modes.SharedCopies: the maps between copies and the WeightStream
-
-    def issue(self, mode: str):
-        """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read
-        back. Returns (measure, what ``finish`` needs, or None after a failure)."""
-        import torch
-
-        from preclint.measure.compare import output_differences
-        from preclint.measure.runners import runner_for
-        from preclint.probe.ledger import ModeMeasure
-        from preclint.probe.readback import queue_figures
-        from preclint.probe.sweep import sweep
-
-        setting, copies, clock, sens = self.session.setting, self.session.copies, self.session.clock, self.sens
-        device, graph = setting.device, setting.graph
-        runner = runner_for(mode, device, setting.emulated)
-        measure = ModeMeasure(mode, runner.how)
-        swept = None
-        try:
-            with clock(f"{mode}: sweep"):
-                run = runner.prepare(copies.model32, copies.inputs32, graph, self.shared)
-                measure.how = run.how
-                swept = sweep(copies.program, run, self.ref, graph, keep_errors=sens is not None)
-            outputs = output_differences(swept.output, self.ref.output)
-            present = outputs.present()
-            contributions = ([], None)
-            if sens is not None and present:
-                # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
-                norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
-                with clock(f"{mode}: contributions"), _tf32_on_gpu(device, True):
-                    contributions = sens.contributions(swept.observer.errors, outputs.errors, norm)
-            plain = None
-            if not run.emulated:
-                with clock(f"{mode}: plain run"):
-                    plain = runner.run(run)
-            with clock(f"{mode}: figures"):
-                pending = queue_figures(swept, contributions, outputs, setting.tolerance, plain,
-                                        ablate=setting.options.ablate and sens is not None)
-            if self.shared.stream is not None and run.variant is not copies.model32:
-                self.shared.stream.forget(run.variant)
-            if not pending.ablate:
-                swept.observer.errors = {}
-            return measure, pending
-        except Exception as exc:
-            if swept is not None:
-                swept.observer.errors = {}
-            if sens is not None and _out_of_memory(exc):
-                # the run with gradients (its activations) and the error vectors a sweep keeps for
-                # it are the probe's largest holdings after the reference: without them the mode's
-                # own figures may fit (a 1B Llama at 4096 tokens on one H200)
-                self._let_contributions_go(mode, device)
-                return self.issue(mode)
-            _failed(measure, mode, device, exc)
-            return measure, None
-
-    def _let_contributions_go(self, mode: str, device) -> None:
-        self.sens.close()
-        self.sens = None
-        _release(device)
-        self.session.notes.append(
-            f"contributions not measured from {mode} on: out of memory on {device} with the run with gradients "
-            "kept, so it was let go and the modes measured without it")
-
-    def finish(self, measure, pending) -> None:
-        """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
-        from preclint.probe.ablate import ablate
-        from preclint.probe.readback import finish
-
-        session, swept = self.session, pending.swept
-        graph, copies = session.setting.graph, session.copies
-        try:
-            with session.clock(f"{measure.mode}: read back"):
-                finish(measure, pending, self.ref, graph)
-            if pending.ablate:
-                with session.clock(f"{measure.mode}: ablation"):
-                    ablate(copies, graph, self.ref, pending, measure)
-        except Exception as exc:
-            _failed(measure, measure.mode, session.setting.device, exc)
-        finally:
-            swept.observer.errors = {}
-
-
-def _out_of_memory(exc) -> bool:
-    from preclint.measure.program import RunFailed
-    from preclint.probe.device import is_out_of_memory
-
-    return is_out_of_memory(exc.cause if isinstance(exc, RunFailed) else exc)
-
-
-def _failed(measure, mode, device, exc) -> None:
-    from preclint.measure.program import RunFailed
-
-    cause = exc.cause if isinstance(exc, RunFailed) else exc
-    if _out_of_memory(exc):
-        measure.error = f"out of memory on {device}"
-    elif isinstance(exc, RunFailed):
-        measure.error = f"the model failed under {mode} on {device}: {one_line(cause)}"
-    else:
-        measure.error = f"{one_line(cause)}"
-    _release(device)
-
-
-@contextmanager
-def _tf32_on_gpu(device, enabled: bool) -> Iterator[None]:
-    """TF32 on or off for the stage, on a GPU (the CPU has no TF32)."""
-    from preclint.measure.backends import tf32
-
-    if device.type != "cuda":
-        yield
-        return
-    with tf32(enabled):
-        yield
-
-
-def _release(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _move(inputs, device, dtype):
@@ -574,7 +446,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
 def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
     (device_copy.py); None where the reference pass stays on the CPU."""
-    from preclint.probe.device import is_out_of_memory, select_device
+    from preclint.probe.device import is_out_of_memory, release, select_device
     from preclint.probe.device_copy import place
 
     device = select_device(options.device)
@@ -582,7 +454,7 @@ def place_for_probe(loaded, options: ProbeOptions):
         return place(loaded.module, loaded.inputs, device)
     except Exception as exc:
         if is_out_of_memory(exc):
-            _release(device)
+            release(device)
             return None  # the reference pass on the CPU; the probe streams
         raise UserError(f"{loaded.name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
 

@@ -10,7 +10,8 @@ new API set a value raises, so every flag is read defensively.
 from __future__ import annotations
 
 import platform
-from typing import Any, Callable, Dict, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 
@@ -123,3 +124,20 @@ def is_out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate" in text)
+
+
+@contextmanager
+def tf32_on_gpu(device, enabled: bool) -> Iterator[None]:
+    """TF32 on or off for the stage, on a GPU (the CPU has no TF32)."""
+    from preclint.measure.backends import tf32
+
+    if device.type != "cuda":
+        yield
+        return
+    with tf32(enabled):
+        yield
+
+
+def release(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
