@@ -448,6 +448,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if argv is None:  # the command's own process: what the model's code starts ends with it
         processes.take_charge()
+        from preclint.load.allocator import keep_freed_memory
+
+        keep_freed_memory()  # freed temporaries are reused, not faulted in again (load/allocator.py)
     try:
         code = _main(argv)
     except KeyboardInterrupt:  # a SIGINT before or after preclint's handler (parsing, the report's end)
