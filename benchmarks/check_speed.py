@@ -3,9 +3,11 @@
 The baseline is what any tool must do to look at the model: import torch and torchvision, build
 the model, one FX symbolic trace, one fp32 forward pass (1x3x224x224). Both run as fresh
 processes, alternately, several times; the script prints the median wall time and peak RSS of
-each and their ratios, measured in this one run.
+each and their ratios, measured in this one run. ``--before DIR`` also runs preclint from another
+checkout (a ``git archive`` of an earlier commit) in each round, so that a change's effect on the
+check is measured in the same run as the ratio, beside the same bare runs.
 
-    python benchmarks/check_speed.py [--repeats 3] [--threads 1] [--out FILE]
+    python benchmarks/check_speed.py [--repeats 3] [--threads 1] [--before DIR] [--out FILE]
 """
 from __future__ import annotations
 
@@ -36,10 +38,10 @@ PRECLINT = [sys.executable, "-m", "preclint", "check", "torchvision.models:resne
             "--output-format", "json", "--exit-zero"]
 
 
-def measure(argv, env=None) -> tuple:
+def measure(argv, env=None, cwd=None) -> tuple:
     """Wall seconds and peak RSS (MiB) of one child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     stderr = proc.stderr.read().decode() if proc.stderr else ""
@@ -54,16 +56,29 @@ def main() -> None:
     parser.add_argument("--out", help="also write the result (JSON) here")
     parser.add_argument("--threads", type=int, help="torch's threads in both (OMP_NUM_THREADS); on a machine "
                         "others load, one thread each measures the work where two wait on each other")
+    parser.add_argument("--before", metavar="DIR", help="also time preclint from this checkout, in each round "
+                        "(preclint_before; its ratio to the bare work and this checkout's to it)")
     args = parser.parse_args()
     env = None
     if args.threads:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     runs = {"baseline": [], "preclint": []}
+    before_env = None
+    if args.before:
+        runs["preclint_before"] = []
+        before_env = {**(env or os.environ), "PYTHONPATH": os.path.abspath(args.before)}
     load_before = os.getloadavg()  # others' work on the machine: a loaded machine stretches both
     measure([sys.executable, "-c", BASELINE], env)  # warm the page cache for both
-    for _ in range(args.repeats):
+    for round_ in range(args.repeats):
         runs["baseline"].append(measure([sys.executable, "-c", BASELINE], env))
-        runs["preclint"].append(measure(PRECLINT, env))
+        if before_env is None:
+            runs["preclint"].append(measure(PRECLINT, env))
+            continue
+        # the two checkouts in turn first: neither always runs right after the bare work
+        for name in (("preclint", "preclint_before") if round_ % 2 == 0 else ("preclint_before", "preclint")):
+            # (run from the other checkout: `python -m` puts the working directory first on sys.path)
+            runs[name].append(measure(PRECLINT, env) if name == "preclint" else
+                              measure(PRECLINT, before_env, cwd=os.path.abspath(args.before)))
     result = {}
     for name, values in runs.items():
         result[name] = {"wall_s": statistics.median(v[0] for v in values),
@@ -72,6 +87,11 @@ def main() -> None:
         "wall": result["preclint"]["wall_s"] / result["baseline"]["wall_s"],
         "peak_rss": result["preclint"]["peak_rss_mib"] / result["baseline"]["peak_rss_mib"],
     }
+    if args.before:
+        result["ratio"]["wall_before"] = result["preclint_before"]["wall_s"] / result["baseline"]["wall_s"]
+        result["ratio"]["peak_rss_before"] = result["preclint_before"]["peak_rss_mib"] / result["baseline"]["peak_rss_mib"]
+        result["ratio"]["wall_to_before"] = result["preclint"]["wall_s"] / result["preclint_before"]["wall_s"]
+        result["before"] = os.path.abspath(args.before)
     result["threads"] = args.threads or "torch's default"
     result["load_average"] = {"before": [round(v, 2) for v in load_before],
                               "after": [round(v, 2) for v in os.getloadavg()]}

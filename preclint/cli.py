@@ -18,9 +18,9 @@ from typing import List, Optional, Sequence
 from preclint import __version__
 from preclint.core.errors import UserError, one_line
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
-from preclint.probe import BACKEND_CHOICES as PROBE_BACKENDS
+from preclint.core.choices import PROBE_BACKEND_CHOICES as PROBE_BACKENDS
+from preclint.core.choices import PROBE_DEVICE_CHOICES as PROBE_DEVICES
 from preclint.core.numerics import DEFAULT_MODES, MODES
-from preclint.probe import DEVICE_CHOICES as PROBE_DEVICES
 from preclint.report import FORMATS
 
 
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                        no_cache=False, unsafe_fixes=False,
                        ledger=True)
 
-    from preclint.plan.command import add_parser as add_plan_parser
+    from preclint.plan.arguments import add_parser as add_plan_parser
 
     add_plan_parser(sub, _add_model_arguments, _add_output_arguments)
 
@@ -448,6 +448,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if argv is None:  # the command's own process: what the model's code starts ends with it
         processes.take_charge()
+        from preclint.load.allocator import keep_freed_memory
+
+        keep_freed_memory()  # freed temporaries are reused, not faulted in again (load/allocator.py)
     try:
         code = _main(argv)
     except KeyboardInterrupt:  # a SIGINT before or after preclint's handler (parsing, the report's end)

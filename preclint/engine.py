@@ -274,8 +274,6 @@ class Session:
 
     def __init__(self, config: Config, *, load: Optional[LoadOptions] = None, check: Optional[CheckOptions] = None,
                  probe=None, plan: Optional[PlanOptions] = None, warn: Optional[Callable[[str], None]] = None) -> None:
-        from preclint.probe.distributed import OneProcess
-
         self.config = config
         self.load = load if load is not None else LoadOptions()
         self.options = check if check is not None else CheckOptions(modes=tuple(config.precisions), rtol=config.rtol,
@@ -283,7 +281,9 @@ class Session:
         self.probe = probe  # preclint.probe.ProbeOptions, or None
         self.plan_options = plan
         self.warn = warn
-        self._strategy = OneProcess()
+        # the probe's strategy (probe/distributed.py) once the session is entered with a probe; None:
+        # this process alone, which is all a check without a probe imports
+        self._strategy = None
         self._source_files: set = set()  # model files the source rules checked (real paths)
         if plan is not None:
             self._plan_request()  # mistakes in the plan's settings, found before any model loads
@@ -291,14 +291,14 @@ class Session:
     @property
     def distributed(self) -> bool:
         """Whether torchrun started this process among others."""
-        from preclint.probe.distributed import launched
+        from preclint.core.launch import launched
 
         return launched()
 
     @property
     def reports_here(self) -> bool:
         """Whether this process writes the report (under torchrun only rank 0 does)."""
-        return self._strategy.reports
+        return self._strategy is None or self._strategy.reports
 
     def __enter__(self) -> "Session":
         if self.probe is not None:
@@ -308,10 +308,9 @@ class Session:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        from preclint.probe.distributed import OneProcess
-
-        strategy, self._strategy = self._strategy, OneProcess()
-        strategy.leave()
+        strategy, self._strategy = self._strategy, None
+        if strategy is not None:
+            strategy.leave()
 
     def check(self, target, inputs=None) -> Optional[Report]:
         """The report of one model: a path the loader resolves, or an nn.Module called on ``inputs``
@@ -373,16 +372,20 @@ class Session:
 
     def _walk(self, target, inputs, on_error: Optional[Callable[[Exception], str]]) -> Optional[Report]:
         from preclint.capture.usercode import guard
-        from preclint.probe import place_for_probe, probe_report
         from preclint.source.command import suppress_graph_findings
 
-        if not self._strategy.reports:
+        if not self.reports_here:
             self._measure_share(target, inputs)
             return None
         name = _name_of(target)
         guarded = None
-        # this model's part of the measurements: under torchrun, the other ranks' (gathered once)
-        part = self._strategy.model(self.options.modes) if self.probe is not None else None
+        part = None
+        if self.probe is not None:
+            from preclint.probe import place_for_probe, probe_report
+            from preclint.probe.distributed import OneProcess
+
+            # this model's part of the measurements: under torchrun, the other ranks' (gathered once)
+            part = (self._strategy or OneProcess()).model(self.options.modes)
         try:
             with guard(name, self.config.timeout) as guarded, self._model(target, inputs) as loaded:
                 placement = place_for_probe(loaded, self.probe) if self.probe is not None else None
@@ -444,11 +447,11 @@ class Session:
     def _check_placed(self, loaded, placement):
         """The check with its reference pass on the probe's device; where that runs out of memory
         (the pass keeps gradients too), on the CPU, as without a GPU."""
-        from preclint.probe.device import is_out_of_memory
-
         try:
             return (*self._check(loaded, placement), placement)
         except Exception as exc:
+            from preclint.probe.device import is_out_of_memory
+
             if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
                 raise
         import torch

@@ -28,8 +28,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from preclint.core.errors import UserError, one_line
 from preclint.capture.heap import long_lived_frozen
 
-DEVICE_CHOICES = ("auto", "cuda", "cpu")
-BACKEND_CHOICES = ("eager", "inductor")  # measure.compiled.BACKEND_CHOICES, without importing torch here
+from preclint.core.choices import PROBE_BACKEND_CHOICES as BACKEND_CHOICES
+from preclint.core.choices import PROBE_DEVICE_CHOICES as DEVICE_CHOICES
 
 
 @dataclass

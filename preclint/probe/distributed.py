@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import one_line
+from preclint.core.launch import launched
 from preclint.probe import measure_model
 
 
@@ -42,14 +43,6 @@ class Ranks:
     @property
     def leader(self) -> bool:
         return self.rank == 0
-
-
-def launched() -> bool:
-    """Whether torchrun (or another launcher setting WORLD_SIZE) started this process among others."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1
-    except ValueError:
-        return False
 
 
 def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:

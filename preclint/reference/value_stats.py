@@ -4,6 +4,7 @@ or on the CPU, where reading a figure back costs no wait, in fewer passes over t
 from __future__ import annotations
 
 import math
+import struct
 from typing import Optional, Tuple
 
 import torch
@@ -66,11 +67,29 @@ def _cpu_float_stats(x: torch.Tensor, shape: Tuple[int, ...], dtype: str) -> Opt
     elif hi < 0:
         smallest = -hi
     else:
-        a = x.abs()
-        smallest = float(a.masked_fill_(a == 0, math.inf).min())
+        smallest = _smallest_nonzero_magnitude(x)
     whole = False
     if absmax >= 1:  # (whole numbers below 1 are all 0: not integer-valued)
         # a strided sample first: most activations show a fraction there, and need no full pass
         sample = x.reshape(-1)[::max(1, x.numel() // 64)]
         whole = bool((sample == sample.round()).all()) and bool((x == x.round()).all())
     return TensorStats(shape, dtype, x.numel(), absmax, rms, smallest, True, whole)
+
+
+# a float dtype -> (the integer dtype of its width, the mask of every bit but the sign, struct's codes)
+_MAGNITUDE_BITS = {torch.float32: (torch.int32, 0x7FFF_FFFF, "<i", "<f"),
+                   torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF, "<q", "<d")}
+
+
+def _smallest_nonzero_magnitude(x: torch.Tensor) -> float:
+    """The least magnitude among the nonzero values of a finite real tensor (inf where all are zero),
+    read off the bit patterns: without the sign bit, finite floats order as their bits do, and the
+    bits less one (masked again) send both zeros above every other magnitude. Integer passes without
+    a mask or a copy to fill, several times faster on the CPU than |x| with its zeros set to inf."""
+    int_dtype, mask, int_code, float_code = _MAGNITUDE_BITS[x.dtype]
+    bits = x.view(int_dtype).bitwise_and(mask)
+    bits.sub_(1).bitwise_and_(mask)
+    least = int(bits.min())
+    if least == mask:  # every value is zero
+        return math.inf
+    return struct.unpack(float_code, struct.pack(int_code, least + 1))[0]

@@ -190,3 +190,52 @@ def test_gradient_sums_left_on_the_device_are_the_ones_read_at_once():
     for key, total in now.out.items():
         assert math.isfinite(total)
         assert later.out[key] == pytest.approx(total, rel=1e-6), key
+
+
+# ---------------------------------------------------------------- one product per gradient of a value
+
+
+def _counting_products(monkeypatch):
+    """GainSums with its products counted (the multiplications of a gradient by its values)."""
+    from preclint.reference.analyses import gains
+
+    made = []
+    real = torch.Tensor.reshape
+
+    def reshape(self, *shape):
+        made.append(1)
+        return real(self, *shape)
+
+    monkeypatch.setattr(torch.Tensor, "reshape", reshape)
+    return gains.GainSums(defer=False), made
+
+
+def test_the_same_gradient_of_the_same_values_is_multiplied_once(monkeypatch):
+    """An operand view's gradient passes unchanged to the value it views: the second sum is the
+    first figure, without a second product."""
+    sums, made = _counting_products(monkeypatch)
+    value, grad = torch.randn(4, 5), torch.randn(4, 5)
+    sums.add(sums.operands, 1, grad.view_as(grad), value.view_as(value))
+    sums.add(sums.out, "x", grad, value)
+    assert len(made) == 1
+    product = (grad * value).reshape(-1)
+    assert sums.operands[1] == sums.out["x"] == float(product.dot(product))
+
+
+@pytest.mark.parametrize("change", ["grad written", "value written", "other layout", "other values"])
+def test_a_gradient_or_values_that_differ_get_their_own_product(monkeypatch, change):
+    sums, made = _counting_products(monkeypatch)
+    value, grad = torch.randn(6, 6), torch.randn(6, 6)
+    sums.add(sums.operands, 1, grad, value)
+    if change == "grad written":
+        grad.mul_(2.0)
+    elif change == "value written":
+        value.add_(1.0)
+    elif change == "other layout":
+        grad, value = grad.t(), value.t()
+    else:
+        value = torch.randn(6, 6)
+    sums.add(sums.out, "x", grad, value)
+    assert len(made) == 2
+    product = (grad * value).reshape(-1)
+    assert sums.out["x"] == float(product.dot(product))

@@ -30,6 +30,13 @@ def _values():
     yield torch.randn(100) * 1e19  # beyond 1e18: the mean square in float64
     yield torch.randn(3, 4).double() * 1e10
     yield torch.randn(64).half()
+    yield torch.randn(5, 7).t()  # not contiguous
+    yield torch.relu(torch.randn(2, 8, 5, 5)).to(memory_format=torch.channels_last)
+    yield torch.randn(6, 6)[1:, ::2]  # an offset and strides
+    yield torch.tensor(-3.0)  # no dimensions
+    yield torch.tensor([0.0, -0.0, -1e-45, 2.0])  # the least subnormal, negative
+    yield torch.tensor([0.0, 3.0, -2.0]).double()
+    yield torch.tensor([0.0, -5e-324, 1.0]).double()  # float64's least subnormal
     yield torch.randn(64).bfloat16() * 300
 
 
@@ -68,3 +75,32 @@ def test_folded_weight_absmax_is_the_float64_one():
     expected = model[0].weight.detach().double().flatten(1).abs().amax(dim=1) * scale.abs()
     assert folding.folded_weight_absmax == float(expected.max())
     assert folding.folds_into == "0"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_terms_of_a_conv_are_those_of_the_plain_formula(seed):
+    """The terms' record, made with one buffer for the squares, magnitudes and ratios and counted
+    with float passes, is what the plain formula (a tensor per step, booleans counted) gives."""
+    import torch.nn.functional as F
+
+    from preclint.capture.graph import capture
+    from preclint.reference.analyses.terms import Terms, TermsAnalysis
+    from preclint.reference.statistics_pass import ReferenceObserver
+
+    torch.manual_seed(seed)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+    x = torch.relu(torch.randn(2, 8, 9, 9))
+    if seed % 2:
+        x = x.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        conv.weight[0] = 0.0  # a channel of exact zeros: ratio 0 / 1e-30
+        conv.bias[0] = 0.0
+    graph, _ = capture(conv, (x,), "net", ReferenceObserver([TermsAnalysis()], with_sensitivity=False))
+    (node,) = [n for n in graph.nodes if n.record(Terms) is not None]
+    with torch.no_grad():
+        y = conv(x)
+        terms = F.conv2d(x.pow(2), conv.weight.pow(2), None, 1, 1).sqrt()
+    ratio = terms / y.abs().clamp_min_(1e-30)
+    expected = Terms(float(terms.pow(2).mean().sqrt()),
+                     {t: float((ratio > t).float().mean()) for t in CONDITION_THRESHOLDS})
+    assert node.record(Terms) == expected

@@ -129,6 +129,7 @@ class GainSums(GradientListener):
         self.operands: Dict[int, float] = {}  # id(operand) -> sum
         self.exact: Dict[str, Dict[str, float]] = {}
         self.queued: List[Tuple[dict, Any, torch.Tensor]] = []  # (acc, key, sum on the device), see add
+        self._last: Optional[_Product] = None  # the last sum added, see add
 
     def on_grad(self, name: str, value, grad) -> None:
         self.add(self.out, name, grad, value)
@@ -147,21 +148,33 @@ class GainSums(GradientListener):
     def add(self, acc: dict, key, grad: Optional[torch.Tensor], value: torch.Tensor) -> None:
         if grad is None or grad.shape != value.shape:  # an empty tensor: no gradient, nothing to round
             return
-        product = (grad.detach() * value).reshape(-1)
-        defer = product.device.type != "cpu" if self.defer is None else self.defer
-        if defer and product.is_floating_point():
-            # On a GPU the sum stays there until the pass has run (resolve): reading it at once would
-            # stop the backward pass at every hook until the device caught up. Taken as the CPU falls
-            # back to below.
-            self.queued.append((acc, key, finite_squares(product)))
-            return
-        total = float(product.dot(product)) if product.is_floating_point() else math.nan
-        if not math.isfinite(total):
-            total = float(finite_squares(product))
-        acc[key] = acc.get(key, 0.0) + total
+        last = self._last
+        if last is not None and last.holds(grad, value):
+            # the same gradient of the same values as the sum just added: an operand view's and then
+            # the value's own, where the value has no other reader (the view's gradient passes to it
+            # unchanged), the same figure without another product
+            total = last.total
+        else:
+            product = (grad.detach() * value).reshape(-1)
+            defer = product.device.type != "cpu" if self.defer is None else self.defer
+            if defer and product.is_floating_point():
+                # On a GPU the sum stays there until the pass has run (resolve): reading it at once would
+                # stop the backward pass at every hook until the device caught up. Taken as the CPU falls
+                # back to below.
+                total = finite_squares(product)
+            else:
+                total = float(product.dot(product)) if product.is_floating_point() else math.nan
+                if not math.isfinite(total):
+                    total = float(finite_squares(product))
+            self._last = _Product(grad, value, total)
+        if isinstance(total, float):
+            acc[key] = acc.get(key, 0.0) + total
+        else:
+            self.queued.append((acc, key, total))
 
     def resolve(self) -> None:
         """Add the sums left on the device into their accumulators (one read for all)."""
+        self._last = None  # (the pass has run: its last gradient is let go)
         if not self.queued:
             return
         import torch
@@ -182,6 +195,37 @@ class GainSums(GradientListener):
         # order in every process, and a report is the same figure for figure on every run)
         names = [n for n in dict.fromkeys([*self.out, *per_node]) if n not in unknown]
         return {n: (self.out.get(n, 0.0) * scale, per_node.get(n, 0.0) * scale) for n in names}
+
+
+class _Product:
+    """A sum GainSums added, with the gradient and the values it came from, held so that their memory
+    cannot be reused by other tensors while it is kept: the same memory, layout and versions are the
+    same figures."""
+
+    __slots__ = ("grad", "value", "versions", "total")
+
+    def __init__(self, grad: torch.Tensor, value: torch.Tensor, total) -> None:
+        self.grad, self.value, self.total = grad, value, total
+        self.versions = _versions(grad, value)
+
+    def holds(self, grad: torch.Tensor, value: torch.Tensor) -> bool:
+        return (self.versions is not None and _same_memory(grad, self.grad) and _same_memory(value, self.value)
+                and _versions(self.grad, self.value) == self.versions)
+
+
+def _versions(*tensors: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The tensors' version counters (which in-place writes advance); None where one has none (a
+    tensor made in inference mode)."""
+    try:
+        return tuple(t._version for t in tensors)
+    except RuntimeError:
+        return None
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are views of the same elements, laid out alike."""
+    return (a.data_ptr() == b.data_ptr() != 0 and a.dtype == b.dtype and a.device == b.device and a.shape == b.shape
+            and a.stride() == b.stride())
 
 
 def gains_toward(passes, root: torch.Tensor) -> Dict[str, Tuple[float, float]]:

@@ -37,9 +37,15 @@ class TermsAnalysis(ForwardAnalysis):
         if node.kind in DOT_PRODUCT_KINDS:
             terms = dot_terms(node, call.args, call.kwargs, call.callee)
             if terms is not None and terms.shape == output.shape:
-                ratio = terms / output.detach().float().abs().clamp_min_(1e-30)
-                rms = float(terms.pow(2).mean().sqrt())
-                node.put(Terms(rms, condition_fractions(ratio)))
+                import torch
+
+                # (one buffer for the squares, the magnitudes and their ratio: fewer fresh allocations,
+                # each of which the CPU pays for in page faults, the same values)
+                squares = terms.pow(2)
+                rms = float(squares.mean().sqrt())
+                magnitude = torch.abs(output.detach().float(), out=squares).clamp_min_(1e-30)
+                ratio = torch.div(terms, magnitude, out=magnitude)
+                node.put(Terms(rms, condition_fractions(ratio, scratch=terms)))
         if node.fn in SUMS and output.is_floating_point():
             terms = sum_terms(node, call.args, call.kwargs, call.callee, output)
             if terms is not None:
@@ -49,17 +55,29 @@ class TermsAnalysis(ForwardAnalysis):
                                {t: float((ratio > t).double().mean()) for t in CONDITION_THRESHOLDS}))
 
 
-def condition_fractions(ratio: torch.Tensor) -> Dict[int, float]:
+def condition_fractions(ratio: torch.Tensor, scratch: Optional[torch.Tensor] = None) -> Dict[int, float]:
     """t -> the fraction of ``ratio``'s elements above t, for the CONDITION_THRESHOLDS: the float32
-    mean of ``ratio > t``, figure for figure, from counts read back at once."""
+    mean of ``ratio > t``, figure for figure, from counts read back at once. ``scratch``: a tensor of
+    ``ratio``'s shape and dtype whose values may be overwritten (else one is made)."""
     import torch
 
     # (counting holds where the mean's float32 sum of ones is exact, below 2**24 elements, and the
     # mean is that sum divided as below, on the CPU)
-    if ratio.numel() >= 2**24 or ratio.device.type != "cpu":
+    if ratio.numel() >= 2**24 or ratio.device.type != "cpu" or not ratio.is_floating_point():
         return {t: float((ratio > t).float().mean()) for t in CONDITION_THRESHOLDS}
-    counts = torch.stack([torch.count_nonzero(ratio > t) for t in CONDITION_THRESHOLDS])
-    return dict(zip(CONDITION_THRESHOLDS, counts.to(torch.float32).div_(ratio.numel()).tolist()))
+    if scratch is None or scratch.shape != ratio.shape or scratch.dtype != ratio.dtype:
+        scratch = torch.empty_like(ratio)
+    # ratio > t counted as the sum of max(sign(ratio - t), 0): ratio - t is positive exactly where
+    # ratio > t (the difference of two distinct floats never rounds to zero), and the float passes
+    # run several times faster on the CPU than a comparison's booleans and their count. A NaN
+    # (never above t) makes the sum NaN: that threshold is counted the boolean way.
+    counts = []
+    for t in CONDITION_THRESHOLDS:
+        count = torch.sub(ratio, t, out=scratch).sign_().clamp_min_(0).sum()
+        if count.isnan():
+            count = torch.count_nonzero(ratio > t).to(torch.float32)
+        counts.append(count)
+    return dict(zip(CONDITION_THRESHOLDS, torch.stack(counts).div_(ratio.numel()).tolist()))
 
 
 def dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
@@ -80,7 +98,7 @@ def dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
             if callee.padding_mode != "zeros":
                 return None
             conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[w2.dim() - 2]
-            return conv(sq(x), w2, None, callee.stride, callee.padding, callee.dilation, callee.groups).sqrt()
+            return conv(sq(x), w2, None, callee.stride, callee.padding, callee.dilation, callee.groups).sqrt_()
         if isinstance(callee, torch.nn.Linear):
             return F.linear(sq(x), sq(weight)).sqrt()
         return None
