@@ -109,7 +109,7 @@ def out_of_memory(exc) -> bool:
 def failed(measure, mode, device, exc) -> None:
     """Put why the mode could not be measured on ``measure`` and give its memory back."""
     cause = exc.cause if isinstance(exc, RunFailed) else exc
-    if out_of_memory(exc):
+    if is_out_of_memory(cause):
         measure.error = f"out of memory on {device}"
     elif isinstance(exc, RunFailed):
         measure.error = f"the model failed under {mode} on {device}: {one_line(cause)}"
