@@ -4,7 +4,7 @@ prefix dropped, every mismatch named in one line; the reading itself is checkpoi
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 from torch import nn
@@ -35,6 +35,14 @@ def load_weights(module: nn.Module, path: str) -> None:
             "(or a dict with a 'state_dict' or 'model' entry holding one)"
         )
     state_dict = _strip_data_parallel_prefix(state_dict, module)
+    expected = module.state_dict()
+    lossy = lossy_casts(state_dict, expected)
+    if lossy:
+        raise UserError(f"{label}: {first_few(lossy)}: the model's dtype cannot hold the checkpoint's values; "
+                        "save the checkpoint in the model's dtypes (or build the model in the checkpoint's)")
+    # complex values whose imaginary parts are all zero: their real parts, which is what they hold
+    state_dict = {k: v.real if isinstance(v, torch.Tensor) and v.is_complex() and isinstance(expected.get(k), torch.Tensor)
+                  and not expected[k].is_complex() else v for k, v in state_dict.items()}
 
     try:
         if meta_tensors(module):
@@ -48,6 +56,57 @@ def load_weights(module: nn.Module, path: str) -> None:
     if left:
         raise UserError(f"{label}: {first_few(left)} stay on the meta device: the weights file does not hold them "
                         "(buffers a model computes, not saves); build those on the CPU and only the weights on meta")
+
+
+def lossy_casts(state_dict: dict, expected: dict) -> List[str]:
+    """What loading ``state_dict`` into tensors of ``expected``'s dtypes would lose, one phrase per
+    tensor: the imaginary part of a complex value cast to a real dtype, a fraction (or inf/NaN) cast
+    to an integer, a value outside the target's range (an integer's, or a float's finite range: it
+    would become inf). Rounding to a float format's precision (a float64 checkpoint in a float32
+    model) is what such a load means, not a loss."""
+    found = []
+    for key, value in state_dict.items():
+        target = expected.get(key)
+        if not (isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor)) or value.dtype == target.dtype \
+                or value.shape != target.shape or value.is_meta:
+            continue
+        why = _cast_loss(value, target.dtype)
+        if why:
+            found.append(f"{key} ({str(value.dtype).replace('torch.', '')} to "
+                         f"{str(target.dtype).replace('torch.', '')}: {why})")
+    return found
+
+
+def _cast_loss(value: torch.Tensor, dtype: torch.dtype) -> Optional[str]:
+    """Why casting ``value`` to ``dtype`` changes it beyond rounding, or None."""
+    with torch.no_grad():
+        if value.is_complex():
+            if dtype.is_complex:
+                return None if bool(torch.isfinite(value.to(dtype)).eq(torch.isfinite(value)).all()) else "out of range"
+            if bool((value.imag != 0).any()):
+                return "its imaginary part would be dropped"
+            value = value.real
+        if dtype.is_complex:
+            return None
+        if dtype.is_floating_point:
+            if not value.is_floating_point():  # integers: exact up to the format's integer range
+                wide = value.to(torch.float64)
+                return None if bool((value.to(dtype).to(torch.float64) == wide).all()) else "integers it cannot hold exactly"
+            finite = torch.isfinite(value)
+            return None if bool((torch.isfinite(value.to(dtype)) == finite).all()) else "values beyond its range"
+        if value.is_floating_point():
+            if not bool(torch.isfinite(value).all()):
+                return "inf or NaN"
+            if not bool((value == value.trunc()).all()):
+                return "fractions"
+        info = torch.iinfo(dtype) if dtype != torch.bool else None
+        if info is not None:
+            wide = value.to(torch.float64) if value.is_floating_point() else value.to(torch.int64)
+            if bool(((wide < info.min) | (wide > info.max)).any()):
+                return "values beyond its range"
+        elif bool(((value != 0) & (value != 1)).any()):
+            return "values other than 0 and 1"
+    return None
 
 
 def _state_dict_in(checkpoint: Any) -> Optional[dict]:

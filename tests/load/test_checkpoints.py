@@ -96,3 +96,75 @@ def test_a_file_that_claims_to_be_safetensors_but_is_not(tmp_path):
     path.write_bytes((20).to_bytes(8, "little") + b"{not json at all....")
     message = user_error(fixture("blocks_and_net.py"), weights=str(path))
     assert "broken.safetensors: cannot be read as safetensors" in message and "\n" not in message
+
+
+LOSSLESS_MODEL = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 2)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        return self.body(x)
+
+def build():
+    {build}
+
+example_inputs = (torch.randn(2, 4),)
+"""
+
+
+def _lossless_model(tmp_path, meta: bool):
+    path = tmp_path / "model.py"
+    build = 'with torch.device("meta"):\n        return Net()' if meta else "return Net()"
+    path.write_text(textwrap.dedent(LOSSLESS_MODEL).replace("{build}", build))
+    return str(path)
+
+
+def _state(**changed):
+    torch.manual_seed(0)
+    state = {"body.weight": torch.randn(2, 4), "body.bias": torch.randn(2), "steps": torch.tensor(7)}
+    state.update(changed)
+    return state
+
+
+@pytest.mark.parametrize("meta", [False, True])
+@pytest.mark.parametrize("changed, expected", [
+    ({"body.weight": torch.randn(2, 4) + 1j * torch.rand(2, 4)}, "body.weight (complex64 to float32: its imaginary part would be dropped)"),
+    ({"body.bias": torch.tensor([1e300, 0.0], dtype=torch.float64)}, "body.bias (float64 to float32: values beyond its range)"),
+    ({"steps": torch.tensor(7.5)}, "steps (float32 to int64: fractions)"),
+    ({"steps": torch.tensor(float("nan"))}, "steps (float32 to int64: inf or NaN)"),
+    ({"steps": torch.tensor(2 ** 40, dtype=torch.int64).to(torch.float64) * 2 ** 30}, "steps (float64 to int64: values beyond its range)"),
+])
+def test_a_checkpoint_the_model_cannot_hold_without_loss_is_one_clear_line(tmp_path, meta, changed, expected):
+    """A complex checkpoint for float32 parameters was loaded with its imaginary part dropped, silently."""
+    torch.save(_state(**changed), tmp_path / "w.pt")
+    message = user_error(_lossless_model(tmp_path, meta), model="build", weights=str(tmp_path / "w.pt"))
+    assert expected in message and "cannot hold the checkpoint's values" in message, message
+
+
+@pytest.mark.parametrize("changed", [
+    {"body.weight": torch.randn(2, 4, dtype=torch.float64)},  # rounding to float32 is what such a load means
+    {"body.weight": (torch.randn(2, 4) + 0j).to(torch.complex64)},  # no imaginary part to lose
+    {"steps": torch.tensor(7.0)},  # a whole number stored as a float
+])
+def test_a_checkpoint_cast_without_loss_loads(tmp_path, changed):
+    torch.save(_state(**changed), tmp_path / "w.pt")
+    loaded = load_model(_lossless_model(tmp_path, False), model="build", weights=str(tmp_path / "w.pt"))
+    assert loaded.module.body.weight.dtype == torch.float32 and int(loaded.module.steps) == 7
+
+
+@pytest.mark.slow
+def test_the_command_line_says_it_in_one_line_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    torch.save(_state(**{"body.weight": torch.randn(2, 4) + 1j}), tmp_path / "complex.pt")
+    done = subprocess.run([sys.executable, "-m", "preclint", "check", _lossless_model(tmp_path, False), "--model",
+                           "build", "--weights", str(tmp_path / "complex.pt")], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "imaginary part would be dropped" in done.stderr
