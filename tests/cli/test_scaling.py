@@ -67,3 +67,51 @@ def test_a_session_keeps_the_layers_the_options_name():
     kept = report.summary["fp8"]["predicted_output"]["rel_error"]
     assert kept == pytest.approx(report.summary["bf16"]["predicted_output"]["rel_error"]) and kept < converted / 3
     assert any(note.startswith("fp8: 0 of 2 nn.Linear layers run as scaled GEMMs") for note in report.notes)
+
+
+def _mlp(scale: float = 1.0):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
+    return model, (torch.randn(16, 64) * scale,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp8", "fp8-rowwise", "nvfp4"])
+def test_an_amax_floor_above_every_amax_is_an_error_not_all_checks_passed(precision):
+    """`--scaling amax-epsilon=1e30` zeroed every scaled GEMM and the report said "All checks passed!"."""
+    from tests.helpers import check
+
+    model, inputs = _mlp()
+    report, _, _ = check(model, inputs, precisions=(precision,), scaling={"amax-epsilon": 1e30})
+    found = [f for f in report.findings if f.code == "PCL111"]
+    assert {f.module for f in found} == {"0", "2"} and all(f.severity == "error" for f in found)
+    assert "loses 100% of its input's nonzero values to 0" in found[0].message
+    # the floor it means (torchao's 1e-12) finds nothing
+    report, _, _ = check(model, inputs, precisions=(precision,))
+    assert not [f for f in report.findings if f.code == "PCL111"]
+
+
+@pytest.mark.slow
+def test_a_floor_above_small_activations_is_found_where_it_flushes_them():
+    """A floor of 1e-3 is a guard for unit-scale activations, and flushes activations of 1e-9 (below
+    1e-3 x 2^-10 / 448): activations of 1e-5 it floors too, but E4M3 still holds them."""
+    from tests.helpers import check
+
+    for scale, flagged in ((1.0, False), (1e-5, False), (1e-9, True)):
+        model, inputs = _mlp(scale)
+        report, _, _ = check(model, inputs, precisions=("fp8",), scaling={"amax-epsilon": 1e-3})
+        assert any(f.code == "PCL111" and f.module == "0" for f in report.findings) is flagged, scale
+
+
+@pytest.mark.slow
+def test_the_command_line_exits_1_with_the_finding(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "mlp.py").write_text("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear("
+                                     "64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))\n"
+                                     "example_inputs = (torch.randn(16, 64),)\n")
+    done = subprocess.run([sys.executable, "-m", "preclint", "check", str(tmp_path / "mlp.py"), "--precision", "fp8",
+                           "--scaling", "amax-epsilon=1e30", "--output-format", "concise"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "PCL111" in done.stdout and "All checks passed" not in done.stdout

@@ -39,6 +39,9 @@ class OperandQuantisation:
     sqnr_db: float = float("inf")  # 10 log10(sum x^2 / sum (q(x) - x)^2); inf where exact
     dot_error: float = 0.0  # relative RMS error of the layer's dot products from this operand, to their terms
     nonfinite: bool = False  # quantising gives inf/NaN (a group's scale is inf)
+    # groups whose amax is nonzero but below the recipe's floor (amax-epsilon): the floor, not their
+    # values, sets their scale
+    floored_groups: int = 0
 
 
 @dataclass
@@ -129,6 +132,18 @@ def _fractions(mask: torch.Tensor, of: torch.Tensor) -> Tuple[float, float, floa
     return (float(fraction.min()), float(fraction.median()), float(torch.quantile(fraction, 0.99)))
 
 
+def _floored(amax: torch.Tensor, recipe) -> int:
+    """The groups whose scale the recipe's amax floor sets instead of their nonzero amax: those below
+    it where each group's scale is max/amax (fp32 scales), every group where NVFP4's tensor amax is
+    below it (its tensor scale is floored); E8M0 scales read no floor."""
+    if recipe.scale == "e8m0" or recipe.amax_epsilon <= 0:
+        return 0
+    if recipe.scale == "e4m3":
+        tensor_amax = float(amax.max())
+        return int((amax > 0).sum()) if 0 < tensor_amax < recipe.amax_epsilon else 0
+    return int(((amax > 0) & (amax < recipe.amax_epsilon)).sum())
+
+
 def _describe(values: torch.Tensor, original: torch.Tensor, recipe, other_energy: torch.Tensor,
               terms: float) -> OperandQuantisation:
     """One operand (rows x K) quantised by ``recipe``, against ``original`` (float64, before the
@@ -160,6 +175,7 @@ def _describe(values: torch.Tensor, original: torch.Tensor, recipe, other_energy
     return OperandQuantisation(
         amax=float(quantised.amax.max()), groups=int(quantised.amax.numel()),
         zero_groups=int((quantised.amax == 0).sum()),
+        floored_groups=_floored(quantised.amax, recipe),
         scale_range=(float(scales.min()), float(scales.max())) if scales.numel() else (math.inf, math.inf),
         saturated=float(saturated.sum()) / quantised.groups.numel(),
         underflow=float(underflow.sum()) / n_nonzero, subnormal=float(subnormal.sum()) / n_nonzero,
