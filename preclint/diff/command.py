@@ -22,6 +22,8 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
                            "the runs compared node by node go to DEVICE too")
     diff.add_argument("--config", metavar="FILE", dest="config_file", help="a pyproject.toml to read [tool.preclint] from")
     diff.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    diff.add_argument("--exit-zero", action="store_true",
+                      help="exit 0 even where a side's weights are not valid or its output is inf/NaN")
     add_output_arguments(diff)
 
 
@@ -38,9 +40,11 @@ def request_of(args):
 
 
 def cmd_diff(args, use_color: bool) -> int:
-    """Run `preclint diff` for the parsed ``args``; 0 once the comparison is written."""
+    """Run `preclint diff` for the parsed ``args``: 0 once the comparison is written, 1 where a side's
+    weights are not valid (inf/NaN, a negative running variance) or its output is inf/NaN under a
+    precision compared (unless --exit-zero)."""
     from preclint.config import load_config
-    from preclint.core.exitcodes import EXIT_OK
+    from preclint.core.exitcodes import EXIT_FINDINGS, EXIT_OK
     from preclint.diff.render import render
     from preclint.diff.walk import check_request, run_diff
     from preclint.engine import CheckOptions, LoadOptions
@@ -73,7 +77,7 @@ def cmd_diff(args, use_color: bool) -> int:
         write_output_file(output, text, "report")
     else:
         write_report(text)
-    return EXIT_OK
+    return EXIT_FINDINGS if result.fragile() and not args.exit_zero else EXIT_OK
 
 
 __all__ = ["add_parser", "cmd_diff"]

@@ -59,6 +59,9 @@ class Ledger:
     rows: Dict[str, LayerRow]
     measured: bool
     error: Optional[str] = None  # why there is none
+    # the output is inf/NaN (output_error is then inf: the largest error, not an unknown one); the first
+    # node that overflows, where known
+    overflow_at: Optional[str] = None
 
     @property
     def order(self) -> List[str]:
@@ -80,14 +83,15 @@ def ledger_of(report, mode: str, measured: bool) -> Ledger:
             rows[row["node"]] = LayerRow(row["node"], row["module"], row["op"], row["kind"], row["location"],
                                          _rel(m.get("local")), _rel(m.get("received")), m.get("contribution"),
                                          m.get("amplification"))
-        return Ledger(mode, entry.get("rel_error"), rows, True)
+        return Ledger(mode, math.inf if entry.get("finite") is False else entry.get("rel_error"), rows, True)
     rows = {}
     for row in report.profile or []:
         m = row["modes"].get(mode, {})
         rows[row["node"]] = LayerRow(row["node"], row["module"], row["op"], row["kind"], row["location"],
                                      m.get("local"), m.get("received"), m.get("share"))
     error = None if report.profile else "no predictions (the reference pass did not run)"
-    return Ledger(mode, summary.get("predicted_output", {}).get("rel_error"), rows, False, error)
+    predicted = summary.get("predicted_output", {})
+    return Ledger(mode, math.inf if predicted.get("finite") is False else predicted.get("rel_error"), rows, False, error)
 
 
 def _rel(figure) -> Optional[float]:
@@ -144,10 +148,17 @@ class ModeDifference:
     sentence: str = ""
     error: Optional[str] = None
     name_mode: bool = True  # the sentence names the precision ("B's fp16 error"); not where the sides are precisions
+    overflow_at: Tuple[Optional[str], Optional[str]] = (None, None)  # each side's first overflowing node (display)
+
+    @property
+    def nonfinite(self) -> Tuple[bool, bool]:
+        """Whether each side's output is inf/NaN under this precision."""
+        return (self.error_a is not None and math.isinf(self.error_a),
+                self.error_b is not None and math.isinf(self.error_b))
 
     @property
     def ratio(self) -> Optional[float]:
-        if self.error_a is None or self.error_b is None or self.error_a <= 0:
+        if self.error_a is None or self.error_b is None or self.error_a <= 0 or all(self.nonfinite):
             return None
         return self.error_b / self.error_a
 
@@ -165,6 +176,8 @@ class ModeDifference:
         a, b = self.labels
         return {"precision": self.mode, "measured": self.measured, "error": self.error,
                 "output_error": {a: _r(self.error_a), b: _r(self.error_b)}, "ratio": _r(self.ratio),
+                "output_finite": {a: not self.nonfinite[0], b: not self.nonfinite[1]},
+                "overflows_at": {label: at for label, at in zip(self.labels, self.overflow_at) if at},
                 "sentence": self.sentence, "groups": [{"group": g, "of_difference": _r(s)} for g, s in self.groups[:5]],
                 "explained": _r(sum(layer.of_gap for layer in self.layers)),
                 "layers": [layer.as_dict(self.labels) for layer in self.top(count)]}
@@ -181,9 +194,13 @@ def compare_ledgers(first: Ledger, second: Ledger, labels: Tuple[str, str],
         diff.sentence = f"{first.mode}: not compared: {diff.error}"
         return diff
     ea, eb = first.output_error, second.output_error
-    if ea is None or eb is None:
+    if (ea is None or eb is None) and not any(diff.nonfinite):
         diff.error = "an output error is not known"
         diff.sentence = f"{first.mode}: not compared: {diff.error}"
+        return diff
+    diff.overflow_at = (first.overflow_at, second.overflow_at)
+    if any(diff.nonfinite):  # an infinite error is the largest: no gap to share out between the layers
+        diff.sentence = sentence_of(diff)
         return diff
     worse = diff.worse
     gap = abs(eb * eb - ea * ea)
@@ -230,6 +247,8 @@ def sentence_of(diff: ModeDifference) -> str:
     a, b = diff.labels
     ea, eb = diff.error_a, diff.error_b
     mode = diff.mode if diff.name_mode else ""
+    if any(diff.nonfinite):
+        return _nonfinite_sentence(diff, mode)
     if ea == 0 and eb == 0:
         return f"{a}'s and {b}'s {mode} outputs are both exact".replace("  ", " ")
     worse, better = (b, a) if diff.worse == 1 else (a, b)
@@ -244,6 +263,22 @@ def sentence_of(diff: ModeDifference) -> str:
     text += f"; {percent(max(fraction, 0.0))} of the difference comes from {group}"
     reason = _reason(diff, group)
     return text + (f", where {reason}" if reason else "")
+
+
+def _nonfinite_sentence(diff: ModeDifference, mode: str) -> str:
+    """Which side's output is inf/NaN under the precision (its error the largest there is), and where
+    it overflows first."""
+    a, b = diff.labels
+    where = [f" (it overflows first at {at})" if at else "" for at in diff.overflow_at]
+    if all(diff.nonfinite):
+        places = [f"{label} at {at}" for label, at in zip(diff.labels, diff.overflow_at) if at]
+        text = f"Both {a}'s and {b}'s {mode} outputs are inf/NaN"
+        return (text + (f" (first overflow: {', '.join(places)})" if places else "")).replace("  ", " ")
+    bad, good = (0, 1) if diff.nonfinite[0] else (1, 0)
+    error = (diff.error_a, diff.error_b)[good]
+    known = sci(error) if error is not None else "not known"
+    return (f"{diff.labels[bad]}'s {mode} output is inf/NaN{where[bad]}, where {diff.labels[good]}'s error is "
+            f"{known}: {diff.labels[bad]} is the fragile one").replace("  ", " ")
 
 
 # what the checkpoint holds (a cause) is named before what the run shows (its consequence)

@@ -97,8 +97,8 @@ class NodeParting:
 
     @property
     def inherited(self) -> Optional[float]:
-        if self.difference is None or self.contributed is None:
-            return None
+        if self.difference is None or self.contributed is None or math.isinf(self.contributed):
+            return None  # (a node that makes the inf/NaN itself: what it received is not told apart)
         return math.sqrt(max(self.difference ** 2 - self.contributed ** 2, 0.0))
 
     @property
@@ -145,7 +145,9 @@ class Parting:
                                                             "difference": _r(first.difference),
                                                             "noise_threshold": _r(first.threshold)},
             "output_difference": _r(self.output_difference),
+            "output_non_finite": self.output_difference is not None and math.isinf(self.output_difference),
             "along": [{"node": n.name, "module": module_of(n.name), "difference": _r(n.difference),
+                       **({"non_finite": True} if n.difference is not None and math.isinf(n.difference) else {}),
                        "contributed": _r(n.contributed), "inherited": _r(n.inherited), "floor": _r(n.floor),
                        **({"flips": n.flips, "units": n.units} if n.flips is not None else {}),
                        **({"note": n.note} if n.note else {})} for n in self.nodes],
@@ -291,18 +293,26 @@ def _keeps_dtype(args, kwargs, outs) -> bool:
 
 
 def _relative(outs: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> Optional[float]:
-    """||outs - theirs|| / ||theirs|| over the float outputs of one node (None: none comparable)."""
+    """||outs - theirs|| / ||theirs|| over the float outputs of one node (None: none comparable); inf
+    where a value is inf/NaN in one run and not the same inf/NaN in the other: the largest difference
+    there is, not an unknown one."""
     sq_d = sq_t = 0.0
     seen = False
     for o, t in zip(outs, theirs):
         if not (o.is_floating_point() and t.is_floating_point()) or o.shape != t.shape:
             continue
         t64 = t.detach().to(o.device, torch.float64)
-        d = o.detach().double() - t64
+        o64 = o.detach().double()
+        finite = torch.isfinite(o64) & torch.isfinite(t64)
+        alike = (o64 == t64) | (torch.isnan(o64) & torch.isnan(t64))  # the same inf, or NaN in both
+        if bool((~finite & ~alike).any()):
+            return math.inf
+        d = torch.where(finite, o64 - t64, torch.zeros_like(o64))
+        t64 = torch.where(finite, t64, torch.zeros_like(t64))
         sq_d += float((d * d).sum())
         sq_t += float((t64 * t64).sum())
         seen = True
-    if not seen or not math.isfinite(sq_d):
+    if not seen:
         return None
     if sq_t == 0:
         return 0.0 if sq_d == 0 else None
@@ -347,7 +357,9 @@ def _output_difference(output, reference) -> Optional[float]:
 
     outs = [t.detach().cpu() for t in output_tensors(output) if t.is_floating_point()]
     refs = [t.detach().cpu().double() for t in output_tensors(reference) if t.is_floating_point()]
-    return compare(outs, refs).rel_rms
+    if len(outs) != len(refs):
+        return compare(outs, refs).rel_rms
+    return _relative(outs, refs)
 
 
 def part(first: Setting, second: Setting, inputs, graph, *, replay_decisions: bool = True) -> Parting:

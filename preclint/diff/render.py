@@ -18,8 +18,10 @@ RULE_ID = "diff/explains-difference"
 
 
 def headline(result: DiffResult) -> List[str]:
-    """The answer first: one sentence per precision, then the run where the two runs part."""
-    lines = [f"{d.sentence}." for d in result.modes]
+    """The answer first: what makes a side unfit (weights no trained checkpoint holds, an output that
+    is inf/NaN), one sentence per precision, then the run where the two runs part."""
+    lines = [f"{line}." for line in result.fragile() if "weights are not valid" in line]
+    lines += [f"{d.sentence}." for d in result.modes]
     parting = result.parting
     if parting is not None:
         first = parting.first
@@ -51,6 +53,7 @@ def to_dict(result: DiffResult) -> dict:
         "measured": result.measured,
         "device": result.device,
         "summary": headline(result),
+        "fragile": result.fragile(),
         "precisions": [d.as_dict() for d in result.modes],
         "checkpoints": {s.label: s.facts.as_dict() for s in result.sides} if result.against is None else
         {result.sides[0].label: result.sides[0].facts.as_dict()},
@@ -93,6 +96,11 @@ def _mode_table(diff: ModeDifference) -> List[str]:
     if diff.error is not None:
         return [f"  not compared: {diff.error}"]
     a, b = diff.labels
+    if any(diff.nonfinite):
+        errors = (diff.error_a, diff.error_b)
+        return [f"  {label}: output inf/NaN" + (f", first overflow at {at}" if at else "") if bad else
+                f"  {label}: output error {sci(error)}" for label, bad, at, error in
+                zip(diff.labels, diff.nonfinite, diff.overflow_at, errors)]
     rows = [("layer", "of diff", f"{a} local", f"{b} local", f"{a} recv", f"{b} recv", "own/inherited", "statistics")]
     for layer in diff.top(SHOWN):
         if layer.of_gap <= 0 and rows[1:]:

@@ -8,6 +8,7 @@ by node to where they part (parting.py).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
@@ -42,6 +43,31 @@ class Side:
     loaded: Any  # load.loader.LoadedModel
     graph: Any  # core.ir.Graph
     facts: CheckpointFacts
+    ctx: Any = None  # rules.base.RuleContext: the predictions, per node
+
+    def overflow_at(self, mode: str) -> Optional[str]:
+        """The first node (as the report names it) whose value is inf/NaN in the float32 reference, or
+        that the prediction has overflow under ``mode``; None where none does."""
+        ctx = self.ctx
+        if ctx is None:
+            return None
+        first = self.graph.first_nonfinite
+        if first is not None:
+            return f"{ctx.display(first)}, already in float32"
+        prediction = ctx.predictions.get(mode)
+        if prediction is None:
+            return None
+        for node in self.graph.nodes:
+            figures = prediction.nodes.get(node.name)
+            if figures is not None and (figures.overflow or figures.pole):
+                return ctx.display(node.name)
+        return None
+
+    def ledger(self, mode: str, measured: bool):
+        found = ledger_of(self.report, mode, measured)
+        if found.output_error is not None and math.isinf(found.output_error):
+            found.overflow_at = self.overflow_at(mode)
+        return found
 
 
 @dataclass
@@ -55,6 +81,24 @@ class DiffResult:
     device: str = "cpu"
     notes: List[str] = field(default_factory=list)
 
+    def fragile(self) -> List[str]:
+        """What makes a side unfit to compare, one sentence each (said first, and exit code 1): weights
+        no trained checkpoint holds (inf/NaN, a negative running variance), an output that is inf/NaN
+        under a precision compared."""
+        found = []
+        for side in self.sides:
+            if side.facts.invalid:
+                shown = "; ".join(side.facts.invalid[:3]) + (f"; and {len(side.facts.invalid) - 3} more"
+                                                            if len(side.facts.invalid) > 3 else "")
+                found.append(f"{side.label}'s weights are not valid: {shown}. {side.label} is the fragile one")
+        for diff in self.modes:
+            for label, bad, at in zip(diff.labels, diff.nonfinite, diff.overflow_at):
+                if bad:
+                    where = f", first at {at}" if at else ""
+                    what = f"{label}'s {diff.mode} output" if diff.name_mode else f"{label}'s output"
+                    found.append(f"{what} is inf/NaN{where}")
+        return found
+
     def module_of(self, name: str) -> str:
         node = self.sides[0].graph.get(name)
         return node.module_path if node is not None else ""
@@ -64,11 +108,11 @@ class _KeepingSession(Session):
     """The session, keeping what its walk built (the loaded model and its graph): the diff reads the
     reference pass's statistics and runs the model again."""
 
-    kept: Optional[Tuple[Any, Any]] = None
+    kept: Optional[Tuple[Any, Any, Any]] = None
 
     def _check(self, loaded, placement):
         report, graph, ctx = super()._check(loaded, placement)
-        self.kept = (loaded, graph)
+        self.kept = (loaded, graph, ctx)
         return report, graph, ctx
 
 
@@ -118,8 +162,8 @@ def run_diff(config, load: LoadOptions, check: CheckOptions, request: DiffReques
              for target, w, label in zip(targets, request.weights, labels)]
     same_architecture(sides)
     measured = probe is not None
-    modes = [compare_ledgers(ledger_of(sides[0].report, mode, measured), ledger_of(sides[1].report, mode, measured),
-                             labels, _statistics(sides)) for mode in check.modes]
+    modes = [compare_ledgers(sides[0].ledger(mode, measured), sides[1].ledger(mode, measured), labels, _statistics(sides))
+             for mode in check.modes]
     result = DiffResult(labels, sides, modes, measured=measured, device=_device(probe))
     from preclint.diff.parting import Setting
 
@@ -148,8 +192,7 @@ def _against(config, load, check: CheckOptions, request: DiffRequest, probe) -> 
     labels = (first, setting if setting in MODES or setting == FLOAT32 else f"{first} on {setting}")
     compared = []
     if setting in MODES:
-        diff = compare_ledgers(ledger_of(side.report, first, measured), ledger_of(side.report, setting, measured),
-                               labels, None)
+        diff = compare_ledgers(side.ledger(first, measured), side.ledger(setting, measured), labels, None)
         diff.mode = f"{first} against {setting}"
         diff.name_mode = False
         diff.sentence = sentence_of(diff)
@@ -178,10 +221,10 @@ def _side(config, load: LoadOptions, check: CheckOptions, target: str, label: st
         report = session.check(target)
     if session.kept is None:
         raise UserError(f"{target}: the check kept no model to compare")
-    loaded, graph = session.kept
+    loaded, graph, ctx = session.kept
     if report.error is not None:
         raise UserError(report.error)
-    return Side(label, report, loaded, graph, checkpoint_facts(loaded.module))
+    return Side(label, report, loaded, graph, checkpoint_facts(loaded.module), ctx)
 
 
 def same_architecture(sides: List[Side]) -> None:

@@ -10,7 +10,7 @@ was made, not chance.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -41,6 +41,9 @@ class CheckpointFacts:
     exact: Dict[str, float]  # format -> fraction of those values it represents exactly
     dtypes: Dict[str, int]  # dtype the model holds them in -> elements
     modules: Dict[str, ModuleWeights] = field(default_factory=dict)
+    # what no trained checkpoint holds, one phrase per tensor: inf/NaN values, a negative batch-norm
+    # running variance (whose square root is NaN)
+    invalid: List[str] = field(default_factory=list)
 
     def stored_in(self) -> Optional[str]:
         """The lowest format that holds the checkpoint's values (nearly) all exactly, or None."""
@@ -51,7 +54,7 @@ class CheckpointFacts:
 
     def as_dict(self) -> dict:
         return {"values": self.values, "exactly_representable": {k: round(v, 6) for k, v in self.exact.items()},
-                "stored_in": self.stored_in(), "dtypes": dict(self.dtypes)}
+                "stored_in": self.stored_in(), "dtypes": dict(self.dtypes), "invalid": list(self.invalid)}
 
 
 def exactly_representable(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -76,7 +79,31 @@ def checkpoint_facts(module: torch.nn.Module) -> CheckpointFacts:
             for name, dtype in LOW_FORMATS.items():
                 exact[name] += int(exactly_representable(t, dtype).sum())
     fractions = {name: (count / values if values else 0.0) for name, count in exact.items()}
-    return CheckpointFacts(values, fractions, dtypes, module_weights(module))
+    return CheckpointFacts(values, fractions, dtypes, module_weights(module), invalid_values(module))
+
+
+def invalid_values(module: torch.nn.Module) -> List[str]:
+    """The tensors of ``module`` that hold values no trained checkpoint holds, one phrase each (in the
+    order of the state dict): NaN or inf in a floating parameter or buffer, a negative running
+    variance of a batch norm."""
+    found = []
+    with torch.no_grad():
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            if t is None or not t.is_floating_point() or t.numel() == 0 or t.is_meta:
+                continue
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            counts = [f"{n} {word}" for n, word in ((nan, "NaN"), (inf, "inf")) if n]
+            if counts:
+                found.append(f"{name} holds {' and '.join(counts)} of {t.numel()} values")
+        for path, m in module.named_modules():
+            var = getattr(m, "running_var", None)
+            if type(m).__name__ in _BATCH_NORMS and isinstance(var, torch.Tensor) and var.is_floating_point():
+                negative = int((var.detach() < 0).sum())
+                if negative:
+                    where = f"{path}.running_var" if path else "running_var"
+                    found.append(f"{where} holds {negative} negative variance{'s' if negative > 1 else ''} "
+                                 f"(smallest {float(var.detach().min()):.3g})")
+    return found
 
 
 def module_weights(module: torch.nn.Module) -> Dict[str, ModuleWeights]:
