@@ -36,20 +36,42 @@ def degenerate_outputs(graph: Graph) -> List[DegenerateOutput]:
     found = []
     for output in graph.output_nodes:
         for name in output.inputs:
-            node = graph.get(name)
-            while node is not None and node.kind == Kind.SHAPE and node.inputs:  # a reshape or getitem of it
-                node = graph.get(node.inputs[0])
-            stats = node.out if node is not None else None
-            if stats is None or not stats.is_float or not stats.finite or stats.numel == 0:
-                continue
-            terms = node.record(Terms)
-            if node.kind in DOT_PRODUCT_KINDS and terms is not None:
-                feeding = terms.rms  # sqrt(sum (a b)^2): what float32 resolves the sum to a fraction of
-            else:
-                feeding = max([s.rms for s in node.input_stats if s is not None and s.is_float and s.finite] + [0.0])
-            if stats.rms == 0 or stats.rms < DEGENERATE_RATIO * feeding:
-                found.append(DegenerateOutput(node.name, stats.rms, feeding))
+            residue = _residue(graph, graph.get(name))
+            if residue is not None:
+                found.append(residue)
     return found
+
+
+# ops whose result is as exact, relative to itself, as their operands: a product is residue only where
+# an operand is (x * 1e-21 of a value of 1e20 is 0.1, and no residue), so they are looked through
+MULTIPLICATIVE = frozenset({"mul", "div", "neg", "reciprocal"})
+
+
+def _residue(graph: Graph, node, depth: int = 0) -> Optional[DegenerateOutput]:
+    """``node``'s value as a DegenerateOutput where it is all zero or rounding residue, else None."""
+    while node is not None and node.kind == Kind.SHAPE and node.inputs:  # a reshape or getitem of it
+        node = graph.get(node.inputs[0])
+    stats = node.out if node is not None else None
+    if stats is None or not stats.is_float or not stats.finite or stats.numel == 0:
+        return None
+    if stats.rms == 0:
+        return DegenerateOutput(node.name, 0.0, 0.0)
+    if node.fn in MULTIPLICATIVE and depth < 16:
+        for name in node.inputs:
+            operand = graph.get(name)
+            if operand is not None and operand.kind not in (Kind.INPUT, Kind.CONSTANT):
+                found = _residue(graph, operand, depth + 1)
+                if found is not None:
+                    return found
+        return None
+    terms = node.record(Terms)
+    if node.kind in DOT_PRODUCT_KINDS and terms is not None:
+        feeding = terms.rms  # sqrt(sum (a b)^2): what float32 resolves the sum to a fraction of
+    else:
+        feeding = max([s.rms for s in node.input_stats if s is not None and s.is_float and s.finite] + [0.0])
+    if stats.rms < DEGENERATE_RATIO * feeding:
+        return DegenerateOutput(node.name, stats.rms, feeding)
+    return None
 
 
 def all_outputs_degenerate(graph: Graph, found: Optional[Sequence[DegenerateOutput]] = None) -> bool:

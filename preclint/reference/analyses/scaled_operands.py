@@ -93,7 +93,7 @@ def scaled_operands(x: torch.Tensor, weight: torch.Tensor) -> ScaledOperands:
     # autocast hands the layer a bfloat16 input; the weight is quantised from its float32 master copy
     x2 = x.reshape(-1, x.shape[-1]).float().to(torch.bfloat16).float()
     w = weight.float()
-    channel_rms = x2.pow(2).mean(dim=0).sqrt()
+    channel_rms = x2.double().pow(2).mean(dim=0).sqrt()  # (in float64: a square of 1e19 and more overflows float32)
     record = ScaledOperands(channel_absmax=tuple(float(v) for v in x2.abs().amax(dim=0)),
                             channel_rms_median=float(channel_rms.median()))
     x_original = x.reshape(-1, x.shape[-1]).double()

@@ -3,6 +3,7 @@ sqrt(sum_k x_k^2) for sums, means and cumulative sums. Rounding a sum errs in pr
 not to its result, and a result far below its terms has cancelled (PCL203)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, Optional
 
@@ -43,6 +44,14 @@ class TermsAnalysis(ForwardAnalysis):
                 # each of which the CPU pays for in page faults, the same values)
                 squares = terms.pow(2)
                 rms = float(squares.mean().sqrt())
+                if not math.isfinite(rms) or (rms == 0 and bool(output.detach().ne(0).any())):
+                    # a square beyond float32's range (operands near 1e19 and above) or below it: the
+                    # terms of operands scaled by powers of two (exact), their mean square in float64
+                    terms = dot_terms(node, call.args, call.kwargs, call.callee, scaled=True)
+                    if terms is None or terms.shape != output.shape:
+                        return
+                    squares = terms.clone()
+                    rms = float(terms.double().pow(2).mean().sqrt())
                 magnitude = torch.abs(output.detach().float(), out=squares).clamp_min_(1e-30)
                 ratio = torch.div(terms, magnitude, out=magnitude)
                 node.put(Terms(rms, condition_fractions(ratio, scratch=terms)))
@@ -80,12 +89,41 @@ def condition_fractions(ratio: torch.Tensor, scratch: Optional[torch.Tensor] = N
     return dict(zip(CONDITION_THRESHOLDS, torch.stack(counts).div_(ratio.numel()).tolist()))
 
 
-def dot_terms(node: Node, args, kwargs, callee) -> Optional[torch.Tensor]:
-    """sqrt(sum_k (a_k b_k)^2) per output element: the same op applied to the squared operands."""
+def dot_terms(node: Node, args, kwargs, callee, scaled: bool = False) -> Optional[torch.Tensor]:
+    """sqrt(sum_k (a_k b_k)^2) per output element: the same op applied to the squared operands.
+    ``scaled``: each operand scaled by a power of two that brings its largest magnitude near 1 before
+    it is squared, and the result scaled back (exact: the same figures, where the squares of the
+    operands as they are would overflow float32 or vanish in it)."""
+
+    unscale = [1.0]
+
+    def sq(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().float()
+        if not scaled:
+            return t.pow(2)
+        factor = power_of_two_scale(t)
+        unscale[0] /= factor
+        return (t * factor).pow(2)
+
+    found = _dot_terms(node, args, kwargs, callee, sq)
+    if found is None or unscale[0] == 1.0:
+        return found
+    return found.double().mul_(unscale[0]).float()  # (float32's largest, 3.4e38, where the terms exceed it)
+
+
+def power_of_two_scale(t: torch.Tensor) -> float:
+    """2^-e with 2^(e-1) <= max |t| < 2^e: t times it lies within [-1, 1], exactly (1.0 where t is all
+    zero or not finite)."""
+    absmax = float(t.abs().max()) if t.numel() else 0.0
+    if absmax == 0 or not math.isfinite(absmax):
+        return 1.0
+    return math.ldexp(1.0, -math.frexp(absmax)[1])
+
+
+def _dot_terms(node: Node, args, kwargs, callee, sq) -> Optional[torch.Tensor]:
     import torch
     import torch.nn.functional as F
 
-    sq = lambda t: t.detach().float().pow(2)  # noqa: E731 - local shorthand
     if isinstance(callee, torch.nn.Module):
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
