@@ -41,6 +41,7 @@ CONVOLUTIONS = (torch.nn.modules.conv._ConvNd,)
 
 # the first word of a summary line, by verdict
 PRECISION, CHANGE, UNEXPLAINED = "precision", "real change", "not explained"
+RANDOM = "not deterministic"  # dropout active: the compared runs are two random draws
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,10 @@ class Explainer:
         precision, why = self.precision_of(subject)
         if precision not in MODES:
             raise UserError(f"unknown precision {precision!r} (known: {', '.join(MODES)})")
-        tol = tolerance(subject.model, subject.inputs, precision, probe=self.probe)
+        effect = train_mode_of(subject)
+        if effect is not None and effect.random:
+            return not_deterministic(precision, why, effect)
+        tol = tolerance(subject.model, subject.inputs, precision, probe=self.probe, keep_mode=effect is not None)
         got, want = list(output_leaves(found.actual)), list(output_leaves(found.expected))
         if [p for p, _ in got] != [p for p, _ in want]:
             raise UserError("the compared values differ in structure; torch's message says how")
@@ -261,7 +265,7 @@ class Explainer:
                 continue
             output = tol[f"output{path}"] if f"output{path}" in names else tol.for_expected(e)
             text, summary = self._one(found, (a, e), output, tol, subject, precision=precision, why=why,
-                                      test_tolerance=(rtol, atol), outside=outside)
+                                      test_tolerance=(rtol, atol), outside=outside, train_mode=effect)
             parts.append(text)
             summaries.append(summary)
         if not parts:
@@ -277,7 +281,7 @@ class Explainer:
         return float(rtol), float(atol)
 
     def _one(self, found: Comparison, pair, output, tol, subject: Subject, *, precision: str, why: str,
-             test_tolerance: Tuple[float, float], outside: int) -> Tuple[str, str]:
+             test_tolerance: Tuple[float, float], outside: int, train_mode=None) -> Tuple[str, str]:
         a, e = pair
         rtol, atol = test_tolerance
         diff = difference(a, e, output)
@@ -286,15 +290,20 @@ class Explainer:
                  f"atol={atol:.2e}: {outside} of {diff.numel} elements outside.",
                  f"  {precision} puts an error of RMS {output.sigma:.2e} on this output ({how}); the difference has "
                  f"RMS {diff.rms:.2e} ({diff.times_sigma:.3g}x that) and at most {diff.largest:.2e}."]
-        layers = carrying_layers(tol, subject.model, subject.inputs, self.probe)
-        if layers:
-            lines.append(f"  The layers that carry {precision}'s error: "
-                         + ", ".join(f"{name} ({share:.0%})" for name, share in layers) + ".")
+        if train_mode is not None:  # (the layers' ledger is the check's, of the model in eval mode)
+            lines.append(f"  The model was called in train mode, and its batch statistics{train_mode.layers()} make "
+                         "its output another than in eval mode: the error is measured in train mode.")
+        else:
+            layers = carrying_layers(tol, subject.model, subject.inputs, self.probe)
+            if layers:
+                lines.append(f"  The layers that carry {precision}'s error: "
+                             + ", ".join(f"{name} ({share:.0%})" for name, share in layers) + ".")
         meetable = f"rtol={output.rtol:.2e}, atol={output.atol:.2e}"
         if diff.within_precision() and not diff.failing:
             lines.append(f"  Within what {precision} explains (at most {MARGIN:g}x its error): a precision difference, "
                          f"not a change. The tolerance {precision} can meet passes it: {meetable} "
-                         f"(preclint.testing.tolerance(model, inputs, {precision!r}), {tol.source}).")
+                         f"(preclint.testing.tolerance(model, inputs, {precision!r}"
+                         f"{', keep_mode=True' if train_mode is not None else ''}), {tol.source}).")
             summary = f"{PRECISION}: {output.name} under {precision}, {diff.times_sigma:.3g}x its error; {meetable} passes"
         elif diff.within_precision():
             lines.append(f"  Within what {precision} explains (at most {MARGIN:g}x its error): a precision difference, "
@@ -307,6 +316,34 @@ class Explainer:
                          f"({meetable}) fails it too; atol={diff.passing_atol:.2e} would pass, and would hide it.")
             summary = f"{CHANGE}: {output.name} under {precision}, {diff.times_sigma:.3g}x its error"
         return "\n".join(lines), summary
+
+
+def train_mode_of(subject: Subject):
+    """What the train mode the model was called in does to its output (testing.modes), or None where
+    it was called in eval mode or its mode changes nothing."""
+    from preclint.testing.modes import train_mode_effect
+
+    if subject.settings is not None and not subject.settings.training:
+        return None
+    model = subject.model
+    flags = [(m, m.training) for m in model.modules()]
+    if subject.settings is not None and not any(mode for _, mode in flags):
+        model.train()  # called in train mode, put in eval mode since: judged as it was called
+    try:
+        return train_mode_effect(model, subject.inputs)
+    finally:
+        for m, mode in flags:
+            m.training = mode
+
+
+def not_deterministic(precision: str, why: str, effect) -> Explanation:
+    """A comparison of two random draws (dropout active): neither a precision difference nor a change."""
+    text = (f"preclint: output computed under {precision} ({why}); the model was called in train mode with dropout "
+            f"active{effect.layers()}: two float32 runs of it differ by {effect.spread:.3g} of the output's RMS.\n"
+            f"  The comparison is not deterministic: it compares two random draws, and says nothing about {precision}: "
+            "neither a precision difference nor a change can be told. Compare the model in eval mode (model.eval()), "
+            "or with the same random draws in both runs.")
+    return Explanation(text, f"{RANDOM}: output under {precision}, dropout active in train mode")
 
 
 def _any_outside(found: Comparison) -> bool:
@@ -327,7 +364,7 @@ def _outside(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> int:
 
 def counts(summaries: List[str]) -> Dict[str, int]:
     """How many summary lines each verdict has."""
-    found = {PRECISION: 0, CHANGE: 0, UNEXPLAINED: 0}
+    found = {PRECISION: 0, CHANGE: 0, RANDOM: 0, UNEXPLAINED: 0}
     for line in summaries:
         for verdict in found:
             if line.startswith(verdict + ":"):

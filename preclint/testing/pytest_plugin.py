@@ -141,7 +141,8 @@ class Explaining:
         for nodeid, line in self.summaries:
             terminalreporter.write_line(f"{nodeid}: {line}")
         found = counts([line for _, line in self.summaries])
-        names = {"precision": "precision difference", "real change": "real change"}
+        names = {"precision": "precision difference", "real change": "real change",
+                 "not deterministic": "not deterministic comparison"}
         total = len(self.summaries)
         terminalreporter.write_line(
             ", ".join(f"{n} {names.get(verdict, verdict)}{'s' if n > 1 and verdict in names else ''}"

@@ -41,6 +41,7 @@ class Settings:
     conv_tf32: bool = False
     dtype: str = "float32"
     tf32_capable: bool = True
+    training: bool = False  # the module (or one of its submodules) was in train mode
 
 
 def _flag(legacy, current) -> bool:
@@ -94,7 +95,8 @@ def settings_now(module: Optional[torch.nn.Module] = None, inputs: Any = None) -
     device = where.device.type if where is not None else "cpu"
     dtype = str(param.dtype).replace("torch.", "") if param is not None else "float32"
     capable = device == "cuda" and _tf32_capable(where.device)
-    return Settings(device, autocast_state(), dtype=dtype, tf32_capable=capable, **tf32_flags())
+    training = module is not None and any(m.training for m in module.modules())
+    return Settings(device, autocast_state(), dtype=dtype, tf32_capable=capable, training=training, **tf32_flags())
 
 
 def _tf32_capable(device: torch.device) -> bool:

@@ -20,6 +20,7 @@ change values by far more than sigma; compare such outputs by what they decide.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -135,12 +136,14 @@ def unit_roundoff(precision: str) -> float:
 
 
 def tolerance(model: torch.nn.Module, inputs: Any, precision: str, *, probe: Optional[str] = None,
-              margin: float = MARGIN) -> Tolerance:
+              margin: float = MARGIN, keep_mode: bool = False) -> Tolerance:
     """The rtol/atol a comparison of ``model``'s outputs on ``inputs`` under ``precision`` (against
     its float32 outputs) can meet, per float output: predicted by the error model, or with
     ``probe`` ("cpu": emulated; "cuda": on the GPU) measured. ``margin``: the factor on the error
     estimate (3: see preclint.core.tolerances). The model's global state and modes are left as they
-    were. Raises UserError where the model cannot be checked."""
+    were. ``keep_mode``: the model judged in the mode it is in (train mode: batch statistics), not in
+    eval mode; measured then (on ``probe``, the CPU by default), since the error model predicts the
+    model in eval mode. Raises UserError where the model cannot be checked."""
     from preclint.capture.global_state import preserved
 
     if precision not in MODES:
@@ -148,18 +151,21 @@ def tolerance(model: torch.nn.Module, inputs: Any, precision: str, *, probe: Opt
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
         raise UserError(f"margin must be a finite number > 0, not {margin!r}")
     with preserved():
-        names, reference = reference_outputs(model, inputs)
-        if probe is None:
+        names, reference = reference_outputs(model, inputs, keep_mode=keep_mode)
+        if probe is None and not keep_mode:
             return _predicted(model, inputs, precision, margin, (names, reference))
-        return _measured(model, inputs, precision, margin, probe, (names, reference))
+        return _measured(model, inputs, precision, margin, probe or "cpu", (names, reference), keep_mode=keep_mode)
 
 
-def reference_outputs(model: torch.nn.Module, inputs: Any) -> Tuple[List[str], List[torch.Tensor]]:
-    """(names, values) of the float outputs of the model in float32 as it is, in eval mode, on the CPU."""
+def reference_outputs(model: torch.nn.Module, inputs: Any, *,
+                      keep_mode: bool = False) -> Tuple[List[str], List[torch.Tensor]]:
+    """(names, values) of the float outputs of the model in float32 as it is, in eval mode (``keep_mode``:
+    a copy in the mode it is in, so that a batch norm's running statistics stay as they are), on the CPU."""
     from preclint.load.modelio import output_leaves
+    from preclint.measure.copies import copy_to
 
-    with evaluating(model), torch.no_grad():
-        output = as_inputs(inputs).call(model)
+    with (contextlib.nullcontext() if keep_mode else evaluating(model)), torch.no_grad():
+        output = as_inputs(inputs).call(copy_to(model, None) if keep_mode else model)
     leaves = [(f"output{path}", t) for path, t in output_leaves(output)
               if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
@@ -189,19 +195,20 @@ def _predicted(model, inputs, precision: str, margin: float, outputs) -> Toleran
                      tuple(outputs[1]), report)
 
 
-def _measured(model, inputs, precision: str, margin: float, probe: str, outputs) -> Tolerance:
+def _measured(model, inputs, precision: str, margin: float, probe: str, outputs, *, keep_mode: bool = False) -> Tolerance:
     from preclint.load.modelio import output_leaves
     from preclint.measure.runners import run_reference
     from preclint.probe.device import select_device
 
     device = select_device(probe)
-    with evaluating(model):
-        actual = output_under(model, inputs, precision, device=str(device))
-        reference = run_reference(model, as_inputs(inputs), device)
+    with (contextlib.nullcontext() if keep_mode else evaluating(model)):
+        actual = output_under(model, inputs, precision, device=str(device), keep_mode=keep_mode)
+        reference = run_reference(model, as_inputs(inputs), device)  # (a float64 copy, in the same mode)
     pairs = [(a, r) for (_, a), (_, r) in zip(output_leaves(actual), output_leaves(reference))
              if isinstance(r, torch.Tensor) and r.is_floating_point()]
     u = unit_roundoff(precision)
-    where = f"measured on {device}" + (" (emulated)" if device.type == "cpu" else "")
+    where = f"measured on {device}" + (" (emulated)" if device.type == "cpu" else "") \
+        + (", in train mode as the model was called" if keep_mode and any(m.training for m in model.modules()) else "")
     found = []
     for name, ref32, (a, r) in zip(outputs[0], outputs[1], pairs):
         d = a.detach().double().cpu() - r.detach().double().cpu()
@@ -224,11 +231,13 @@ def _rms(t: torch.Tensor) -> float:
     return math.sqrt(float(t.double().pow(2).mean())) if t.numel() else 0.0
 
 
-def output_under(model: torch.nn.Module, inputs: Any, precision: str, *, device: Optional[str] = None) -> Any:
+def output_under(model: torch.nn.Module, inputs: Any, precision: str, *, device: Optional[str] = None,
+                 keep_mode: bool = False) -> Any:
     """What ``model`` returns on ``inputs`` under ``precision``: on a GPU the precision itself (TF32
     switched on, autocast, the model cast), on the CPU emulated by rounding as a GPU rounds. A
-    float32 copy of the model runs on ``device`` (None: the device of its first parameter); the model
-    and the process's settings are left as they were."""
+    float32 copy of the model runs on ``device`` (None: the device of its first parameter), in eval
+    mode (``keep_mode``: in the mode the model is in); the model and the process's settings are left as
+    they were."""
     from preclint.capture.global_state import preserved
     from preclint.measure.copies import copy_to
     from preclint.measure.runners import run_mode
@@ -239,7 +248,7 @@ def output_under(model: torch.nn.Module, inputs: Any, precision: str, *, device:
         device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
     from preclint.testing.recording import Recorder
 
-    with preserved(), evaluating(model):
+    with preserved(), (contextlib.nullcontext() if keep_mode else evaluating(model)):
         copy = copy_to(model, torch.device(device), torch.float32)
         output = run_mode(copy, as_inputs(inputs), precision, device)
     if Recorder.active is not None:  # pytest --preclint is watching the test: this is the model's output

@@ -340,3 +340,70 @@ def test_the_entry_point_names_the_plugin():
     import preclint.testing.pytest_plugin as plugin
 
     assert callable(plugin.pytest_addoption) and callable(plugin.pytest_configure)
+
+
+# a model called in train mode: its batch norm normalises by the batch's statistics, which turn small
+# inputs into unit-scale values (in eval mode, with its initial running statistics, it passes them
+# through nearly unchanged); and one with dropout active
+TRAIN_MODE_SUITE = '''
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+
+def build(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 8))  # train mode
+    return model, torch.randn(8, 16) * 0.01 + 0.05
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bf16_in_train_mode(seed, preclint_model):
+    model, x = build(seed)
+    expected = copy.deepcopy(model)(x)
+    preclint_model(model, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual = model(x)
+    torch.testing.assert_close(actual.float(), expected.detach())
+
+
+def test_a_changed_weight_in_train_mode(preclint_model):
+    model, x = build(0)
+    expected = copy.deepcopy(model)(x)
+    with torch.no_grad():
+        model[3].weight[0] += 1.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual = model(x)
+    torch.testing.assert_close(actual.float(), expected.detach())
+
+
+def test_dropout_active(preclint_model):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.Linear(32, 8))
+    x = torch.randn(8, 16)
+    expected = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual = model(x)
+    torch.testing.assert_close(actual.float(), expected.detach())
+'''
+
+
+@pytest.mark.slow
+def test_train_mode_is_judged_as_the_model_was_called_and_dropout_is_not_deterministic(suite):
+    """A pure bf16 difference of a model with BatchNorm in train mode was called "a real change (weights,
+    inputs, code)" (for 6 of these 6 seeds): the error was predicted for the model in eval mode."""
+    suite.makepyfile(test_suite=TRAIN_MODE_SUITE)
+    result = suite.runpytest("-p", PLUGIN, "--preclint")
+    result.assert_outcomes(failed=8)
+    out = result.stdout.str()
+    summary = out.split("= preclint =")[1]
+    for seed in range(6):
+        assert f"test_suite.py::test_bf16_in_train_mode[{seed}]: precision: output under bf16" in summary
+    assert "measured on cpu (emulated), in train mode as the model was called" in out
+    assert "The model was called in train mode, and its batch statistics (1 (BatchNorm1d))" in out
+    assert "test_suite.py::test_a_changed_weight_in_train_mode: real change: output under bf16" in summary
+    assert "test_suite.py::test_dropout_active: not deterministic: output under bf16, dropout active" in summary
+    assert "with dropout active (1 (Dropout))" in out and "neither a precision difference nor a change" in out
+    assert "6 precision differences, 1 real change, 1 not deterministic comparison (8 failed comparisons)" in summary
