@@ -15,7 +15,9 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from preclint.core.tolerances import MARGIN
-from preclint.testing.tolerances import PREDICTION_ONLY, OutputTolerance, Tolerance, tolerance as meetable_tolerance
+from preclint.testing.modes import not_deterministic_text, train_mode_effect
+from preclint.testing.tolerances import (PREDICTION_ONLY, OutputTolerance, Tolerance, as_inputs,
+                                         tolerance as meetable_tolerance)
 
 
 @dataclass(frozen=True)
@@ -44,16 +46,28 @@ def assert_close(actual: Any, expected: Any, *, model: torch.nn.Module, inputs: 
     precision can meet (``preclint.testing.tolerance(model, inputs, precision, probe=probe)``, or
     ``tolerance`` where given). Other keywords go to ``torch.testing.assert_close`` (``check_device``...);
     dtypes are not compared unless ``check_dtype=True``: a precision changes them (autocast returns
-    bfloat16 where float32 was recorded), and the values are what is judged.
+    bfloat16 where float32 was recorded), and the values are what is judged. A model in train mode
+    whose mode changes its output is judged in it (its batch statistics: the tolerance measured in
+    train mode); with dropout active the comparison is of two random draws, compared as torch
+    compares them and, where that fails, said to be not deterministic.
 
     Tensors are matched to the model's outputs by their place where ``actual`` is the whole output,
     else by shape and closeness. On a failure the AssertionError carries torch's message and
     preclint's explanation (see the module's docstring)."""
     from preclint.load.modelio import output_leaves
 
-    tol = tolerance if tolerance is not None else meetable_tolerance(model, inputs, precision, probe=probe)
     # the dtype is the precision's (autocast returns bfloat16 where float32 was recorded): values are compared
     kwargs.setdefault("check_dtype", False)
+    # a model in train mode is judged in it: batch statistics measured so, dropout's draws not judged at all
+    effect = train_mode_effect(model, as_inputs(inputs)) if tolerance is None else None
+    if effect is not None and effect.random:
+        try:
+            torch.testing.assert_close(actual, expected, **kwargs)
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}\n\n{not_deterministic_text(precision, 'given', effect)}") from None
+        return
+    tol = tolerance if tolerance is not None else meetable_tolerance(model, inputs, precision, probe=probe,
+                                                                     keep_mode=effect is not None)
     got = [(path, t) for path, t in output_leaves(actual)]
     want = [(path, t) for path, t in output_leaves(expected)]
     if [p for p, _ in got] != [p for p, _ in want]:

@@ -338,12 +338,10 @@ def train_mode_of(subject: Subject):
 
 def not_deterministic(precision: str, why: str, effect) -> Explanation:
     """A comparison of two random draws (dropout active): neither a precision difference nor a change."""
-    text = (f"preclint: output computed under {precision} ({why}); the model was called in train mode with dropout "
-            f"active{effect.layers()}: two float32 runs of it differ by {effect.spread:.3g} of the output's RMS.\n"
-            f"  The comparison is not deterministic: it compares two random draws, and says nothing about {precision}: "
-            "neither a precision difference nor a change can be told. Compare the model in eval mode (model.eval()), "
-            "or with the same random draws in both runs.")
-    return Explanation(text, f"{RANDOM}: output under {precision}, dropout active in train mode")
+    from preclint.testing.modes import not_deterministic_text
+
+    return Explanation(not_deterministic_text(precision, why, effect),
+                       f"{RANDOM}: output under {precision}, dropout active in train mode")
 
 
 def _any_outside(found: Comparison) -> bool:

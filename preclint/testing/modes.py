@@ -71,6 +71,15 @@ def train_mode_effect(model: torch.nn.Module, inputs) -> Optional[TrainModeEffec
                            _named(model, RANDOM, lambda m: float(getattr(m, "p", 0.0)) > 0))
 
 
+def not_deterministic_text(precision: str, why: str, effect: TrainModeEffect) -> str:
+    """What a failed comparison of a model with dropout active says: two random draws compared."""
+    return (f"preclint: output computed under {precision} ({why}); the model was called in train mode with dropout "
+            f"active{effect.layers()}: two float32 runs of it differ by {effect.spread:.3g} of the output's RMS.\n"
+            f"  The comparison is not deterministic: it compares two random draws, and says nothing about {precision}: "
+            "neither a precision difference nor a change can be told. Compare the model in eval mode (model.eval()), "
+            "or with the same random draws in both runs.")
+
+
 def _named(model: torch.nn.Module, kinds, active) -> Tuple[str, ...]:
     return tuple(f"{name or type(model).__name__} ({type(m).__name__})" for name, m in model.named_modules()
                  if isinstance(m, kinds) and m.training and active(m))
