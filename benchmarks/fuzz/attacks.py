@@ -28,7 +28,10 @@ of the class here). The classes:
 - ``output-clash``: ``-o`` naming the run's own baseline, configuration, source, model or weights (or
   a symlink to one), or a FIFO nobody reads: refused, the input unchanged, no hang;
 - ``fix-unwritable``: ``--fix`` over files one of which cannot be written: the others are all fixed or
-  none is, and what changed is named.
+  none is, and what changed is named;
+- ``answers``: inputs whose answer must stay true (broken checkpoints in ``diff``, activations whose
+  squares overflow float32, an amax floor that zeroes the GEMMs, lossy checkpoint casts):
+  benchmarks.fuzz.attack_answers.
 """
 from __future__ import annotations
 
@@ -87,6 +90,8 @@ CLASSES: Dict[str, Tuple[int, Tuple[str, ...]]] = {  # class -> (weight, variant
     "output-clash": (1, ("o-baseline", "o-config", "o-config-flag", "o-source", "o-model", "o-weights", "o-fifo",
                          "o-link")),
     "fix-unwritable": (1, ("first", "middle", "last")),
+    "answers": (1, ("diff-nan", "diff-inf", "diff-negvar", "diff-overflow", "huge", "amax-epsilon", "complex",
+                    "fraction", "range")),
 }
 
 
@@ -127,6 +132,10 @@ def attack_case(seed: int) -> AttackCase:
         params["format"] = rng.choice(("full", "concise", "github")) if variant == "message" else "json"
     elif attack == "checkpoint":
         params["scale"] = rng.choice((1.0, 300.0))
+    elif attack == "answers":
+        from benchmarks.fuzz.attack_answers import params as answer_params
+
+        params.update(answer_params(rng, variant))
     tags = [f"attack:{attack}", f"variant:{attack}/{variant}"]
     if "format" in params:
         tags.append(f"format:{params['format']}")
@@ -134,7 +143,7 @@ def attack_case(seed: int) -> AttackCase:
 
 
 def check_attack_case(case: AttackCase, directory: str) -> Checked:
-    from benchmarks.fuzz import attack_files, attack_models
+    from benchmarks.fuzz import attack_answers, attack_files, attack_models
 
     runners: Dict[str, Callable[[AttackCase, str], Checked]] = {
         "names": _names, "cache-link": attack_files.cache_link, "cache-edit": attack_files.cache_edit,
@@ -142,6 +151,7 @@ def check_attack_case(case: AttackCase, directory: str) -> Checked:
         "slow-growth": attack_files.slow_growth, "output-clash": attack_files.output_clash,
         "fix-unwritable": attack_files.fix_unwritable, "checkpoint": attack_models.checkpoint,
         "fork": attack_models.fork, "nondeterministic": attack_models.nondeterministic,
+        "answers": attack_answers.answers,
     }
     checked = runners[case.attack](case, directory)
     verdict = checked.verdict
