@@ -15,6 +15,7 @@ from preclint.diff.weights import stored_sentence
 SHOWN = 8  # layers listed per precision on the console
 SARIF_SHARE = 0.1  # a layer that accounts for this fraction of a gap or more is a SARIF result
 RULE_ID = "diff/explains-difference"
+FRAGILE_ID = "diff/fragile"
 
 
 def headline(result: DiffResult) -> List[str]:
@@ -161,8 +162,9 @@ def _parting_lines(result: DiffResult) -> List[str]:
 
 
 def findings(result: DiffResult) -> List[Finding]:
-    """The layers that explain the difference, as findings at their source lines (SARIF)."""
-    found = []
+    """What makes a side fragile (invalid weights, an inf/NaN output), then the layers that explain the
+    difference, as findings at their source lines (SARIF)."""
+    found = [Finding(FRAGILE_ID, "fragile", "error", f"{line}.", "", None) for line in result.fragile()]
     for diff in result.modes:
         for layer in diff.layers:
             if layer.of_gap < SARIF_SHARE:
@@ -210,15 +212,18 @@ def render_sarif(result: DiffResult) -> str:
     driver = document["runs"][0]["tool"]["driver"]
     driver["rules"] = [_descriptor(RULE_ID, "explains-difference",
                                    "A layer that accounts for much of the difference between two models' errors."),
-                       _descriptor("diff/runs-part", "runs-part", "The node where two runs first differ above their noise floor.")]
+                       _descriptor("diff/runs-part", "runs-part", "The node where two runs first differ above their noise floor."),
+                       _descriptor(FRAGILE_ID, "fragile", "A checkpoint whose weights are not valid (inf/NaN, a negative "
+                                   "running variance), or whose output is inf/NaN under a precision.", "error")]
+    index = {RULE_ID: 0, "diff/runs-part": 1, FRAGILE_ID: 2}
     for r in document["runs"][0]["results"]:
-        r["ruleIndex"] = 0 if r["ruleId"] == RULE_ID else 1
+        r["ruleIndex"] = index[r["ruleId"]]
     return json_text(document, indent=2, allow_nan=False) + "\n"
 
 
-def _descriptor(rule_id: str, name: str, text: str) -> dict:
+def _descriptor(rule_id: str, name: str, text: str, level: str = "warning") -> dict:
     return {"id": rule_id, "name": name, "shortDescription": {"text": text}, "fullDescription": {"text": text},
-            "help": {"text": "preclint diff: see docs/diff.md"}, "defaultConfiguration": {"level": "warning"}}
+            "help": {"text": "preclint diff: see docs/diff.md"}, "defaultConfiguration": {"level": level}}
 
 
 def render_html(result: DiffResult) -> str:

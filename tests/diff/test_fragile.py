@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import jsonschema
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from preclint.cli import main
 from preclint.diff.ledgers import Ledger, LayerRow, compare_ledgers
 from preclint.diff.parting import _relative
 from preclint.diff.weights import invalid_values
+from tests.paths import DATA
 
 NET = """
 import torch
@@ -90,6 +92,13 @@ def test_invalid_weights_are_said_first_and_that_side_is_the_fragile_one(capsys,
     assert "do not part" not in out and "not known" not in out
     assert "(difference inf," in lines[4]
     assert _diff(capsys, files, b, "--exit-zero")[0] == 0
+    # SARIF: the broken side is an error result (a run that exits 1 says why)
+    code, out, err = _diff(capsys, files, b, "--output-format", "sarif")
+    document = json.loads(out)
+    jsonschema.validate(document, json.loads((DATA / "sarif-schema-2.1.0.json").read_text()))
+    results = [r for r in document["runs"][0]["results"] if r["ruleId"] == "diff/fragile"]
+    assert code == 1 and {r["level"] for r in results} == {"error"}
+    assert any(f"{b}'s weights are not valid" in r["message"]["text"] for r in results)
 
 
 @pytest.mark.slow
