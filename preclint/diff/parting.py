@@ -402,6 +402,9 @@ def _replay(program, second: Setting, inputs, graph, recorded, rows: List[NodePa
     remaining = _output_difference(forced.record.output, recorded.output)
     explained = None
     if full and remaining is not None:
-        explained = 1.0 - (remaining / full) ** 2
+        if math.isinf(full):  # an inf/NaN difference: the choices explain it where forcing them removes it
+            explained = 1.0 if math.isfinite(remaining) else None
+        else:
+            explained = 1.0 - (remaining / full) ** 2
     note = None if forced.off_path is None else f"with the choices forced the run left the first run's path at {forced.off_path}"
     return Replay(name, flips, units, explained, remaining, note)
