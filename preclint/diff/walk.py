@@ -217,14 +217,28 @@ def _device(probe) -> str:
 def _side(config, load: LoadOptions, check: CheckOptions, target: str, label: str, probe) -> Side:
     session = _KeepingSession(config, load=load, check=check,
                               probe=None if probe is None else replace(probe, ledger=True))
-    with session:
-        report = session.check(target)
+    try:
+        with session:
+            report = session.check(target)
+    except UserError as exc:
+        raise UserError(_blamed(session, label, str(exc))) from None
     if session.kept is None:
         raise UserError(f"{target}: the check kept no model to compare")
     loaded, graph, ctx = session.kept
     if report.error is not None:
-        raise UserError(report.error)
+        raise UserError(_blamed(session, label, report.error))
     return Side(label, report, loaded, graph, checkpoint_facts(loaded.module), ctx)
+
+
+def _blamed(session: _KeepingSession, label: str, message: str) -> str:
+    """``message`` (why a side's check ended), after what is wrong with its weights where something is:
+    a run that cannot go on (the probe's float64 reference of NaN weights) still names the checkpoint."""
+    from preclint.diff.weights import invalid_values
+
+    invalid = invalid_values(session.kept[0].module) if session.kept is not None else []
+    if not invalid:
+        return message
+    return f"{label}'s weights are not valid ({'; '.join(invalid[:3])}): {label} is the fragile one; {message}"
 
 
 def same_architecture(sides: List[Side]) -> None:

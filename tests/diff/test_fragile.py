@@ -158,3 +158,11 @@ def test_a_value_inf_in_one_run_only_is_an_infinite_difference():
     assert _relative([same], [same.clone()]) == 0.0
     assert _relative([torch.tensor([float("nan"), 2.0, 6.0])], [torch.tensor([float("nan"), 2.0, 3.0])]) == \
         pytest.approx(3.0 / math.sqrt(13.0))
+
+
+@pytest.mark.slow
+def test_a_probe_that_cannot_measure_nan_weights_still_names_the_checkpoint(capsys, files):
+    """The probe has no finite float64 reference to measure against: one line, exit 2, and it says which."""
+    code, out, err = _diff(capsys, files, "nan", "--probe", "cpu")
+    assert code == 2 and err.count("\n") == 1
+    assert "nan's weights are not valid (0.weight holds 1 NaN of 512 values): nan is the fragile one; " in err
