@@ -1,6 +1,8 @@
 """PCL203 cancellation."""
 from __future__ import annotations
 
+import math
+
 from preclint.core.findings import ErrorFigure, percent, sci
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.reference.analyses.terms import Terms
@@ -90,6 +92,8 @@ the layer in float32, or compare its outputs with an absolute tolerance (the mes
             # cumulative sums
             terms = node.record(Terms)
             if terms is None or node.out is None or not node.out.rms or not node.out.finite:
+                continue
+            if not math.isfinite(terms.rms):  # terms beyond float32 (overflow, PCL101's), not a small result
                 continue
             ratio = terms.rms / node.out.rms
             cancelled = terms.condition.get(100, 0.0)
