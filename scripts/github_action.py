@@ -236,6 +236,9 @@ def check(python: str, paths: Optional[List[str]], *, args: str, fail_on: str, m
     Returns the exit code the job ends with."""
     if report not in REPORTS:
         raise ActionError(f"report must be one of {', '.join(REPORTS)}, not {report!r}")
+    if report == "sarif" and os.environ.get("GITHUB_EVENT_NAME") == "pull_request_target":
+        raise ActionError("report sarif on pull_request_target would upload the pull request's analysis as the base "
+                          "branch's (the event's ref and commit): upload on pull_request and push")
     options = _options(args, fail_on)
     runs: List[tuple] = []
     if paths is None:

@@ -157,6 +157,8 @@ def test_what_pull_request_target_refuses_and_what_an_event_cannot_smuggle(monke
     for kind, models in (("full", ""), ("full", "net.py")):  # the job's Python and the models run its code
         with pytest.raises(action.ActionError, match="pull_request_target"):
             action.install(kind, models)
+    with pytest.raises(action.ActionError, match="as the base branch's"):  # its alerts would be the base's
+        action.check(sys.executable, ["."], args="", fail_on="", models="", report="sarif")
     event = tmp_path / "event.json"
     event.write_text(json.dumps({"pull_request": {"base": {"sha": "--upload-pack=touch /tmp/x"}}}))
     monkeypatch.setenv("GITHUB_EVENT_PATH", str(event))
