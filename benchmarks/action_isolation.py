@@ -420,6 +420,8 @@ def main() -> None:
         stored[args.label] = stamp({"root": root, "commit": commit or None, "runner_flags": flags, "outcomes": outcomes,
                                     "tries": len(outcomes), "as_they_should_be": sum(good.values()),
                                     "summary": {k: f"{good[k]}/{by_class[k]}" for k in by_class}})
+        stored["provenance"] = stored[args.label]["provenance"]  # the file's: its latest run's (this script's commit)
+        stored = {"provenance": stored.pop("provenance"), **stored}
         with open(args.out, "w") as out:
             json.dump(stored, out, indent=1)
             out.write("\n")
