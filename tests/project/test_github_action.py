@@ -337,3 +337,23 @@ def test_a_pull_requests_files_never_run_in_the_action_and_cannot_forge_its_verd
     (run,) = json.loads(open(outputs["report-file"], encoding="utf-8").read())["runs"]
     uris = sorted(r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"])
     assert uris == ["-%20dash%20me.py", "new.py", "old.py"]
+
+
+def test_a_report_that_is_not_preclints_is_one_error_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    """A model's code can write over its run's report: the step says so and ends with 2, no traceback."""
+    action = _script()
+
+    def run(command, **kw):
+        target = command[command.index("--output") + 1]
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write("{not json" if "model-1" in target else '{"runs": 3}')
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(action.subprocess, "run", run)
+    monkeypatch.setenv("RUNNER_TEMP", str(tmp_path))
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "output"))
+    monkeypatch.delenv("GITHUB_EVENT_NAME", raising=False)
+    assert action.check(sys.executable, ["."], args="", fail_on="", models="net.py", report="sarif") == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("::error title=preclint action::the ") for line in lines), lines
+    assert "exit-code=2" in (tmp_path / "output").read_text()
