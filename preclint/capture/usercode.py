@@ -91,7 +91,8 @@ def end_process(code: int) -> None:
     ending is skipped: it would run the exit handlers the model's code registered (``atexit``,
     ``weakref.finalize``, a lingering thread's), any of which could end the process with another code
     (``os._exit(0)`` made a run with findings pass) or print after the report, and it would wait for
-    the threads the model's code started."""
+    the threads the model's code started. preclint's own clean-ups run first (processes.at_end)."""
+    processes.run_at_end()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):  # a reader that left, a closed stream: the report is out
             if stream is not None:
