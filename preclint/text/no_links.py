@@ -14,7 +14,8 @@ import os
 import stat
 from typing import Iterator, Optional, Tuple
 
-_DIRECTORY_FLAGS = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+# O_PATH (Linux): a directory one may pass through but not list (mode 711) is opened all the same
+_DIRECTORY_FLAGS = (getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
                     | getattr(os, "O_CLOEXEC", 0))
 WITH_DIR_FD = {os.open, os.stat, os.unlink, os.rename} <= os.supports_dir_fd  # (os.replace as os.rename)
 
