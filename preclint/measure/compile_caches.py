@@ -7,7 +7,7 @@ user of the machine, or restored with a CI cache, ran inside preclint, and so wo
 Triton's cache (``TRITON_CACHE_DIR``, else ``~/.triton/cache``). So every compilation of a run uses one
 directory that preclint makes for the run (``mkdtemp``: a new name, mode 0700, this user's) for both,
 set in the environment only while the compiled model runs (Inductor's compile workers are handed the
-same variables), with the in-memory caches cleared when it comes into force, every persistent and
+same variables; where a torch does not hand them over, Inductor compiles in this process instead), with the in-memory caches cleared when it comes into force, every persistent and
 remote cache of Inductor and AOTAutograd off (``force_disable_caches``), and the directory removed when
 the run ends (the command's end, or the interpreter's for the Python API).
 """
@@ -73,6 +73,17 @@ def private_caches() -> Iterator[str]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def worker_settings() -> Dict[str, int]:
+    """Inductor settings for its compile workers: none where torch hands each task the cache
+    variables (torch 2.14 does), else one compile thread, in this process, so that no worker started
+    earlier with the shared directory in its environment compiles a kernel of the run."""
+    try:
+        from torch._inductor.runtime import compile_tasks
+    except ImportError:
+        return {"compile_threads": 1}
+    return {} if hasattr(compile_tasks, "_WORKER_CACHE_ENV_VARS") else {"compile_threads": 1}
 
 
 def _clear_in_memory() -> None:

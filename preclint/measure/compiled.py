@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Optional, Set
 import torch
 
 from preclint.load.modelio import Inputs
-from preclint.measure.compile_caches import AOT_AUTOGRAD_CACHES_OFF, CACHES, INDUCTOR_CACHES_OFF, private_caches
+from preclint.measure.compile_caches import (AOT_AUTOGRAD_CACHES_OFF, CACHES, INDUCTOR_CACHES_OFF, private_caches,
+                                             worker_settings)
 from preclint.measure.compiled_graph import CompiledGraph, read_kernels, read_post_grad
 from preclint.measure.modes import ModeRun
 from preclint.measure.runners import NativeRunner
@@ -132,7 +133,7 @@ class InductorModel(CompiledModel):
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
 
-        patches = {"post_grad_custom_post_pass": _custom_pass(self.recorder), **INDUCTOR_CACHES_OFF,
+        patches = {"post_grad_custom_post_pass": _custom_pass(self.recorder), **INDUCTOR_CACHES_OFF, **worker_settings(),
                    "emulate_precision_casts": bool(self.compilation.settings["emulate_precision_casts"])}
         patches = {k: v for k, v in patches.items() if hasattr(inductor_config, k)}
         aot_patches = {k: v for k, v in AOT_AUTOGRAD_CACHES_OFF.items() if hasattr(functorch_config, k)}
