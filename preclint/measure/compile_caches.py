@@ -7,9 +7,10 @@ user of the machine, or restored with a CI cache, ran inside preclint, and so wo
 Triton's cache (``TRITON_CACHE_DIR``, else ``~/.triton/cache``). So every compilation of a run uses one
 directory that preclint makes for the run (``mkdtemp``: a new name, mode 0700, this user's) for both,
 set in the environment only while the compiled model runs (Inductor's compile workers are handed the
-same variables; where a torch does not hand them over, Inductor compiles in this process instead), with the in-memory caches cleared when it comes into force, every persistent and
-remote cache of Inductor and AOTAutograd off (``force_disable_caches``), and the directory removed when
-the run ends (the command's end, or the interpreter's for the Python API).
+same variables; where a torch does not hand them over, Inductor compiles in this process instead),
+with the in-memory caches cleared when it comes into force, every persistent and remote cache of
+Inductor and AOTAutograd off (``force_disable_caches``), and the directory removed when the run ends
+(the command's end, or the interpreter's for the Python API).
 """
 from __future__ import annotations
 
