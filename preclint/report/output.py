@@ -8,13 +8,18 @@ import errno
 import os
 import stat
 import sys
-from typing import Optional, Sequence, TextIO, Tuple
+from typing import Dict, Optional, Sequence, TextIO, Tuple
 
 from preclint.core.errors import UserError
 from preclint.text.no_links import LinkOnPath, at, link_on_path, open_parent
 from preclint.text.safe_io import write_atomic_at
 
 Inputs = Sequence[Tuple[Optional[str], str]]  # (a file the run reads, what it is)
+
+# where each output checked so far goes, fixed when it was checked (before any model's code ran): the
+# working directory then (the kernel's path, without links) joined with the name as given, so that an
+# os.chdir of the model's code (a thread it left running) does not move the report
+_PLACES: Dict[str, str] = {}
 
 
 def run_inputs(args, config_path: Optional[str]) -> Inputs:
@@ -72,6 +77,7 @@ def check_output_target(filename: str, what: str = "baseline", checked: Sequence
     if link is not None:
         raise UserError(LinkOnPath(filename, link).refusal(what))
     _refuse_unsafe_target(filename, what)
+    _PLACES[filename] = filename if os.path.isabs(filename) else os.path.join(os.getcwd(), filename)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -135,12 +141,14 @@ def write_output_file(filename: str, text: str, what: str) -> None:
     regular file is replaced atomically, keeping its mode and owner; a new file is created; a FIFO or
     a device (``/dev/null``, a pipe another process reads, a link to one) is written to as a stream;
     a directory, a block device, a link to a file and a link anywhere on the way (each directory is
-    opened without following links, text/no_links.py) are refused. Every failure is a UserError that
-    says the file was left as it was."""
+    opened without following links, text/no_links.py) are refused. A name checked before
+    (``check_output_target``) is written where it named then, whatever the working directory is now.
+    Every failure is a UserError that says the file was left as it was."""
     data = text.encode("utf-8")
     parent = None
+    place = _PLACES.pop(filename, filename)
     try:
-        parent, name = open_parent(filename)
+        parent, name = open_parent(place)
         info = _refuse_unsafe_target(filename, what, parent, name)
         if info is None:
             _create(parent, name, data)
@@ -151,7 +159,9 @@ def write_output_file(filename: str, text: str, what: str) -> None:
         else:
             _stream(parent, name, data)
     except LinkOnPath as exc:
-        raise UserError(exc.refusal(what)) from None
+        anchor = place[:len(place) - len(filename)]  # the working directory the name was fixed in
+        link = exc.link[len(anchor):] if place != filename and exc.link.startswith(anchor) else exc.link
+        raise UserError(LinkOnPath(filename, link).refusal(what)) from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if exc.errno == errno.ENXIO:  # opening a FIFO for writing without blocking, and nobody reads it

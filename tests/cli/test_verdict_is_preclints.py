@@ -45,7 +45,17 @@ FORGES_AT_EXIT = OVERFLOWS + """
     weakref.finalize(sys, posix._exit, 0)
     threading.Thread(target=lambda: (time.sleep(600), posix._exit(0))).start()
     os.makedirs("elsewhere", exist_ok=True)
+    elsewhere = os.path.abspath("elsewhere")
     os.chdir("elsewhere")
+
+
+    def wander():  # after the model's code, while preclint writes its report
+        while True:
+            time.sleep(0.01)
+            os.chdir(elsewhere)
+
+
+    threading.Thread(target=wander, daemon=True).start()
 """
 FORGES_ON_SIGTERM = OVERFLOWS + """
     import posix, signal
@@ -82,7 +92,10 @@ def test_exit_handlers_and_chdir_at_import_change_neither_exit_code_nor_report_p
     assert time.monotonic() - started < 120  # the sleeping thread did not hold the process
     results = json.loads((tmp_path / "report.sarif").read_text())["runs"][0]["results"]
     assert [r["ruleId"] for r in results] == ["PCL101"]
-    assert not (tmp_path / "elsewhere" / "report.sarif").exists()
+    written = subprocess.run([sys.executable, "-m", "preclint", "check", "forger.py", "--write-baseline", "b.json"],
+                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert written.returncode == 0 and "PCL101" in (tmp_path / "b.json").read_text(), written.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == []
     assert proc.stdout == "" and "printed at exit" not in proc.stderr
 
 
