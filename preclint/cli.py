@@ -459,9 +459,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is None:
             processes.end_descendants()  # a child holding stdout would keep `preclint ... | cat` waiting
     if argv is None:
-        from preclint.capture.usercode import end_if_threads_linger
+        from preclint.capture.usercode import end_process
 
-        end_if_threads_linger(code)  # a thread the model's code started must not keep the process alive
+        end_process(code)  # the exit code is preclint's: no exit handler of the model's code runs after it
     return code
 
 
