@@ -43,6 +43,10 @@ class RuleContext:
     atol: Optional[float] = None
     model_location: Optional[Location] = None
     model_name: str = "model"  # what the user's file calls the model: ``model[0]`` names its first entry
+    # --train: each precision's predicted training-step figures (predict/training.py TrainingFigures), and
+    # the float64 reference step they came from (reference/training_step.py), which the probe measures against
+    training: Dict[str, Any] = field(default_factory=dict)
+    training_reference: Optional[Any] = None
 
     def for_rule(self, rule: "type[RuleDoc]") -> "RuleContext":
         """This context as ``rule`` sees it: only the modes among its ``precisions``."""

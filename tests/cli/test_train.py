@@ -1,0 +1,80 @@
+"""`preclint check --train`: a training step read from the model's file, its figures in the report."""
+import json
+import textwrap
+
+import jsonschema
+import torch
+
+from preclint.cli import main
+from tests.paths import DATA
+
+SCHEMA = json.loads((DATA / "report.schema.json").read_text())
+
+# a regression whose loss gradients are far below float16's subnormals: fp16 autocast without a scaler
+REGRESSION = """
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    example_inputs = (torch.randn(256, 32),)
+    example_targets = torch.randn(256, 1) * 1e-3
+    def loss_fn(output, target):
+        return torch.nn.functional.mse_loss(output, target) * 1e-3
+    def make_optimizer(params):
+        return torch.optim.SGD(params, lr=1e-2)
+"""
+
+
+def write(tmp_path, source, name="train_model.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_report_carries_each_precision_s_predicted_step(tmp_path, capsys):
+    code, out, err = run(capsys, "check", write(tmp_path, REGRESSION), "--train", "--precision", "fp16,bf16",
+                         "--output-format", "json", "-q")
+    document = json.loads(out)
+    jsonschema.validate(document, SCHEMA)
+    fp16 = document["summary"]["fp16"]["training"]["predicted"]
+    bf16 = document["summary"]["bf16"]["training"]["predicted"]
+    assert fp16["underflow_fraction"] > 0.05 and bf16["underflow_fraction"] == 0.0
+    assert {row["parameter"] for row in fp16["parameters"]} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert fp16["loss_scale"] == 1.0 and fp16["scale_window"][0] > 1
+
+
+def test_a_missing_optimizer_is_one_line_and_exit_2(tmp_path, capsys):
+    source = REGRESSION.replace("def make_optimizer(params):", "def other(params):")
+    code, out, err = run(capsys, "check", write(tmp_path, source), "--train", "-q")
+    assert code == 2
+    assert "make_optimizer(params)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_loss_without_targets_is_one_line_and_exit_2(tmp_path, capsys):
+    source = REGRESSION.replace("example_targets =", "targets =")
+    code, out, err = run(capsys, "check", write(tmp_path, source), "--train", "-q")
+    assert code == 2 and "example_targets" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_that_returns_no_loss_and_no_loss_fn_is_one_line(tmp_path, capsys):
+    source = REGRESSION.replace("def loss_fn(output, target):", "def other_fn(output, target):")
+    code, out, err = run(capsys, "check", write(tmp_path, source), "--train", "--precision", "fp16", "-q")
+    assert code == 2 and "loss_fn" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_user_s_model_is_not_stepped(tmp_path):
+    import preclint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    before = [p.detach().clone() for p in model.parameters()]
+    step = preclint.training_step(loss_fn=torch.nn.functional.mse_loss, targets=torch.randn(4, 1),
+                                  make_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
+    preclint.check(model, (torch.randn(4, 8),), precisions=("bf16",), train=step)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
