@@ -27,7 +27,7 @@ from preclint.measure.copies import copy_to
 
 STEP_DTYPES = {"float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                "fp16-full": torch.float16, "bf16-full": torch.bfloat16}
-TRAINING_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
+TRAINING_MODES = ("fp32", "fp16", "bf16", "fp16-full", "bf16-full")
 AUTOCAST_MODES = ("fp16", "bf16")
 MAX_SKIPS = 24  # 65536 halved 24 times is below 1/256: a scale that needs more is not a scale problem
 

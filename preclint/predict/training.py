@@ -66,6 +66,8 @@ class TrainingFigures:
     loss_scale: float
     parameters: List[ParameterFigures]
     skipped_steps: int = 0
+    # of the weights the float64 step moves, those float32 storage alone loses (the baseline of a float32 step)
+    float32_lost_update_fraction: Optional[float] = None
     scale_window: Optional[tuple] = None  # (low, high) loss scales; predicted only
     first_nonfinite_forward: Optional[str] = None
     first_nonfinite_backward: Optional[str] = None
@@ -75,6 +77,7 @@ class TrainingFigures:
         out = {"grad_rel_error": self.grad_rel_error, "underflow_fraction": self.underflow_fraction,
                "lost_update_fraction": self.lost_update_fraction, "nonfinite_updates": self.nonfinite_updates,
                "loss_scale": self.loss_scale, "skipped_steps": self.skipped_steps,
+               "float32_lost_update_fraction": self.float32_lost_update_fraction,
                "first_nonfinite_forward": self.first_nonfinite_forward,
                "first_nonfinite_backward": self.first_nonfinite_backward,
                "hazards": list(self.hazards), "parameters": [p.as_dict() for p in self.parameters]}
@@ -120,6 +123,7 @@ def _predict_mode(reference: TrainingReference, stats: ModeStatistics, forward_e
     overflowing = _first_overflow(reference, stats, dtype)
     hazards = optimizer_hazards(reference.optimizer, storage)
     rows = []
+    lost32 = [0, 0]
     for name, p in reference.step.parameters.items():
         g64 = p.grad if p.grad is not None else torch.zeros_like(p.before)
         flushed_grad = stats.flushed_grads.get(name, g64)
@@ -137,12 +141,15 @@ def _predict_mode(reference: TrainingReference, stats: ModeStatistics, forward_e
         moved = update64 != 0
         lost_mask = moved & ((update == 0) | lost_updates(p.before, update, storage))
         lost = int(lost_mask.sum()) / int(moved.sum()) if int(moved.sum()) else 0.0
+        lost32[0] += int(lost_updates(p.before, update64, torch.float32).sum())
+        lost32[1] += int(moved.sum())
         nonfinite, row_hazards = _nonfinite(reference, stats, name, storage, overflowing=overflowing, order=order)
         rows.append(ParameterFigures(name, module, p.before.numel(), error if nonfinite == 0 else math.inf,
                                      under, lost, nonfinite, row_hazards))
     grads = {name: p.grad for name, p in reference.step.parameters.items() if p.grad is not None}
     updates = {name: reference.update(name) for name in reference.step.parameters}
     return totals(mode, rows, grads, updates, loss_scale=stats.scale, skipped_steps=stats.skipped,
+                  float32_lost_update_fraction=lost32[0] / lost32[1] if lost32[1] else 0.0,
                   scale_window=window(stats, dtype), first_nonfinite_forward=reference.step.first_nonfinite_forward,
                   first_nonfinite_backward=overflowing or reference.step.first_nonfinite_backward, hazards=hazards)
 
