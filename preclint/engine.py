@@ -414,6 +414,10 @@ class Session:
                 report, graph, ctx, placement = self._check_placed(loaded, placement)
                 if self.probe is not None:
                     probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
+                    if ctx.training_reference is not None:  # --train: each precision's step, measured
+                        from preclint.probe.training import measure_training_into
+
+                        measure_training_into(report, loaded, ctx, self.probe.device)
                 elif self.config.output_format == "html":  # the page's header records where the predictions ran
                     from preclint.probe.device import check_environment
 

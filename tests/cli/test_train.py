@@ -78,3 +78,25 @@ def test_the_user_s_model_is_not_stepped(tmp_path):
     preclint.check(model, (torch.randn(4, 8),), precisions=("bf16",), train=step)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_probe_measures_each_precision_s_step_beside_the_prediction(tmp_path, capsys):
+    code, out, err = run(capsys, "check", write(tmp_path, REGRESSION), "--train", "--precision", "fp16,bf16",
+                         "--probe", "cpu", "--output-format", "json", "-q")
+    document = json.loads(out)
+    jsonschema.validate(document, SCHEMA)
+    for mode in ("fp16", "bf16"):
+        predicted = document["summary"][mode]["training"]["predicted"]
+        measured = document["summary"][mode]["training"]["measured"]
+        for key in ("underflow_fraction", "lost_update_fraction"):
+            assert (predicted[key] < 0.01 and measured[key] < 0.01) or \
+                measured[key] / 3 <= predicted[key] <= measured[key] * 3, (mode, key)
+        assert len(measured["parameters"]) == 4
+    (flushing,) = [f for f in document["findings"] if f["code"] == "PCL601"]
+    assert flushing["status"] == "confirmed" and flushing["precisions"] == ["fp16"]
+
+
+def test_the_console_shows_a_training_section(tmp_path, capsys):
+    code, out, err = run(capsys, "check", write(tmp_path, REGRESSION), "--train", "--precision", "fp16", "-q",
+                         "--color", "never")
+    assert "Training step against float64 (predicted)" in out and "0.weight" in out

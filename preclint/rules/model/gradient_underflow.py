@@ -13,7 +13,8 @@ class GradientUnderflow(Rule):
     severity = "warning"
     precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
     needs = ()
-    measured_as = "output"
+    measured_as = "training"
+    training_figure = "underflow_fraction"
     why = """
 float16 stores nothing below 6e-8 (its smallest subnormal; half of it rounds to 0). A loss averaged over
 a large batch, a small loss weight, or small targets give gradients of 1e-9 and less: under fp16 autocast

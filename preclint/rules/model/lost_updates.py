@@ -13,7 +13,8 @@ class LostUpdates(Rule):
     severity = "warning"
     precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
     needs = ()
-    measured_as = "output"
+    measured_as = "training"
+    training_figure = "lost_update_fraction"
     why = """
 An update changes a weight only if it is at least half the spacing of the weight's format at that weight:
 bfloat16 keeps 8 significant bits, so a weight of 1.0 ignores any update under 0.0039, and SGD at

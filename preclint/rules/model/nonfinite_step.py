@@ -12,7 +12,8 @@ class NonfiniteStep(Rule):
     severity = "error"
     precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
     needs = ()
-    measured_as = "output"
+    measured_as = "training"
+    training_figure = "nonfinite_updates"
     why = """
 One inf or NaN in a weight spreads through every later step: the loss turns NaN and the run is lost.
 Without a GradScaler nothing skips such a step. The causes preclint predicts from one float64 step: a

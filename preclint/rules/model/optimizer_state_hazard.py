@@ -12,7 +12,7 @@ class OptimizerStateHazard(Rule):
     severity = "warning"
     precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
     needs = ()
-    measured_as = "output"
+    measured_as = "training"
     why = """
 Optimizers keep their state in the parameters' dtype. With `model.half()`, Adam's `eps=1e-8` is 0 in
 float16 (below 3e-8), and a second moment `(1 - beta2) * g^2` under 3e-8 (any gradient under 5e-6)
