@@ -31,7 +31,8 @@ from preclint.training.statistics import (flush_threshold, flushes, lost_updates
                                           scale_window)
 
 SECOND_MOMENTS = ("exp_avg_sq", "square_avg", "sum")  # Adam/AdamW, RMSprop, Adagrad: the divisor's state
-WINDOW_UNDERFLOW = 0.01  # the scale window's low end keeps all but this fraction of low-dtype gradients
+WINDOW_UNDERFLOW = 0.01
+HAZARD_SHARE = 0.01  # a first moment or momentum that flushes in more than this share of its elements  # the scale window's low end keeps all but this fraction of low-dtype gradients
 
 
 @dataclass
@@ -177,15 +178,18 @@ def _nonfinite(reference, stats, name, storage, *, overflowing, order):
     hazards = []
     state = stats.flushed_state.get(name, {})
     eps = reference.optimizer.get("eps")
+    eps_flushes = isinstance(eps, float) and eps <= flush_threshold(storage)
     for key, value in state.items():
         flushed = int(flushes(value, storage).sum())
         over = int(overflows(value, storage).sum())
-        if flushed:
+        # a second moment that stores 0 divides by eps alone: harmless unless eps is 0 too; another state
+        # (a momentum, a first moment) that flushes loses that much of its updates
+        if flushed and (eps_flushes if key in SECOND_MOMENTS else flushed > HAZARD_SHARE * value.numel()):
             hazards.append(f"{key}: {flushed} of {value.numel()} elements store 0 in {_dtype(storage)}")
         if over:
             hazards.append(f"{key}: {over} of {value.numel()} elements overflow {_dtype(storage)}")
             count = max(count, over)
-        if key in SECOND_MOMENTS and isinstance(eps, float) and eps <= flush_threshold(storage) and count == 0:
+        if key in SECOND_MOMENTS and eps_flushes and count == 0:
             zero = (value == 0) | flushes(value, storage)
             count = int(zero.sum())  # 0 / (sqrt(0) + 0): NaN, or m / 0: inf
     return count, hazards
