@@ -81,9 +81,28 @@ class TrainingFigures:
                "float32_lost_update_fraction": self.float32_lost_update_fraction,
                "first_nonfinite_forward": self.first_nonfinite_forward,
                "first_nonfinite_backward": self.first_nonfinite_backward,
-               "hazards": list(self.hazards), "parameters": [p.as_dict() for p in self.parameters]}
+               "hazards": list(self.hazards), "parameters": [p.as_dict() for p in self.parameters],
+               "layers": self.layers()}
         if self.scale_window is not None:
             out["scale_window"] = list(self.scale_window)
+        return out
+
+
+    def layers(self) -> List[Dict[str, object]]:
+        """Per module (in the order its parameters come), its parameters' figures weighted by their sizes
+        (the gradient error: the largest of its parameters')."""
+        grouped: Dict[str, List[ParameterFigures]] = {}
+        for row in self.parameters:
+            grouped.setdefault(row.module, []).append(row)
+        out = []
+        for module, rows in grouped.items():
+            size = sum(r.numel for r in rows) or 1
+            errors = [r.grad_rel_error for r in rows]
+            out.append({"module": module, "numel": size,
+                        "grad_rel_error": None if any(e is None for e in errors) else max(errors),
+                        "underflow_fraction": sum(r.underflow_fraction * r.numel for r in rows) / size,
+                        "lost_update_fraction": sum(r.lost_update_fraction * r.numel for r in rows) / size,
+                        "nonfinite_updates": sum(r.nonfinite_updates for r in rows)})
         return out
 
 

@@ -46,6 +46,9 @@ def test_the_report_carries_each_precision_s_predicted_step(tmp_path, capsys):
     assert fp16["underflow_fraction"] > 0.05 and bf16["underflow_fraction"] == 0.0
     assert {row["parameter"] for row in fp16["parameters"]} == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert fp16["loss_scale"] == 1.0 and fp16["scale_window"][0] > 1
+    assert [layer["module"] for layer in fp16["layers"]] == ["0", "2"]
+    first = fp16["layers"][0]
+    assert first["numel"] == 32 * 64 + 64 and 0 < first["underflow_fraction"] < 1
 
 
 def test_a_missing_optimizer_is_one_line_and_exit_2(tmp_path, capsys):
@@ -100,3 +103,24 @@ def test_the_console_shows_a_training_section(tmp_path, capsys):
     code, out, err = run(capsys, "check", write(tmp_path, REGRESSION), "--train", "--precision", "fp16", "-q",
                          "--color", "never")
     assert "Training step against float64 (predicted)" in out and "0.weight" in out
+
+
+HF_CLASSIFIER = """
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForSequenceClassification(config)
+    example_inputs = {"input_ids": torch.randint(0, 100, (4, 16)), "labels": torch.randint(0, 3, (4,))}
+    def make_optimizer(params):
+        return torch.optim.AdamW(params, lr=1e-3)
+"""
+
+
+def test_a_model_that_returns_its_loss_needs_no_loss_fn(tmp_path, capsys):
+    code, out, err = run(capsys, "check", write(tmp_path, HF_CLASSIFIER), "--train", "--precision", "bf16-full",
+                         "--output-format", "json", "-q")
+    predicted = json.loads(out)["summary"]["bf16-full"]["training"]["predicted"]
+    assert predicted["lost_update_fraction"] > 0.1  # AdamW at lr 1e-3 on bfloat16 weights near 1 (the norms)
+    assert any(row["parameter"].startswith("bert.embeddings") for row in predicted["parameters"])
