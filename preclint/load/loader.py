@@ -114,7 +114,8 @@ def load_model(
         else:
             call = inputs_from_code(origin, module, seed)
         notes.extend(check_call_fits(module, call, origin.label))
-        training = training_step_from_code(origin.namespace, origin.label, origin.file_path, seed) if train else None
+        training = training_step_from_code(origin.namespace, origin.label, origin.file_path, seed,
+                                           module) if train else None
 
     if weights is not None:
         load_weights(module, weights)

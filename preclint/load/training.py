@@ -92,8 +92,10 @@ def scaler_settings(scaler: Any, label: str) -> Optional[Dict[str, Any]]:
             "growth_interval": scaler._growth_interval}
 
 
-def training_step_from_code(namespace: Any, label: str, file_path: Optional[str], seed: int) -> TrainingStep:
-    """The step the model's file defines (module-level names, see the module's docstring)."""
+def training_step_from_code(namespace: Any, label: str, file_path: Optional[str], seed: int,
+                            module: Any = None) -> TrainingStep:
+    """The step the model's file defines (module-level names, see the module's docstring); the optimizer
+    may come from the model's Lightning-style ``configure_optimizers()`` instead."""
     targets = getattr(namespace, TARGETS_ATTR, None)
     if callable(targets) and not isinstance(targets, torch.Tensor):
         torch.manual_seed(seed)
@@ -103,5 +105,23 @@ def training_step_from_code(namespace: Any, label: str, file_path: Optional[str]
             raise UserError(f"{located(label, file_path, exc.__traceback__)}: {TARGETS_ATTR}() failed: {quote(exc)}") from None
     return training_step_of(loss_fn=getattr(namespace, LOSS_ATTR, None), targets=targets,
                             make_optimizer=getattr(namespace, OPTIMIZER_FACTORY_ATTR, None),
-                            optimizer=getattr(namespace, OPTIMIZER_ATTR, None),
+                            optimizer=getattr(namespace, OPTIMIZER_ATTR, None) or configured_optimizer(module, label),
                             scaler=getattr(namespace, SCALER_ATTR, None), label=label)
+
+
+def configured_optimizer(module: Any, label: str) -> Optional[torch.optim.Optimizer]:
+    """The first optimizer a Lightning-style ``module.configure_optimizers()`` returns (an optimizer, a list
+    or tuple of them, ``([optimizers], [schedulers])`` or ``{"optimizer": ...}``); None without the method.
+    Building an optimizer reads the parameters and changes nothing."""
+    configure = getattr(module, "configure_optimizers", None)
+    if not callable(configure):
+        return None
+    try:
+        found = configure()
+    except Exception as exc:  # noqa: BLE001 - the user's code: one line
+        raise UserError(f"{label}: configure_optimizers() failed: {quote(exc)}") from None
+    while isinstance(found, (list, tuple)) and found:
+        found = found[0]
+    if isinstance(found, dict):
+        found = found.get("optimizer")
+    return found if isinstance(found, torch.optim.Optimizer) else None

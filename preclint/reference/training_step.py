@@ -175,7 +175,7 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
     spread = magnitudes(joined)
     scale, skipped = settled_scale(spread.largest, request.step, dtype)
     flushed = backward.flushed(set(low), dtype, scale)
-    for name in low_params:  # the weight gradient itself is a low-precision GEMM's output
+    for name in low_params & set(flushed):  # the weight gradient itself is a low-precision GEMM's output
         flushed[name] = torch.where(flushes(flushed[name], dtype, scale), torch.zeros_like(flushed[name]), flushed[name])
     output_max = {path: max((float(g.abs().max()) for g in backward.output_grads.get(path, []) if g.numel()),
                             default=0.0) for path in low}

@@ -124,3 +124,17 @@ def test_a_model_that_returns_its_loss_needs_no_loss_fn(tmp_path, capsys):
     predicted = json.loads(out)["summary"]["bf16-full"]["training"]["predicted"]
     assert predicted["lost_update_fraction"] > 0.1  # AdamW at lr 1e-3 on bfloat16 weights near 1 (the norms)
     assert any(row["parameter"].startswith("bert.embeddings") for row in predicted["parameters"])
+
+
+def test_the_optimizer_may_come_from_configure_optimizers(tmp_path, capsys):
+    source = REGRESSION.replace("def make_optimizer(params):\n        return torch.optim.SGD(params, lr=1e-2)", "") + """
+    class Net(torch.nn.Sequential):
+        def configure_optimizers(self):
+            return {"optimizer": torch.optim.SGD(self.parameters(), lr=1e-4)}
+    model = Net(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).bfloat16()
+    example_inputs = (torch.randn(256, 32).bfloat16(),)
+"""
+    code, out, err = run(capsys, "check", write(tmp_path, source), "--train", "--output-format", "json", "-q")
+    document = json.loads(out)
+    assert list(document["summary"]) and document["summary"]["bf16-full"]["training"]["predicted"]["lost_update_fraction"] > 0.5
+    assert "PCL602" in {f["code"] for f in document["findings"]}

@@ -51,3 +51,12 @@ def test_predicted_underflow_and_lost_updates_match_a_measured_step():
     measured_lost = unchanged_fraction(p.before, p.after, truth.parameters["0.weight"].after - p.before.double())
     for guess, seen in ((row.underflow_fraction, measured_under), (row.lost_update_fraction, measured_lost)):
         assert seen > 0.05 and seen / 3 <= guess <= seen * 3, (guess, seen)
+
+
+def test_frozen_parameters_are_left_out_of_the_step():
+    module, inputs, step = regression()()
+    module[0].weight.requires_grad_(False)
+    _report, _graph, ctx = check(module, inputs, precisions=("fp16",), train=step)
+    rows = {row.parameter for row in ctx.training["fp16"].parameters}
+    assert rows == {"0.bias", "2.weight", "2.bias"}
+    assert not module[0].weight.requires_grad  # the user's model as it was
