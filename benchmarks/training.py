@@ -4,6 +4,7 @@ the CPU (autocast and the CPU's float16/bfloat16 kernels) and compared with a fl
 element (probe/training.py). Tiny models, one thread:
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --out benchmarks/results/training_cpu.json
+    python benchmarks/training.py --device cuda --out benchmarks/results/training_h100.json   # steps on a GPU
 
 The setups: an MLP regression, a CNN with batch norm and a small transformer encoder, each under fp16 and
 bf16 autocast (float32 weights and optimizer) and pure fp16/bf16 (``-full``), with SGD and with Adam; the
@@ -123,19 +124,19 @@ def agree(predicted: float, measured: float) -> bool:
     return (predicted < BELOW and measured < BELOW) or (measured / FACTOR <= predicted <= measured * FACTOR)
 
 
-def run_setup(setup: Dict[str, Any]) -> Dict[str, Any]:
+def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     module, inputs, targets, loss_fn = MODELS[setup["model"]](setup.get("loss_weight", 1.0))
     if setup.get("half"):
         module = module.half()
         inputs = tuple(x.half() if x.is_floating_point() else x for x in inputs)
     step = training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=OPTIMIZERS[setup["optimizer"]](setup["lr"]),
-                            scaler=torch.amp.GradScaler("cpu") if setup.get("scaler") else None)
+                            scaler=torch.amp.GradScaler(device.type) if setup.get("scaler") else None)
     loaded = LoadedModel(module.eval(), inputs, setup["name"], None, training=step)
     started = time.perf_counter()
     report, _graph, ctx = check_model(loaded, Config(precisions=(setup["mode"],)),
                                       CheckOptions(modes=(setup["mode"],), train=True))
     notes: List[str] = []
-    measured = measure_training(loaded, ctx.training_reference, list(ctx.training), torch.device("cpu"), notes)
+    measured = measure_training(loaded, ctx.training_reference, list(ctx.training), device, notes)
     (mode,) = list(ctx.training)
     predicted, seen = ctx.training[mode], measured[mode]
     row = {"mode": mode, "seconds": round(time.perf_counter() - started, 2),
@@ -153,13 +154,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=None, help="run the setups whose name holds this text")
+    parser.add_argument("--device", default="cpu", help="where each precision's step is measured (the prediction's "
+                                                         "float64 step runs on the CPU)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
     results: Dict[str, Any] = {}
     for setup in setups():
         if args.only and args.only not in setup["name"]:
             continue
-        row = run_setup(setup)
+        row = run_setup(setup, torch.device(args.device))
         results[setup["name"]] = row
         print(f"{setup['name']:48s} under {row['underflow_fraction']['predicted']:.3f}/{row['underflow_fraction']['measured']:.3f} "
               f"lost {row['lost_update_fraction']['predicted']:.3f}/{row['lost_update_fraction']['measured']:.3f} "
