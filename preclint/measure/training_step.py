@@ -9,8 +9,7 @@ How each precision trains (the user's own model is never stepped):
 A GradScaler's settings scale the loss as it would; a step it skips (an inf or NaN gradient at the scale)
 is run again from the same start at half the scale, as the scaler settles over the first steps, and the
 skips are counted. Hooks record the first module whose output is not finite, in the forward and (its
-output's gradient) in the backward; ``gradient_hook`` may replace a module output's gradient (the
-reference uses it to model a format's flushing).
+output's gradient) in the backward.
 """
 from __future__ import annotations
 
@@ -91,12 +90,11 @@ def loss_of(output: Any, targets: Any, loss_fn: Optional[Callable], label: str) 
 
 class _Watch:
     """Forward hooks on every module: the first whose output is not finite, in the forward and in the
-    backward; and ``gradient_hook(path, grad)`` on each module output's gradient."""
+    backward (its output's gradient)."""
 
-    def __init__(self, model: torch.nn.Module, gradient_hook=None) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         self.forward: Optional[str] = None
         self.backward: Optional[str] = None
-        self.gradient_hook = gradient_hook
         self.handles = [m.register_forward_hook(self._hook(path)) for path, m in model.named_modules()]
 
     def _hook(self, path: str):
@@ -111,8 +109,6 @@ class _Watch:
 
     def _on_gradient(self, path: str):
         def on_gradient(grad):
-            if self.gradient_hook is not None:
-                grad = self.gradient_hook(path, grad)
             if self.backward is None and not bool(torch.isfinite(grad).all()):
                 self.backward = path
             return grad
@@ -147,8 +143,7 @@ class StepRequest:
 def prepared(request: StepRequest, mode: str):
     """(the copy in ``mode``'s storage dtype in train mode, the inputs, the targets) for one run."""
     dtype = STEP_DTYPES[mode]
-    weights = storage_dtype(mode) if mode in STEP_DTYPES and mode != "float64" else dtype
-    model = copy_to(request.model, request.device, weights)
+    model = copy_to(request.model, request.device, storage_dtype(mode))
     for p in model.parameters():  # copy_to shares what needs no cast; a step writes into its weights
         p.data = p.data.clone()
     model.train()
@@ -164,14 +159,15 @@ def autocast_for(mode: str, device: torch.device):
     return torch.autocast(device.type, dtype=STEP_DTYPES[mode])
 
 
-def run_step(request: StepRequest, mode: str, gradient_hook=None) -> StepRun:
+def run_step(request: StepRequest, mode: str) -> StepRun:
     """One step under ``mode`` (a key of STEP_DTYPES) from the model's current weights."""
     scale = request.step.loss_scale if mode != "float64" else 1.0
     skipped = 0
     while True:
-        run = _one_step(request, mode, scale, gradient_hook)
-        if request.step.scaler is None or mode == "float64" or run.first_nonfinite_backward is None \
-                and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in run.parameters.values()):
+        run = _one_step(request, mode, scale)
+        finite = run.first_nonfinite_backward is None and all(
+            p.grad is None or bool(torch.isfinite(p.grad).all()) for p in run.parameters.values())
+        if request.step.scaler is None or mode == "float64" or finite:
             run.skipped = skipped
             return run
         if skipped >= MAX_SKIPS:  # every scale overflows: the step is as GradScaler leaves it, not taken
@@ -182,12 +178,12 @@ def run_step(request: StepRequest, mode: str, gradient_hook=None) -> StepRun:
         scale *= request.step.scaler.get("backoff_factor", 0.5)
 
 
-def _one_step(request: StepRequest, mode: str, scale: float, gradient_hook) -> StepRun:
+def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
     model, inputs, targets = prepared(request, mode)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     before = {name: p.detach().clone().cpu() for name, p in named}
     optimizer = request.step.make_optimizer([p for _, p in named])
-    watch = _Watch(model, gradient_hook)
+    watch = _Watch(model)
     torch.manual_seed(request.seed)
     try:
         with torch.enable_grad(), autocast_for(mode, request.device):

@@ -171,13 +171,16 @@ def _predict_mode(reference: TrainingReference, stats: ModeStatistics, forward_e
     return totals(mode, rows, grads, updates, loss_scale=stats.scale, skipped_steps=stats.skipped,
                   float32_lost_update_fraction=lost32[0] / lost32[1] if lost32[1] else 0.0,
                   scale_window=window(stats, dtype), first_nonfinite_forward=reference.step.first_nonfinite_forward,
-                  first_nonfinite_backward=overflowing or reference.step.first_nonfinite_backward, hazards=hazards)
+                  first_nonfinite_backward=overflowing if overflowing is not None else reference.step.first_nonfinite_backward, hazards=hazards)
 
 
 def _first_overflow(reference: TrainingReference, stats: ModeStatistics, dtype: torch.dtype) -> Optional[str]:
     """The module whose output's gradient is the first (in backward order) to overflow at the step's scale."""
     limit = float(torch.finfo(dtype).max)
-    for path in reversed(stats.low_outputs):
+    # a container hands on its last child's output: the child is the one to name
+    leaves = [path for path in stats.low_outputs
+              if not any(other != path and (path == "" or other.startswith(path + ".")) for other in stats.low_outputs)]
+    for path in reversed(leaves or stats.low_outputs):
         if stats.output_grad_max.get(path, 0.0) * stats.scale >= limit:
             return path
     return None

@@ -15,12 +15,12 @@ Beside the float64 step's gradients, updates and optimizer state, it records per
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Set
 
 import torch
 
-from preclint.measure.training_step import (AUTOCAST_MODES, STEP_DTYPES, ParameterStep, StepRequest, StepRun,
-                                            autocast_for, loss_of, prepared, run_step, storage_dtype)
+from preclint.measure.training_step import (AUTOCAST_MODES, STEP_DTYPES, StepRequest, StepRun, autocast_for,
+                                            loss_of, prepared, run_step)
 from preclint.load.modelio import output_tensors
 from preclint.training.statistics import Magnitudes, flush_threshold, flushes, magnitudes, overflows
 
@@ -210,16 +210,3 @@ def optimizer_updates(request: StepRequest, reference: TrainingReference,
                     if isinstance(value, torch.Tensor) and value.numel() == w.numel()}
              for name, w in zip(before, weights)}
     return updates, state
-
-
-def forward_order_index(reference: TrainingReference, name: str) -> Optional[int]:
-    path = reference.module_of.get(name)
-    return reference.module_order.index(path) if path in reference.module_order else None
-
-
-def state_dtype(mode: str) -> torch.dtype:
-    return storage_dtype(mode)
-
-
-__all__ = ["ModeStatistics", "ParameterStep", "TrainingReference", "reference_step", "forward_order_index",
-           "state_dtype"]

@@ -60,3 +60,27 @@ def test_frozen_parameters_are_left_out_of_the_step():
     rows = {row.parameter for row in ctx.training["fp16"].parameters}
     assert rows == {"0.bias", "2.weight", "2.bias"}
     assert not module[0].weight.requires_grad  # the user's model as it was
+
+
+def test_a_gradient_that_overflows_float16_is_named_where_it_first_is_not_finite():
+    import torch
+
+    from preclint.load.modelio import Inputs
+    from preclint.load.training import training_step_of
+    from preclint.measure.training_step import StepRequest
+    from preclint.probe.training import measure_training
+    from preclint.load.loader import LoadedModel
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    inputs = (torch.randn(4, 8),)
+    step = training_step_of(loss_fn=lambda output, target: (output * target).sum() * 1e6, targets=torch.ones(4, 4),
+                            make_optimizer=lambda params: torch.optim.SGD(params, lr=1e-9))
+    report, _graph, ctx = check(module, inputs, precisions=("fp16",), train=step)
+    predicted = ctx.training["fp16"]
+    assert predicted.first_nonfinite_backward == "2" and predicted.nonfinite_updates == 8 * 16 + 16 + 16 * 4 + 4
+    assert "PCL604" in {f.code for f in report.findings}
+    loaded = LoadedModel(module, inputs, "model", None, training=step)
+    measured = measure_training(loaded, ctx.training_reference, ["fp16"], torch.device("cpu"), [])["fp16"]
+    assert measured.first_nonfinite_backward == "2" and measured.nonfinite_updates == predicted.nonfinite_updates
+    assert StepRequest(module, Inputs(inputs), step).step is step
