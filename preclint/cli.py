@@ -133,6 +133,9 @@ def _add_train_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", action="store_true",
                    help="also check one training step: the file gives loss_fn and example_targets (or a model that "
                         "returns its loss) and make_optimizer(params), optionally a GradScaler (docs/training.md)")
+    p.add_argument("--steps", type=_positive, metavar="N", default=0,
+                   help="with --train and --probe: run N steps of each precision beside float32 and report where "
+                        "its loss parts from float32's")
 
 
 def _add_backend_argument(p: argparse.ArgumentParser) -> None:
@@ -289,7 +292,9 @@ def _check_all(args, config, probe) -> int:
     # for every layer: both need them whatever the selected rules read)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
                            capture=args.capture, predict_errors=probe is not None or config.output_format == "html",
-                           train=args.train)
+                           train=args.train, steps=args.steps)
+    if args.steps and not (args.train and probe is not None):
+        raise UserError("--steps measures a trajectory of training steps: use it with --train and --probe")
     if args.train and args.no_run:
         raise UserError("--train runs a training step; it cannot be combined with --no-run")
     session = Session(config, load=_load_options(args), check=options, probe=probe,

@@ -47,6 +47,7 @@ class CheckOptions:
     predict_errors: bool = True
     # --train: also check one training step (the loss, backward and optimizer step the model's file gives)
     train: bool = False
+    steps: int = 0  # --steps N: with --train and a probe, N steps of each precision beside float32's
 
 
 def analyses_needed(rules: Iterable[type], also: Iterable[type] = ()) -> list:
@@ -417,7 +418,7 @@ class Session:
                     if ctx.training_reference is not None:  # --train: each precision's step, measured
                         from preclint.probe.training import measure_training_into
 
-                        measure_training_into(report, loaded, ctx, self.probe.device)
+                        measure_training_into(report, loaded, ctx, self.probe.device, steps=self.options.steps)
                 elif self.config.output_format == "html":  # the page's header records where the predictions ran
                     from preclint.probe.device import check_environment
 

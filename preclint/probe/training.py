@@ -59,8 +59,9 @@ def compare_step(run, reference) -> TrainingFigures:
                   first_nonfinite_backward=run.first_nonfinite_backward)
 
 
-def measure_training_into(report, loaded, ctx, device_choice: str) -> None:
-    """``--probe --train``: the measured figures beside the predicted ones in ``report.summary``."""
+def measure_training_into(report, loaded, ctx, device_choice: str, steps: int = 0) -> None:
+    """``--probe --train``: the measured figures beside the predicted ones in ``report.summary``; with
+    ``steps``, each precision's trajectory over that many steps beside float32's (measure/trajectory.py)."""
     if ctx.training_reference is None:
         return
     notes: List[str] = []
@@ -68,6 +69,12 @@ def measure_training_into(report, loaded, ctx, device_choice: str) -> None:
     for mode, figures in measured.items():
         report.summary[mode]["training"]["measured"] = figures.as_dict()
     judge_training(report.findings, measured, ctx.training)
+    if steps:
+        from preclint.measure.trajectory import trajectories
+
+        request = StepRequest(loaded.module, loaded.inputs, loaded.training, device=probe_device(device_choice))
+        for mode, path in trajectories(request, list(measured), steps).items():
+            report.summary[mode]["training"]["trajectory"] = path.as_dict()
     report.notes.extend(notes)
 
 

@@ -48,3 +48,12 @@ def training_table(console: Console, summary) -> None:
             mode, _cell(p, m, "grad_rel_error", sci), _cell(p, m, "underflow_fraction", percent),
             _cell(p, m, "lost_update_fraction", percent), _cell(p, m, "nonfinite_updates", str), scale, _worst(p))))
     console.print(table)
+    for mode, entry in entries.items():
+        path = entry.get("trajectory")
+        if path:
+            parted = f"parts from float32's loss at step {path['parts_at']}" if path["parts_at"] else \
+                "follows float32's loss (within 1%)"
+            drift = path["weight_drift"][-1]
+            console.print(Text(visible(f"{mode} over {path['steps']} steps: {parted}; its weights' movement differs "
+                                       f"from float32's by {'inf/NaN' if drift is None else percent(drift)} of it"),
+                               style="dim"))

@@ -138,3 +138,32 @@ def test_the_optimizer_may_come_from_configure_optimizers(tmp_path, capsys):
     document = json.loads(out)
     assert list(document["summary"]) and document["summary"]["bf16-full"]["training"]["predicted"]["lost_update_fraction"] > 0.5
     assert "PCL602" in {f["code"] for f in document["findings"]}
+
+
+HALF_ADAM = """
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).half()
+    example_inputs = (torch.randn(256, 32).half(),)
+    example_targets = torch.randn(256, 1)
+    def loss_fn(output, target):
+        return torch.nn.functional.mse_loss(output.float(), target.float())
+    def make_optimizer(params):
+        return torch.optim.Adam(params, lr=1e-3)
+"""
+
+
+def test_steps_say_where_a_precision_s_loss_parts_from_float32_s(tmp_path, capsys):
+    code, out, err = run(capsys, "check", write(tmp_path, HALF_ADAM), "--train", "--probe", "cpu", "--steps", "4",
+                         "--output-format", "json", "-q")
+    document = json.loads(out)
+    jsonschema.validate(document, SCHEMA)
+    path = document["summary"]["fp16-full"]["training"]["trajectory"]
+    assert path["steps"] == 4 and len(path["loss"]) == 4
+    assert path["parts_at"] == 2  # the first update makes weights NaN: the second step's loss is NaN
+    assert path["loss"][1] is None and path["loss_float32"][1] is not None
+
+
+def test_steps_need_the_probe(tmp_path, capsys):
+    code, out, err = run(capsys, "check", write(tmp_path, REGRESSION), "--train", "--steps", "3", "-q")
+    assert code == 2 and "--probe" in err and len(err.strip().splitlines()) == 1
