@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -150,6 +151,11 @@ def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     return row
 
 
+def _comparable(figure: Dict[str, Any]) -> bool:
+    return all(isinstance(figure[k], float) and math.isfinite(figure[k]) and figure[k] > 0
+               for k in ("predicted", "measured"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
@@ -177,6 +183,12 @@ def main() -> None:
         "clean_recipes": sum(r["clean"] for r in rows),
         "clean_recipes_with_training_findings": sum(1 for r in rows if r["clean"] and r["findings"]),
         "misses": [name for name, r in results.items() if not (r["agree"] and r["nonfinite_agree"])],
+        # the gradient's relative error, where both figures are finite and nonzero: the prediction is the
+        # rounding floor and misses the error of masks (ReLU) whose forward rounding flips them
+        "grad_rel_error_compared": len(compared := [r["grad_rel_error"] for r in rows if _comparable(r["grad_rel_error"])]),
+        "grad_rel_error_within_3x": sum(1 for g in compared if g["measured"] / FACTOR <= g["predicted"] <= g["measured"] * FACTOR),
+        "grad_rel_error_median_ratio": sorted(g["predicted"] / g["measured"] for g in compared)[len(compared) // 2]
+        if compared else None,
     }
     print(json.dumps(summary, indent=1))
     if args.out:
