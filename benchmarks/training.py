@@ -41,9 +41,9 @@ BELOW = 0.01
 FACTOR = 3.0
 
 
-def mlp(loss_weight: float = 1.0):
+def mlp(loss_weight: float = 1.0, activation=torch.nn.ReLU):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), activation(), torch.nn.Linear(64, 64), activation(),
                                 torch.nn.Linear(64, 1))
     inputs, targets = (torch.randn(256, 32),), torch.randn(256, 1) * loss_weight
 
@@ -90,7 +90,12 @@ def transformer(loss_weight: float = 1.0):
     return model, (ids,), targets, loss_fn
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+def mlp_tanh(loss_weight: float = 1.0):
+    """The MLP with Tanh: no mask for the forward's rounding to flip (the gradient error's floor)."""
+    return mlp(loss_weight, torch.nn.Tanh)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "mlp_tanh": mlp_tanh}
 OPTIMIZERS = {"sgd": lambda lr: (lambda params: torch.optim.SGD(params, lr=lr)),
               "adam": lambda lr: (lambda params: torch.optim.Adam(params, lr=lr))}
 
@@ -98,7 +103,7 @@ OPTIMIZERS = {"sgd": lambda lr: (lambda params: torch.optim.SGD(params, lr=lr)),
 def setups() -> List[Dict[str, Any]]:
     """name, model, optimizer, lr, precision, and the options that make a case."""
     found = []
-    for model in MODELS:
+    for model in ("mlp", "cnn", "transformer"):
         for optimizer, lr in (("sgd", 1e-2), ("adam", 1e-3)):
             for mode in ("fp16", "bf16", "fp16-full", "bf16-full"):
                 found.append(dict(name=f"{model}/{optimizer}/{mode}", model=model, optimizer=optimizer, lr=lr, mode=mode))
@@ -109,7 +114,9 @@ def setups() -> List[Dict[str, Any]]:
         dict(name="issue/mlp-half-adam", model="mlp", optimizer="adam", lr=1e-3, mode="fp16-full", half=True),
         dict(name="issue/cnn-fp16-tiny-loss-no-scaler", model="cnn", optimizer="sgd", lr=1e-2, mode="fp16", loss_weight=1e-6),
     ]
-    for model in MODELS:
+    found += [dict(name=f"tanh/mlp/sgd/{mode}", model="mlp_tanh", optimizer="sgd", lr=1e-2, mode=mode)
+              for mode in ("fp16", "bf16")]
+    for model in ("mlp", "cnn", "transformer"):
         found += [
             dict(name=f"clean/{model}/fp32-sgd", model=model, optimizer="sgd", lr=1e-2, mode="fp32", clean=True),
             dict(name=f"clean/{model}/bf16-autocast-adam", model=model, optimizer="adam", lr=1e-3, mode="bf16", clean=True),
