@@ -42,6 +42,7 @@ FINDING = "pkg/m.py:3:6: PCL502"
 USERS = "the user's own file\n"
 TIME_LIMIT = 30  # seconds a try may take; main hangs for ever on a FIFO
 MEMORY_LIMIT = 4 << 30  # main reads a link to /dev/zero until memory runs out
+MODEL_TIME_LIMIT = 180  # seconds a try that imports torch and checks a model may take (2 shared cores)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Try:
     setup: Callable[[str, str], List[str]]  # (scratch directory, root) -> the arguments after `check --source-only`
     judge: Callable[[str, "Run"], Optional[str]]  # None: as it should be; else what went wrong
     root_only: bool = False
+    model: bool = False  # a model check (`check MODEL`, torch imported), not `check --source-only`
 
 
 @dataclass
@@ -61,14 +63,16 @@ class Run:
     seconds: float
 
 
-def preclint(directory: str, args: List[str], root: str) -> Run:
+def preclint(directory: str, args: List[str], root: str, model: bool = False) -> Run:
     env = {**os.environ, "PYTHONPATH": root, "PRECLINT_CACHE_DIR": os.path.join(directory, "cache"),
            "HOME": os.path.join(directory, "home")}
     started = time.monotonic()
+    kind = [] if model else ["--source-only"]
     try:
-        done = subprocess.run([sys.executable, "-m", "preclint", "check", "--source-only", "--output-format",
+        done = subprocess.run([sys.executable, "-m", "preclint", "check", *kind, "--output-format",
                                "concise", *args], cwd=directory, env=env, capture_output=True, text=True,
-                              timeout=TIME_LIMIT, preexec_fn=_limit_memory)
+                              timeout=MODEL_TIME_LIMIT if model else TIME_LIMIT,
+                              preexec_fn=None if model else _limit_memory)
         return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
     except subprocess.TimeoutExpired as exc:
         return Run(None, exc.stdout or "", exc.stderr or "", time.monotonic() - started)
@@ -441,15 +445,190 @@ def _fix_tries() -> List[Try]:
     return [Try("fix: unwritable files", name, _fix_setup(n, bad), _fix_judge(n, bad)) for name, (n, bad) in shapes.items()]
 
 
+# ---------------------------------------------------------------------------- links on the way
+
+OUTSIDE_FILES = {"x.sarif": "precious\n", "b.json": "precious\n", "deeper/x.sarif": "precious\n", "x.py": AMP}
+
+
+def _outside(directory: str) -> str:
+    """A directory outside the project (the user's own), with files a write through a link would hit,
+    and links to it committed in the project."""
+    outside = os.path.join(directory, "home", "outside")
+    for name, text in OUTSIDE_FILES.items():
+        _write(os.path.join(outside, name), text)
+    for link in ("reports", "dir_link", os.path.join("pkg", "nested")):
+        os.symlink(outside, os.path.join(directory, link))
+    return outside
+
+
+def _through_link(args: Callable[[str], List[str]]):
+    def setup(directory: str, root: str) -> List[str]:
+        _project(directory)
+        _outside(directory)
+        return args(directory)
+    return setup
+
+
+def _through_link_judge(words=()):
+    """One line and exit 2, and nothing in the directory the links lead to changed or added."""
+    def judge(directory: str, run: Run) -> Optional[str]:
+        outside = os.path.join(directory, "home", "outside")
+        for name, text in OUTSIDE_FILES.items():
+            if _read(os.path.join(outside, name)) != text:
+                return f"{name} outside the project was written"
+        if sorted(os.listdir(outside)) != ["b.json", "deeper", "x.py", "x.sarif"]:
+            return f"files left outside the project: {sorted(os.listdir(outside))}"
+        if run.rc is None:
+            return "no end"
+        if run.rc != 2 or not all(w in run.stderr for w in words):
+            return f"exit {run.rc}: {run.stderr.strip()[-120:]!r}"
+        return None
+    return judge
+
+
+def _link_on_the_way_tries() -> List[Try]:
+    klass = "output: a link on the way"
+    said = ("is a symbolic link",)
+    cases = {
+        "-o reports/x.sarif (reports -> outside)": lambda d: ["-o", "reports/x.sarif", "pkg"],
+        "-o a new file through the link": lambda d: ["-o", "reports/new.sarif", "pkg"],
+        "-o through a link two levels down": lambda d: ["-o", "pkg/nested/deeper/x.sarif", "pkg"],
+        "-o pkg/../reports/x.sarif": lambda d: ["-o", "pkg/../reports/x.sarif", "pkg"],
+        "-o an absolute path through the link": lambda d: ["-o", os.path.join(d, "reports", "x.sarif"), "pkg"],
+        "--write-baseline reports/b.json": lambda d: ["--write-baseline", "reports/b.json", "pkg"],
+        "--fix dir_link/x.py": lambda d: ["--no-cache", "--fix", "dir_link/x.py"],
+    }
+    return [Try(klass, name, _through_link(args), _through_link_judge(said)) for name, args in cases.items()]
+
+
+# ---------------------------------------------------------------------------- globs that backtrack
+
+PATHOLOGICAL = "*a*a*a*a*a*a*a*a*a*a*a*a*b"
+LONG_NAME = "a" * 40 + ".py"
+
+
+def _glob(where: str, pattern: str = PATHOLOGICAL):
+    def setup(directory: str, root: str) -> List[str]:
+        _project(directory)
+        _write(os.path.join(directory, "pkg", LONG_NAME), "x = 1\n")
+        os.mkdir(os.path.join(directory, ".git"))
+        if where == ".gitignore":
+            _write(os.path.join(directory, ".gitignore"), pattern + "\n")
+        elif where == "pkg/.gitignore":
+            _write(os.path.join(directory, "pkg", ".gitignore"), pattern + "\n")
+        elif where == "exclude":
+            _write(os.path.join(directory, "pyproject.toml"), f'[tool.preclint]\nexclude = ["{pattern}"]\n')
+        elif where == "per-file-ignores":
+            _write(os.path.join(directory, "pkg", LONG_NAME), AMP)
+            _write(os.path.join(directory, "pyproject.toml"),
+                   f'[tool.preclint]\nper-file-ignores = {{"{pattern}" = ["PCL502"]}}\n')
+        elif where == ".git/info/exclude":
+            _write(os.path.join(directory, ".git", "info", "exclude"), pattern + "\n")
+        return ["pkg"]
+    return setup
+
+
+def _glob_judge(directory: str, run: Run) -> Optional[str]:
+    if run.rc is None:
+        return f"no end within {TIME_LIMIT} s"
+    if run.rc != 1 or "Traceback" in run.stderr or "internal error" in run.stderr:
+        return f"exit {run.rc}: {run.stderr.strip()[-120:]!r}"
+    if FINDING not in run.stdout:
+        return f"wrong findings: {run.stdout.strip()[:100]!r}"
+    return None
+
+
+def _glob_tries() -> List[Try]:
+    klass = "glob: a pattern that backtracks"
+    tries = [Try(klass, f"{PATHOLOGICAL} in {where}", _glob(where), _glob_judge)
+             for where in (".gitignore", "pkg/.gitignore", ".git/info/exclude", "exclude", "per-file-ignores")]
+    tries += [Try(klass, "**a**a**a**a**a**a**a**a**a**a**b in .gitignore", _glob(".gitignore", "**a" * 10 + "**b"),
+                  _glob_judge),
+              Try(klass, "*?*?*?*?*?*?*?*?*?*?*?*b in exclude", _glob("exclude", "*?" * 11 + "*b"), _glob_judge)]
+    return tries
+
+
+# ---------------------------------------------------------------------------- a model forging the verdict
+
+OVERFLOWS = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        with torch.no_grad():
+            self.fc.weight.mul_(1e4)
+
+    def forward(self, x):
+        return self.fc(x) * 1e3
+
+
+model = Net()
+example_inputs = (torch.randn(2, 8) * 100,)
+"""
+MODEL_FINDING = "forger.py:13:1: PCL101"
+
+
+def _forger(tail: str, args: List[str]):
+    def setup(directory: str, root: str) -> List[str]:
+        _write(os.path.join(directory, "forger.py"), OVERFLOWS + tail)
+        _write(os.path.join(directory, "report.sarif"), "stale\n")
+        os.makedirs(os.path.join(directory, "elsewhere"))
+        return [*args, "forger.py"]
+    return setup
+
+
+def _verdict_judge(report: Optional[str] = None):
+    """Exit 1 with the finding (on stdout, or in ``report`` in the project's own directory)."""
+    def judge(directory: str, run: Run) -> Optional[str]:
+        if run.rc != 1:
+            return f"exit {run.rc} for a run with a finding: {run.stderr.strip()[-120:]!r}"
+        if report is None:
+            return None if run.stdout.startswith(MODEL_FINDING) else f"wrong report: {run.stdout[:100]!r}"
+        text = _read(os.path.join(directory, report)) or ""
+        if "PCL101" not in text:
+            return f"{report} in the project is {text[:40]!r}; elsewhere: {os.listdir(os.path.join(directory, 'elsewhere'))}"
+        return None
+    return judge
+
+
+def _verdict_tries() -> List[Try]:
+    klass = "model: forging the verdict"
+    chdir = 'import os\nos.chdir("elsewhere")\n'
+    exits = {
+        "atexit os._exit(0)": "import atexit, os\natexit.register(lambda: os._exit(0))\n",
+        "atexit posix._exit(0)": "import atexit, posix\natexit.register(posix._exit, 0)\n",
+        "atexit sys.exit(0)": "import atexit, sys\natexit.register(sys.exit, 0)\n",
+        "weakref.finalize posix._exit(0)": "import posix, sys, weakref\nweakref.finalize(sys, posix._exit, 0)\n",
+    }
+    tries = [Try(klass, name, _forger(tail, []), _verdict_judge(), model=True) for name, tail in exits.items()]
+    tries += [Try(klass, "os.chdir at import, -o report.sarif", _forger(chdir, ["-o", "report.sarif", "--output-format",
+                                                                                "sarif"]),
+                  _verdict_judge("report.sarif"), model=True),
+              Try(klass, "os.chdir at import, --write-baseline b.json",
+                  _forger(chdir, ["--write-baseline", "b.json"]), _verdict_judge_baseline, model=True)]
+    return tries
+
+
+def _verdict_judge_baseline(directory: str, run: Run) -> Optional[str]:
+    text = _read(os.path.join(directory, "b.json")) or ""
+    if run.rc != 0 or "PCL101" not in text:
+        return f"exit {run.rc}; b.json in the project holds {text[:40]!r}; elsewhere: {os.listdir(os.path.join(directory, 'elsewhere'))}"
+    return None
+
+
 def tries() -> List[Try]:
-    return _planted_tries() + _edited_tries() + _read_tries() + _output_tries() + _fix_tries()
+    return (_planted_tries() + _edited_tries() + _read_tries() + _output_tries() + _fix_tries()
+            + _link_on_the_way_tries() + _glob_tries() + _verdict_tries())
 
 
 def run_try(one: Try, root: str) -> dict:
     directory = tempfile.mkdtemp(prefix="preclint-untrusted-")
     try:
         args = one.setup(directory, root)
-        outcome = preclint(directory, args, root)
+        outcome = preclint(directory, args, root, model=one.model)
         problem = one.judge(directory, outcome)
         return {"class": one.klass, "name": one.name, "ok": problem is None, "problem": problem, "rc": outcome.rc,
                 "seconds": round(outcome.seconds, 1), "stderr": outcome.stderr.strip().splitlines()[-1:] and
@@ -468,6 +647,7 @@ def main() -> None:
     parser.add_argument("--root", default=ROOT, help="the preclint checkout to run (default: this one)")
     parser.add_argument("--out", help="a JSON file to store the outcomes in, under --label")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--classes", nargs="*", help="only the classes whose name starts with one of these")
     args = parser.parse_args()
     global ENCODE
     sys.path.insert(0, os.path.abspath(args.root))
@@ -475,7 +655,8 @@ def main() -> None:
         from preclint.source.cache import encode_document as ENCODE
     except ImportError:
         ENCODE = None
-    chosen = [t for t in tries() if not t.root_only or os.geteuid() == 0]
+    chosen = [t for t in tries() if (not t.root_only or os.geteuid() == 0)
+              and (not args.classes or t.klass.startswith(tuple(args.classes)))]
     with ThreadPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(lambda t: run_try(t, os.path.abspath(args.root)), chosen))
     by_class: Counter = Counter()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from preclint.plan.document import Plan
     from preclint.report import Report as Document
 
-__all__ = ["OutputError", "Report", "UserError", "check", "inputs"]
+__all__ = ["OutputError", "Report", "UserError", "check", "inputs", "training_step"]
 
 PROBE_DEVICES = ("cpu", "cuda", "auto")
 
@@ -44,6 +44,16 @@ def inputs(*args: Any, **kwargs: Any):
     from preclint.load.modelio import Inputs
 
     return Inputs(tuple(args), dict(kwargs))
+
+
+def training_step(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=None, scaler=None):
+    """The training step of a model already built, for ``preclint.check(model, inputs, train=...)``: the loss
+    (``loss_fn(output, targets)``; None: the model returns its loss), the optimizer (``make_optimizer(params)``,
+    or an optimizer whose class and hyperparameters are reused) and an optional ``torch.amp.GradScaler``."""
+    from preclint.load.training import training_step_of
+
+    return training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer, optimizer=optimizer,
+                            scaler=scaler, label="preclint.training_step")
 
 
 @dataclass(frozen=True)
@@ -166,7 +176,7 @@ def _figure(row: OutputError) -> str:
 def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
           precisions: Sequence[str] = DEFAULT_MODES, rtol: Optional[float] = None, atol: Optional[float] = None,
           probe: Optional[str] = None, plan: bool = False, select: Optional[Sequence[str]] = None,
-          ignore: Sequence[str] = (), timeout: float = 0.0) -> Report:
+          ignore: Sequence[str] = (), timeout: float = 0.0, train: Any = False) -> Report:
     """Check ``model`` for where reduced precision changes its numbers.
 
     ``model``: an ``nn.Module`` called on ``inputs`` (a tensor, a tuple or list of positional
@@ -179,13 +189,16 @@ def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
     in float32 that meets the tolerance (one precision, and rtol/atol), verified on the probe's device
     (on "auto" without a probe), as `preclint plan` makes it. ``select``/``ignore``: rule codes or
     prefixes, as ``--select``/``--ignore``. ``timeout``: seconds the walk may take (0: no limit).
+    ``train``: also check one training step (``--train``, docs/training.md): True for a path whose file gives
+    it, or ``preclint.training_step(...)`` for a model already built.
 
     Configuration files are not read (the command line's ``--isolated``): the arguments are the
     whole configuration. The output errors are predicted whatever rules are selected.
     """
     from preclint.capture.global_state import preserved
     from preclint.config import Config
-    from preclint.engine import CheckOptions, PlanOptions, Session
+    from preclint.engine import CheckOptions, LoadOptions, PlanOptions, Session
+    from preclint.load.training import TrainingStep
 
     if probe is not None and probe not in PROBE_DEVICES:
         raise UserError(f"probe must be None or one of {', '.join(PROBE_DEVICES)}, not {probe!r}")
@@ -194,11 +207,14 @@ def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
     config = Config(select=list(select) if select is not None else None, ignore=list(ignore),
                     precisions=tuple(precisions), rtol=rtol, atol=atol, timeout=timeout, output_format="json")
     config.validate("preclint.check")
-    options = CheckOptions(modes=tuple(precisions), rtol=rtol, atol=atol, predict_errors=True)
+    if train and not isinstance(train, TrainingStep) and (train is not True or not isinstance(model, str)):
+        raise UserError("train must be True for a model file, or preclint.training_step(...) for a model already built")
+    options = CheckOptions(modes=tuple(precisions), rtol=rtol, atol=atol, predict_errors=True, train=bool(train))
     probe_options = _probe_options(probe)
     planning = PlanOptions(device=probe or "auto") if plan else None
     with preserved():
-        session = Session(config, check=options, probe=probe_options, plan=planning)
+        session = Session(config, load=LoadOptions(train=train is True), check=options, probe=probe_options,
+                          plan=planning, training=train if isinstance(train, TrainingStep) else None)
         with session:
             document = session.check(model, inputs)
             made = session.plan(model, inputs)[1] if plan else None

@@ -129,6 +129,15 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
+def _add_train_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train", action="store_true",
+                   help="also check one training step: the file gives loss_fn and example_targets (or a model that "
+                        "returns its loss) and make_optimizer(params), optionally a GradScaler (docs/training.md)")
+    p.add_argument("--steps", type=_positive, metavar="N", default=0,
+                   help="with --train and --probe: run N steps of each precision beside float32 and report where "
+                        "its loss parts from float32's")
+
+
 def _add_backend_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=PROBE_BACKENDS, default="eager",
                    help="with the probe: also measure the model compiled (inductor: torch.compile on the probe's "
@@ -171,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --probe: the expected outputs produced on DEVICE (cpu, cuda, cuda:N): float32 there "
                             "against float32 on the probe's device, each against float64 (the same device: its other "
                             "kernels)")
+    _add_train_argument(check)
     _add_output_arguments(check)
 
     _add_backend_argument(check)
@@ -191,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--top", type=_positive, metavar="N",
                        help="per precision, only the N nodes with the largest share of the output error, and the totals")
     _add_selection_arguments(probe)
+    _add_train_argument(probe)
     _add_output_arguments(probe)
     # `probe` is `check --probe` with the ledger of every node in its report
     probe.set_defaults(no_run=False, source_only=False, fix=False, diff=False, baseline=None, write_baseline=None,
@@ -216,7 +227,8 @@ def _load_options(args):
     from preclint.engine import LoadOptions
 
     return LoadOptions(model=args.model, inputs=args.inputs, input_shapes=args.input_shapes,
-                       input_dtype=args.input_dtype, weights=args.weights, seed=args.seed)
+                       input_dtype=args.input_dtype, weights=args.weights, seed=args.seed,
+                       train=getattr(args, "train", False))
 
 
 def _config(args):
@@ -279,7 +291,12 @@ def _check_all(args, config, probe) -> int:
     # (the probe compares the predicted errors with its measurements, and the HTML page draws them
     # for every layer: both need them whatever the selected rules read)
     options = CheckOptions(modes=tuple(config.precisions), run=not args.no_run, rtol=config.rtol, atol=config.atol,
-                           capture=args.capture, predict_errors=probe is not None or config.output_format == "html")
+                           capture=args.capture, predict_errors=probe is not None or config.output_format == "html",
+                           train=args.train, steps=args.steps)
+    if args.steps and not (args.train and probe is not None):
+        raise UserError("--steps measures a trajectory of training steps: use it with --train and --probe")
+    if args.train and args.no_run:
+        raise UserError("--train runs a training step; it cannot be combined with --no-run")
     session = Session(config, load=_load_options(args), check=options, probe=probe,
                       warn=_debug_warning if args.debug else None)
     if session.distributed:  # torchrun: rank 0 checks and writes the report, the other ranks measure the modes
@@ -459,9 +476,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is None:
             processes.end_descendants()  # a child holding stdout would keep `preclint ... | cat` waiting
     if argv is None:
-        from preclint.capture.usercode import end_if_threads_linger
+        from preclint.capture.usercode import end_process
 
-        end_if_threads_linger(code)  # a thread the model's code started must not keep the process alive
+        end_process(code)  # the exit code is preclint's: no exit handler of the model's code runs after it
     return code
 
 

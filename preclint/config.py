@@ -178,11 +178,11 @@ def _is_finite_non_negative(value: Any) -> bool:
 
 def check_glob(pattern: str, where: str) -> None:
     """A pattern of ``exclude`` or ``per-file-ignores`` that preclint can match; else a UserError."""
-    from preclint.text.paths import glob_regex
+    from preclint.text.globs import GlobError, compiled
 
     try:
-        glob_regex(pattern.strip().replace(os.sep, "/").strip("/"))
-    except re.error as exc:
+        compiled(pattern.strip().replace(os.sep, "/").strip("/"))
+    except GlobError as exc:
         raise UserError(f"{where}: invalid glob {pattern!r}: {exc.msg}") from None
 
 

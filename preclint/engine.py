@@ -45,6 +45,9 @@ class CheckOptions:
     # compute what the predicted errors read (the summary's output error, the probe's and the plan's
     # comparisons) even where no selected rule reads it; False: only what the selected rules need
     predict_errors: bool = True
+    # --train: also check one training step (the loss, backward and optimizer step the model's file gives)
+    train: bool = False
+    steps: int = 0  # --steps N: with --train and a probe, N steps of each precision beside float32's
 
 
 def analyses_needed(rules: Iterable[type], also: Iterable[type] = ()) -> list:
@@ -175,8 +178,9 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     predictions = predict(graph, options.modes)
     ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded),
                       model_name=model_name(loaded))
+    training_notes = _predict_training(loaded, ctx, options) if options.train else []
     findings = run_rules(ctx, config)
-    notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes)
+    notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes) + training_notes
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
     if not graph.ran_reference:
@@ -209,7 +213,23 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
         tolerance={"rtol": options.rtol, "atol": options.atol} if options.rtol is not None or options.atol is not None else None,
         profile=predicted_profile(ctx) if graph.ran_reference and errors_predicted else None,
     )
+    for mode, figures in ctx.training.items():
+        entry = report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None,
+                                                                      "finite": None}})
+        entry["training"] = {"predicted": figures.as_dict()}
     return report, graph, ctx
+
+
+def _predict_training(loaded, ctx: RuleContext, options: CheckOptions) -> List[str]:
+    """The training step's predicted figures, into ``ctx`` (the rules and the probe read them); the notes."""
+    from preclint.predict.training import predict_step
+
+    if getattr(loaded, "training", None) is None:
+        raise UserError(f"{loaded.name}: --train needs the training step: give loss_fn and example_targets (or a "
+                        "model that returns its loss) and make_optimizer(params) in the file")
+    forward = {mode: p.rel_error for mode, p in ctx.predictions.items()}
+    ctx.training_reference, ctx.training, notes = predict_step(loaded, options.modes, forward)
+    return notes
 
 
 def locate(report: Report, loaded, graph: Graph) -> None:
@@ -238,12 +258,13 @@ class LoadOptions:
     input_dtype: str = "float32"
     weights: Optional[str] = None  # a state dict, loaded with weights_only=True
     seed: int = 0
+    train: bool = False  # the file also gives a training step (--train; load/training.py)
 
     def load(self, path: str):
         from preclint.load.loader import load_model
 
         return load_model(path, model=self.model, input_shapes=self.input_shapes, input_dtype=self.input_dtype,
-                          weights=self.weights, seed=self.seed, inputs=self.inputs)
+                          weights=self.weights, seed=self.seed, inputs=self.inputs, train=self.train)
 
 
 @dataclass(frozen=True)
@@ -273,7 +294,8 @@ class Session:
     """
 
     def __init__(self, config: Config, *, load: Optional[LoadOptions] = None, check: Optional[CheckOptions] = None,
-                 probe=None, plan: Optional[PlanOptions] = None, warn: Optional[Callable[[str], None]] = None) -> None:
+                 probe=None, plan: Optional[PlanOptions] = None, warn: Optional[Callable[[str], None]] = None,
+                 training=None) -> None:
         self.config = config
         self.load = load if load is not None else LoadOptions()
         self.options = check if check is not None else CheckOptions(modes=tuple(config.precisions), rtol=config.rtol,
@@ -281,6 +303,7 @@ class Session:
         self.probe = probe  # preclint.probe.ProbeOptions, or None
         self.plan_options = plan
         self.warn = warn
+        self.training = training  # a built model's training step (load/training.py TrainingStep), for --train
         # the probe's strategy (probe/distributed.py) once the session is entered with a probe; None:
         # this process alone, which is all a check without a probe imports
         self._strategy = None
@@ -392,6 +415,10 @@ class Session:
                 report, graph, ctx, placement = self._check_placed(loaded, placement)
                 if self.probe is not None:
                     probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
+                    if ctx.training_reference is not None:  # --train: each precision's step, measured
+                        from preclint.probe.training import measure_training_into
+
+                        measure_training_into(report, loaded, ctx, self.probe.device, steps=self.options.steps)
                 elif self.config.output_format == "html":  # the page's header records where the predictions ran
                     from preclint.probe.device import check_environment
 
@@ -479,6 +506,7 @@ class Session:
                 yield self.load.load(target)
             return
         loaded = _built(target, inputs)
+        loaded.training = self.training
         with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
 

@@ -10,22 +10,26 @@ from preclint.core.numerics import DEFAULT_MODES
 
 def check(module, inputs, precisions: Sequence[str] = DEFAULT_MODES, rtol: Optional[float] = None,
           atol: Optional[float] = None, run: bool = True, select: Optional[Sequence[str]] = None, name: str = "model",
-          predict_errors: bool = True, scaling: Optional[Dict[str, Any]] = None):
+          predict_errors: bool = True, scaling: Optional[Dict[str, Any]] = None, train=None):
     """(report, graph, ctx) for ``module`` on ``inputs`` with the default configuration; ``predict_errors``
     False computes only the analyses the selected rules read, as `preclint check --select` does;
-    ``scaling``: the scaled formats' recipe options ([tool.preclint.scaling])."""
+    ``scaling``: the scaled formats' recipe options ([tool.preclint.scaling]); ``train``: a training step
+    (load/training.py) to check too, as --train does."""
     from preclint.core.numerics import scaled_recipes
 
     config = Config(select=list(select) if select else None, precisions=tuple(precisions), scaling=dict(scaling or {}))
-    loaded = LoadedModel(module.eval(), tuple(inputs), name, None)
+    loaded = LoadedModel(module.eval(), tuple(inputs), name, None, training=train)
     with scaled_recipes(config.scaling):
         return check_model(loaded, config, CheckOptions(modes=tuple(precisions), run=run, rtol=rtol, atol=atol,
-                                                        predict_errors=predict_errors))
+                                                        predict_errors=predict_errors, train=train is not None))
 
 
 def check_example(example) -> Any:
-    module, inputs = example.build()
+    built = example.build()
+    module, inputs = built[:2]
     options: Dict[str, Any] = dict(example.options)
+    if len(built) == 3:  # a training-step rule's example: (module, inputs, its training step)
+        options["train"] = built[2]
     options.pop("backend", None)  # the probe's, not the check's (ProbeOptions.backend)
     return check(module, inputs, **options)
 

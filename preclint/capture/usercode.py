@@ -86,13 +86,18 @@ def interrupt_signals() -> Iterator[None]:
         yield
 
 
-def end_if_threads_linger(code: int) -> None:
-    """End the process with ``code`` now if threads other than daemons are still running (started by
-    the model's code, they would keep the interpreter from exiting after the report is out)."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        _real_exit(code)
+def end_process(code: int) -> None:
+    """End the command's process with ``code``, now that the report is out. The interpreter's own
+    ending is skipped: it would run the exit handlers the model's code registered (``atexit``,
+    ``weakref.finalize``, a lingering thread's), any of which could end the process with another code
+    (``os._exit(0)`` made a run with findings pass) or print after the report, and it would wait for
+    the threads the model's code started. preclint's own clean-ups run first (processes.at_end)."""
+    processes.run_at_end()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):  # a reader that left, a closed stream: the report is out
+            if stream is not None:
+                stream.flush()
+    _real_exit(code)
 
 
 # ------------------------------------------------------------------------------------------- guard
@@ -113,8 +118,8 @@ def guard(name: str, timeout: Optional[float]) -> Iterator[Guarded]:
     UserError that names ``name``."""
     result = Guarded()
     try:  # around the `with`: the time limit is disarmed before its exception is turned into an error line
-        with _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), processes.user_code_running(), \
-                _time_limit(name, timeout):
+        with _process_state_kept(), _warnings_recorded(result), _exits_refused(), _stdout_to_stderr(), \
+                processes.user_code_running(), _time_limit(name, timeout):
             yield result
     except TimeLimitExceeded as exc:
         raise UserError(_time_message(name, timeout, exc.args[0] if exc.args else None)) from None
@@ -181,6 +186,45 @@ def _time_limit(name: str, timeout: Optional[float]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """The working directory and the signal handlers are preclint's again after the model's code:
+    an ``os.chdir`` at import must not move where ``-o report.sarif`` lands (nor what the report's
+    paths are relative to), and a handler the model installed (SIGTERM doing ``sys.exit(0)``) must not
+    decide how a run cancelled later ends. The directory is held open, so that it is the same
+    directory even if the model's code renames it."""
+    try:
+        here: Optional[int] = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:  # a working directory preclint may not open (no read permission): kept by name
+        here = None
+    cwd = os.getcwd()
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in signal.valid_signals():
+            with contextlib.suppress(ValueError, OSError):
+                handler = signal.getsignal(signum)
+                if handler is not None:  # None: a handler from C, which Python cannot put back
+                    handlers[signum] = handler
+    try:
+        with processes.hidden_from_forks(here) if here is not None else contextlib.nullcontext():
+            yield
+    finally:
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) is not handler:
+                with contextlib.suppress(ValueError, OSError, TypeError):
+                    signal.signal(signum, handler)
+        try:
+            if here is not None:
+                os.fchdir(here)
+            else:
+                os.chdir(cwd)
+        except OSError:
+            pass
+        finally:
+            if here is not None:
+                os.close(here)
+
+
+@contextlib.contextmanager
 def _exits_refused() -> Iterator[None]:
     """``os._exit`` and ``os.abort`` raise instead, in this process; a forked child (a DataLoader
     worker) still exits as it asks."""
@@ -196,11 +240,12 @@ def _exits_refused() -> Iterator[None]:
             _real_abort()
         raise ProcessExitRefused("os.abort()")
 
+    before = os._exit, os.abort
     os._exit, os.abort = refuse_exit, refuse_abort  # type: ignore[assignment]
     try:
         yield
     finally:
-        os._exit, os.abort = _real_exit, _real_abort  # type: ignore[assignment]
+        os._exit, os.abort = before  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

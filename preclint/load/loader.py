@@ -31,6 +31,7 @@ from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, ch
 from preclint.load.messages import check_is_file, first_few
 from preclint.load.modelio import Inputs
 from preclint.load.target import import_target
+from preclint.load.training import TrainingStep, training_step_from_code
 from preclint.load.weights import load_weights
 
 __all__ = ["LoadedModel", "load_model"]
@@ -44,6 +45,7 @@ class LoadedModel:
     source_path: Optional[str]  # absolute path of the file the model was defined/loaded from
     kwargs: dict = field(default_factory=dict)  # keyword example inputs, in the same forms
     notes: list = field(default_factory=list)  # for the report: how generated inputs were drawn
+    training: Optional[TrainingStep] = None  # --train: the loss, targets, optimizer and scaler of one step
 
     @property
     def inputs(self) -> Inputs:
@@ -60,12 +62,13 @@ def load_model(
     weights: Optional[str] = None,
     seed: int = 0,
     inputs: Optional[Sequence[str]] = None,
+    train: bool = False,
 ) -> LoadedModel:
     """Load the model named by ``target`` (and ``model``), with example inputs and optional weights.
 
     ``inputs``: ``--input`` specifications (see :func:`~preclint.load.input_specs.parse_input`);
     ``input_shapes``: positional inputs of ``input_dtype``. Either replaces the example inputs the
-    code provides.
+    code provides. ``train``: the file also gives a training step (load/training.py).
     """
     # Validate the cheap arguments first, so a typo in a flag fails before any user code runs.
     dtype = parse_dtype(input_dtype)
@@ -111,6 +114,8 @@ def load_model(
         else:
             call = inputs_from_code(origin, module, seed)
         notes.extend(check_call_fits(module, call, origin.label))
+        training = training_step_from_code(origin.namespace, origin.label, origin.file_path, seed,
+                                           module) if train else None
 
     if weights is not None:
         load_weights(module, weights)
@@ -122,6 +127,7 @@ def load_model(
         name=f"{origin.label}:{display_attr}",
         source_path=origin.file_path or _defining_file(module),
         notes=notes,
+        training=training,
     )
 
 

@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 import time
-from typing import AbstractSet, Dict, Iterator, List, Optional, Set
+from typing import AbstractSet, Callable, Dict, Iterator, List, Optional, Set
 
 GRACE = 1.0  # seconds between SIGTERM and SIGKILL
 GIVE_UP = 5.0  # seconds after SIGKILL: processes that keep forking faster than they are ended are left
@@ -41,6 +41,20 @@ _owner: Optional[int] = None  # the process whose descendants end with it (the c
 _spared: Set[int] = set()  # its descendants from before, and theirs: not the model's
 _hidden_fds: Set[int] = set()  # preclint's own descriptors, closed in a child forked from the model's code
 _user_code_depth = 0
+_at_end: List[Callable[[], None]] = []  # preclint's own clean-ups, run before the command's process ends
+
+
+def at_end(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` when the command ends its process (``run_at_end``): the command ends it without
+    the interpreter's exit handlers (capture/usercode.py, end_process), so ``atexit`` would not."""
+    _at_end.append(cleanup)
+
+
+def run_at_end() -> None:
+    """preclint's clean-ups, the last registered first; one that fails does not stop the others."""
+    while _at_end:
+        with contextlib.suppress(Exception):
+            _at_end.pop()()
 
 
 def take_charge() -> None:
@@ -89,6 +103,7 @@ def exit_now(code: int) -> None:
     with contextlib.suppress(Exception):  # in a signal handler a flush can be a reentrant call
         sys.stderr.flush()
     end_descendants(grace=0.0)
+    run_at_end()
     _real_exit(code)
 
 

@@ -15,7 +15,8 @@ Stale compilations. A graph compiled under one autocast dtype has been returned 
 AOTAutograd cache key lacked the ambient autocast dtype: pytorch PR 181564; a Dynamo-level hole is
 discussed in PR 191110): float16 numbers that are bfloat16's, silently. Every compilation here
 starts from ``torch._dynamo.reset()``, with Inductor's FX graph cache and AOTAutograd's cache off and
-a post-grad pass whose ``uuid`` is new each time (a fresh cache key), and ``foreign_dtypes``
+a post-grad pass whose ``uuid`` is new each time (a fresh cache key), in a cache directory of the run's
+own (compile_caches.py: the shared one could hold planted code), and ``foreign_dtypes``
 (compiled_graph.py) compares the graph's dtypes with those the eager run computed, so a graph of
 another precision is caught even where a cache we do not control served it.
 """
@@ -31,6 +32,8 @@ from typing import Any, Dict, List, Optional, Set
 import torch
 
 from preclint.load.modelio import Inputs
+from preclint.measure.compile_caches import (AOT_AUTOGRAD_CACHES_OFF, CACHES, INDUCTOR_CACHES_OFF, private_caches,
+                                             worker_settings)
 from preclint.measure.compiled_graph import CompiledGraph, read_kernels, read_post_grad
 from preclint.measure.modes import ModeRun
 from preclint.measure.runners import NativeRunner
@@ -130,12 +133,11 @@ class InductorModel(CompiledModel):
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
 
-        patches = {"post_grad_custom_post_pass": _custom_pass(self.recorder), "fx_graph_cache": False,
+        patches = {"post_grad_custom_post_pass": _custom_pass(self.recorder), **INDUCTOR_CACHES_OFF, **worker_settings(),
                    "emulate_precision_casts": bool(self.compilation.settings["emulate_precision_casts"])}
         patches = {k: v for k, v in patches.items() if hasattr(inductor_config, k)}
-        with inductor_config.patch(patches), contextlib.ExitStack() as stack:
-            if hasattr(functorch_config, "enable_autograd_cache"):
-                stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+        aot_patches = {k: v for k, v in AOT_AUTOGRAD_CACHES_OFF.items() if hasattr(functorch_config, k)}
+        with private_caches(), inductor_config.patch(patches), functorch_config.patch(aot_patches):
             yield
 
     def __call__(self, *args, **kwargs):
@@ -209,7 +211,7 @@ class InductorBackend(CompiledBackend):
     def compile(self, module: torch.nn.Module, *, emulate_precision_casts: bool = False,
                 prefix: str = "") -> CompiledModel:
         compilation = Compilation(self.name, {"emulate_precision_casts": emulate_precision_casts,
-                                              "caches": "off (fresh compile)"})
+                                              "caches": CACHES})
         return InductorModel(module, compilation, prefix)
 
 

@@ -16,6 +16,7 @@ from rich.text import Text
 from preclint.core.findings import percent, sci
 from preclint.report.escape import log_lines, visible
 from preclint.report.document import Report, is_refuted, ranked_ledger
+from preclint.report.training_table import training_table
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -218,6 +219,7 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
                 table.add_row(*(Text(visible(cell)) for cell in row))
         console.print(table)
         _compiled_table(console, report)
+        training_table(console, report.summary)
     if report.ledger:
         _ledger_tables(console, report)
     for caveat in report.caveats:

@@ -16,6 +16,15 @@ def _number(value):
     return value
 
 
+def _numbers(value):
+    """``value`` (dicts and lists of figures) with every non-finite number written as null."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_numbers(v) for v in value]
+    return _number(value)
+
+
 def _figures(figures) -> dict:
     return {mode: {k: _number(v) for k, v in figure.as_dict().items()} for mode, figure in sorted(figures.items())}
 
@@ -44,7 +53,8 @@ def finding_dict(f) -> dict:
 def to_dict(report: Report) -> dict:
     summary = {}
     for mode, entry in sorted(report.summary.items()):
-        item = {"predicted_output": {k: _number(v) for k, v in entry["predicted_output"].items()}}
+        item = {"predicted_output": {k: _number(v) for k, v in entry["predicted_output"].items()}} \
+            if "predicted_output" in entry else {}
         if "top_layers" in entry:
             item["top_layers"] = entry["top_layers"]
         if "outputs" in entry:  # a model with several outputs: each one's predicted error
@@ -52,6 +62,8 @@ def to_dict(report: Report) -> dict:
         for key in ("measured_output", "compiled_output", "if_float32_kernels"):
             if key in entry:
                 item[key] = {k: _number(v) for k, v in entry[key].items()}
+        if "training" in entry:  # --train: the step's figures, predicted (and measured after a probe)
+            item["training"] = _numbers(entry["training"])
         summary[mode] = item
     doc = {
         "version": __version__,

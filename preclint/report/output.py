@@ -8,11 +8,18 @@ import errno
 import os
 import stat
 import sys
-from typing import Optional, Sequence, TextIO, Tuple
+from typing import Dict, Optional, Sequence, TextIO, Tuple
 
 from preclint.core.errors import UserError
+from preclint.text.no_links import LinkOnPath, at, link_on_path, open_parent
+from preclint.text.safe_io import write_atomic_at
 
 Inputs = Sequence[Tuple[Optional[str], str]]  # (a file the run reads, what it is)
+
+# where each output checked so far goes, fixed when it was checked (before any model's code ran): the
+# working directory then (the kernel's path, without links) joined with the name as given, so that an
+# os.chdir of the model's code (a thread it left running) does not move the report
+_PLACES: Dict[str, str] = {}
 
 
 def run_inputs(args, config_path: Optional[str]) -> Inputs:
@@ -66,7 +73,11 @@ def check_output_target(filename: str, what: str = "baseline", checked: Sequence
         target = stdout = None
     if target is not None and (target.st_dev, target.st_ino) == (stdout.st_dev, stdout.st_ino):
         raise UserError(f"{filename}: is where the report goes (stdout); write the {what} to another file")
+    link = link_on_path(filename)
+    if link is not None:
+        raise UserError(LinkOnPath(filename, link).refusal(what))
     _refuse_unsafe_target(filename, what)
+    _PLACES[filename] = filename if os.path.isabs(filename) else os.path.join(os.getcwd(), filename)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -81,19 +92,21 @@ def _same_file(a: str, b: str) -> bool:
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
-def _refuse_unsafe_target(filename: str, what: str) -> Optional[os.stat_result]:
-    """What ``filename`` is (lstat), None when there is nothing yet; a UserError for what the file
-    must not be written to. A link is followed only to a stream: a FIFO (``>(cat)``, ``/dev/stdout``
+def _refuse_unsafe_target(filename: str, what: str, parent: Optional[int] = None,
+                          name: Optional[str] = None) -> Optional[os.stat_result]:
+    """What ``filename`` (``name`` in the open directory ``parent``, where given) is (lstat), None when
+    there is nothing yet; a UserError for what the file must not be written to. A link is followed only to a stream: a FIFO (``>(cat)``, ``/dev/stdout``
     on a pipe), a terminal or the null device. A link to anything else is refused, since a checked-out
     repository can commit ``report.sarif -> ~/.bashrc`` (or ``-> /dev/sda``) where CI writes its report.
     A block device is never written to."""
+    where = {"path": filename} if name is None else {"path": name, **at(parent)}
     try:
-        info = os.lstat(filename)
+        info = os.stat(**where, follow_symlinks=False)
     except FileNotFoundError:
         return None
     if stat.S_ISLNK(info.st_mode):
         try:
-            target = os.stat(filename)
+            target = os.stat(**where)
         except OSError:
             raise UserError(f"{filename}: is a symbolic link to nothing; name a file for the {what}") from None
         if not _stream_device(target):
@@ -127,42 +140,54 @@ def write_output_file(filename: str, text: str, what: str) -> None:
     """Write ``text`` to ``filename`` without ever losing what is there or writing through a link: a
     regular file is replaced atomically, keeping its mode and owner; a new file is created; a FIFO or
     a device (``/dev/null``, a pipe another process reads, a link to one) is written to as a stream;
-    a directory, a block device and a link to a file are refused. Every failure is a UserError that
-    says the file was left as it was."""
+    a directory, a block device, a link to a file and a link anywhere on the way (each directory is
+    opened without following links, text/no_links.py) are refused. A name checked before
+    (``check_output_target``) is written where it named then, whatever the working directory is now.
+    Every failure is a UserError that says the file was left as it was."""
     data = text.encode("utf-8")
+    parent = None
+    place = _PLACES.pop(filename, filename)
     try:
-        info = _refuse_unsafe_target(filename, what)
+        parent, name = open_parent(place)
+        info = _refuse_unsafe_target(filename, what, parent, name)
         if info is None:
-            _create(filename, data)
+            _create(parent, name, data)
         elif stat.S_ISDIR(info.st_mode):
             raise UserError(f"{filename}: is a directory; name a file for the {what}")
         elif stat.S_ISREG(info.st_mode):
-            from preclint.text.safe_io import write_atomic
-
-            write_atomic(filename, text)
+            write_atomic_at(parent, name, data)
         else:
-            _stream(filename, data)
+            _stream(parent, name, data)
+    except LinkOnPath as exc:
+        anchor = place[:len(place) - len(filename)]  # the working directory the name was fixed in
+        link = exc.link[len(anchor):] if place != filename and exc.link.startswith(anchor) else exc.link
+        raise UserError(LinkOnPath(filename, link).refusal(what)) from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if exc.errno == errno.ENXIO:  # opening a FIFO for writing without blocking, and nobody reads it
             reason = "no process is reading the FIFO"
         raise UserError(f"{filename}: cannot write the {what}: {reason}") from None
+    finally:
+        if parent is not None:
+            os.close(parent)
 
 
-def _create(filename: str, data: bytes) -> None:
-    with open(filename, "xb") as out:  # exclusive: a file that appeared meanwhile is not overwritten
+def _create(parent: Optional[int], name: str, data: bytes) -> None:
+    # exclusive, no link followed: a file or link that appeared meanwhile is not overwritten
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with os.fdopen(os.open(name, flags, 0o666, **at(parent)), "wb") as out:
         try:
             out.write(data)
             out.flush()
         except OSError:
             out.close()
-            os.unlink(filename)
+            os.unlink(name, **at(parent))
             raise
 
 
-def _stream(filename: str, data: bytes) -> None:
+def _stream(parent: Optional[int], name: str, data: bytes) -> None:
     # O_NONBLOCK only for the open: a FIFO nobody reads fails at once (ENXIO) instead of hanging
-    fd = os.open(filename, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    fd = os.open(name, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0), **at(parent))
     try:
         if not (_stream_device(os.fstat(fd)) or stat.S_ISCHR(os.fstat(fd).st_mode)):  # swapped since it was checked
             raise OSError(errno.EINVAL, "it changed into a file or a link to one meanwhile; nothing was written")

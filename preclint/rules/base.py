@@ -43,6 +43,10 @@ class RuleContext:
     atol: Optional[float] = None
     model_location: Optional[Location] = None
     model_name: str = "model"  # what the user's file calls the model: ``model[0]`` names its first entry
+    # --train: each precision's predicted training-step figures (predict/training.py TrainingFigures), and
+    # the float64 reference step they came from (reference/training_step.py), which the probe measures against
+    training: Dict[str, Any] = field(default_factory=dict)
+    training_reference: Optional[Any] = None
 
     def for_rule(self, rule: "type[RuleDoc]") -> "RuleContext":
         """This context as ``rule`` sees it: only the modes among its ``precisions``."""
@@ -99,6 +103,8 @@ MEASURED_AS = {
     "reference": "the node in float64 and in each mode; confirmed when it is inf/NaN there too",
     "overflow": "the node in the mode's run; confirmed when it is inf/NaN there (the reference is finite)",
     "flips": "the decisions of the mode's run (else its detections); confirmed when at least one flipped",
+    "training": "the training step's measured figure (Rule.training_figure) against a float64 step; confirmed "
+                "when it is over the rule's threshold too",
 }
 
 
@@ -150,6 +156,9 @@ class Rule(RuleDoc):
     # "vanishing" or "exploding": the finding is about values too small or too large for a format, so
     # where random-init activations drift that way (reference/degenerate.py) it may describe the weights
     size_drift: ClassVar[Optional[str]] = None
+    # measured_as "training": the figure of the measured step (predict/training.py TrainingFigures) that
+    # confirms the finding when it is above the rule's threshold (None: the step measures nothing it predicts)
+    training_figure: ClassVar[Optional[str]] = None
 
     def check_graph(self, ctx: RuleContext) -> Iterator[Finding]:
         """The findings the graph and the predictions give."""

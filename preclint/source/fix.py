@@ -26,6 +26,7 @@ from preclint.config import Config
 from preclint.core.findings import Finding
 from preclint.text.guard import run_with_deep_stack
 from preclint.source.run import check_source
+from preclint.text.no_links import LinkOnPath
 from preclint.text.safe_io import ChangedOnDisk, replace_checked
 from preclint.text.sourcefile import Fix, SourceFile
 from preclint.source.suppress import apply_suppressions
@@ -253,6 +254,12 @@ def write_fixes(run, result: FixResult, tell: Callable[[str], None] = lambda lin
             replace_checked(filename, text.encode(source.encoding), expected=source.data)
         except ChangedOnDisk:
             done.skipped.append(f"{path}: not fixed: it changed on disk while preclint ran")
+            continue
+        except LinkOnPath as exc:
+            line = (f"{path}: not fixed: {exc.link} is a symbolic link, and preclint does not write through links "
+                    "(a repository can aim one at any directory); the file is unchanged")
+            done.failed.append(line)
+            tell(f"preclint: error: {line}")
             continue
         except OSError as exc:
             line = f"{path}: not fixed: cannot write it: {exc.strerror or exc}; the file is unchanged"

@@ -28,7 +28,8 @@ import stat
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import UserError
-from preclint.text.paths import glob_match, glob_regex
+from preclint.text.globs import GlobSet
+from preclint.text.paths import glob_match
 from preclint.text.safe_io import read_regular_or_none
 
 # Ruff's default excludes, plus preclint's cache
@@ -38,7 +39,7 @@ DEFAULT_EXCLUDE = (
     ".vscode", "__pypackages__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages",
     "venv", ".preclint_cache", "__pycache__",
 )
-# an ignore file is read this far (bytes, patterns): its patterns are compiled into regexes
+# an ignore file is read this far (bytes, patterns)
 IGNORE_FILE_LIMIT = 256 * 1024
 IGNORE_PATTERN_LIMIT = 10_000
 
@@ -48,15 +49,16 @@ class PatternFile:
     pattern wins, ``!`` re-includes, a trailing ``/`` matches directories only, a pattern with a
     slash before its end is anchored at ``base``, one without matches a name at any depth.
 
-    The patterns are compiled into a few union regexes (by kind of path, anchored or matching a
-    name, ignoring or re-including), so that a path costs a few C-level matches however many patterns
-    the file has; only a path that both an ignoring and a re-including pattern match walks the
-    patterns one by one, from the last, to find which came last."""
+    The patterns run as two automata (text/globs.py), the anchored ones on the path and the others
+    on the name: a path costs two passes over its characters however many patterns the file has, and
+    no pattern can make a pass slower than linear (a backtracking regex of ``*a*a*a*a*a*a*a*a*b``
+    does not end). A pattern that is no glob (a backward class range) is not applied."""
 
     def __init__(self, base: str, text: str):
         self.base = base
-        # (regex, negated, directories only, anchored), in the file's order
-        self.entries: List[Tuple[str, bool, bool, bool]] = []
+        # (pattern, negated, directories only, order in the file): the anchored ones and the others
+        anchored: List[Tuple[str, bool, bool, int]] = []
+        by_name: List[Tuple[str, bool, bool, int]] = []
         for raw in text.splitlines()[:IGNORE_PATTERN_LIMIT]:
             line = raw.rstrip("\r")
             if not line or line.startswith("#"):
@@ -71,23 +73,14 @@ class PatternFile:
             dir_only = line.endswith("/")
             line = line.rstrip("/")
             if line:
-                self.entries.append((glob_regex(line.lstrip("/")).pattern, negated, dir_only, "/" in line))
-        self._unions: Dict[tuple, Optional["re.Pattern[str]"]] = {}
-
-    def _union(self, is_dir: bool, anchored: bool, negated: bool) -> Optional["re.Pattern[str]"]:
-        key = (is_dir, anchored, negated)
-        if key not in self._unions:
-            parts = [regex for regex, neg, dir_only, anc in self.entries
-                     if neg == negated and anc == anchored and (is_dir or not dir_only)]
-            try:
-                self._unions[key] = re.compile("|".join(f"(?:{p})" for p in parts)) if parts else None
-            except (re.error, RecursionError, OverflowError):
-                self._unions[key] = None  # a pattern Python's regex cannot hold: not applied
-        return self._unions[key]
-
-    def _matches(self, rel: str, name: str, is_dir: bool, negated: bool) -> bool:
-        anchored, by_name = self._union(is_dir, True, negated), self._union(is_dir, False, negated)
-        return bool((anchored and anchored.match(rel)) or (by_name and by_name.match(name)))
+                # (the order across both lists: the last matching pattern of the file wins)
+                entry = (line.lstrip("/"), negated, dir_only, len(anchored) + len(by_name))
+                (anchored if "/" in line else by_name).append(entry)
+        self.entries = len(anchored) + len(by_name)
+        self._anchored = [entry[1:] for entry in anchored]
+        self._by_name = [entry[1:] for entry in by_name]
+        self._anchored_set = GlobSet([entry[0] for entry in anchored], skip_bad=True)
+        self._by_name_set = GlobSet([entry[0] for entry in by_name], skip_bad=True)
 
     def match(self, path: str, is_dir: bool) -> Optional[bool]:
         """True: ignored, False: re-included, None: no pattern of this file matches."""
@@ -97,15 +90,14 @@ class PatternFile:
         if rel.startswith("../") or rel == "..":
             return None
         name = rel.rsplit("/", 1)[-1]
-        ignored, included = self._matches(rel, name, is_dir, False), self._matches(rel, name, is_dir, True)
-        if ignored != included:
-            return ignored
-        if not ignored:
-            return None
-        for regex, negated, dir_only, anchored in reversed(self.entries):
-            if (is_dir or not dir_only) and re.match(regex, rel if anchored else name):
-                return not negated
-        return None
+        last: Optional[Tuple[int, bool]] = None  # (order in the file, negated) of the last matching pattern
+        for found, entries in ((self._anchored_set.matching(rel) if self._anchored else [], self._anchored),
+                               (self._by_name_set.matching(name) if self._by_name else [], self._by_name)):
+            for index in found:
+                negated, dir_only, order = entries[index]
+                if (is_dir or not dir_only) and (last is None or order > last[0]):
+                    last = (order, negated)
+        return None if last is None else not last[1]
 
 
 def _load(path: str, base: str, follow: bool = False) -> Optional[PatternFile]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from typing import Optional, Tuple
+
+from preclint.text.globs import compiled
 
 
 def display_path(path: str, cwd: Optional[str] = None, inside_only: bool = False) -> str:
@@ -61,48 +62,13 @@ def _display_place(path: str, cwd: str) -> Tuple[str, bool]:
     return (library, True) if library is not None else (display_path(path, cwd), False)
 
 
-@functools.lru_cache(maxsize=512)
-def glob_regex(pattern: str) -> "re.Pattern[str]":
-    """gitignore-flavoured glob: ``**`` spans directories, ``*`` and ``?`` stay within one."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            end = pattern.find("]", i + 1)
-            if end < 0:
-                out.append(re.escape(c))
-                i += 1
-            else:
-                body = pattern[i + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = end + 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
 def glob_match(pattern: str, relpath: str) -> bool:
     """Whether ``relpath`` (relative to the directory that holds the pattern, '/'-separated) matches.
 
     As in .gitignore and Ruff's settings: a pattern without a slash matches a file or directory name
     at any depth; a pattern with one is anchored at that directory; a match on a directory covers
-    everything below it.
+    everything below it. In time linear in the path's length (text/globs.py); a GlobError for a
+    pattern that is no glob.
     """
     pattern = pattern.strip()
     if not pattern:
@@ -112,8 +78,8 @@ def glob_match(pattern: str, relpath: str) -> bool:
         pattern = pattern[2:]
     anchored = "/" in pattern.rstrip("/")
     pattern = pattern.strip("/") if anchored else pattern.rstrip("/")
-    regex = glob_regex(pattern)
-    parts = relpath.replace(os.sep, "/").split("/")
+    matcher = compiled(pattern)
+    relpath = relpath.replace(os.sep, "/")
     if anchored:
-        return any(regex.match("/".join(parts[: i + 1])) for i in range(len(parts)))
-    return any(regex.match(part) for part in parts)
+        return bool(matcher.matching_leading(relpath))
+    return any(matcher.matching(part) for part in relpath.split("/"))

@@ -27,9 +27,10 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 from itertools import accumulate
 from typing import Optional, Sequence
+
+from preclint.text.no_links import at, open_parent
 
 MAX_JSON_DEPTH = 32  # preclint's documents nest 6 levels at most (the cache)
 
@@ -174,17 +175,23 @@ def replace_checked(filename: str, data: bytes, expected: Optional[bytes] = None
     it), then, with ``expected``, checked to hold those bytes still (ChangedOnDisk). A file of one
     name that this user owns, without extended attributes, is replaced by a temporary file renamed
     over it (same mode and group); any other is written in place, into its own inode, so that its hard
-    links, owner and ACLs stay (an interrupted write puts the original bytes back)."""
-    fd = os.open(filename, os.O_RDWR | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "r+b") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise NotRegularFile(filename)
-        original = handle.read()
-        if expected is not None and original != expected:
-            raise ChangedOnDisk(f"{filename}: changed on disk since it was read")
-        if not (_renamable(handle.fileno(), info) and _replace_by_rename(filename, data, info)):
-            _overwrite(handle, data, original)
+    links, owner and ACLs stay (an interrupted write puts the original bytes back). The directories on
+    the way are not followed through links (LinkOnPath, text/no_links.py)."""
+    parent, name = open_parent(filename)
+    try:
+        fd = os.open(name, os.O_RDWR | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), **at(parent))
+        with os.fdopen(fd, "r+b") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise NotRegularFile(filename)
+            original = handle.read()
+            if expected is not None and original != expected:
+                raise ChangedOnDisk(f"{filename}: changed on disk since it was read")
+            if not (_renamable(handle.fileno(), info) and _replace_by_rename(parent, name, data, info)):
+                _overwrite(handle, data, original)
+    finally:
+        if parent is not None:
+            os.close(parent)
 
 
 def _renamable(fd: int, info: os.stat_result) -> bool:
@@ -199,14 +206,13 @@ def _renamable(fd: int, info: os.stat_result) -> bool:
         return True
 
 
-def _replace_by_rename(filename: str, data: bytes, info: os.stat_result) -> bool:
-    """Whether ``filename`` was replaced by a new file holding ``data``. False when no such file can
-    be made as the old one was (a directory preclint may not write, a group it cannot give): nothing
-    changed, and the caller writes in place. A failure to write the new file (a full disk) raises,
-    the old one untouched."""
-    directory, base = os.path.split(filename)
+def _replace_by_rename(parent: Optional[int], name: str, data: bytes, info: os.stat_result) -> bool:
+    """Whether the file ``name`` (in the directory ``parent``) was replaced by a new file holding
+    ``data``. False when no such file can be made as the old one was (a directory preclint may not
+    write, a group it cannot give): nothing changed, and the caller writes in place. A failure to write
+    the new file (a full disk) raises, the old one untouched."""
     try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".preclint", dir=directory or ".")
+        handle, temporary = _temporary_beside(parent, name)
     except OSError:
         return False
     try:
@@ -216,19 +222,37 @@ def _replace_by_rename(filename: str, data: bytes, info: os.stat_result) -> bool
                 if os.fstat(out.fileno()).st_gid != info.st_gid:
                     os.fchown(out.fileno(), -1, info.st_gid)
             except OSError:
-                _remove(temporary)
+                _remove(temporary, parent)
                 return False
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        current = os.lstat(filename)  # still the file that was read, not something put in its place
+        current = os.stat(name, follow_symlinks=False, **at(parent))  # still the file that was read
         if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
-            raise ChangedOnDisk(f"{filename}: replaced on disk since it was read")
-        os.replace(temporary, filename)
+            raise ChangedOnDisk(f"{name}: replaced on disk since it was read")
+        os.replace(temporary, name, **_both(parent))
         return True
     except BaseException:
-        _remove(temporary)
+        _remove(temporary, parent)
         raise
+
+
+def _temporary_beside(parent: Optional[int], name: str):
+    """(a descriptor, the name) of a new, empty file only this user may read, made exclusively beside
+    ``name`` in ``parent`` (never an existing file or a link)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    prefix = os.path.join(os.path.dirname(name), "." + os.path.basename(name))  # (a path without a dir_fd)
+    for _ in range(100):
+        temporary = f"{prefix}.{secrets.token_hex(6)}.preclint"
+        try:
+            return os.open(temporary, flags, 0o600, **at(parent)), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", name)
+
+
+def _both(parent: Optional[int]) -> dict:
+    return {} if parent is None else {"src_dir_fd": parent, "dst_dir_fd": parent}
 
 
 def _remove(filename: str, dir_fd: Optional[int] = None) -> None:
@@ -242,21 +266,30 @@ def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
     """Create or replace ``filename`` (a file preclint writes, such as a baseline or a report)
     atomically: a temporary file in the same directory (created exclusively: never an existing file
     or a link), flushed, then renamed over the name itself; a failure leaves the original untouched.
-    A symlink at ``filename`` is replaced, never written through (the caller refuses one first:
-    ``preclint.source.baseline.write_output_file``). Not for the user's source files: see
+    No directory on the way is followed through a link (LinkOnPath); a symlink at ``filename`` is
+    replaced, never written through (the caller refuses one first:
+    ``preclint.report.output.write_output_file``). Not for the user's source files: see
     ``replace_checked``."""
-    data = text.encode(encoding)
+    parent, name = open_parent(filename)
     try:
-        info = os.lstat(filename)
+        write_atomic_at(parent, name, text.encode(encoding))
+    finally:
+        if parent is not None:
+            os.close(parent)
+
+
+def write_atomic_at(parent: Optional[int], name: str, data: bytes) -> None:
+    """``write_atomic`` of the file ``name`` in the open directory ``parent`` (None: ``name`` is a path)."""
+    try:
+        info = os.stat(name, follow_symlinks=False, **at(parent))
         mode, owner = stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
         if not stat.S_ISREG(info.st_mode):
-            raise NotRegularFile(filename)
+            raise NotRegularFile(name)
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
         mode, owner = 0o666 & ~umask, None
-    directory, base = os.path.split(filename)
-    handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".preclint", dir=directory or ".")
+    handle, temporary = _temporary_beside(parent, name)
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
@@ -271,9 +304,9 @@ def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
                     os.fchown(out.fileno(), *owner)
                 except OSError:  # only root may give a file away: it then belongs to whoever runs preclint
                     pass
-        os.replace(temporary, filename)
+        os.replace(temporary, name, **_both(parent))
     except BaseException:
-        _remove(temporary)
+        _remove(temporary, parent)
         raise
 
 

@@ -19,6 +19,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint", "preclint.core.*"),
     ("preclint.text.*",),  # reading files safely, and source files without running them (the standard library, libcst)
     ("preclint.policy",),  # what a deployed model imports: torch and text.safe_io only
+    ("preclint.training.*",),  # training-step statistics of tensors in a format (torch only): a live monitor's too
     ("preclint.load.*",),
     ("preclint.capture.*",),
     ("preclint.measure.*",),  # running a model under a precision and comparing it: no rules, no predictions

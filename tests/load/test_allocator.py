@@ -53,7 +53,7 @@ def test_the_command_keeps_freed_memory_and_a_library_user_does_not(monkeypatch)
     monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1) or True)
     monkeypatch.setattr(processes, "take_charge", lambda: None)
     monkeypatch.setattr(processes, "end_descendants", lambda *a: None)
-    monkeypatch.setattr(usercode, "end_if_threads_linger", lambda code: None)
+    monkeypatch.setattr(usercode, "end_process", lambda code: None)
     monkeypatch.setattr(cli, "_main", lambda argv: 0)
     cli.main(["rule", "PCL101"])  # a caller's arguments: preclint is a library in its process
     assert calls == []

@@ -168,6 +168,56 @@ def test_outputs_are_never_written_through_a_link_a_checkout_can_hold(project):
     assert (project / "null").is_symlink()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_no_output_goes_through_a_linked_directory_on_the_way(project):
+    """A pull request commits `reports -> <outside>`; CI runs `-o reports/x.sarif`, `--write-baseline
+    reports/b.json`, `--fix dir_link/x.py`: each is one line and exit 2, and nothing outside changes."""
+    (project / "pkg" / "m.py").write_text(AMP)
+    outside = project / "home" / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    for name in ("x.sarif", "b.json", "deeper/x.sarif"):
+        (outside / name).write_text("precious\n")
+    (outside / "x.py").write_text(AMP)
+    for link in ("reports", "dir_link", "pkg/nested"):
+        (project / link).symlink_to(outside)
+    for target, link in (("reports/x.sarif", "reports"), ("pkg/nested/deeper/x.sarif", "pkg/nested"),
+                         ("pkg/../reports/x.sarif", "pkg/../reports"),
+                         (str(project / "reports" / "x.sarif"), str(project / "reports"))):
+        one_error(preclint(project, "-o", target, "pkg"), f"{target}: {link} is a symbolic link; preclint does "
+                  "not write the report through links")
+    one_error(preclint(project, "--write-baseline", "reports/b.json", "pkg"),
+              "reports/b.json: reports is a symbolic link; preclint does not write the baseline through links")
+    fixed = preclint(project, "--fix", "dir_link/x.py")
+    assert fixed.returncode == 2, fixed.stderr
+    assert ("preclint: error: dir_link/x.py: not fixed: dir_link is a symbolic link, and preclint does not "
+            "write through links") in fixed.stderr
+    assert (outside / "x.py").read_text() == AMP
+    assert all((outside / name).read_text() == "precious\n" for name in ("x.sarif", "b.json", "deeper/x.sarif"))
+    assert sorted(p.name for p in outside.iterdir()) == ["b.json", "deeper", "x.py", "x.sarif"]  # no temporary left
+    # a real directory on the way is written to, relative or absolute
+    (project / "out").mkdir()
+    for target in ("out/x.sarif", str(project / "out" / "y.sarif")):
+        assert preclint(project, "-o", target, "pkg").returncode == 1
+    assert sorted(p.name for p in (project / "out").iterdir()) == ["x.sarif", "y.sarif"]
+
+
+def test_a_directory_swapped_for_a_link_after_the_checks_is_not_written_through(project):
+    """The write itself opens the way again: the check before the run is not what keeps it out."""
+    from preclint.core.errors import UserError
+    from preclint.report.output import check_output_target, write_output_file
+
+    outside = project / "home"
+    outside.mkdir()
+    (project / "reports").mkdir()
+    check_output_target("reports/x.sarif", "report")
+    (project / "reports").rmdir()
+    (project / "reports").symlink_to(outside)
+    with pytest.raises(UserError, match="reports/x.sarif: reports is a symbolic link"):
+        write_output_file("reports/x.sarif", "{}", "report")
+    assert list(outside.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------- --fix
 
 @contextlib.contextmanager

@@ -1,0 +1,208 @@
+"""Benchmark: the training step (``check --train``). Predicted gradient underflow, lost updates and
+non-finite updates of one step, against the same figures measured: each precision's step run natively on
+the CPU (autocast and the CPU's float16/bfloat16 kernels) and compared with a float64 step, element by
+element (probe/training.py). Tiny models, one thread:
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --out benchmarks/results/training_cpu.json
+    python benchmarks/training.py --device cuda --out benchmarks/results/training_h100.json   # steps on a GPU
+
+The setups: an MLP regression, a CNN with batch norm and a small transformer encoder, each under fp16 and
+bf16 autocast (float32 weights and optimizer) and pure fp16/bf16 (``-full``), with SGD and with Adam; the
+three cases issue 40 starts from (an fp16-autocast regression without a GradScaler whose gradients flush,
+pure-bf16 SGD at lr 1e-4, ``model.half()`` with Adam); and the clean recipes (fp32, bf16 autocast with
+float32 master weights, fp16 autocast with a GradScaler at a sane learning rate), which must get no
+training finding. Agreement: predicted and measured within 3x of each other, or both below 1%.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from benchmarks.provenance import stamp  # noqa: E402
+from preclint.config import Config  # noqa: E402
+from preclint.engine import CheckOptions, check_model  # noqa: E402
+from preclint.load.loader import LoadedModel  # noqa: E402
+from preclint.load.training import training_step_of  # noqa: E402
+from preclint.probe.training import measure_training  # noqa: E402
+
+TRAINING_CODES = ("PCL601", "PCL602", "PCL603", "PCL604")
+FIGURES = ("underflow_fraction", "lost_update_fraction")
+BELOW = 0.01
+FACTOR = 3.0
+
+
+def mlp(loss_weight: float = 1.0, activation=torch.nn.ReLU):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), activation(), torch.nn.Linear(64, 64), activation(),
+                                torch.nn.Linear(64, 1))
+    inputs, targets = (torch.randn(256, 32),), torch.randn(256, 1) * loss_weight
+
+    def loss_fn(output, target):
+        return torch.nn.functional.mse_loss(output, target) * loss_weight
+
+    return model, inputs, targets, loss_fn
+
+
+def cnn(loss_weight: float = 1.0):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+    inputs, targets = (torch.randn(16, 3, 16, 16),), torch.randint(0, 10, (16,))
+
+    def loss_fn(output, target):
+        return torch.nn.functional.cross_entropy(output, target) * loss_weight
+
+    return model, inputs, targets, loss_fn
+
+
+class TinyTransformer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 32)
+        self.encoder = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(32, 100)
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.embed(ids)))
+
+
+def transformer(loss_weight: float = 1.0):
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    ids = torch.randint(0, 100, (8, 16))
+    targets = torch.randint(0, 100, (8, 16))
+
+    def loss_fn(output, target):
+        return torch.nn.functional.cross_entropy(output.reshape(-1, 100), target.reshape(-1)) * loss_weight
+
+    return model, (ids,), targets, loss_fn
+
+
+def mlp_tanh(loss_weight: float = 1.0):
+    """The MLP with Tanh: no mask for the forward's rounding to flip (the gradient error's floor)."""
+    return mlp(loss_weight, torch.nn.Tanh)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "mlp_tanh": mlp_tanh}
+OPTIMIZERS = {"sgd": lambda lr: (lambda params: torch.optim.SGD(params, lr=lr)),
+              "adam": lambda lr: (lambda params: torch.optim.Adam(params, lr=lr))}
+
+
+def setups() -> List[Dict[str, Any]]:
+    """name, model, optimizer, lr, precision, and the options that make a case."""
+    found = []
+    for model in ("mlp", "cnn", "transformer"):
+        for optimizer, lr in (("sgd", 1e-2), ("adam", 1e-3)):
+            for mode in ("fp16", "bf16", "fp16-full", "bf16-full"):
+                found.append(dict(name=f"{model}/{optimizer}/{mode}", model=model, optimizer=optimizer, lr=lr, mode=mode))
+    found += [
+        dict(name="issue/mlp-fp16-tiny-loss-no-scaler", model="mlp", optimizer="sgd", lr=1e-2, mode="fp16", loss_weight=1e-4),
+        dict(name="issue/mlp-fp16-small-loss-no-scaler", model="mlp", optimizer="sgd", lr=1e-2, mode="fp16", loss_weight=1e-3),
+        dict(name="issue/mlp-pure-bf16-sgd-lr1e-4", model="mlp", optimizer="sgd", lr=1e-4, mode="bf16-full"),
+        dict(name="issue/mlp-half-adam", model="mlp", optimizer="adam", lr=1e-3, mode="fp16-full", half=True),
+        dict(name="issue/cnn-fp16-tiny-loss-no-scaler", model="cnn", optimizer="sgd", lr=1e-2, mode="fp16", loss_weight=1e-6),
+    ]
+    found += [dict(name=f"tanh/mlp/sgd/{mode}", model="mlp_tanh", optimizer="sgd", lr=1e-2, mode=mode)
+              for mode in ("fp16", "bf16")]
+    for model in ("mlp", "cnn", "transformer"):
+        found += [
+            dict(name=f"clean/{model}/fp32-sgd", model=model, optimizer="sgd", lr=1e-2, mode="fp32", clean=True),
+            dict(name=f"clean/{model}/bf16-autocast-adam", model=model, optimizer="adam", lr=1e-3, mode="bf16", clean=True),
+            dict(name=f"clean/{model}/fp16-autocast-gradscaler-adam", model=model, optimizer="adam", lr=1e-3, mode="fp16",
+                 scaler=True, clean=True),
+            dict(name=f"clean/{model}/fp16-autocast-gradscaler-sgd", model=model, optimizer="sgd", lr=1e-2, mode="fp16",
+                 scaler=True, clean=True),
+        ]
+    return found
+
+
+def agree(predicted: float, measured: float) -> bool:
+    return (predicted < BELOW and measured < BELOW) or (measured / FACTOR <= predicted <= measured * FACTOR)
+
+
+def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+    module, inputs, targets, loss_fn = MODELS[setup["model"]](setup.get("loss_weight", 1.0))
+    if setup.get("half"):
+        module = module.half()
+        inputs = tuple(x.half() if x.is_floating_point() else x for x in inputs)
+    step = training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=OPTIMIZERS[setup["optimizer"]](setup["lr"]),
+                            scaler=torch.amp.GradScaler(device.type) if setup.get("scaler") else None)
+    loaded = LoadedModel(module.eval(), inputs, setup["name"], None, training=step)
+    started = time.perf_counter()
+    report, _graph, ctx = check_model(loaded, Config(precisions=(setup["mode"],)),
+                                      CheckOptions(modes=(setup["mode"],), train=True))
+    notes: List[str] = []
+    measured = measure_training(loaded, ctx.training_reference, list(ctx.training), device, notes)
+    (mode,) = list(ctx.training)
+    predicted, seen = ctx.training[mode], measured[mode]
+    row = {"mode": mode, "seconds": round(time.perf_counter() - started, 2),
+           "findings": sorted({f.code for f in report.findings if f.code in TRAINING_CODES}),
+           "clean": bool(setup.get("clean")), "notes": notes}
+    for key in FIGURES + ("nonfinite_updates", "grad_rel_error"):
+        row[key] = {"predicted": getattr(predicted, key), "measured": getattr(seen, key)}
+    row["agree"] = all(agree(row[key]["predicted"], row[key]["measured"]) for key in FIGURES)
+    row["nonfinite_agree"] = (predicted.nonfinite_updates > 0) == (seen.nonfinite_updates > 0)
+    row["loss_scale"] = predicted.loss_scale
+    return row
+
+
+def _comparable(figure: Dict[str, Any]) -> bool:
+    return all(isinstance(figure[k], float) and math.isfinite(figure[k]) and figure[k] > 0
+               for k in ("predicted", "measured"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--only", default=None, help="run the setups whose name holds this text")
+    parser.add_argument("--device", default="cpu", help="where each precision's step is measured (the prediction's "
+                                                         "float64 step runs on the CPU)")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    results: Dict[str, Any] = {}
+    for setup in setups():
+        if args.only and args.only not in setup["name"]:
+            continue
+        row = run_setup(setup, torch.device(args.device))
+        results[setup["name"]] = row
+        print(f"{setup['name']:48s} under {row['underflow_fraction']['predicted']:.3f}/{row['underflow_fraction']['measured']:.3f} "
+              f"lost {row['lost_update_fraction']['predicted']:.3f}/{row['lost_update_fraction']['measured']:.3f} "
+              f"nonfinite {row['nonfinite_updates']['predicted']}/{row['nonfinite_updates']['measured']} "
+              f"{'ok' if row['agree'] and row['nonfinite_agree'] else 'MISS'} {row['findings']}", flush=True)
+    rows = list(results.values())
+    summary = {
+        "setups": len(rows),
+        "agree": sum(r["agree"] for r in rows),
+        "nonfinite_agree": sum(r["nonfinite_agree"] for r in rows),
+        "clean_recipes": sum(r["clean"] for r in rows),
+        "clean_recipes_with_training_findings": sum(1 for r in rows if r["clean"] and r["findings"]),
+        "misses": [name for name, r in results.items() if not (r["agree"] and r["nonfinite_agree"])],
+        # the gradient's relative error, where both figures are finite and nonzero: the prediction is the
+        # rounding floor and misses the error of masks (ReLU) whose forward rounding flips them
+        "grad_rel_error_compared": len(compared := [r["grad_rel_error"] for r in rows if _comparable(r["grad_rel_error"])]),
+        "grad_rel_error_within_3x": sum(1 for g in compared if g["measured"] / FACTOR <= g["predicted"] <= g["measured"] * FACTOR),
+        "grad_rel_error_median_ratio": sorted(g["predicted"] / g["measured"] for g in compared)[len(compared) // 2]
+        if compared else None,
+    }
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(stamp({"summary": summary, "setups": results}), handle, indent=1, sort_keys=False)
+            handle.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""What the training-step rules (PCL6xx) share: the example setups their tests run, and how a finding
+names the parameters a step figure is about. The examples return ``(module, inputs, training step)``."""
+from __future__ import annotations
+
+from typing import List
+
+from preclint.core.findings import percent
+
+# a figure above this share of a step's elements is a finding (below it: ordinary rounding residue)
+SHARE = 0.01
+
+
+def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: float = 1e-2, scaler: bool = False,
+               dtype=None, eps: float = 1e-8):
+    """A small MLP regression (32 -> 64 -> 1, batch 256); ``precision_loss`` scales the targets and the loss
+    (small values: gradients far below float16's subnormals). ``dtype``: the model cast to it (``.half()``)."""
+
+    def build():
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        inputs = (torch.randn(256, 32),)
+        targets = torch.randn(256, 1) * precision_loss
+        if dtype is not None:
+            model = model.to(getattr(torch, dtype))
+            inputs, targets = (inputs[0].to(getattr(torch, dtype)),), targets.to(getattr(torch, dtype))
+
+        def loss_fn(output, target):
+            return torch.nn.functional.mse_loss(output, target) * precision_loss
+
+        def make_optimizer(params):
+            if optimizer == "adam":
+                return torch.optim.Adam(params, lr=lr, eps=eps)
+            return torch.optim.SGD(params, lr=lr)
+
+        from preclint.load.training import training_step_of
+
+        step = training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer,
+                                scaler=torch.amp.GradScaler("cpu") if scaler else None)
+        return model, inputs, step
+
+    return build
+
+
+def worst(parameters, key: str, limit: int = 3) -> List[str]:
+    """The parameters with the largest ``key`` above SHARE, as ``name (12%)``, largest first."""
+    rows = sorted((p for p in parameters if getattr(p, key) > SHARE), key=lambda p: (-getattr(p, key), p.parameter))
+    return [f"{p.parameter} ({percent(getattr(p, key))})" for p in rows[:limit]]
+
+
+def module_of_worst(parameters, key: str) -> str:
+    rows = sorted(parameters, key=lambda p: (-getattr(p, key), p.parameter))
+    return rows[0].module if rows else ""

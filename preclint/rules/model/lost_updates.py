@@ -1,0 +1,56 @@
+"""PCL602 lost-updates: weight updates the storage format rounds away."""
+from __future__ import annotations
+
+from preclint.core.findings import percent
+from preclint.rules.base import Example, Rule
+from preclint.rules.model._training import SHARE, module_of_worst, regression, worst
+
+
+class LostUpdates(Rule):
+    code = "PCL602"
+    name = "lost-updates"
+    summary = "A training step leaves weights unchanged that a float64 step moves: updates under half a spacing of the weight."
+    severity = "warning"
+    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    needs = ()
+    measured_as = "training"
+    training_figure = "lost_update_fraction"
+    why = """
+An update changes a weight only if it is at least half the spacing of the weight's format at that weight:
+bfloat16 keeps 8 significant bits, so a weight of 1.0 ignores any update under 0.0039, and SGD at
+lr 1e-4 with gradients of order 1 changes almost nothing in a pure-bf16 model (`model.bfloat16()`). A
+gradient that flushed to 0 loses its update too. float32 master weights (autocast) keep 24 bits and
+lose only updates a float32 step loses too. preclint counts, per parameter, the weights a float64 step
+moves that the precision leaves where they were, beyond what float32 storage alone loses.
+"""
+    example = """
+model = Net().bfloat16()
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)   # most updates < half a bf16 spacing
+"""
+    fix = """
+Keep float32 master weights (train under autocast, or keep a float32 copy the optimizer updates), or
+use Kahan-compensated or stochastic-rounding updates for low-precision weights; a larger learning rate
+moves more weights.
+"""
+    bad = (Example(regression(precision_loss=1.0, lr=1e-4, dtype="bfloat16"), "pure-bf16 SGD at lr 1e-4",
+                   {"precisions": ("bf16-full",)}),)
+    good = (Example(regression(precision_loss=1.0, lr=1e-4), "bf16 autocast with float32 master weights",
+                    {"precisions": ("bf16",)}),
+            Example(regression(precision_loss=1.0, lr=1e-3, optimizer="adam"), "fp16 autocast with Adam",
+                    {"precisions": ("fp16",)}))
+
+    def check_graph(self, ctx):
+        for mode in (m for m in ctx.training if m in self.precisions):  # a half model trains as written: fp16-full
+            figures = ctx.training[mode]
+            if figures is None:
+                continue
+            excess = figures.lost_update_fraction - (figures.float32_lost_update_fraction or 0.0)
+            if excess <= SHARE:
+                continue
+            names = worst(figures.parameters, "lost_update_fraction")
+            finding = self.finding(
+                None, f"{percent(figures.lost_update_fraction)} of the weight updates are lost under {mode} "
+                f"(float32 storage would lose {percent(figures.float32_lost_update_fraction or 0.0)}; most: "
+                f"{', '.join(names)}).", precisions=(mode,))
+            finding.module = module_of_worst(figures.parameters, "lost_update_fraction")
+            yield finding
