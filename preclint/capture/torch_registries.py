@@ -118,14 +118,19 @@ def _write_module_hooks(saved: Dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ compiler configs
 
 
+_scanned: List[Any] = [-1, {}]  # (len(sys.modules), the config modules found) of the last scan
+
+
 def _config_modules() -> Dict[str, Any]:
     """Every config module torch installed (torch.utils._config_module), by name, loaded now."""
     kind = getattr(sys.modules.get("torch.utils._config_module"), "ConfigModule", None)
     if kind is None:
         return {}
-    # (most modules are plain ModuleType: the identity test first halves the scan's cost)
-    return {name: module for name, module in list(sys.modules.items())
-            if type(module) is not ModuleType and isinstance(module, kind)}
+    # (a scan of sys.modules costs about a millisecond: done again only where modules came or went)
+    if _scanned[0] != len(sys.modules):
+        _scanned[:] = [len(sys.modules), {name: module for name, module in list(sys.modules.items())
+                                          if type(module) is not ModuleType and isinstance(module, kind)}]
+    return dict(_scanned[1])
 
 
 def _changed_settings(module: Any) -> Dict[str, Any]:
