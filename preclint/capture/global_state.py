@@ -17,7 +17,10 @@ TorchFunctionMode stack with the default device, the TorchDispatchMode stack, th
 hooks and every compiler config module's settings (torch_registries.py). Not restorable: the
 inter-op thread count once set (torch takes it once per process; a warning says so) and an
 inference-mode region left open (a C++ guard with no setter). A setting that cannot be put back is
-named in a RuntimeWarning, and the others are still put back.
+named in a RuntimeWarning, and the others are still put back. Only what reads otherwise than before
+is written (some setters do more than set: ``torch.use_deterministic_algorithms`` may set an
+environment variable), the interpreter's paths first (torch's setters may import) and the
+environment last.
 """
 from __future__ import annotations
 
@@ -114,7 +117,7 @@ def _random_generators() -> List[Setting]:
 
 def settings() -> List[Setting]:
     """Every setting ``preserved`` restores, in the order it restores them."""
-    found = process_state.settings() + _random_generators() + [
+    found = process_state.settings_first() + _random_generators() + [
         ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
         ("float32 precision (TF32)", fp32_precision.read, fp32_precision.write),
         _attribute("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
@@ -132,6 +135,7 @@ def settings() -> List[Setting]:
         ("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
         _interop_threads(),
         *torch_registries.settings(),
+        *process_state.settings_last(),
     ]
     return found
 
@@ -175,13 +179,15 @@ def changed(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
 @contextlib.contextmanager
 def preserved() -> Iterator[None]:
     """Run the body, then put every setting back as it was before it (see the module's docstring)."""
-    saved = [(name, write, value) for name, read, write in settings() for value in _read(read)]
+    saved = [(name, read, write, value) for name, read, write in settings() for value in _read(read)]
     try:
         yield
     finally:
         failed = []
-        for name, write, value in saved:
+        for name, read, write, value in saved:
             try:
+                if any(_same(now, value) for now in _read(read)):
+                    continue  # as it was: not written (some setters do more than set, see settings_last)
                 write(value)
             except Exception as exc:  # noqa: BLE001 - one setting that cannot go back must not keep the others
                 failed.append(f"{name} ({' '.join(str(exc).split()) or type(exc).__name__})")

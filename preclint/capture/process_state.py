@@ -37,10 +37,16 @@ def _write_cwd(saved: str) -> None:
         os.chdir(saved)
 
 
-def settings() -> List[Setting]:
+def settings_first() -> List[Setting]:
+    """Given back before torch's settings: torch's setters may import modules (from sys.path)."""
     return [
         ("os.getcwd()", os.getcwd, _write_cwd),
         ("sys.path", lambda: list(sys.path), _write_path),
-        ("os.environ", lambda: dict(os.environ), _write_environ),
         ("sys.getrecursionlimit()", sys.getrecursionlimit, sys.setrecursionlimit),
     ]
+
+
+def settings_last() -> List[Setting]:
+    """Given back after torch's settings: some of torch's setters write environment variables
+    (``torch.use_deterministic_algorithms`` sets TORCHINDUCTOR_CACHE_DIR)."""
+    return [("os.environ", lambda: dict(os.environ), _write_environ)]

@@ -132,6 +132,30 @@ def test_the_working_directory_sys_path_and_environment_come_back(tmp_path, monk
     assert sys.getrecursionlimit() == limit
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_failed_check_leaves_the_environment_as_it_was(tmp_path):
+    # Giving back the deterministic-algorithms flag called torch.use_deterministic_algorithms(), whose
+    # first call imports torch._inductor.config, which sets TORCHINDUCTOR_CACHE_DIR: in a check that
+    # ended before anything had imported it (a model file that fails at import), after the
+    # environment had been given back. Settings that did not change are not written now, and the
+    # environment is given back last.
+    (tmp_path / "m.py").write_text('raise RuntimeError("broken at import")\n')
+    code = textwrap.dedent(f"""
+        import os, preclint
+        environ = dict(os.environ)
+        try:
+            preclint.check({str(tmp_path / "m.py")!r}, precisions=("tf32",))
+        except preclint.UserError:
+            pass
+        print(sorted(set(os.environ.items()) ^ set(environ.items())))
+    """)
+    env = {name: value for name, value in os.environ.items() if name != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 # ------------------------------------------------------------------------------- torch's registries
 
 
@@ -259,7 +283,8 @@ def test_a_restore_that_fails_warns_and_the_others_still_come_back():
 
     settings = global_state.settings
     try:
-        global_state.settings = lambda: [("a setting", lambda: 1, cannot)] + settings()
+        reads = iter(range(100))  # a setting that reads otherwise after the body, and cannot be set back
+        global_state.settings = lambda: [("a setting", lambda: next(reads), cannot)] + settings()
         with pytest.warns(RuntimeWarning, match="a setting .read-only here."):
             with global_state.preserved():
                 torch.set_default_dtype(torch.float64)
