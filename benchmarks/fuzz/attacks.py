@@ -28,7 +28,11 @@ of the class here). The classes:
 - ``output-clash``: ``-o`` naming the run's own baseline, configuration, source, model or weights (or
   a symlink to one), or a FIFO nobody reads: refused, the input unchanged, no hang;
 - ``fix-unwritable``: ``--fix`` over files one of which cannot be written: the others are all fixed or
-  none is, and what changed is named.
+  none is, and what changed is named;
+- ``api-state``: a model that changes process state (TF32 through either API, the working directory,
+  sys.path, the environment, modes, the default device, module hooks, dynamo settings), checked
+  through ``preclint.check`` from the main thread or another: the caller reads it all as before, and
+  a hanging forward ends at ``timeout`` (benchmarks.fuzz.attack_api).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from benchmarks.fuzz.attack_api import VARIANTS as API_VARIANTS
 from benchmarks.fuzz.attack_oracle import CONTROL, LimitedRun, judge_attack, run_limited
 from benchmarks.fuzz.oracle import Checked
 
@@ -87,6 +92,7 @@ CLASSES: Dict[str, Tuple[int, Tuple[str, ...]]] = {  # class -> (weight, variant
     "output-clash": (1, ("o-baseline", "o-config", "o-config-flag", "o-source", "o-model", "o-weights", "o-fifo",
                          "o-link")),
     "fix-unwritable": (1, ("first", "middle", "last")),
+    "api-state": (1, API_VARIANTS),
 }
 
 
@@ -127,6 +133,11 @@ def attack_case(seed: int) -> AttackCase:
         params["format"] = rng.choice(("full", "concise", "github")) if variant == "message" else "json"
     elif attack == "checkpoint":
         params["scale"] = rng.choice((1.0, 300.0))
+    elif attack == "api-state":
+        params["where"] = rng.choice(("import", "forward"))
+        params["thread"] = rng.random() < 0.5
+        params["precision"] = rng.choice(("high", "medium"))
+        params["preload"] = rng.random() < 0.25  # torch._dynamo.config loaded before the call, or not
     tags = [f"attack:{attack}", f"variant:{attack}/{variant}"]
     if "format" in params:
         tags.append(f"format:{params['format']}")
@@ -134,7 +145,7 @@ def attack_case(seed: int) -> AttackCase:
 
 
 def check_attack_case(case: AttackCase, directory: str) -> Checked:
-    from benchmarks.fuzz import attack_files, attack_models
+    from benchmarks.fuzz import attack_api, attack_files, attack_models
 
     runners: Dict[str, Callable[[AttackCase, str], Checked]] = {
         "names": _names, "cache-link": attack_files.cache_link, "cache-edit": attack_files.cache_edit,
@@ -142,6 +153,7 @@ def check_attack_case(case: AttackCase, directory: str) -> Checked:
         "slow-growth": attack_files.slow_growth, "output-clash": attack_files.output_clash,
         "fix-unwritable": attack_files.fix_unwritable, "checkpoint": attack_models.checkpoint,
         "fork": attack_models.fork, "nondeterministic": attack_models.nondeterministic,
+        "api-state": attack_api.api_state,
     }
     checked = runners[case.attack](case, directory)
     verdict = checked.verdict
