@@ -8,13 +8,24 @@ device, the global module hooks and a dynamo setting; calls ``preclint.check`` o
 changes one of them (at its import or in its forward), from the main thread or from another one;
 reads them all again and prints what differs. Any difference is a failure (``state-kept``), and so is
 a time limit that did not end a hanging forward called from another thread (``timeout-ignored``).
+
+Every variant, at import and in forward, from the main thread and from another (the tries of the
+class, without the seeds' draws), before and after a change:
+
+    python -m benchmarks.fuzz.attack_api --label after --out benchmarks/results/fuzz_api_state.json
+    python -m benchmarks.fuzz.attack_api --label before --root /tmp/before --out ...
 """
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from typing import Optional
 
 from benchmarks.fuzz.oracle import Checked, Verdict
 
@@ -137,7 +148,8 @@ def model_file(variant: str, where: str, precision: str) -> str:
             "example_inputs = (torch.randn(2, 4),)\n")
 
 
-def api_state(case, directory: str) -> Checked:
+def api_state(case, directory: str, root: Optional[str] = None) -> Checked:
+    """Check one case; ``root``: the checkout whose preclint is checked (this one by default)."""
     from benchmarks.fuzz.attack_oracle import ROOT
     from benchmarks.fuzz.attacks import GRAPH_TIMEOUT, write
 
@@ -150,7 +162,7 @@ def api_state(case, directory: str) -> Checked:
                            timeout=TIMEOUT if variant == "thread-timeout" else 0, thread=thread,
                            join=GRAPH_TIMEOUT / 2)
     write(directory, "driver.py", driver)
-    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": directory}
+    env = {"PYTHONPATH": root or str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": directory}
     try:
         done = subprocess.run([sys.executable, "driver.py"], cwd=directory, capture_output=True, text=True,
                               timeout=GRAPH_TIMEOUT, env=env)
@@ -173,3 +185,47 @@ def api_state(case, directory: str) -> Checked:
         return Checked(Verdict("state-kept", f"preclint.check left changed ({where}, "
                                f"{'thread' if thread else 'main thread'}): {names}"), extra=result)
     return Checked(Verdict(), extra=result)
+
+
+def sweep(root: Optional[str]) -> list:
+    """Each (variant, where, thread) once: the rows of the summary."""
+    from benchmarks.fuzz.attacks import AttackCase
+
+    rows = []
+    for variant, where, thread in itertools.product(VARIANTS, ("import", "forward"), (False, True)):
+        if variant == "thread-timeout" and (where == "import" or not thread):
+            continue  # (always a forward, from another thread)
+        params = {"where": where, "thread": thread, "precision": "high", "preload": variant == "dynamo-config"
+                  and where == "forward"}
+        with tempfile.TemporaryDirectory() as directory:
+            checked = api_state(AttackCase(f"api-{variant}-{where}-{thread}", "api-state", variant, params),
+                                directory, root)
+        rows.append({"variant": variant, "where": where, "thread": thread, "failure": checked.verdict.failure,
+                     "detail": checked.verdict.detail, "outcome": str(checked.extra.get("outcome", ""))[:200]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> int:
+    from benchmarks.provenance import stamp
+
+    parser = argparse.ArgumentParser(description="every api-state attack, once")
+    parser.add_argument("--label", required=True, help="the key the results are kept under (before, after)")
+    parser.add_argument("--root", help="the checkout whose preclint is checked (default: this one)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rows = sweep(os.path.abspath(args.root) if args.root else None)
+    result = json.load(open(args.out)) if os.path.exists(args.out) else {}
+    failures: dict = {}
+    for row in rows:
+        if row["failure"]:
+            failures[row["failure"]] = failures.get(row["failure"], 0) + 1
+    result[args.label] = stamp({"root": args.root or ".", "tries": len(rows), "failed": sum(failures.values()),
+                                "failures": failures, "cases": rows})
+    with open(args.out, "w") as f:
+        f.write(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
