@@ -222,8 +222,8 @@ def main() -> int:
             failures[row["failure"]] = failures.get(row["failure"], 0) + 1
     result[args.label] = stamp({"root": args.root or ".", "tries": len(rows), "failed": sum(failures.values()),
                                 "failures": failures, "cases": rows})
-    with open(args.out, "w") as f:
-        f.write(json.dumps(result, indent=1) + "\n")
+    with open(args.out, "w") as f:  # (the file's provenance: its last run's)
+        f.write(json.dumps(stamp(result), indent=1) + "\n")
     return 0
 
 
