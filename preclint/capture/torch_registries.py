@@ -155,6 +155,8 @@ def _read_configs() -> Dict[str, Dict[str, Any]]:
 
 def _write_configs(saved: Dict[str, Dict[str, Any]]) -> None:
     for name, module in _config_modules().items():
+        if name not in saved and not hasattr(module, "_is_default"):
+            continue  # first loaded during the call, by a torch that cannot tell its defaults: left as it is
         values = saved.get(name, {})
         now = _changed_settings(module)
         for key in [key for key in now if key not in values]:
