@@ -10,10 +10,12 @@
     report                          # in a notebook: the page `--output-format html` writes
 
 The call walks the model through the same pipeline as the command line (preclint.engine.Session),
-so the numbers are the ones `preclint check` prints for it. It leaves the process as it found it:
-the random generators, the default dtype, TF32 and the other backend flags, autocast, grad mode,
-the deterministic-algorithms flag and the number of threads are put back whatever the model's code
-did (preclint.capture.global_state), and the model's submodules get their training modes back.
+so the numbers are the ones `preclint check` prints for it. It leaves the process as it found it,
+whatever the model's code did (preclint.capture.global_state; docs/api.md lists it all): the working
+directory, sys.path, the environment, the random generators, the default dtype, the TF32 settings
+(through the API each is read with), the backend flags, autocast, grad mode, the number of threads,
+torch's function and dispatch modes, the global module hooks and the compiler config modules; and the
+model's submodules get their training modes back.
 
 A mistake in the call or a model that cannot be checked raises :class:`preclint.UserError`, with
 the one line the command line would print.
@@ -188,7 +190,8 @@ def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
     one); the report then holds the ledger. ``plan``: also make the plan of the fewest layers to keep
     in float32 that meets the tolerance (one precision, and rtol/atol), verified on the probe's device
     (on "auto" without a probe), as `preclint plan` makes it. ``select``/``ignore``: rule codes or
-    prefixes, as ``--select``/``--ignore``. ``timeout``: seconds the walk may take (0: no limit).
+    prefixes, as ``--select``/``--ignore``. ``timeout``: seconds the walk may take (0: no limit), from any
+    thread (off the main thread a watchdog raises in the calling thread; docs/api.md).
     ``train``: also check one training step (``--train``, docs/training.md): True for a path whose file gives
     it, or ``preclint.training_step(...)`` for a model already built.
 

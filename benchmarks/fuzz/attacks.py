@@ -32,6 +32,10 @@ of the class here). The classes:
 - ``answers``: inputs whose answer must stay true (broken checkpoints in ``diff``, activations whose
   squares overflow float32, an amax floor that zeroes the GEMMs, lossy checkpoint casts):
   benchmarks.fuzz.attack_answers.
+- ``api-state``: a model that changes process state (TF32 through either API, the working directory,
+  sys.path, the environment, modes, the default device, module hooks, dynamo settings), checked
+  through ``preclint.check`` from the main thread or another: the caller reads it all as before, and
+  a hanging forward ends at ``timeout`` (benchmarks.fuzz.attack_api).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from benchmarks.fuzz.attack_api import VARIANTS as API_VARIANTS
 from benchmarks.fuzz.attack_oracle import CONTROL, LimitedRun, judge_attack, run_limited
 from benchmarks.fuzz.oracle import Checked
 
@@ -92,6 +97,7 @@ CLASSES: Dict[str, Tuple[int, Tuple[str, ...]]] = {  # class -> (weight, variant
     "fix-unwritable": (1, ("first", "middle", "last")),
     "answers": (1, ("diff-nan", "diff-inf", "diff-negvar", "diff-overflow", "huge", "amax-epsilon", "complex",
                     "fraction", "range")),
+    "api-state": (1, API_VARIANTS),
 }
 
 
@@ -136,6 +142,11 @@ def attack_case(seed: int) -> AttackCase:
         from benchmarks.fuzz.attack_answers import params as answer_params
 
         params.update(answer_params(rng, variant))
+    elif attack == "api-state":
+        params["where"] = rng.choice(("import", "forward"))
+        params["thread"] = rng.random() < 0.5
+        params["precision"] = rng.choice(("high", "medium"))
+        params["preload"] = rng.random() < 0.25  # torch._dynamo.config loaded before the call, or not
     tags = [f"attack:{attack}", f"variant:{attack}/{variant}"]
     if "format" in params:
         tags.append(f"format:{params['format']}")
@@ -143,7 +154,7 @@ def attack_case(seed: int) -> AttackCase:
 
 
 def check_attack_case(case: AttackCase, directory: str) -> Checked:
-    from benchmarks.fuzz import attack_answers, attack_files, attack_models
+    from benchmarks.fuzz import attack_answers, attack_api, attack_files, attack_models
 
     runners: Dict[str, Callable[[AttackCase, str], Checked]] = {
         "names": _names, "cache-link": attack_files.cache_link, "cache-edit": attack_files.cache_edit,
@@ -152,6 +163,7 @@ def check_attack_case(case: AttackCase, directory: str) -> Checked:
         "fix-unwritable": attack_files.fix_unwritable, "checkpoint": attack_models.checkpoint,
         "fork": attack_models.fork, "nondeterministic": attack_models.nondeterministic,
         "answers": attack_answers.answers,
+        "api-state": attack_api.api_state,
     }
     checked = runners[case.attack](case, directory)
     verdict = checked.verdict

@@ -5,23 +5,34 @@ runs), and preclint sets some of this state itself (seeds, TF32 for a mode, grad
 a notebook or a test suite, a check must leave the process as it found it, whatever the model did:
 ``preserved()`` saves every setting below and restores it on the way out, exception or not.
 
-Saved: the random generators (torch's CPU and, where initialised, CUDA generators; Python's ``random``;
-numpy's global one where numpy is loaded), the default dtype and device, the float32 precision of
-every backend (TF32: the ``fp32_precision`` settings of torch >= 2.9, else the legacy ``allow_tf32``
-flags and ``float32_matmul_precision``), the reduced-precision reductions, cuDNN's switches and the
-scaled-dot-product-attention backends, autocast (per device type: on or off, dtype, its cache and the
-nesting of its regions), grad and anomaly mode, the deterministic-algorithms flags, the number of
-threads. Not restorable, so left as they are: the inter-op thread count (fixed once work began) and
-an inference-mode region left open (a C++ guard with no setter).
+Saved: the working directory, ``sys.path``, the environment variables and the recursion limit
+(process_state.py); the random generators (torch's CPU and, where initialised, CUDA generators;
+Python's ``random``; numpy's global one where numpy is loaded), the default dtype, the float32
+precision of every backend through the getters it is read with (fp32_precision.py: the legacy
+``allow_tf32`` flags and ``float32_matmul_precision`` and the ``fp32_precision`` settings of torch
+>= 2.9 alike), the reduced-precision reductions, cuDNN's switches and the scaled-dot-product-attention
+backends, autocast (per device type: on or off, dtype, its cache and the nesting of its regions),
+grad and anomaly mode, the deterministic-algorithms flags, the number of threads; the
+TorchFunctionMode stack with the default device, the TorchDispatchMode stack, the global module
+hooks and every compiler config module's settings (torch_registries.py). Not restorable: the
+inter-op thread count once set (torch takes it once per process; a warning says so) and an
+inference-mode region left open (a C++ guard with no setter). A setting that cannot be put back is
+named in a RuntimeWarning, and the others are still put back. Only what reads otherwise than before
+is written (some setters do more than set: ``torch.use_deterministic_algorithms`` may set an
+environment variable), the interpreter's paths first (torch's setters may import) and the
+environment last.
 """
 from __future__ import annotations
 
 import contextlib
 import random
 import sys
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import torch
+
+from preclint.capture import fp32_precision, process_state, torch_registries
 
 Setting = Tuple[str, Callable[[], Any], Callable[[Any], None]]
 
@@ -40,24 +51,6 @@ def _attribute(path: str) -> Setting:
         return obj
 
     return path, lambda: getattr(owner(), name), lambda value: setattr(owner(), name, value)
-
-
-def _precision_settings() -> List[Setting]:
-    """The float32 precision of each backend: parents before their children, so that restoring a
-    parent does not overwrite a child set apart from it."""
-    # (the test of measure/backends.py's new_tf32_api, which this layer sits below)
-    if hasattr(getattr(torch.backends.cuda, "matmul", None), "fp32_precision") and \
-            hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision"):
-        paths = ["torch.backends.fp32_precision", "torch.backends.cuda.matmul.fp32_precision",
-                 "torch.backends.cudnn.fp32_precision", "torch.backends.cudnn.conv.fp32_precision",
-                 "torch.backends.cudnn.rnn.fp32_precision", "torch.backends.mkldnn.fp32_precision",
-                 "torch.backends.mkldnn.matmul.fp32_precision", "torch.backends.mkldnn.conv.fp32_precision",
-                 "torch.backends.mkldnn.rnn.fp32_precision"]
-        return [_attribute(p) for p in paths]
-    # (before torch 2.9: reading the legacy flags is safe, there being no new API to mix them with)
-    return [("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision,
-             torch.set_float32_matmul_precision),
-            _attribute("torch.backends.cuda.matmul.allow_tf32"), _attribute("torch.backends.cudnn.allow_tf32")]
 
 
 def _sdp(name: str) -> Setting:
@@ -81,14 +74,6 @@ def _anomaly() -> Setting:
         return torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
 
     return "torch.set_anomaly_enabled()", read, lambda value: torch.set_anomaly_enabled(value[0], value[1])
-
-
-def _default_device() -> Setting:
-    def write(device):
-        # cpu is torch's own default: no device context (a TorchFunctionMode) put in its place
-        torch.set_default_device(None if torch.device(device).type == "cpu" else device)
-
-    return "torch.get_default_device()", torch.get_default_device, write
 
 
 def _autocast(device: str) -> List[Setting]:
@@ -132,10 +117,9 @@ def _random_generators() -> List[Setting]:
 
 def settings() -> List[Setting]:
     """Every setting ``preserved`` restores, in the order it restores them."""
-    found = _random_generators() + [
+    found = process_state.settings_first() + _random_generators() + [
         ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
-        _default_device(),
-        *_precision_settings(),
+        ("float32 precision (TF32)", fp32_precision.read, fp32_precision.write),
         _attribute("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
         _attribute("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"),
         _attribute("torch.backends.cuda.matmul.allow_fp16_accumulation"),
@@ -149,18 +133,27 @@ def settings() -> List[Setting]:
         _anomaly(),
         _deterministic(),
         ("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
+        _interop_threads(),
+        *torch_registries.settings(),
+        *process_state.settings_last(),
     ]
     return found
+
+
+def _interop_threads() -> Setting:
+    def write(count: int) -> None:
+        if torch.get_num_interop_threads() != count:  # torch refuses a second setting: the warning says so
+            torch.set_num_interop_threads(count)
+
+    return "torch.get_num_interop_threads()", torch.get_num_interop_threads, write
 
 
 def snapshot() -> Dict[str, Any]:
     """Each setting this torch can read, by name, as it stands now."""
     values: Dict[str, Any] = {}
     for name, read, _ in settings():
-        try:
-            values[name] = read()
-        except (AttributeError, RuntimeError, TypeError, ValueError):  # a device type or flag this build lacks
-            continue
+        for value in _read(read):
+            values[name] = value
     return values
 
 
@@ -186,19 +179,25 @@ def changed(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
 @contextlib.contextmanager
 def preserved() -> Iterator[None]:
     """Run the body, then put every setting back as it was before it (see the module's docstring)."""
-    saved = [(name, write, value) for name, read, write in settings() for value in _read(read)]
+    saved = [(name, read, write, value) for name, read, write in settings() for value in _read(read)]
     try:
         yield
     finally:
-        for name, write, value in saved:
+        failed = []
+        for name, read, write, value in saved:
             try:
+                if any(_same(now, value) for now in _read(read)):
+                    continue  # as it was: not written (some setters do more than set, see settings_last)
                 write(value)
-            except (AttributeError, RuntimeError, TypeError, ValueError):
-                continue  # a setting that cannot be set back (read-only in this build)
+            except Exception as exc:  # noqa: BLE001 - one setting that cannot go back must not keep the others
+                failed.append(f"{name} ({' '.join(str(exc).split()) or type(exc).__name__})")
+        if failed:
+            warnings.warn("preclint could not give back what the model's code changed: " + "; ".join(failed),
+                          RuntimeWarning, stacklevel=3)
 
 
 def _read(read: Callable[[], Any]) -> List[Any]:
     try:
         return [read()]
-    except (AttributeError, RuntimeError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - a device type or flag this build lacks, a directory removed
         return []

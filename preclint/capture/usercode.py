@@ -6,7 +6,8 @@ inputs, tracing and running it (and the probe's runs). That code may loop foreve
 ``os._exit``, raise ``KeyboardInterrupt``, print to stdout (where the report goes) or raise warnings. :func:`guard` turns each of these into one
 :class:`~preclint.core.errors.UserError` naming the model, so the run can still report the other models.
 
-The time limit is an ``ITIMER_REAL`` alarm in the main thread whose handler raises
+The time limit is an ``ITIMER_REAL`` alarm in the main thread (in another thread, where signals do not
+reach, a watchdog thread that raises there through ``PyThreadState_SetAsyncExc``) whose handler raises
 :class:`TimeLimitExceeded`, a ``BaseException`` so that the user's ``except Exception`` cannot swallow it
 (and again each second, should something swallow it all the same). Code that never returns to the interpreter (one enormous kernel) or that catches ``BaseException`` would
 still hold the process, so a watchdog thread ends it ``HARD_STOP_GRACE`` seconds later, after printing
@@ -15,11 +16,13 @@ the same line. The processes the code starts end with preclint's run (processes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
 import sysconfig
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
@@ -147,25 +150,37 @@ def _time_message(name: str, timeout: Optional[float], where: Optional[str]) -> 
 
 @contextlib.contextmanager
 def _time_limit(name: str, timeout: Optional[float]) -> Iterator[None]:
-    usable = (timeout and timeout < NO_LIMIT_BEYOND and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
-    if not usable:
+    if not timeout or timeout >= NO_LIMIT_BEYOND:
         yield
         return
-    assert timeout is not None
-    fired: List[Optional[str]] = []
+    on_main = threading.current_thread() is threading.main_thread()
+    limit = _alarm if on_main and hasattr(signal, "setitimer") else _watched
+    fired: List[Optional[str]] = []  # where the user's code was each time the limit struck
+    try:
+        with limit(name, timeout, fired):
+            yield
+    except TimeLimitExceeded as exc:
+        if exc.args:
+            raise
+        raise TimeLimitExceeded(next((where for where in fired if where), None)) from None
+
+
+def _hard_stop(name: str, timeout: float, fired: List[Optional[str]]) -> None:
+    where = next((where for where in fired if where), None)
+    sys.stderr.write(f"preclint: error: {_time_message(name, timeout, where)}; the model's code did not "
+                     f"stop within {HARD_STOP_GRACE:g} s more, so preclint ended without a report\n")
+    processes.exit_now(EXIT_ERROR)
+
+
+@contextlib.contextmanager
+def _alarm(name: str, timeout: float, fired: List[Optional[str]]) -> Iterator[None]:
+    """The limit in the main thread: SIGALRM, whose handler raises (it also wakes a sleep)."""
 
     def on_alarm(signum: int, frame: Optional[FrameType]) -> None:
         fired.append(_user_frame_of(frame))
         raise TimeLimitExceeded(next((where for where in fired if where), None))
 
-    def hard_stop() -> None:
-        where = next((where for where in fired if where), None)
-        sys.stderr.write(f"preclint: error: {_time_message(name, timeout, where)}; the model's code did not "
-                         f"stop within {HARD_STOP_GRACE:g} s more, so preclint ended without a report\n")
-        processes.exit_now(EXIT_ERROR)
-
-    watchdog = threading.Timer(timeout + HARD_STOP_GRACE, hard_stop)
+    watchdog = threading.Timer(timeout + HARD_STOP_GRACE, _hard_stop, (name, timeout, fired))
     watchdog.daemon = True
     previous = signal.signal(signal.SIGALRM, on_alarm)
     # then once a second: an exception swallowed on its way out (an `except BaseException` in the
@@ -222,6 +237,51 @@ def _process_state_kept() -> Iterator[None]:
         finally:
             if here is not None:
                 os.close(here)
+def _watched(name: str, timeout: float, fired: List[Optional[str]]) -> Iterator[None]:
+    """The limit in any other thread (signals reach the main thread only; preclint.check called from
+    a worker thread, a server, a test runner's thread): a watchdog thread raises TimeLimitExceeded
+    in the guarded thread through CPython's PyThreadState_SetAsyncExc, again once a second, and
+    ends the process as the alarm's watchdog does. The exception lands when the thread next runs
+    Python code, so a sleep or a long kernel finishes first (the alarm interrupts a sleep)."""
+    raise_in = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_SetAsyncExc", None)
+    if raise_in is None:  # not CPython: no way to interrupt another thread
+        raise UserError(f"{name}: a time limit outside the main thread needs CPython; call from the main "
+                        "thread, or with no time limit")
+    target = ctypes.c_ulong(threading.get_ident())
+    lock = threading.Lock()
+    armed = [True]
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(timeout):
+            return
+        hard_stop_at = time.monotonic() + HARD_STOP_GRACE
+        while time.monotonic() < hard_stop_at:
+            with lock:
+                if not armed[0]:
+                    return
+                fired.append(_user_frame_of(sys._current_frames().get(target.value)))
+                raise_in(target, ctypes.py_object(TimeLimitExceeded))
+            if done.wait(min(REPEAT_INTERVAL, max(hard_stop_at - time.monotonic(), 0.0))):
+                return
+        with lock:
+            if armed[0]:
+                _hard_stop(name, timeout, fired)
+
+    watchdog = threading.Thread(target=watch, name="preclint-time-limit", daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        while True:  # an exception raised during the clean-up must not leave one pending
+            try:
+                with lock:
+                    armed[0] = False
+                done.set()
+                raise_in(target, None)  # one set but not yet raised is dropped
+                break
+            except TimeLimitExceeded:
+                continue
 
 
 @contextlib.contextmanager

@@ -145,7 +145,7 @@ def test_the_settings_a_model_changes_are_each_seen_changed():
             inside = global_state.snapshot()
     changed = global_state.changed(before, inside)
     for name in ("torch.get_rng_state()", "random.getstate()", "numpy.random.get_state()", "torch.get_default_dtype()",
-                 "torch.backends.cudnn.conv.fp32_precision", "torch.backends.cuda.matmul.fp32_precision",
+                 "float32 precision (TF32)",
                  "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic",
                  "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
                  "torch.backends.cuda.flash_sdp_enabled()", "torch.use_deterministic_algorithms()",
