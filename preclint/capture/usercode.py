@@ -237,6 +237,9 @@ def _process_state_kept() -> Iterator[None]:
         finally:
             if here is not None:
                 os.close(here)
+
+
+@contextlib.contextmanager
 def _watched(name: str, timeout: float, fired: List[Optional[str]]) -> Iterator[None]:
     """The limit in any other thread (signals reach the main thread only; preclint.check called from
     a worker thread, a server, a test runner's thread): a watchdog thread raises TimeLimitExceeded
