@@ -306,7 +306,7 @@ def _check_all(args, config, probe) -> int:
     if args.output:
         _write_output(args.output, text)
     else:
-        write_report(text)
+        write_report(text, fmt=config.output_format)
     if failed:
         return EXIT_ERROR
     return exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
@@ -344,7 +344,7 @@ def cmd_plan(args) -> int:
     if output is not None:
         _write_output(output, text)
     else:
-        write_report(text)
+        write_report(text, fmt=fmt)
     return EXIT_OK if plan.meets_tolerance else EXIT_FINDINGS
 
 

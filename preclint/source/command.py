@@ -176,7 +176,7 @@ def run_source_only(
             err.write(console_line(f"warning: {note}") + "\n")
     findings, baseline_notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes + baseline_notes)
-    write_report(render(report, config.output_format, color=color), out)
+    write_report(render(report, config.output_format, color=color), out, fmt=config.output_format)
     if unwritable:  # an error (said above, one line a file), not "findings left", whatever --exit-zero says
         return EXIT_ERROR
     if write_baseline:

@@ -29,7 +29,7 @@ import secrets
 import stat
 import tempfile
 from itertools import accumulate
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 MAX_JSON_DEPTH = 32  # preclint's documents nest 6 levels at most (the cache)
 
@@ -238,14 +238,14 @@ def _remove(filename: str, dir_fd: Optional[int] = None) -> None:
         pass
 
 
-def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
+def write_atomic(filename: str, text: Union[str, bytes], encoding: str = "utf-8") -> None:
     """Create or replace ``filename`` (a file preclint writes, such as a baseline or a report)
     atomically: a temporary file in the same directory (created exclusively: never an existing file
     or a link), flushed, then renamed over the name itself; a failure leaves the original untouched.
     A symlink at ``filename`` is replaced, never written through (the caller refuses one first:
     ``preclint.source.baseline.write_output_file``). Not for the user's source files: see
-    ``replace_checked``."""
-    data = text.encode(encoding)
+    ``replace_checked``. ``text`` may be bytes already encoded."""
+    data = text if isinstance(text, bytes) else text.encode(encoding)
     try:
         info = os.lstat(filename)
         mode, owner = stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
