@@ -1,7 +1,7 @@
 """Argument parsing and exit codes. Everything else lives in the modules this one calls.
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error (or a
-model that could not be checked); 130 / 143 interrupted by SIGINT / SIGTERM; 141 the reader of stdout
+model that could not be checked, or a source-only run that checked no file); 130 / 143 interrupted by SIGINT / SIGTERM; 141 the reader of stdout
 went away.
 """
 from __future__ import annotations
@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the reference pass (for models too large for the CPU)")
     _add_selection_arguments(check)
     check.add_argument("--source-only", action="store_true",
-                       help="only the source rules (PCL5xx) over files and directories; never imports torch or the code")
+                       help="only the source rules (PCL5xx) over files and directories; never imports torch or the code "
+                            "(a run that finds no file to check exits 2)")
     check.add_argument("--fix", action="store_true", help="apply the safe fixes (with --source-only)")
     check.add_argument("--diff", action="store_true", help="print the fixes as a diff instead of writing them")
     check.add_argument("--unsafe-fixes", action="store_true",
