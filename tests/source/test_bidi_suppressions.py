@@ -49,7 +49,7 @@ def test_every_bidirectional_control_voids_every_form(control, comment):
 
 
 def test_a_control_anywhere_on_the_line_voids_it_and_one_on_another_line_does_not():
-    assert codes(f'import torch\ns = "\u2067"; scaler = torch.cuda.amp.GradScaler()  # noqa: PCL502\n') == [
+    assert codes('import torch\ns = "\u2067"; scaler = torch.cuda.amp.GradScaler()  # noqa: PCL502\n') == [
         "PCL502", "PCL500"]  # in a string before the comment: it can move the comment into the string
     assert codes(f'{BAD}  # noqa: PCL502\ns = "\u202e"\n') == []
 
