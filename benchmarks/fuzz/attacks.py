@@ -28,7 +28,9 @@ of the class here). The classes:
 - ``output-clash``: ``-o`` naming the run's own baseline, configuration, source, model or weights (or
   a symlink to one), or a FIFO nobody reads: refused, the input unchanged, no hang;
 - ``fix-unwritable``: ``--fix`` over files one of which cannot be written: the others are all fixed or
-  none is, and what changed is named.
+  none is, and what changed is named;
+- ``stdout-encoding``, ``lone-surrogate``, ``nothing-checked``, ``bidi-suppression``, ``example-inputs``,
+  ``torchrun-env``, ``gitlab-failures``: silent passes and crashes, benchmarks.fuzz.attack_crashes.
 """
 from __future__ import annotations
 
@@ -87,6 +89,15 @@ CLASSES: Dict[str, Tuple[int, Tuple[str, ...]]] = {  # class -> (weight, variant
     "output-clash": (1, ("o-baseline", "o-config", "o-config-flag", "o-source", "o-model", "o-weights", "o-fifo",
                          "o-link")),
     "fix-unwritable": (1, ("first", "middle", "last")),
+    # silent passes and crashes (benchmarks.fuzz.attack_crashes)
+    "stdout-encoding": (1, ("cp1252", "ascii")),
+    "lone-surrogate": (1, ("module", "file-bytes", "baseline")),
+    "nothing-checked": (1, ("empty-dir", "exclude-all", "excluded-dir", "gitignore-all", "fifo", "force-excluded")),
+    "bidi-suppression": (1, ("after", "before", "string")),
+    "example-inputs": (1, ("deep", "holds-itself", "dict-holds-itself", "expand", "expand-keyword", "doubling",
+                           "wide")),
+    "torchrun-env": (1, ("world-only", "local-rank-x", "rank-x", "rank-out", "world-x", "world-0", "no-master")),
+    "gitlab-failures": (1, ("three-models", "one-twice")),
 }
 
 
@@ -127,6 +138,21 @@ def attack_case(seed: int) -> AttackCase:
         params["format"] = rng.choice(("full", "concise", "github")) if variant == "message" else "json"
     elif attack == "checkpoint":
         params["scale"] = rng.choice((1.0, 300.0))
+    elif attack in ("stdout-encoding", "lone-surrogate", "nothing-checked"):
+        from benchmarks.fuzz.attack_crashes import ALL_FORMATS, NARROW_NAMES, SURROGATES
+
+        params["format"] = rng.choice(ALL_FORMATS if attack != "nothing-checked" else ("full", "json", "sarif"))
+        if attack == "lone-surrogate" and params["format"] == "html":
+            params["format"] = "junit"  # (a page needs --output; the documents on stdout are what is judged)
+        if attack == "stdout-encoding":
+            params["names"] = rng.sample(range(len(NARROW_NAMES)), rng.randint(1, 4))
+        elif attack == "lone-surrogate":
+            params["names"] = rng.sample(range(len(SURROGATES)), rng.randint(1, 3))
+    elif attack == "bidi-suppression":
+        from benchmarks.fuzz.attack_crashes import BIDI, DIRECTIVES
+
+        params["control"] = rng.randrange(len(BIDI))
+        params["directive"] = rng.randrange(len(DIRECTIVES))
     tags = [f"attack:{attack}", f"variant:{attack}/{variant}"]
     if "format" in params:
         tags.append(f"format:{params['format']}")
@@ -134,9 +160,10 @@ def attack_case(seed: int) -> AttackCase:
 
 
 def check_attack_case(case: AttackCase, directory: str) -> Checked:
-    from benchmarks.fuzz import attack_files, attack_models
+    from benchmarks.fuzz import attack_crashes, attack_files, attack_models
 
     runners: Dict[str, Callable[[AttackCase, str], Checked]] = {
+        **attack_crashes.RUNNERS,
         "names": _names, "cache-link": attack_files.cache_link, "cache-edit": attack_files.cache_edit,
         "special-file": attack_files.special_file, "exclude": attack_files.exclude,
         "slow-growth": attack_files.slow_growth, "output-clash": attack_files.output_clash,
@@ -146,7 +173,8 @@ def check_attack_case(case: AttackCase, directory: str) -> Checked:
     checked = runners[case.attack](case, directory)
     verdict = checked.verdict
     if not verdict.ok:
-        where = f"{case.attack}/{case.variant}" + (f" [{case.params['format']}]" if case.attack == "names" else "")
+        shown_format = case.attack in ("names", "stdout-encoding", "lone-surrogate")
+        where = f"{case.attack}/{case.variant}" + (f" [{case.params['format']}]" if shown_format else "")
         checked.verdict = replace(verdict, signature=f"{verdict.failure}: {where}")
     return checked
 
