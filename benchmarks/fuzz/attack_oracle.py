@@ -74,8 +74,9 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
     checkout), in a session of its own, its data segment limited to ``memory_mb`` (RLIMIT_DATA: torch
     maps far more address space than it touches, so RLIMIT_AS would refuse its import); killed with its
     process group past ``timeout`` seconds of wall clock. stdout and stderr are read until they close;
-    a pipe still open ``grace`` seconds after preclint ended is given up on (``held_open``). With ``end_group``, what it left in its process group is
-    killed afterwards; without, the caller looks at it first (and ends it)."""
+    a pipe still open ``grace`` seconds after preclint ended is given up on (``held_open``). With
+    ``end_group``, what it left in its process group is killed afterwards; without, the caller looks
+    at it first (and ends it)."""
     # PRECLINT_FUZZ_TARGET: another checkout whose preclint is tried (a "before" run), this one by default
     target = os.environ.get("PRECLINT_FUZZ_TARGET") or str(ROOT)
     environment = {**os.environ, "PYTHONPATH": target, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
