@@ -19,6 +19,9 @@ Inputs = Sequence[Tuple[Optional[str], str]]  # (a file the run reads, what it i
 # the HTML page declare UTF-8. Printed on a stdout of another encoding (a redirected stdout on Windows
 # is cp1252), they are still written as UTF-8, the same bytes as --output writes.
 DOCUMENT_FORMATS = frozenset({"json", "sarif", "rdjson", "gitlab", "junit", "html"})
+# what else is written as UTF-8 on any stdout: the unified diff of --diff, a patch for git apply, whose
+# lines must stay the files' text
+UTF8_OUTPUTS = DOCUMENT_FORMATS | {"diff"}
 # the error handler that writes what an encoding cannot hold as JSON's \uXXXX escapes (a surrogate
 # pair beyond the BMP): valid in a JSON or JavaScript string, plain ASCII text in XML and HTML
 JSON_ESCAPE = "preclint.json-escape"
@@ -214,13 +217,13 @@ def write_report(text: str, out: Optional[TextIO] = None, fmt: Optional[str] = N
     A reader that went away (``| head``) raises BrokenPipeError, which the CLI ends quietly.
 
     Whatever stdout's encoding: a document format (``DOCUMENT_FORMATS``) is written as UTF-8 bytes,
-    the encoding it declares; text (the console formats, a diff, a rule's page) has what the stream
+    the encoding it declares, and so is a patch (``fmt="diff"``); text (the console formats, a diff, a rule's page) has what the stream
     cannot hold written as backslash escapes (``\\u6a21``), as Python writes stderr."""
     out = out or sys.stdout
     if out is None:
         raise UserError("stdout is closed: there is nowhere to print the report")
     try:
-        _write(out, text, fmt in DOCUMENT_FORMATS)
+        _write(out, text, fmt in UTF8_OUTPUTS)
         out.flush()
     except BrokenPipeError:
         raise

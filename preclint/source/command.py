@@ -163,7 +163,7 @@ def run_source_only(
             notes.append(f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left after "
                          f"{MAX_ROUNDS} rounds of fixing; run again to apply them")
         if diff:
-            write_report(log_lines(visible_text(unified_diff(run, result, header_path=diff_path))), out)
+            write_report(log_lines(visible_text(unified_diff(run, result, header_path=diff_path))), out, fmt="diff")
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS

@@ -183,3 +183,16 @@ def test_two_models_of_one_file_that_fail_are_two_gitlab_issues(tmp_path, monkey
     assert len(every) == 3 and len(set(every)) == 3  # unique, as GitLab shows one issue per fingerprint
     again, _ = fingerprints("net.py:Decoder", "net.py:Encoder")
     assert again == first and len(set(first.values())) == 2  # stable, in any order
+
+
+def test_a_diff_on_a_cp1252_stdout_is_the_utf8_patch_git_applies(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRECLINT_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "模型.py").write_text("import torch\n\n# 注释\nwith torch.cuda.amp.autocast():\n    y = 1\n",
+                                      encoding="utf-8")
+    stdout = _stdout("cp1252")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["check", "--source-only", "--diff", "--unsafe-fixes", "模型.py"]) == 1, capsys.readouterr().err
+    stdout.flush()
+    patch = stdout.buffer.getvalue().decode("utf-8")  # strict: the files' own text, as git writes a patch
+    assert patch.startswith("--- a/模型.py\n+++ b/模型.py\n") and "\n # 注释\n" in patch
