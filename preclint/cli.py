@@ -1,7 +1,7 @@
 """Argument parsing and exit codes. Everything else lives in the modules this one calls.
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings; 2 usage, input or internal error (or a
-model that could not be checked); 130 / 143 interrupted by SIGINT / SIGTERM; 141 the reader of stdout
+model that could not be checked, or a source-only run that checked no file); 130 / 143 interrupted by SIGINT / SIGTERM; 141 the reader of stdout
 went away.
 """
 from __future__ import annotations
@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the reference pass (for models too large for the CPU)")
     _add_selection_arguments(check)
     check.add_argument("--source-only", action="store_true",
-                       help="only the source rules (PCL5xx) over files and directories; never imports torch or the code")
+                       help="only the source rules (PCL5xx) over files and directories; never imports torch or the code "
+                            "(a run that finds no file to check exits 2)")
     check.add_argument("--fix", action="store_true", help="apply the safe fixes (with --source-only)")
     check.add_argument("--diff", action="store_true", help="print the fixes as a diff instead of writing them")
     check.add_argument("--unsafe-fixes", action="store_true",
@@ -323,7 +324,7 @@ def _check_all(args, config, probe) -> int:
     if args.output:
         _write_output(args.output, text)
     else:
-        write_report(text)
+        write_report(text, fmt=config.output_format)
     if failed:
         return EXIT_ERROR
     return exit_code([f for r in reports for f in r.findings], config.fail_on, args.exit_zero or bool(args.write_baseline))
@@ -361,7 +362,7 @@ def cmd_plan(args) -> int:
     if output is not None:
         _write_output(output, text)
     else:
-        write_report(text)
+        write_report(text, fmt=fmt)
     return EXIT_OK if plan.meets_tolerance else EXIT_FINDINGS
 
 

@@ -286,6 +286,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sources", type=int, default=0, help="source cases source-0 .. source-(N-1)")
     parser.add_argument("--attacks", type=int, default=0, help="attack cases attack-0 .. attack-(N-1)")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--attack-classes", metavar="CLASS,...",
+                        help="of the attack seeds, only those that draw one of these classes (the seeds keep their cases)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--corpus", choices=("own", "installed", "both"), default="both",
                         help="the files source cases start from (default both)")
@@ -321,7 +323,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         wanted_sources = [f"source-{i}" for i in range(args.first, args.first + args.sources)]
         # interleaved, so that both kinds progress together
         names = [n for pair in _zip_longest(wanted, wanted_sources) for n in pair if n and n not in state]
-        names += [n for n in (f"attack-{i}" for i in range(args.first, args.first + args.attacks)) if n not in state]
+        attacks = [f"attack-{i}" for i in range(args.first, args.first + args.attacks)]
+        if args.attack_classes:
+            from benchmarks.fuzz.attacks import attack_case
+
+            classes = {c.strip() for c in args.attack_classes.split(",") if c.strip()}
+            attacks = [n for n in attacks if attack_case(int(n.split("-")[1])).attack in classes]
+        names += [n for n in attacks if n not in state]
     from benchmarks.provenance import run_provenance
 
     meta = {"provenance": run_provenance(),

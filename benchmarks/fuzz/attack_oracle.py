@@ -57,6 +57,7 @@ class LimitedRun(Run):
     held_open: float = 0.0  # seconds stdout/stderr stayed open after preclint ended (the grace, if never closed)
     memory_mb: int = 0  # the limit it ran under
     pid: int = 0  # its pid, the id of its process group
+    stdout_bytes: bytes = b""  # stdout as written (``stdout`` is it decoded as UTF-8, errors replaced)
 
 
 def _limits(memory_mb: int):
@@ -69,13 +70,16 @@ def _limits(memory_mb: int):
 
 def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory_mb: int = 2048,
                 env: Optional[Dict[str, str]] = None, grace: float = 3.0, end_group: bool = True) -> LimitedRun:
-    """``python -m preclint ARGV`` in ``cwd``, in a session of its own, its data segment limited to
-    ``memory_mb`` (RLIMIT_DATA: torch maps far more address space than it touches, so RLIMIT_AS
-    would refuse its import); killed with its process group past ``timeout`` seconds of wall clock.
-    stdout and stderr are read until they close; a pipe still open ``grace`` seconds after preclint
-    ended is given up on (``held_open``). With ``end_group``, what it left in its process group is
-    killed afterwards; without, the caller looks at it first (and ends it)."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    """``python -m preclint ARGV`` in ``cwd`` (the preclint of $PRECLINT_FUZZ_TARGET, else this
+    checkout), in a session of its own, its data segment limited to ``memory_mb`` (RLIMIT_DATA: torch
+    maps far more address space than it touches, so RLIMIT_AS would refuse its import); killed with its
+    process group past ``timeout`` seconds of wall clock. stdout and stderr are read until they close;
+    a pipe still open ``grace`` seconds after preclint ended is given up on (``held_open``). With
+    ``end_group``, what it left in its process group is killed afterwards; without, the caller looks
+    at it first (and ends it)."""
+    # PRECLINT_FUZZ_TARGET: another checkout whose preclint is tried (a "before" run), this one by default
+    target = os.environ.get("PRECLINT_FUZZ_TARGET") or str(ROOT)
+    environment = {**os.environ, "PYTHONPATH": target, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                    **(env or {})}
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "preclint", *argv], cwd=cwd, stdin=subprocess.DEVNULL,
@@ -115,10 +119,11 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
         kill_group(proc.pid)
     proc.stdout.close()
     proc.stderr.close()
-    out, err = (b"".join(chunks).decode("utf-8", "replace") for chunks in streams.values())  # stdout first
+    raw_out, raw_err = (b"".join(chunks) for chunks in streams.values())  # stdout first
+    out, err = raw_out.decode("utf-8", "replace"), raw_err.decode("utf-8", "replace")
     return LimitedRun(None if timed_out else proc.returncode, out, err, ended - start,
                       cpu=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024, held_open=held,
-                      memory_mb=memory_mb, pid=proc.pid)
+                      memory_mb=memory_mb, pid=proc.pid, stdout_bytes=raw_out)
 
 
 def kill_group(pid: int) -> None:

@@ -36,6 +36,8 @@ of the class here). The classes:
   sys.path, the environment, modes, the default device, module hooks, dynamo settings), checked
   through ``preclint.check`` from the main thread or another: the caller reads it all as before, and
   a hanging forward ends at ``timeout`` (benchmarks.fuzz.attack_api).
+- ``stdout-encoding``, ``lone-surrogate``, ``nothing-checked``, ``bidi-suppression``, ``example-inputs``,
+  ``torchrun-env``, ``gitlab-failures``: silent passes and crashes, benchmarks.fuzz.attack_crashes.
 """
 from __future__ import annotations
 
@@ -98,6 +100,15 @@ CLASSES: Dict[str, Tuple[int, Tuple[str, ...]]] = {  # class -> (weight, variant
     "answers": (1, ("diff-nan", "diff-inf", "diff-negvar", "diff-overflow", "huge", "amax-epsilon", "complex",
                     "fraction", "range")),
     "api-state": (1, API_VARIANTS),
+    # silent passes and crashes (benchmarks.fuzz.attack_crashes)
+    "stdout-encoding": (1, ("cp1252", "ascii")),
+    "lone-surrogate": (1, ("module", "file-bytes", "baseline")),
+    "nothing-checked": (1, ("empty-dir", "exclude-all", "excluded-dir", "gitignore-all", "fifo", "force-excluded")),
+    "bidi-suppression": (1, ("after", "before", "string")),
+    "example-inputs": (1, ("deep", "holds-itself", "dict-holds-itself", "expand", "expand-keyword", "doubling",
+                           "wide")),
+    "torchrun-env": (1, ("world-only", "local-rank-x", "rank-x", "rank-out", "world-x", "world-0", "no-master")),
+    "gitlab-failures": (1, ("three-models", "one-twice")),
 }
 
 
@@ -147,6 +158,21 @@ def attack_case(seed: int) -> AttackCase:
         params["thread"] = rng.random() < 0.5
         params["precision"] = rng.choice(("high", "medium"))
         params["preload"] = rng.random() < 0.25  # torch._dynamo.config loaded before the call, or not
+    elif attack in ("stdout-encoding", "lone-surrogate", "nothing-checked"):
+        from benchmarks.fuzz.attack_crashes import ALL_FORMATS, NARROW_NAMES, SURROGATES
+
+        params["format"] = rng.choice(ALL_FORMATS if attack != "nothing-checked" else ("full", "json", "sarif"))
+        if attack == "lone-surrogate" and params["format"] == "html":
+            params["format"] = "junit"  # (a page needs --output; the documents on stdout are what is judged)
+        if attack == "stdout-encoding":
+            params["names"] = rng.sample(range(len(NARROW_NAMES)), rng.randint(1, 4))
+        elif attack == "lone-surrogate":
+            params["names"] = rng.sample(range(len(SURROGATES)), rng.randint(1, 3))
+    elif attack == "bidi-suppression":
+        from benchmarks.fuzz.attack_crashes import BIDI, DIRECTIVES
+
+        params["control"] = rng.randrange(len(BIDI))
+        params["directive"] = rng.randrange(len(DIRECTIVES))
     tags = [f"attack:{attack}", f"variant:{attack}/{variant}"]
     if "format" in params:
         tags.append(f"format:{params['format']}")
@@ -154,9 +180,10 @@ def attack_case(seed: int) -> AttackCase:
 
 
 def check_attack_case(case: AttackCase, directory: str) -> Checked:
-    from benchmarks.fuzz import attack_answers, attack_api, attack_files, attack_models
+    from benchmarks.fuzz import attack_answers, attack_api, attack_crashes, attack_files, attack_models
 
     runners: Dict[str, Callable[[AttackCase, str], Checked]] = {
+        **attack_crashes.RUNNERS,
         "names": _names, "cache-link": attack_files.cache_link, "cache-edit": attack_files.cache_edit,
         "special-file": attack_files.special_file, "exclude": attack_files.exclude,
         "slow-growth": attack_files.slow_growth, "output-clash": attack_files.output_clash,
@@ -168,7 +195,8 @@ def check_attack_case(case: AttackCase, directory: str) -> Checked:
     checked = runners[case.attack](case, directory)
     verdict = checked.verdict
     if not verdict.ok:
-        where = f"{case.attack}/{case.variant}" + (f" [{case.params['format']}]" if case.attack == "names" else "")
+        shown_format = case.attack in ("names", "stdout-encoding", "lone-surrogate")
+        where = f"{case.attack}/{case.variant}" + (f" [{case.params['format']}]" if shown_format else "")
         checked.verdict = replace(verdict, signature=f"{verdict.failure}: {where}")
     return checked
 

@@ -76,7 +76,7 @@ def cmd_diff(args, use_color: bool) -> int:
     if output is not None:
         write_output_file(output, text, "report")
     else:
-        write_report(text)
+        write_report(text, fmt=fmt)
     return EXIT_FINDINGS if result.fragile() and not args.exit_zero else EXIT_OK
 
 

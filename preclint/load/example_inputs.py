@@ -6,12 +6,14 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Mapping
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 from torch import nn
 
 from preclint.core.errors import UserError
+from preclint.load.available_memory import format_bytes
+from preclint.load.input_specs import physical_memory
 from preclint.load.messages import located, quote
 from preclint.load.modelio import Inputs
 from preclint.load.target import Origin
@@ -58,13 +60,14 @@ def _as_call(provided: Any, source: str, pair_is_call: bool) -> Inputs:
     written ``((sequence, mapping), {})``.
     """
     if isinstance(provided, torch.Tensor):
-        return Inputs((provided,))
+        return Inputs(_positional((provided,), source))
     if isinstance(provided, Mapping):
         return Inputs((), _keywords(provided, source))
     if (pair_is_call and isinstance(provided, tuple) and len(provided) == 2
             and isinstance(provided[0], (tuple, list)) and isinstance(provided[1], Mapping)):
         args, kwargs = provided
-        return Inputs(_positional(args, f"{source}[0]"), _keywords(kwargs, f"{source}[1]"))
+        walk = _InputWalk(source)  # one size for the two
+        return Inputs(_positional(args, f"{source}[0]", walk), _keywords(kwargs, f"{source}[1]", walk))
     if isinstance(provided, (tuple, list)):
         return Inputs(_positional(provided, source))
     raise UserError(
@@ -73,38 +76,96 @@ def _as_call(provided: Any, source: str, pair_is_call: bool) -> Inputs:
     )
 
 
-def _positional(values: Sequence[Any], source: str) -> tuple:
+def _positional(values: Sequence[Any], source: str, walk: Optional["_InputWalk"] = None) -> tuple:
+    walk = walk or _InputWalk(source)
+    walk.open.add(id(values))
     for position, value in enumerate(values):
-        _check_input_value(value, f"{source}[{position}]")
+        walk.check(value, f"{source}[{position}]", 1)
+    walk.check_size()
     return tuple(values)
 
 
-def _keywords(values: Mapping, source: str) -> dict:
+def _keywords(values: Mapping, source: str, walk: Optional["_InputWalk"] = None) -> dict:
+    walk = walk or _InputWalk(source)
+    walk.open.add(id(values))
     for key, value in values.items():
         if not isinstance(key, str):
-            raise UserError(f"{source} has the key {key!r}; keyword inputs are named by strings")
-        _check_input_value(value, f"{source}[{key!r}]")
+            raise UserError(f"{source} has the key {_shown_key(key)}; keyword inputs are named by strings")
+        walk.check(value, f"{source}[{key!r}]", 1)
+    walk.check_size()
     return dict(values)
 
 
 _SCALAR_INPUTS = (bool, int, float, str)
+# How far example inputs may nest and how many items they may hold: a model's inputs are tensors in
+# containers a few levels deep (past key values: a tuple of tuples), and every pass walks them again,
+# recursively (pytree, preclint's own trees), so a deeper or larger structure is refused in one line.
+MAX_INPUT_DEPTH = 32
+MAX_INPUT_ITEMS = 1_000_000
 
 
-def _check_input_value(value: Any, where: str) -> None:
-    if value is None or isinstance(value, (torch.Tensor,) + _SCALAR_INPUTS):
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_input_value(item, f"{where}[{key!r}]")
-        return
-    if isinstance(value, (list, tuple)):
-        for position, item in enumerate(value):
-            _check_input_value(item, f"{where}[{position}]")
-        return
-    raise UserError(
-        f"{where} is {_a(type(value).__name__)}; an input is a Tensor, None, a number or a string, "
-        "or a list, tuple or dict of them"
-    )
+class _InputWalk:
+    """The check of one example call's values, depth first: what each value is, how deep it nests and
+    whether a container holds itself (on the way down), how many items there are, and what the tensors
+    take as tensors of their own (the check copies each input; an ``expand`` view counts every element
+    it shows)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items = 0
+        self.nbytes = 0
+        self.open: set = set()  # ids of the containers on the way down
+
+    def check(self, value: Any, where: str, depth: int) -> None:
+        self.items += 1
+        if self.items > MAX_INPUT_ITEMS:
+            raise UserError(f"{self.source} holds more than {MAX_INPUT_ITEMS:,} values; "
+                            "an example call is a few tensors, in lists, tuples or dicts")
+        if isinstance(value, torch.Tensor):
+            self.nbytes += value.numel() * value.element_size()
+            return
+        if value is None or isinstance(value, _SCALAR_INPUTS):
+            return
+        if not isinstance(value, (dict, list, tuple)):
+            raise UserError(
+                f"{where} is {_a(type(value).__name__)}; an input is a Tensor, None, a number or a string, "
+                "or a list, tuple or dict of them"
+            )
+        if id(value) in self.open:
+            raise UserError(f"{where} is a {type(value).__name__} that holds itself; example inputs must be a tree")
+        if depth >= MAX_INPUT_DEPTH:
+            raise UserError(f"{self.source} nests deeper than {MAX_INPUT_DEPTH} levels of lists, tuples and dicts; "
+                            "example inputs nest a few levels")
+        self.open.add(id(value))
+        try:
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    self.check(item, f"{where}[{_shown_key(key)}]", depth + 1)
+            else:
+                for position, item in enumerate(value):
+                    self.check(item, f"{where}[{position}]", depth + 1)
+        finally:
+            self.open.discard(id(value))
+
+    def check_size(self) -> None:
+        """Inputs that would not fit in this machine's memory as tensors of their own are refused
+        before the check copies them (``torch.zeros(1).expand(10**12)`` is 4 bytes as a view, 4 TB
+        as a copy)."""
+        available = physical_memory()
+        if available is not None and self.nbytes > available:
+            raise UserError(f"{self.source} takes {format_bytes(self.nbytes)} as tensors of their own (an expanded "
+                            f"view counts every element it shows), more than this machine's memory "
+                            f"({format_bytes(available)}); use smaller inputs")
+
+
+def _shown_key(key: Any) -> str:
+    """A dict key in a message: its repr, cut short (a key can be any object, with any repr)."""
+    try:
+        shown = repr(key)
+    except Exception:  # a key whose __repr__ fails
+        shown = f"<{type(key).__name__}>"
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
 
 
 def check_call_fits(module: nn.Module, call: Inputs, label: str) -> List[str]:

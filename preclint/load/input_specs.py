@@ -152,7 +152,7 @@ _MAX_DIMENSION = 2 ** 63 - 1
 def check_inputs_fit_in_memory(specs: Sequence["InputSpec"]) -> None:
     """Random inputs larger than this machine's memory are refused before torch tries to allocate them."""
     needed = sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in specs)
-    available = _physical_memory()
+    available = physical_memory()
     if available is not None and needed > available:
         shown = " and ".join("x".join(map(str, spec.shape)) for spec in specs)
         raise UserError(
@@ -161,7 +161,8 @@ def check_inputs_fit_in_memory(specs: Sequence["InputSpec"]) -> None:
         )
 
 
-def _physical_memory() -> Optional[int]:
+def physical_memory() -> Optional[int]:
+    """This machine's memory in bytes; None where the platform does not say."""
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):  # not on this platform

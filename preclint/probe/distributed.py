@@ -25,12 +25,11 @@ failure, and is closed once the model is done, whatever happened.
 from __future__ import annotations
 
 import abc
-import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import one_line
-from preclint.core.launch import launched
+from preclint.core.launch import launch_ranks, launched
 from preclint.probe import measure_model
 
 
@@ -56,8 +55,7 @@ def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:
 
     from preclint.core.errors import UserError
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    rank, world, local_rank = launch_ranks()  # (a UserError for an environment torchrun did not set whole)
     gpu = device_choice != "cpu" and torch.cuda.is_available()
     if gpu:
         if local_rank >= torch.cuda.device_count():
@@ -65,7 +63,11 @@ def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:
                             f"{torch.cuda.device_count()} GPU(s): start at most that many processes per host")
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s or 1800.0))
+        try:
+            dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s or 1800.0))
+        except (ValueError, RuntimeError) as exc:  # no MASTER_ADDR, a rendezvous that timed out or was refused
+            raise UserError(f"rank {rank} of {world} could not join torchrun's process group: {one_line(exc)}; "
+                            "start preclint with torchrun, or unset WORLD_SIZE to run it as one process") from None
     return Ranks(rank, world, local_rank)
 
 

@@ -32,6 +32,17 @@ from preclint.text.lines import line_text
 SARIF_KEY = "preclintFingerprint/v1"  # the partialFingerprints entry (SARIF: a name, then its version)
 
 
+def fingerprint_bytes(text: str) -> bytes:
+    """The bytes a fingerprint hashes for ``text``, for any string: UTF-8, a name that is not UTF-8
+    (os.fsdecode's surrogate escapes) as its own bytes, as fingerprints have always been made; any
+    other lone surrogate (a module named ``"\\ud800"``), which no file name decodes to, as its UTF-8
+    form (surrogatepass)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
 def normalised_line(finding: Finding) -> str:
     """The text of the finding's line with runs of whitespace as one space; "" for a finding without
     a place in the user's files (model-level) or on a library's line."""
@@ -46,7 +57,7 @@ def content_fingerprint(finding: Finding) -> str:
     parts = [finding.code, normalised_line(finding), finding.module, finding.op]
     if finding.location is None and not finding.module and not finding.op:
         parts.append(finding.name)  # a model-level finding: one per code and model
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return hashlib.sha256(fingerprint_bytes("\x1f".join(parts))).hexdigest()[:16]
 
 
 def finding_path(finding: Finding) -> str:
@@ -63,6 +74,6 @@ def stable_fingerprints(findings: Sequence[Finding]) -> List[str]:
         occurrence[i] = seen[keys[i]]
         seen[keys[i]] += 1
     return [
-        hashlib.sha256(f"{path}\x1f{content}\x1f{n}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
+        hashlib.sha256(fingerprint_bytes(f"{path}\x1f{content}\x1f{n}")).hexdigest()[:32]
         for (path, content), n in zip(keys, occurrence)
     ]

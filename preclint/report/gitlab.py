@@ -21,11 +21,12 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+from collections import Counter
 from typing import Dict, List, Sequence
 
 from preclint.report.document import Report, failure_line, is_refuted, moved_note, review_place
 from preclint.report.escape import json_text
-from preclint.report.fingerprint import stable_fingerprints
+from preclint.report.fingerprint import fingerprint_bytes, stable_fingerprints
 
 SEVERITIES = {"error": "major", "warning": "minor", "info": "info"}
 
@@ -70,8 +71,23 @@ def _finding_issue(finding, fingerprint: str, model_file: str) -> dict:
     return _issue(description, finding.code, fingerprint, SEVERITIES.get(finding.severity, "minor"), path, line)
 
 
-def _own_fingerprint(*parts: str) -> str:
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+class _OwnFingerprints:
+    """The fingerprints of preclint's own issues (a model not checked, a caveat): from what the issue
+    is, its model's file and the model's name where it is more than the file (``net.py:Encoder`` and
+    ``net.py:Decoder`` failing are two issues), and an occurrence index for one alike in all of that
+    (the same model named twice), so that they are unique in the report and stable across runs."""
+
+    def __init__(self) -> None:
+        self.seen: Counter = Counter()
+
+    def __call__(self, kind: str, report: Report, *more: str) -> str:
+        model = _model_file(report)
+        parts = [kind, model] + ([report.model] if report.model and report.model != model else []) + list(more)
+        key = tuple(parts)
+        if self.seen[key]:
+            parts.append(str(self.seen[key]))
+        self.seen[key] += 1
+        return hashlib.sha256(fingerprint_bytes("\x1f".join(parts))).hexdigest()[:32]
 
 
 def issues(reports: Sequence[Report]) -> List[dict]:
@@ -82,14 +98,15 @@ def issues(reports: Sequence[Report]) -> List[dict]:
     for (finding, report), fingerprint in zip(pairs, stable_fingerprints([f for f, _ in pairs])):
         by_report.setdefault(id(report), []).append(_finding_issue(finding, fingerprint, _model_file(report)))
     out: List[dict] = []
+    own = _OwnFingerprints()
     for report in reports:
         model = _model_file(report)
         if report.error is not None:
             out.append(_issue(failure_line(report), "preclint/model-not-checked",
-                              _own_fingerprint("model-not-checked", model), "blocker", model, 1))
+                              own("model-not-checked", report), "blocker", model, 1))
             continue
         out += by_report.get(id(report), [])
-        out += [_issue(" ".join(caveat.split()), "preclint/caveat", _own_fingerprint("caveat", model, caveat),
+        out += [_issue(" ".join(caveat.split()), "preclint/caveat", own("caveat", report, caveat),
                        "info", model, 1) for caveat in report.caveats]
     return out
 

@@ -4,6 +4,7 @@ configuration, the weights, a checked file), never writes through a link, and a 
 replaced whole or left as it was."""
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import stat
@@ -20,6 +21,41 @@ Inputs = Sequence[Tuple[Optional[str], str]]  # (a file the run reads, what it i
 # working directory then (the kernel's path, without links) joined with the name as given, so that an
 # os.chdir of the model's code (a thread it left running) does not move the report
 _PLACES: Dict[str, str] = {}
+
+# Formats that are documents in an encoding of their own: JSON is UTF-8 (RFC 8259), the JUnit XML and
+# the HTML page declare UTF-8. Printed on a stdout of another encoding (a redirected stdout on Windows
+# is cp1252), they are still written as UTF-8, the same bytes as --output writes.
+DOCUMENT_FORMATS = frozenset({"json", "sarif", "rdjson", "gitlab", "junit", "html"})
+# what else is written as UTF-8 on any stdout: the unified diff of --diff, a patch for git apply, whose
+# lines must stay the files' text
+UTF8_OUTPUTS = DOCUMENT_FORMATS | {"diff"}
+# the error handler that writes what an encoding cannot hold as JSON's \uXXXX escapes (a surrogate
+# pair beyond the BMP): valid in a JSON or JavaScript string, plain ASCII text in XML and HTML
+JSON_ESCAPE = "preclint.json-escape"
+
+
+def _json_escape(error: UnicodeError):
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    out = []
+    for char in error.object[error.start:error.end]:
+        code = ord(char)
+        if code > 0xFFFF:
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{code:04x}")
+    return "".join(out), error.end
+
+
+codecs.register_error(JSON_ESCAPE, _json_escape)
+
+
+def encode_output(text: str, encoding: str = "utf-8") -> bytes:
+    """``text`` in ``encoding``, what it cannot hold (a lone surrogate: a name that is not UTF-8; a
+    character the encoding lacks) written as JSON's ``\\uXXXX`` escapes, so that no name can make an
+    output fail to be written."""
+    return text.encode(encoding, JSON_ESCAPE)
 
 
 def run_inputs(args, config_path: Optional[str]) -> Inputs:
@@ -144,7 +180,7 @@ def write_output_file(filename: str, text: str, what: str) -> None:
     opened without following links, text/no_links.py) are refused. A name checked before
     (``check_output_target``) is written where it named then, whatever the working directory is now.
     Every failure is a UserError that says the file was left as it was."""
-    data = text.encode("utf-8")
+    data = encode_output(text)
     parent = None
     place = _PLACES.pop(filename, filename)
     try:
@@ -200,17 +236,46 @@ def _stream(parent: Optional[int], name: str, data: bytes) -> None:
         os.close(fd)
 
 
-def write_report(text: str, out: Optional[TextIO] = None) -> None:
-    """Print the report on ``out`` (stdout) and flush it, so that a stdout that cannot take it (closed,
-    a full disk) is one error line rather than a traceback at exit. A reader that went away (``| head``)
-    raises BrokenPipeError, which the CLI ends quietly."""
+def write_report(text: str, out: Optional[TextIO] = None, fmt: Optional[str] = None) -> None:
+    """Print the report (in the output format ``fmt``) on ``out`` (stdout) and flush it, so that a
+    stdout that cannot take it (closed, a full disk) is one error line rather than a traceback at exit.
+    A reader that went away (``| head``) raises BrokenPipeError, which the CLI ends quietly.
+
+    Whatever stdout's encoding: a document format (``DOCUMENT_FORMATS``) is written as UTF-8 bytes,
+    the encoding it declares, and so is a patch (``fmt="diff"``); text (the console formats, a diff, a rule's page) has what the stream
+    cannot hold written as backslash escapes (``\\u6a21``), as Python writes stderr."""
     out = out or sys.stdout
     if out is None:
         raise UserError("stdout is closed: there is nowhere to print the report")
     try:
-        out.write(text)
+        _write(out, text, fmt in UTF8_OUTPUTS)
         out.flush()
     except BrokenPipeError:
         raise
     except OSError as exc:
         raise UserError(f"cannot print the report on stdout: {exc.strerror or exc}") from None
+
+
+def _write(out: TextIO, text: str, document: bool) -> None:
+    encoding = getattr(out, "encoding", None)
+    if not encoding:  # a stream of text alone (io.StringIO): it holds any string
+        out.write(text)
+        return
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        pass
+    except LookupError:  # an encoding Python does not know: nothing to compare with
+        out.write(text)
+        return
+    else:
+        out.write(text)
+        return
+    buffer = getattr(out, "buffer", None)
+    if document and buffer is not None:
+        out.flush()  # what the text layer holds goes first
+        buffer.write(encode_output(text))
+        buffer.flush()
+        return
+    errors = JSON_ESCAPE if document else "backslashreplace"
+    out.write(text.encode(encoding, errors).decode(encoding))

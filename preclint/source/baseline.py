@@ -12,12 +12,12 @@ the baseline has its count); it has not changed since version 1, so every baseli
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Iterable, List, Tuple
 
 from preclint.core.errors import UserError
 from preclint.core.findings import Finding
+from preclint.report.escape import json_text
 from preclint.report.fingerprint import content_fingerprint, finding_path, normalised_line
 from preclint.report.output import write_output_file
 
@@ -43,7 +43,8 @@ def write_baseline(findings: Iterable[Finding], filename: str) -> int:
         for path, code, fp in sorted(counts)
     ]
     document = {"format": FORMAT, "version": VERSION, "findings": records}
-    write_output_file(filename, json.dumps(document, indent=2, ensure_ascii=False) + "\n", "baseline")
+    # (json_text: a path or module name with a lone surrogate is written as JSON's escape of it)
+    write_output_file(filename, json_text(document, indent=2) + "\n", "baseline")
     return len(findings)
 
 

@@ -44,7 +44,7 @@ from preclint.core.findings import SEVERITIES, Finding, Location
 from preclint.core.numerics import BF16, FP16, FP32, MODES, TF32
 from preclint.source.suppress import Directive
 
-FORMAT = 3
+FORMAT = 4
 MAX_SIZE = 256 << 20  # a project of a million files; a larger file is not read
 PRECISIONS = frozenset(MODES) | {f.name for f in (FP32, TF32, FP16, BF16)}
 _DIGEST = re.compile(r"[0-9a-f]{32}")
@@ -136,11 +136,11 @@ def _check_finding(record, names: Dict[str, str]) -> None:
 
 
 def _check_directive(record) -> None:
-    if not (isinstance(record, list) and len(record) == 5):
-        raise Invalid("a suppression is not a record of 5 fields")
-    line, column, kind, codes, unknown = record
+    if not (isinstance(record, list) and len(record) == 6):
+        raise Invalid("a suppression is not a record of 6 fields")
+    line, column, kind, codes, unknown, bidi = record
     if not (_position(line) and _position(column) and kind in ("noqa", "preclint") and _strings(codes)
-            and _strings(unknown)):
+            and _strings(unknown) and _strings(bidi)):
         raise Invalid("a suppression whose line, column, kind or codes are not one")
 
 
@@ -211,12 +211,13 @@ def _decode(record, path: str) -> Finding:
 
 
 def _encode_directive(directive: Directive) -> list:
-    return [directive.line, directive.column, directive.kind, list(directive.codes), list(directive.unknown)]
+    return [directive.line, directive.column, directive.kind, list(directive.codes), list(directive.unknown),
+            list(directive.bidi)]
 
 
 def _decode_directive(record) -> Directive:
-    line, column, kind, codes, unknown = record
-    return Directive(line, column, kind, tuple(codes), tuple(unknown))
+    line, column, kind, codes, unknown, bidi = record
+    return Directive(line, column, kind, tuple(codes), tuple(unknown), tuple(bidi))
 
 
 Directives = Dict[int, List[Directive]]

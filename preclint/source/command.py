@@ -9,6 +9,7 @@ import sys
 from typing import Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from preclint.config import Config
+from preclint.core.errors import UserError
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.core.findings import Finding
 from preclint.report.output import write_report
@@ -141,6 +142,8 @@ def run_source_only(
     err = err or sys.stderr
     check_baseline_arguments(baseline, write_baseline, paths, inputs=[(config.path, "the configuration this run reads")])
     run = check_paths(paths, config, cache=cache)
+    if not run.files and not run.excluded:
+        raise UserError(nothing_checked(paths, run.notes))
     if run.excluded:  # said once, on stderr: pre-commit shows it only when the hook fails
         n = len(run.excluded)
         err.write(f"note: {n} named file{'s' if n != 1 else ''} excluded by the configuration (force-exclude): "
@@ -160,7 +163,7 @@ def run_source_only(
             notes.append(f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left after "
                          f"{MAX_ROUNDS} rounds of fixing; run again to apply them")
         if diff:
-            write_report(log_lines(visible_text(unified_diff(run, result, header_path=diff_path))), out)
+            write_report(log_lines(visible_text(unified_diff(run, result, header_path=diff_path))), out, fmt="diff")
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
@@ -176,12 +179,26 @@ def run_source_only(
             err.write(console_line(f"warning: {note}") + "\n")
     findings, baseline_notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes + baseline_notes)
-    write_report(render(report, config.output_format, color=color), out)
+    write_report(render(report, config.output_format, color=color), out, fmt=config.output_format)
     if unwritable:  # an error (said above, one line a file), not "findings left", whatever --exit-zero says
         return EXIT_ERROR
     if write_baseline:
         return EXIT_OK
     return exit_code(findings, config.fail_on, exit_zero)
+
+
+def nothing_checked(paths: Sequence[str], notes: Sequence[str]) -> str:
+    """The error of a run that read no file: it must not pass as "No findings." (a named directory
+    its configuration excludes, ``exclude = ["*.py"]``, an empty directory). Files that the
+    configuration leaves out of a run that named them (``--force-exclude``, pre-commit's hook) were
+    the user's choice, said in a note: that run passes, as Ruff's does."""
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    if notes:  # what was there could not be read (a FIFO, a dangling link, a directory not listed)
+        why = notes[0] + (f"; {len(notes) - 1} more skipped" if len(notes) > 1 else "")
+    else:
+        why = ("there is none, or the configuration's exclude, .gitignore or the default excludes (build/, .venv/, ...) "
+               "leave out every one")
+    return f"no Python file was checked under {shown}: {why}; a run that checks nothing is no pass"
 
 
 def _baseline_keep(findings: List[Finding], baseline: Optional[str]):

@@ -13,6 +13,12 @@ Unused suppressions are reported by the rule that declares it reports them
 that line, an unknown PCL code, or a bare ``# preclint: ignore`` with nothing to silence when every
 rule ran. A bare ``# noqa`` is never
 reported: it is shared with the other linters a project runs.
+
+A suppression on a line that holds a bidirectional control character (the embeddings and overrides
+U+202A-U+202E, the isolates U+2066-U+2069, the marks U+200E, U+200F and U+061C) silences nothing and is
+reported, whatever its form: such a character makes the line read differently in an editor or a
+review than Python reads it (Trojan Source, CVE-2021-42574), so a suppression can be hidden behind
+one, or a comment made to look like code.
 """
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ _NOQA = re.compile(r"#\s*noqa(?::\s?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[
 _PRECLINT = re.compile(r"#\s*preclint:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
 _CODE = re.compile(r"^PCL[0-9]{3}$")
 _MAY_NAME_PRECLINT = re.compile(r"(?i)preclint:|noqa[^\n]*pcl")
+# the characters that reorder how a line is shown (Unicode's bidirectional controls)
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # as preclint.text.lexical counts lines
 
 
 @dataclass
@@ -37,10 +46,11 @@ class Directive:
     kind: str  # "noqa" or "preclint"
     codes: Tuple[str, ...]  # () for the blanket forms; PCL codes only (names resolved)
     unknown: Tuple[str, ...] = ()  # PCL-looking codes and names that name no rule
+    bidi: Tuple[str, ...] = ()  # the bidirectional controls on its line ("U+202E"): it is void
 
     def covers(self, code: str) -> bool:
         # ``ignore[PCL599]`` (a code or name no rule has, a typo) is no blanket ignore: it silences nothing
-        return self.blanket or code in self.codes
+        return not self.bidi and (self.blanket or code in self.codes)
 
     @property
     def blanket(self) -> bool:
@@ -72,7 +82,9 @@ def parse_directives(text: str) -> Dict[int, List[Directive]]:
         return {}
     known_codes, names = _known()
     found: Dict[int, List[Directive]] = {}
+    lines = _LINE_BREAK.split(text) if _BIDI.search(text) else None
     for line, column, comment in _comments(text):
+        bidi = _bidi_controls(lines[line - 1]) if lines is not None and line <= len(lines) else ()
         for kind, regex in (("preclint", _PRECLINT), ("noqa", _NOQA)):
             for match in regex.finditer(comment):
                 raw = [c for c in re.split(r"[,\s]+", match.group("codes") or "") if c]
@@ -89,9 +101,14 @@ def parse_directives(text: str) -> Dict[int, List[Directive]]:
                 if raw and not codes and not unknown:
                     continue  # ``# noqa: E501`` says nothing to preclint
                 found.setdefault(line, []).append(
-                    Directive(line, column + match.start(), kind, tuple(codes), tuple(unknown))
+                    Directive(line, column + match.start(), kind, tuple(codes), tuple(unknown), bidi)
                 )
     return found
+
+
+def _bidi_controls(line: str) -> Tuple[str, ...]:
+    """The bidirectional controls in ``line``, each once, as ``U+202E``."""
+    return tuple(dict.fromkeys(f"U+{ord(char):04X}" for char in _BIDI.findall(line)))
 
 
 def may_name_preclint(text: str) -> bool:
@@ -194,6 +211,9 @@ def apply_suppressions(
     for path in with_directives:
         for line, line_directives in sorted(directives_of(path).items()):
             for directive in line_directives:
+                if directive.bidi:  # void, whatever it names: said, so that nobody believes it holds
+                    kept.append(reporter.voided_suppression(Location(path, line, directive.column), directive.bidi))
+                    continue
                 if reporter.code in directive.codes or (directive.kind == "noqa" and directive.blanket):
                     continue
                 unused = tuple(

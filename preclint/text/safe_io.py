@@ -28,7 +28,7 @@ import re
 import secrets
 import stat
 from itertools import accumulate
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from preclint.text.no_links import at, open_parent
 
@@ -262,17 +262,18 @@ def _remove(filename: str, dir_fd: Optional[int] = None) -> None:
         pass
 
 
-def write_atomic(filename: str, text: str, encoding: str = "utf-8") -> None:
+def write_atomic(filename: str, text: Union[str, bytes], encoding: str = "utf-8") -> None:
     """Create or replace ``filename`` (a file preclint writes, such as a baseline or a report)
     atomically: a temporary file in the same directory (created exclusively: never an existing file
     or a link), flushed, then renamed over the name itself; a failure leaves the original untouched.
     No directory on the way is followed through a link (LinkOnPath); a symlink at ``filename`` is
     replaced, never written through (the caller refuses one first:
     ``preclint.report.output.write_output_file``). Not for the user's source files: see
-    ``replace_checked``."""
+    ``replace_checked``. ``text`` may be bytes already encoded."""
+    data = text if isinstance(text, bytes) else text.encode(encoding)
     parent, name = open_parent(filename)
     try:
-        write_atomic_at(parent, name, text.encode(encoding))
+        write_atomic_at(parent, name, data)
     finally:
         if parent is not None:
             os.close(parent)

@@ -57,8 +57,8 @@ def test_force_exclude_from_the_configuration_and_no_force_exclude_on_the_comman
 
 
 def test_a_directory_named_is_walked_with_the_excludes(project, capsys):
-    code, out, err = run(capsys, "pkg")
-    assert code == 0 and out == "All checks passed!\n" and err == ""
+    code, out, err = run(capsys, "pkg")  # every file excluded: nothing checked, which is no pass
+    assert code == 2 and out == "" and "no Python file was checked under pkg" in err
     (project / "pyproject.toml").write_text('[tool.preclint]\nexclude = ["pkg/vendored/"]\n')
     (project / "pkg" / "vendored").mkdir()
     (project / "pkg" / "vendored" / "old.py").write_text(AMP)

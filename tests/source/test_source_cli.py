@@ -49,10 +49,10 @@ def test_exit_codes(project, capsys):
     assert code == 0 and out == "All checks passed!\n"
 
 
-def test_empty_file_set_is_a_clean_exit(project, capsys):
+def test_a_directory_without_python_files_is_an_error_not_a_pass(project, capsys):
     (project / "pkg" / "README.md").write_text("no python here\n")
-    code, out, _ = run(capsys, "pkg")
-    assert (code, out) == (0, "All checks passed!\n")
+    code, out, err = run(capsys, "pkg")
+    assert (code, out) == (2, "") and "no Python file was checked under pkg" in err
 
 
 @pytest.mark.parametrize(

@@ -79,8 +79,8 @@ def test_a_fifo_named_py_is_skipped_not_read(project):
     done = preclint("pkg", cwd=project, timeout=60)
     assert done.returncode == 1 and "pkg/m.py:3:6: PCL502" in done.stdout
     assert "pkg/pipe.py: not a regular file (a FIFO, socket or device); skipped" in done.stderr
-    done = preclint("pkg/pipe.py", cwd=project, timeout=60)  # named explicitly: skipped as well
-    assert done.returncode == 0 and "not a regular file" in done.stderr
+    done = preclint("pkg/pipe.py", cwd=project, timeout=60)  # named explicitly: skipped as well, and as it
+    assert done.returncode == 2 and "not a regular file" in done.stderr  # was all there was, nothing was checked
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")

@@ -22,6 +22,11 @@ readers that a precision problem is there when it is gone. Codes in the comment 
 (a typo, a renumbered code) suppress nothing at all. Only codes whose rules ran are judged, so a
 graph code such as PCL101 is not called unused by a `--source-only` run; a bare `# noqa` is shared
 with flake8 and Ruff and never reported.
+
+A suppression on a line that holds a bidirectional control character (U+202A-U+202E, U+2066-U+2069,
+U+200E, U+200F, U+061C) silences nothing and is reported too: such a character makes the line read
+differently in an editor or a review than Python reads it (Trojan Source), so a suppression could
+hide behind one.
 """
     example = """
 y = torch.ones(3)  # noqa: PCL501   nothing on this line is compared
@@ -62,6 +67,21 @@ with torch.autocast("cuda"):  # preclint: ignore[deprecated-amp-api]
     )
 
     @classmethod
+    def voided_suppression(cls, location: Location, controls: Sequence[str]) -> Finding:
+        """A suppression that counts for nothing: its line holds the bidirectional ``controls``."""
+        return Finding(
+            code=cls.code,
+            name=cls.name,
+            severity=cls.severity,
+            message=(f"Suppression ignored: the line holds {_bidi_characters(controls)}, which make"
+                     f"{'' if len(controls) > 1 else 's'} it read differently in an editor or a review than Python "
+                     "reads it; it silences nothing."),
+            fix="Remove the bidirectional control characters from the line (in a string, write them as escapes: "
+                "\"\\u202e\").",
+            location=location,
+        )
+
+    @classmethod
     def unused_suppression(cls, location: Location, unused: Sequence[str], unknown: Sequence[str]) -> Finding:
         parts = []
         if unused:
@@ -79,3 +99,8 @@ with torch.autocast("cuda"):  # preclint: ignore[deprecated-amp-api]
             fix="Remove the unused code from the comment, or the comment.",
             location=location,
         )
+
+
+def _bidi_characters(controls: Sequence[str]) -> str:
+    plural = "s" if len(controls) > 1 else ""
+    return f"the bidirectional control character{plural} {', '.join(controls)}"
