@@ -503,6 +503,7 @@ def _built(module, inputs):
     from torch import nn
 
     from preclint.load.loader import LoadedModel
+    from preclint.load.model_classes import from_torchscript, unwrap_compiled
     from preclint.load.modelio import Inputs
 
     if not isinstance(module, nn.Module):
@@ -517,12 +518,15 @@ def _built(module, inputs):
         call = Inputs((), dict(inputs))
     else:
         call = Inputs((inputs,))
+    name = type(module).__name__
+    module, notes = unwrap_compiled(module, name)
+    module, script_notes = from_torchscript(module, call, name)
     try:
         source = inspect.getsourcefile(type(module))
     except (TypeError, OSError):
         source = None
-    return LoadedModel(module, call.args, type(module).__name__, os.path.abspath(source) if source else None,
-                       kwargs=call.kwargs)
+    return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
+                       kwargs=call.kwargs, notes=notes + script_notes)
 
 
 @contextlib.contextmanager

@@ -149,7 +149,9 @@ def function_name(target: Any) -> Tuple[str, bool]:
     """Canonical op name of a function or method target, and whether the call is in-place."""
     if target in _OPERATOR_NAMES:
         return _OPERATOR_NAMES[target], target in INPLACE_OPERATORS
-    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    # an aten overload (torch.ops.aten.conv2d.default, in exported and converted graphs) is named
+    # by its op, not its overload
+    name = target if isinstance(target, str) else getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
     if name in _DUNDER:
         return _DUNDER[name], name.startswith("__i")
     inplace = False

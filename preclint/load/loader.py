@@ -29,6 +29,7 @@ from preclint.load.example_inputs import check_call_fits, inputs_from_code
 from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, check_unique_names, parse_dtype,
                                       parse_input, validate_shape)
 from preclint.load.messages import check_is_file, first_few
+from preclint.load.model_classes import from_torchscript, unwrap_compiled
 from preclint.load.modelio import Inputs
 from preclint.load.target import import_target
 from preclint.load.weights import load_weights
@@ -96,6 +97,7 @@ def load_model(
         else:
             display_attr, module = find_model(origin, seed)
 
+        module, class_notes = unwrap_compiled(module, origin.label)
         require_initialised(origin.label, module)
         module.eval()
         if meta_tensors(module):
@@ -105,7 +107,7 @@ def load_model(
                                 "give the weights with --weights FILE (safetensors or a torch.save state dict)")
             load_weights(module, weights)
             weights = None
-        notes: List[str] = []
+        notes: List[str] = list(class_notes)
         if specs is not None:
             call = drawn_inputs(module, specs, seed, notes)
         else:
@@ -114,6 +116,8 @@ def load_model(
 
     if weights is not None:
         load_weights(module, weights)
+    module, script_notes = from_torchscript(module, call, origin.label)
+    notes.extend(script_notes)
 
     return LoadedModel(
         module=module,

@@ -1,0 +1,133 @@
+"""Model classes that are not plain eager float32 modules, checked as users hand them over:
+TorchScript (scripted, traced, loaded from a file) and torch.compile'd modules."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from preclint.cli import main
+
+pytestmark = pytest.mark.slow  # each runs the whole check on a model
+
+CNN = """
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+    torch.manual_seed(0)
+    example_inputs = (torch.randn(2, 3, 8, 8),)
+"""
+
+
+def write(tmp_path: Path, name: str, source: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+def check_json(capsys, *argv):
+    code = main(["check", "--isolated", "--output-format", "json", *argv])
+    out, err = capsys.readouterr()
+    assert code in (0, 1), err
+    return json.loads(out)
+
+
+def predicted(report, mode):
+    return report["summary"][mode]["predicted_output"]["rel_error"]
+
+
+def measured(report, mode):
+    return report["summary"][mode]["measured_output"]["rel_error"]
+
+
+@pytest.mark.parametrize("make", ["model = torch.jit.script(Net().eval())",
+                                  "model = torch.jit.trace(Net().eval(), example_inputs)"])
+def test_a_torchscript_module_is_checked_through_its_graph(tmp_path, capsys, make):
+    path = write(tmp_path, "scripted.py", textwrap.dedent(CNN) + make + "\n")
+    report = check_json(capsys, path, "--probe", "cpu")
+    assert not report.get("error")
+    assert any("TorchScript module" in note and "converted to aten ops" in note for note in report["notes"])
+    for mode in ("fp16", "bf16"):
+        # the convs and matmuls it runs are there: a float model's errors, predicted and measured
+        assert predicted(report, mode) > 1e-5 and measured(report, mode) > 1e-5
+        assert 1 / 3 < predicted(report, mode) / measured(report, mode) < 3
+    # the ops are named after the submodules whose weights they read
+    assert "aten.linear in fc" in [layer["module"] for layer in report["summary"]["bf16"]["top_layers"]]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def test_a_loaded_torchscript_file_is_checked(tmp_path, capsys):
+    torch.jit.save(torch.jit.script(Net().eval()), str(tmp_path / "net.jit"))
+    path = write(tmp_path, "loaded.py", f"""
+        import torch
+        model = torch.jit.load({str(tmp_path / 'net.jit')!r})
+        example_inputs = (torch.randn(2, 3, 8, 8),)
+    """)
+    report = check_json(capsys, path)
+    assert predicted(report, "bf16") > 1e-5
+
+
+def test_torchscript_that_does_not_convert_says_what_to_pass(tmp_path, capsys):
+    path = write(tmp_path, "loop.py", """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.cell = nn.LSTMCell(8, 16)
+
+            def forward(self, x):
+                h = torch.zeros(x.shape[0], 16)
+                c = torch.zeros(x.shape[0], 16)
+                for t in range(x.shape[1]):
+                    h, c = self.cell(x[:, t], (h, c))
+                return h
+
+        model = torch.jit.script(Net().eval())
+        example_inputs = (torch.randn(2, 5, 8),)
+    """)
+    code = main(["check", "--isolated", path])
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "internal error" not in err
+    assert "TorchScript module (scripted)" in err and "eager nn.Module" in err and "--weights" in err
+
+
+def test_a_compiled_module_is_checked_through_the_module_it_compiles(tmp_path, capsys):
+    path = write(tmp_path, "compiled.py", """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = torch.compile(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)))
+        example_inputs = (torch.randn(4, 32),)
+    """)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    report = check_json(capsys, path)
+    assert not counters["stats"]["calls_captured"]  # Dynamo compiled nothing, preclint's hooks included
+    assert any("torch.compile'd module" in note and "outside Dynamo" in note for note in report["notes"])
+    assert report["capture"] == "fx"
+    assert "_orig_mod" not in json.dumps(report)
