@@ -13,7 +13,7 @@ from torch import nn
 
 from preclint.core.errors import UserError
 from preclint.load.messages import located, quote
-from preclint.load.modelio import Inputs
+from preclint.load.modelio import Inputs, output_tensors
 from preclint.load.target import Origin
 
 # Module-level names with a meaning, in the order they are looked for.
@@ -101,9 +101,11 @@ def _check_input_value(value: Any, where: str) -> None:
         for position, item in enumerate(value):
             _check_input_value(item, f"{where}[{position}]")
         return
+    if output_tensors(value):  # a container of tensors (a transformers Cache, a dataclass): they are inputs
+        return
     raise UserError(
         f"{where} is {_a(type(value).__name__)}; an input is a Tensor, None, a number or a string, "
-        "or a list, tuple or dict of them"
+        "or a list, tuple, dict or object holding them (a transformers Cache)"
     )
 
 

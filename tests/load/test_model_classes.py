@@ -131,3 +131,82 @@ def test_a_compiled_module_is_checked_through_the_module_it_compiles(tmp_path, c
     assert any("torch.compile'd module" in note and "outside Dynamo" in note for note in report["notes"])
     assert report["capture"] == "fx"
     assert "_orig_mod" not in json.dumps(report)
+
+
+LLAMA_DECODE = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+
+
+    def example_inputs():
+        with torch.no_grad():
+            cache = model(torch.randint(0, 128, (1, 8)), use_cache=True).past_key_values
+        return {"input_ids": torch.randint(0, 128, (1, 1)), "past_key_values": cache, "use_cache": True}
+"""
+
+
+def test_a_transformers_decode_step_with_a_dynamic_cache_is_checked(tmp_path, capsys):
+    path = write(tmp_path, "decode.py", LLAMA_DECODE)
+    report = check_json(capsys, path, "--probe", "cpu", "--precision", "bf16")
+    outputs = report["summary"]["bf16"]["outputs"]
+    names = [o["output"] for o in outputs]
+    # the cache's tensors are outputs with names of their own, each one step longer than it came in
+    assert names == ["output['logits']", "output['cache'].layers[0].keys", "output['cache'].layers[0].values",
+                     "output['cache'].layers[1].keys", "output['cache'].layers[1].values"]
+    measured = report["summary"]["bf16"]["measured_output"]["outputs"]
+    for predicted, figure in zip(outputs, measured):
+        assert predicted["rel_error"] > 0 and figure["rel_error"] > 0
+        assert 1 / 3 < predicted["rel_error"] / figure["rel_error"] < 3, predicted["output"]
+
+
+class _Cache:
+    """A cache object of the user's own: no pytree registration, no dataclass."""
+
+    def __init__(self, keys):
+        self.keys = keys
+        self.steps = 0
+
+    def update(self, key):
+        self.keys = torch.cat([self.keys, key], dim=1)
+        self.steps += 1
+        return self.keys
+
+
+class _Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x, cache):
+        keys = cache.update(self.fc(x))
+        return torch.softmax(x @ keys.transpose(1, 2), dim=-1) @ keys, cache
+
+
+def test_a_cache_object_is_its_tensors_and_every_run_gets_a_fresh_copy():
+    from preclint.load.modelio import Inputs, output_leaves
+
+    cache = _Cache(torch.randn(2, 5, 16))
+    inputs = Inputs((torch.randn(2, 1, 16), cache))
+    assert len(inputs.tensors()) == 2
+    doubled = inputs.map(lambda t: t.double())
+    assert doubled.args[1] is not cache and doubled.args[1].keys.dtype == torch.float64 and cache.keys.dtype == torch.float32
+    model = _Step().eval()
+    first, second = inputs.call(model), inputs.call(model)
+    assert first[1].keys.shape == second[1].keys.shape == (2, 6, 16)  # not grown twice
+    assert cache.keys.shape == (2, 5, 16) and cache.steps == 0  # the user's cache is untouched
+    assert [path for path, _ in output_leaves(first)] == ["[0]", "[1].keys"]  # its tensors
+
+
+def test_the_check_reads_a_cache_object_of_the_users_own():
+    from tests.helpers import check
+
+    report, graph, _ = check(_Step(), (torch.randn(2, 1, 16), _Cache(3 * torch.randn(2, 5, 16))), precisions=("bf16",))
+    assert [o["output"] for o in report.summary["bf16"]["outputs"]] == ["output[0]", "output[1].keys"]
+    assert graph.capture == "function-mode"  # torch.fx would record cache.update as one opaque call
+    assert [n.name for n in graph.nodes if n.kind == "input"] == ["input_0", "input_1"]
+    assert all(o["rel_error"] > 0 for o in report.summary["bf16"]["outputs"])
