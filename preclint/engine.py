@@ -381,7 +381,7 @@ class Session:
         guarded = None
         part = None
         if self.probe is not None:
-            from preclint.probe import place_for_probe, probe_report
+            from preclint.probe import place_for_probe
             from preclint.probe.distributed import OneProcess
 
             # this model's part of the measurements: under torchrun, the other ranks' (gathered once)
@@ -389,9 +389,9 @@ class Session:
         try:
             with guard(name, self.config.timeout) as guarded, self._model(target, inputs) as loaded:
                 placement = place_for_probe(loaded, self.probe) if self.probe is not None else None
-                report, graph, ctx, placement = self._check_placed(loaded, placement)
+                report, graph, ctx, placement, unplaced = self._check_placed(loaded, placement)
                 if self.probe is not None:
-                    probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
+                    self._probe(loaded, report, ctx, placement, part, unplaced)
                 elif self.config.output_format == "html":  # the page's header records where the predictions ran
                     from preclint.probe.device import check_environment
 
@@ -446,21 +446,46 @@ class Session:
 
     def _check_placed(self, loaded, placement):
         """The check with its reference pass on the probe's device; where that runs out of memory
-        (the pass keeps gradients too), on the CPU, as without a GPU."""
+        (the pass keeps gradients too), or the model cannot run there (it makes a tensor of another
+        device in its forward), on the CPU, as without a GPU. Also why the probe cannot run, or None."""
         try:
-            return (*self._check(loaded, placement), placement)
+            return (*self._check(loaded, placement), placement, None)
         except Exception as exc:
-            from preclint.probe.device import is_out_of_memory
+            from preclint.probe.device import device_mismatch, is_out_of_memory
 
-            if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
+            if placement is None:
+                raise
+            mismatch = device_mismatch(exc)
+            if mismatch is None and not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
                 raise
         import torch
 
         device = placement.device
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         report, graph, ctx = self._check(loaded, None)
+        if mismatch is not None:
+            return report, graph, ctx, None, _unplaced_note(device, mismatch)
         report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
-        return report, graph, ctx, None
+        return report, graph, ctx, None, None
+
+    def _probe(self, loaded, report, ctx, placement, part, unplaced: Optional[str]) -> None:
+        """The probe's measurements merged into ``report``; where the model cannot run on the probe's
+        device, one note that says why, and the check's findings and predictions as they are."""
+        from preclint.probe import probe_report
+        from preclint.probe.device import device_mismatch, select_device
+
+        if unplaced is None:
+            try:
+                probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
+                return
+            except Exception as exc:
+                mismatch = device_mismatch(exc)
+                if mismatch is None:
+                    raise
+                unplaced = _unplaced_note(placement.device if placement is not None else select_device(self.probe.device),
+                                          mismatch)
+        report.notes = list(report.notes) + [unplaced]
 
     @long_lived_frozen()
     def _check(self, loaded, placement) -> Tuple[Report, Graph, RuleContext]:
@@ -481,6 +506,12 @@ class Session:
         loaded = _built(target, inputs)
         with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
+
+
+def _unplaced_note(device, reason: str) -> str:
+    return (f"probe: not run: the model cannot run on {device} ({reason}); it makes or holds a tensor on another "
+            "device in its forward (a torch.tensor(..., device=...) or .to(...) of its own). The check above ran on "
+            "the CPU; `--probe cpu` measures it there, or make the tensor on the input's device (x.device)")
 
 
 def _model_file(target) -> Optional[str]:
