@@ -162,6 +162,7 @@ def run_rules(ctx: RuleContext, config: Optional[Config]) -> List[Finding]:
 def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
+    from preclint.load.model_classes import modes_as_stored
     from preclint.predict.error_model import PREDICTED_ERRORS_NEED, errors_need, predict
     from preclint.predict.kernel_cases import kernel_cases
     from preclint.predict.routing import routing_note
@@ -170,13 +171,16 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     for mode in options.modes:
         if mode not in MODES:
             raise UserError(f"unknown precision '{mode}' (known: {', '.join(MODES)})")
+    # a model stored in bfloat16 or float16 is judged as it runs: its own dtype is the baseline
+    modes, stored_notes = modes_as_stored(options.modes, getattr(loaded, "stored", ""), loaded.name)
+    options = replace(options, modes=modes)
     rules = selected_rules(options.modes, config)
     graph = build_graph(loaded, options, analyses_needed(rules, errors_need(options.modes) if options.predict_errors else ()))
     predictions = predict(graph, options.modes)
     ctx = RuleContext(graph, tuple(options.modes), predictions, options.rtol, options.atol, model_location(loaded),
                       model_name=model_name(loaded))
     findings = run_rules(ctx, config)
-    notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes)
+    notes = stored_notes + list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes)
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
     if not graph.ran_reference:
@@ -534,7 +538,7 @@ def _built(module, inputs):
     from torch import nn
 
     from preclint.load.loader import LoadedModel
-    from preclint.load.model_classes import from_torchscript, unwrap_compiled
+    from preclint.load.model_classes import as_float32, from_torchscript, unwrap_compiled
     from preclint.load.modelio import Inputs
 
     if not isinstance(module, nn.Module):
@@ -552,12 +556,13 @@ def _built(module, inputs):
     name = type(module).__name__
     module, notes = unwrap_compiled(module, name)
     module, script_notes = from_torchscript(module, call, name)
+    module, call, stored, dtype_notes = as_float32(module, call, name, in_place=False)
     try:
         source = inspect.getsourcefile(type(module))
     except (TypeError, OSError):
         source = None
     return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
-                       kwargs=call.kwargs, notes=notes + script_notes)
+                       kwargs=call.kwargs, notes=notes + script_notes + dtype_notes, stored=stored)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from preclint.load.example_inputs import check_call_fits, inputs_from_code
 from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, check_unique_names, parse_dtype,
                                       parse_input, validate_shape)
 from preclint.load.messages import check_is_file, first_few
-from preclint.load.model_classes import from_torchscript, unwrap_compiled
+from preclint.load.model_classes import as_float32, from_torchscript, unwrap_compiled
 from preclint.load.modelio import Inputs
 from preclint.load.target import import_target
 from preclint.load.weights import load_weights
@@ -45,6 +45,8 @@ class LoadedModel:
     source_path: Optional[str]  # absolute path of the file the model was defined/loaded from
     kwargs: dict = field(default_factory=dict)  # keyword example inputs, in the same forms
     notes: list = field(default_factory=list)  # for the report: how generated inputs were drawn
+    # the reduced format the model is stored in ("bf16", "fp16"), checked as a float32 copy; "" for float32
+    stored: str = ""
 
     @property
     def inputs(self) -> Inputs:
@@ -118,6 +120,8 @@ def load_model(
         load_weights(module, weights)
     module, script_notes = from_torchscript(module, call, origin.label)
     notes.extend(script_notes)
+    module, call, stored, dtype_notes = as_float32(module, call, origin.label, in_place=True)
+    notes.extend(dtype_notes)
 
     return LoadedModel(
         module=module,
@@ -126,6 +130,7 @@ def load_model(
         name=f"{origin.label}:{display_attr}",
         source_path=origin.file_path or _defining_file(module),
         notes=notes,
+        stored=stored,
     )
 
 

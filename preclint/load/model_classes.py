@@ -9,6 +9,7 @@ step returns the module to check and the notes that say what was checked instead
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import List, Tuple
 
@@ -18,7 +19,7 @@ from torch import nn
 from preclint.core.errors import UserError
 from preclint.load.modelio import Inputs
 
-__all__ = ["unwrap_compiled", "from_torchscript", "is_torchscript"]
+__all__ = ["unwrap_compiled", "from_torchscript", "is_torchscript", "as_float32", "modes_as_stored", "stored_low_format"]
 
 
 def unwrap_compiled(module: nn.Module, label: str) -> Tuple[nn.Module, List[str]]:
@@ -76,3 +77,73 @@ def _plain_graph_module(exported: nn.Module) -> torch.fx.GraphModule:
     plain.recompile()
     return plain
 
+
+
+# The reduced dtypes a model may be stored in, by the mode that casts a model to each.
+_LOW_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def stored_low_format(module: nn.Module) -> Tuple[str, int, int]:
+    """(the reduced format every floating parameter and buffer of ``module`` is stored in, or "" where
+    they are not all of one; how many of them are reduced; how many there are)."""
+    dtypes = [t.dtype for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+    low = [d for d in dtypes if d in _LOW_DTYPES]
+    if dtypes and len(low) == len(dtypes) and len(set(low)) == 1:
+        return _LOW_DTYPES[low[0]], len(low), len(dtypes)
+    return "", len(low), len(dtypes)
+
+
+def as_float32(module: nn.Module, call: Inputs, label: str, in_place: bool) -> Tuple[nn.Module, Inputs, str, List[str]]:
+    """A model stored in bfloat16 or float16 as a float32 copy (its values exactly), and its inputs
+    of that dtype in float32, so that the mode that casts it back (bf16-full) is how it runs; the
+    format it is stored in ("" for a float32 model, returned as it is) and the notes."""
+    stored, low, total = stored_low_format(module)
+    if not stored:
+        notes = []
+        if low:
+            notes.append(f"{label}: {low} of its {total} floating parameters and buffers are stored in a reduced dtype "
+                         "and the rest in float32; the check treats every one as float32 (its figures are for the "
+                         "model as if stored in float32)")
+        return module, call, "", notes
+    low_dtype = next(d for d, fmt in _LOW_DTYPES.items() if fmt == stored)
+    if not in_place:
+        module = copy.deepcopy(module)
+    module.float()
+    call = call.map(lambda t: t.float() if t.dtype == low_dtype else t)
+    return module, call, stored, []
+
+
+def modes_as_stored(modes, stored: str, label: str) -> Tuple[Tuple[str, ...], List[str]]:
+    """The modes that make sense for a model stored in ``stored`` (bf16 or fp16), from those asked
+    for: the mode that casts it to its own dtype is how it runs, and stands for TF32 and autocast to
+    that dtype (neither changes a model that runs in it); autocast to the other reduced dtype is not
+    predicted (the cast of the whole model to it is); the rest as asked. And the note that says so."""
+    if not stored:
+        return tuple(modes), []
+    own = f"{stored}-full"
+    other = "fp16" if stored == "bf16" else "bf16"
+    name = {"bf16": "bfloat16", "fp16": "float16"}[stored]
+    kept: List[str] = []
+    replaced, dropped = [], []
+    for mode in modes:
+        if mode in ("tf32", stored, own):
+            if mode != own:
+                replaced.append(mode)
+            mode = own
+        elif mode == other:
+            dropped.append(mode)
+            continue
+        if mode not in kept:
+            kept.append(mode)
+    if not kept:
+        kept.append(own)
+    note = (f"{label} is stored in {name}: it runs in {name} as it is, so {own} (its values cast to {name}, which "
+            f"they already are) is how it runs, against float64; the figures are its own, not a change from float32")
+    if replaced:
+        note += f"; {' and '.join(replaced)} change nothing of a model that runs in {name} and are {own} here"
+    if dropped:
+        note += (f"; {other} autocast of a {name} model (its matmuls in {other}, the rest in {name}) is not predicted "
+                 f"({other}-full predicts casting the whole model)")
+    if "fp32" in kept:
+        note += "; fp32 is the model cast up to float32"
+    return tuple(kept), [note]

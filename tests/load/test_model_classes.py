@@ -210,3 +210,49 @@ def test_the_check_reads_a_cache_object_of_the_users_own():
     assert graph.capture == "function-mode"  # torch.fx would record cache.update as one opaque call
     assert [n.name for n in graph.nodes if n.kind == "input"] == ["input_0", "input_1"]
     assert all(o["rel_error"] > 0 for o in report.summary["bf16"]["outputs"])
+
+
+@pytest.mark.parametrize("dtype, stored", [("bfloat16", "bf16"), ("float16", "fp16")])
+def test_a_model_stored_in_a_reduced_dtype_is_judged_as_it_runs(tmp_path, capsys, dtype, stored):
+    path = write(tmp_path, "low.py", f"""
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+        model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval().to(torch.{dtype})
+        example_inputs = (torch.randn(2, 8, 32, dtype=torch.{dtype}),)
+    """)
+    report = check_json(capsys, path, "--probe", "cpu")
+    own = f"{stored}-full"
+    # tf32 and autocast to its own dtype change nothing of it: its own dtype is how it runs, measured too
+    assert report["precisions"] == [own]
+    assert any(f"stored in {dtype}" in note and f"{own} (its values cast to {dtype}, which they already are) is "
+               "how it runs" in note for note in report["notes"])
+    predicted_error, measured_error = predicted(report, own), measured(report, own)
+    assert measured_error > 1e-4  # a reduced dtype's own error, not float32's
+    assert 1 / 3 < predicted_error / measured_error < 3
+    report = check_json(capsys, path, "--probe", "cpu", "--precision", "fp32,fp16-full,bf16-full")
+    assert report["precisions"] == ["fp32", "fp16-full", "bf16-full"]
+    for mode in report["precisions"]:  # the CPU probe measures every mode it predicts
+        assert measured(report, mode) > 0
+    assert measured(report, "fp32") < 1e-5 < measured(report, own)
+
+
+def test_the_modes_of_a_stored_model():
+    from preclint.load.model_classes import modes_as_stored
+
+    assert modes_as_stored(("tf32", "fp16", "bf16"), "", "m") == (("tf32", "fp16", "bf16"), [])
+    modes, (note,) = modes_as_stored(("tf32", "fp16", "bf16"), "bf16", "m")
+    assert modes == ("bf16-full",)
+    assert "tf32 and bf16 change nothing" in note and "fp16 autocast of a bfloat16 model" in note
+    assert modes_as_stored(("fp16",), "bf16", "m")[0] == ("bf16-full",)
+    assert modes_as_stored(("fp32", "tf32", "bf16-full", "fp8"), "fp16", "m")[0] == ("fp32", "fp16-full", "bf16-full", "fp8")
+
+
+def test_the_users_module_is_left_as_it_was_given():
+    import preclint
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(torch.bfloat16)
+    report = preclint.check(model, (torch.randn(4, 16, dtype=torch.bfloat16),))
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert list(report.precisions) == ["bf16-full"]
