@@ -538,7 +538,7 @@ def _built(module, inputs):
     from torch import nn
 
     from preclint.load.loader import LoadedModel
-    from preclint.load.model_classes import as_float32, from_torchscript, unwrap_compiled
+    from preclint.load.model_classes import as_float32, from_torchscript, quantized_notes, unwrap_compiled
     from preclint.load.modelio import Inputs
 
     if not isinstance(module, nn.Module):
@@ -562,7 +562,8 @@ def _built(module, inputs):
     except (TypeError, OSError):
         source = None
     return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
-                       kwargs=call.kwargs, notes=notes + script_notes + dtype_notes, stored=stored)
+                       kwargs=call.kwargs, notes=notes + script_notes + dtype_notes + quantized_notes(module, name),
+                       stored=stored)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import operator
 from typing import Any, Dict, Optional, Tuple
 
 from preclint.core.ir import Kind
+from preclint.load.model_classes import is_quantized_module
 
 # Reductions that add their terms up (a running sum included): the reference pass records their
 # lengths, and the predictions their accumulation error.
@@ -138,7 +139,10 @@ def is_leaf_module(module) -> bool:
 
 
 def classify_module(module) -> Tuple[str, str]:
-    """(kind, fn) of a leaf module, by its class or the nearest known base class."""
+    """(kind, fn) of a leaf module, by its class or the nearest known base class; a quantized module
+    is no float op of its kind (no precision mode changes its int8 arithmetic): ``quantized_linear``."""
+    if is_quantized_module(module):
+        return Kind.OTHER, "quantized_" + type(module).__name__.lower()
     for cls in type(module).__mro__:
         if cls.__name__ in _MODULE_KINDS:
             return _MODULE_KINDS[cls.__name__]

@@ -29,7 +29,7 @@ from preclint.load.example_inputs import check_call_fits, inputs_from_code
 from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, check_unique_names, parse_dtype,
                                       parse_input, validate_shape)
 from preclint.load.messages import check_is_file, first_few
-from preclint.load.model_classes import as_float32, from_torchscript, unwrap_compiled
+from preclint.load.model_classes import as_float32, from_torchscript, quantized_notes, unwrap_compiled
 from preclint.load.modelio import Inputs
 from preclint.load.target import import_target
 from preclint.load.weights import load_weights
@@ -121,7 +121,7 @@ def load_model(
     module, script_notes = from_torchscript(module, call, origin.label)
     notes.extend(script_notes)
     module, call, stored, dtype_notes = as_float32(module, call, origin.label, in_place=True)
-    notes.extend(dtype_notes)
+    notes.extend(dtype_notes + quantized_notes(module, origin.label))
 
     return LoadedModel(
         module=module,

@@ -19,7 +19,7 @@ from torch import nn
 from preclint.core.errors import UserError
 from preclint.load.modelio import Inputs
 
-__all__ = ["unwrap_compiled", "from_torchscript", "is_torchscript", "as_float32", "modes_as_stored", "stored_low_format"]
+__all__ = ["unwrap_compiled", "from_torchscript", "is_torchscript", "as_float32", "modes_as_stored", "stored_low_format", "quantized_notes"]
 
 
 def unwrap_compiled(module: nn.Module, label: str) -> Tuple[nn.Module, List[str]]:
@@ -33,6 +33,12 @@ def unwrap_compiled(module: nn.Module, label: str) -> Tuple[nn.Module, List[str]
     return wrapped, [f"{label} is a torch.compile'd module: checked the module it compiles ({type(wrapped).__name__}) "
                      "eagerly, outside Dynamo; compiled kernels can fuse and reorder what eager runs "
                      "(`--backend inductor` measures them)"]
+
+
+def is_quantized_module(module) -> bool:
+    """A torch.ao quantized module (``quantize_dynamic``'s Linear, a static int8 Conv2d): it computes
+    in int8 whatever precision the float ops run in."""
+    return ".quantized." in type(module).__module__ and type(module).__module__.startswith(("torch.ao.nn", "torch.nn"))
 
 
 def is_torchscript(module) -> bool:
@@ -147,3 +153,41 @@ def modes_as_stored(modes, stored: str, label: str) -> Tuple[Tuple[str, ...], Li
     if "fp32" in kept:
         note += "; fp32 is the model cast up to float32"
     return tuple(kept), [note]
+
+
+def quantized_notes(module: nn.Module, label: str) -> List[str]:
+    """What of a quantized model (torch.ao: ``quantize_dynamic``, static int8 modules) runs in int8
+    and what in float, and the int8 layers' own weight rounding (from each layer's scale), which no
+    precision mode changes and the predicted figures leave out."""
+    layers = [(path, m) for path, m in module.named_modules() if is_quantized_module(m) and callable(getattr(m, "weight", None))]
+    if not layers:
+        return []
+    floats = [f"{path or 'the root'} ({type(m).__name__})" for path, m in module.named_modules()
+              if not is_quantized_module(m) and any(p.is_floating_point() for p in m.parameters(recurse=False))]
+    rounding = []
+    for path, layer in layers:
+        error = _weight_rounding(layer.weight())
+        rounding.append(f"{path}: {error:.2g}" if error is not None else path)
+    shown = ", ".join(rounding[:6]) + (f", and {len(rounding) - 6} more" if len(rounding) > 6 else "")
+    kinds = sorted({f"{'dynamic ' if 'dynamic' in type(m).__module__ else ''}{type(m).__name__}" for _, m in layers})
+    float_part = (f"{len(floats)} layer{'s' if len(floats) != 1 else ''} with float weights ({', '.join(floats[:6])}"
+                  f"{', ...' if len(floats) > 6 else ''})" if floats else "no layer with float weights")
+    return [f"{label} is quantized: {len(layers)} layer{'s' if len(layers) != 1 else ''} run in int8 ({', '.join(kinds)}), "
+            f"and {float_part} and the ops between run in float. The precision modes change only the float part, "
+            f"which is what the figures predict; the int8 layers' own error is not in them: their weights' rounding, "
+            f"relative to each weight's RMS (a step of the layer's scale, scale/sqrt(12)): {shown}; the 8-bit "
+            "quantization of their inputs at each call adds more (not modelled). Compare with the float model for "
+            "the quantization error itself"]
+
+
+def _weight_rounding(weight) -> "float | None":
+    """The RMS of an int8 weight's rounding (uniform in a step of its scale) over the RMS of its values."""
+    if not getattr(weight, "is_quantized", False):
+        return None
+    values = weight.dequantize()
+    rms = float(values.pow(2).mean().sqrt())
+    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        step = float(weight.q_scale())
+    else:
+        step = float(weight.q_per_channel_scales().double().pow(2).mean().sqrt())
+    return step / 12 ** 0.5 / rms if rms > 0 else None

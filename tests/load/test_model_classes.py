@@ -256,3 +256,28 @@ def test_the_users_module_is_left_as_it_was_given():
     report = preclint.check(model, (torch.randn(4, 16, dtype=torch.bfloat16),))
     assert next(model.parameters()).dtype == torch.bfloat16
     assert list(report.precisions) == ["bf16-full"]
+
+
+QUANTIZED = """
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    float_model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.LayerNorm(16)).eval()
+    model = torch.ao.quantization.quantize_dynamic(float_model, {nn.Linear}, dtype=torch.qint8)
+    example_inputs = (torch.randn(4, 32),)
+"""
+
+
+def test_a_dynamically_quantized_model_says_what_is_int8_and_what_is_float(tmp_path, capsys):
+    path = write(tmp_path, "quantized.py", QUANTIZED)
+    report = check_json(capsys, path, "--probe", "cpu")
+    (note,) = [n for n in report["notes"] if "is quantized" in n]
+    assert "2 layers run in int8 (dynamic Linear)" in note and "1 layer with float weights (3 (LayerNorm))" in note
+    # each int8 layer's weight rounding, from its scale: a step of 2*absmax/255 over the weights' RMS
+    rounding = dict(part.split(": ") for part in note.split("scale/sqrt(12)): ")[1].split("; ")[0].split(", "))
+    assert set(rounding) == {"0", "2"} and all(1e-3 < float(v) < 1e-2 for v in rounding.values())
+    assert "not modelled" in note
+    for mode in ("tf32", "fp16", "bf16"):
+        # TF32 and autocast leave the int8 layers as they are (the CPU emulation once rounded their
+        # inputs to TF32 as if they were float Linears: 0.002 measured, 0 predicted)
+        assert predicted(report, mode) == 0 and measured(report, mode) == 0
