@@ -513,9 +513,14 @@ class Session:
 
 
 def _unplaced_note(device, reason: str) -> str:
-    return (f"probe: not run: the model cannot run on {device} ({reason}); it makes or holds a tensor on another "
-            "device in its forward (a torch.tensor(..., device=...) or .to(...) of its own). The check above ran on "
-            "the CPU; `--probe cpu` measures it there, or make the tensor on the input's device (x.device)")
+    if "backend" in reason:  # an op with no kernel there: int8 quantized layers on a GPU
+        why = "an op it runs has no kernel there"
+        fix = "`--probe cpu` measures it where its ops run"
+    else:
+        why = ("it makes or holds a tensor on another device in its forward (a torch.tensor(..., device=...) or "
+               ".to(...) of its own)")
+        fix = "`--probe cpu` measures it there, or make the tensor on the input's device (x.device)"
+    return f"probe: not run: the model cannot run on {device} ({reason}); {why}. The check above ran on the CPU; {fix}"
 
 
 def _model_file(target) -> Optional[str]:
