@@ -10,7 +10,6 @@ import operator
 from typing import Any, Dict, Optional, Tuple
 
 from preclint.core.ir import Kind
-from preclint.load.model_classes import is_quantized_module
 
 # Reductions that add their terms up (a running sum included): the reference pass records their
 # lengths, and the predictions their accumulation error.
@@ -141,6 +140,9 @@ def is_leaf_module(module) -> bool:
 def classify_module(module) -> Tuple[str, str]:
     """(kind, fn) of a leaf module, by its class or the nearest known base class; a quantized module
     is no float op of its kind (no precision mode changes its int8 arithmetic): ``quantized_linear``."""
+    # (imported here: this module is read by torch-free analyses; a module to classify means torch is in)
+    from preclint.load.model_classes import is_quantized_module
+
     if is_quantized_module(module):
         return Kind.OTHER, "quantized_" + type(module).__name__.lower()
     for cls in type(module).__mro__:
