@@ -108,8 +108,8 @@ def as_float32(module: nn.Module, call: Inputs, label: str, in_place: bool) -> T
         notes = []
         if low:
             notes.append(f"{label}: {low} of its {total} floating parameters and buffers are stored in a reduced dtype "
-                         "and the rest in float32; the check treats every one as float32 (its figures are for the "
-                         "model as if stored in float32)")
+                         "and the rest in float32; the predicted figures treat every one as float32 (the model as if "
+                         "stored in float32), while the probe measures it as it is")
         return module, call, "", notes
     low_dtype = next(d for d, fmt in _LOW_DTYPES.items() if fmt == stored)
     if not in_place:

@@ -281,3 +281,15 @@ def test_a_dynamically_quantized_model_says_what_is_int8_and_what_is_float(tmp_p
         # TF32 and autocast leave the int8 layers as they are (the CPU emulation once rounded their
         # inputs to TF32 as if they were float Linears: 0.002 measured, 0 predicted)
         assert predicted(report, mode) == 0 and measured(report, mode) == 0
+
+
+def test_a_model_partly_in_a_reduced_dtype_is_named_so_and_left_as_it_is():
+    from preclint.load.model_classes import as_float32
+    from preclint.load.modelio import Inputs
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8).to(torch.bfloat16), torch.nn.LayerNorm(8))
+    call = Inputs((torch.randn(2, 8, dtype=torch.bfloat16),))
+    module, same_call, stored, (note,) = as_float32(model, call, "m.py", in_place=True)
+    assert module is model and same_call is call and stored == ""
+    assert model[0].weight.dtype == torch.bfloat16
+    assert note.startswith("m.py: 2 of its 4 floating parameters") and "the probe measures it as it is" in note
