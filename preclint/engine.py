@@ -165,6 +165,7 @@ def run_rules(ctx: RuleContext, config: Optional[Config]) -> List[Finding]:
 def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
+    from preclint.load.model_classes import modes_as_stored
     from preclint.predict.error_model import PREDICTED_ERRORS_NEED, errors_need, predict
     from preclint.predict.kernel_cases import kernel_cases
     from preclint.predict.routing import routing_note
@@ -173,6 +174,9 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     for mode in options.modes:
         if mode not in MODES:
             raise UserError(f"unknown precision '{mode}' (known: {', '.join(MODES)})")
+    # a model stored in bfloat16 or float16 is judged as it runs: its own dtype is the baseline
+    modes, stored_notes = modes_as_stored(options.modes, getattr(loaded, "stored", ""), loaded.name)
+    options = replace(options, modes=modes)
     rules = selected_rules(options.modes, config)
     graph = build_graph(loaded, options, analyses_needed(rules, errors_need(options.modes) if options.predict_errors else ()))
     predictions = predict(graph, options.modes)
@@ -180,7 +184,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
                       model_name=model_name(loaded))
     training_notes = _predict_training(loaded, ctx, options) if options.train else []
     findings = run_rules(ctx, config)
-    notes = list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes) + training_notes
+    notes = stored_notes + list(loaded.notes) + list(graph.notes) + scaled_notes(graph, options.modes) + training_notes
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
     if not graph.ran_reference:
@@ -404,7 +408,7 @@ class Session:
         guarded = None
         part = None
         if self.probe is not None:
-            from preclint.probe import place_for_probe, probe_report
+            from preclint.probe import place_for_probe
             from preclint.probe.distributed import OneProcess
 
             # this model's part of the measurements: under torchrun, the other ranks' (gathered once)
@@ -412,13 +416,9 @@ class Session:
         try:
             with guard(name, self.config.timeout) as guarded, self._model(target, inputs) as loaded:
                 placement = place_for_probe(loaded, self.probe) if self.probe is not None else None
-                report, graph, ctx, placement = self._check_placed(loaded, placement)
+                report, graph, ctx, placement, unplaced = self._check_placed(loaded, placement)
                 if self.probe is not None:
-                    probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
-                    if ctx.training_reference is not None:  # --train: each precision's step, measured
-                        from preclint.probe.training import measure_training_into
-
-                        measure_training_into(report, loaded, ctx, self.probe.device, steps=self.options.steps)
+                    self._probe(loaded, report, ctx, placement, part, unplaced)
                 elif self.config.output_format == "html":  # the page's header records where the predictions ran
                     from preclint.probe.device import check_environment
 
@@ -473,21 +473,50 @@ class Session:
 
     def _check_placed(self, loaded, placement):
         """The check with its reference pass on the probe's device; where that runs out of memory
-        (the pass keeps gradients too), on the CPU, as without a GPU."""
+        (the pass keeps gradients too), or the model cannot run there (it makes a tensor of another
+        device in its forward), on the CPU, as without a GPU. Also why the probe cannot run, or None."""
         try:
-            return (*self._check(loaded, placement), placement)
+            return (*self._check(loaded, placement), placement, None)
         except Exception as exc:
-            from preclint.probe.device import is_out_of_memory
+            from preclint.probe.device import device_mismatch, is_out_of_memory
 
-            if placement is None or not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
+            if placement is None:
+                raise
+            mismatch = device_mismatch(exc)
+            if mismatch is None and not any(is_out_of_memory(e) for e in (exc, exc.__cause__, exc.__context__) if e):
                 raise
         import torch
 
         device = placement.device
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         report, graph, ctx = self._check(loaded, None)
+        if mismatch is not None:
+            return report, graph, ctx, None, _unplaced_note(device, mismatch)
         report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
-        return report, graph, ctx, None
+        return report, graph, ctx, None, None
+
+    def _probe(self, loaded, report, ctx, placement, part, unplaced: Optional[str]) -> None:
+        """The probe's measurements merged into ``report``; where the model cannot run on the probe's
+        device, one note that says why, and the check's findings and predictions as they are."""
+        from preclint.probe import probe_report
+        from preclint.probe.device import device_mismatch, select_device
+
+        if unplaced is None:
+            try:
+                probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
+                if ctx.training_reference is not None:  # --train: each precision's step, measured
+                    from preclint.probe.training import measure_training_into
+
+                    measure_training_into(report, loaded, ctx, self.probe.device, steps=self.options.steps)
+                return
+            except Exception as exc:
+                mismatch = device_mismatch(exc)
+                if mismatch is None:
+                    raise
+                unplaced = _unplaced_note(placement.device if placement is not None else select_device(self.probe.device),
+                                          mismatch)
+        report.notes = list(report.notes) + [unplaced]
 
     @long_lived_frozen()
     def _check(self, loaded, placement) -> Tuple[Report, Graph, RuleContext]:
@@ -511,6 +540,17 @@ class Session:
             yield loaded
 
 
+def _unplaced_note(device, reason: str) -> str:
+    if "backend" in reason:  # an op with no kernel there: int8 quantized layers on a GPU
+        why = "an op it runs has no kernel there"
+        fix = "`--probe cpu` measures it where its ops run"
+    else:
+        why = ("it makes or holds a tensor on another device in its forward (a torch.tensor(..., device=...) or "
+               ".to(...) of its own)")
+        fix = "`--probe cpu` measures it there, or make the tensor on the input's device (x.device)"
+    return f"probe: not run: the model cannot run on {device} ({reason}); {why}. The check above ran on the CPU; {fix}"
+
+
 def _model_file(target) -> Optional[str]:
     """The Python file a path names, with or without ``:attr``; None for a module path or a module."""
     if not isinstance(target, str):
@@ -531,6 +571,7 @@ def _built(module, inputs):
     from torch import nn
 
     from preclint.load.loader import LoadedModel
+    from preclint.load.model_classes import as_float32, from_torchscript, quantized_notes, unwrap_compiled
     from preclint.load.modelio import Inputs
 
     if not isinstance(module, nn.Module):
@@ -545,12 +586,17 @@ def _built(module, inputs):
         call = Inputs((), dict(inputs))
     else:
         call = Inputs((inputs,))
+    name = type(module).__name__
+    module, notes = unwrap_compiled(module, name)
+    module, script_notes = from_torchscript(module, call, name)
+    module, call, stored, dtype_notes = as_float32(module, call, name, in_place=False)
     try:
         source = inspect.getsourcefile(type(module))
     except (TypeError, OSError):
         source = None
-    return LoadedModel(module, call.args, type(module).__name__, os.path.abspath(source) if source else None,
-                       kwargs=call.kwargs)
+    return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
+                       kwargs=call.kwargs, notes=notes + script_notes + dtype_notes + quantized_notes(module, name),
+                       stored=stored)
 
 
 @contextlib.contextmanager

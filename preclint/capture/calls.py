@@ -17,6 +17,8 @@ def display_target(target: Any, call: str) -> str:
         return f"Tensor.{target}"
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__name__", str(target))
+    if module.startswith("torch._ops") and getattr(target, "_opname", None):  # torch.ops.aten.conv2d.default
+        return f"aten.{target._opname}"
     if module.startswith("torch.nn.functional"):
         return f"F.{name}"
     if module in ("_operator", "operator"):

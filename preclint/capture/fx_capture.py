@@ -140,6 +140,8 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
         owner_path, owner_cls = list(stack.values())[-1]
         owner_type = owner_cls if isinstance(owner_cls, str) else getattr(owner_cls, "__name__", str(owner_cls))
         owner_type = owner_type.rsplit(".", 1)[-1].strip("'>")
+    elif node.op == "call_function":
+        owner_path, owner_type = _weight_owner(gm, node, owner_path, owner_type)
     if node.op == "placeholder":
         return Node(node.name, Kind.INPUT, f"input:{node.target}", fn="input", location=location, stack=frames)
     if node.op == "output":
@@ -168,6 +170,20 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     return Node(node.name, kind, display_target(node.target, node.op), fn=fn, module_path=owner_path,
                 module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
                 scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
+
+
+def _weight_owner(gm: fx.GraphModule, node: fx.Node, path: str, type_name: str) -> Tuple[str, str]:
+    """The submodule whose weights a call reads where the graph records no module stack (a graph
+    of aten ops converted from TorchScript or exported: ``aten.conv2d(x, conv_weight, ...)`` is
+    ``conv``'s op); ``path`` and ``type_name`` where it reads none."""
+    for arg in node.args:
+        if isinstance(arg, fx.Node) and arg.op == "get_attr" and "." in str(arg.target):
+            owner = str(arg.target).rsplit(".", 1)[0]
+            try:
+                return owner, type(gm.get_submodule(owner)).__name__
+            except AttributeError:
+                return owner, type_name
+    return path, type_name
 
 
 def _builds_container(target: Any) -> bool:

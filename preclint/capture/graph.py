@@ -23,6 +23,7 @@ from preclint.capture.observer import Observer
 from preclint.capture.recorder import capture_function_mode
 from preclint.core.errors import UserError, one_line
 from preclint.core.ir import Graph
+from preclint.load.modelio import Inputs
 
 
 def capture(
@@ -52,6 +53,14 @@ def capture(
 
 def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph, Any]:
     notes: List[str] = []
+    if force != "function-mode" and Inputs.of(inputs).holds_objects():
+        # torch.fx would pass such an input as one opaque value and record its methods (a cache's
+        # update) as single calls: the ops inside them are seen by recording a run
+        if force == "fx":
+            raise UserError(f"torch.fx cannot trace {name}: an input is an object that holds tensors (a cache)")
+        notes.append("an input is an object that holds tensors (a cache), which torch.fx cannot see into; recorded "
+                     "the ops of one run instead")
+        force = "function-mode"
     if force != "function-mode":
         try:
             traced: list = []

@@ -138,7 +138,13 @@ def is_leaf_module(module) -> bool:
 
 
 def classify_module(module) -> Tuple[str, str]:
-    """(kind, fn) of a leaf module, by its class or the nearest known base class."""
+    """(kind, fn) of a leaf module, by its class or the nearest known base class; a quantized module
+    is no float op of its kind (no precision mode changes its int8 arithmetic): ``quantized_linear``."""
+    # (imported here: this module is read by torch-free analyses; a module to classify means torch is in)
+    from preclint.load.model_classes import is_quantized_module
+
+    if is_quantized_module(module):
+        return Kind.OTHER, "quantized_" + type(module).__name__.lower()
     for cls in type(module).__mro__:
         if cls.__name__ in _MODULE_KINDS:
             return _MODULE_KINDS[cls.__name__]
@@ -149,7 +155,9 @@ def function_name(target: Any) -> Tuple[str, bool]:
     """Canonical op name of a function or method target, and whether the call is in-place."""
     if target in _OPERATOR_NAMES:
         return _OPERATOR_NAMES[target], target in INPLACE_OPERATORS
-    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    # an aten overload (torch.ops.aten.conv2d.default, in exported and converted graphs) is named
+    # by its op, not its overload
+    name = target if isinstance(target, str) else getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
     if name in _DUNDER:
         return _DUNDER[name], name.startswith("__i")
     inplace = False

@@ -259,7 +259,8 @@ def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observ
     recorder = _Recorder(module, observer, locate)
     try:
         for name, value in inputs.named():
-            recorder.add_input(recorder._unique(name), value)
+            # an object that holds tensors (a KV cache) is its tensors, which the ops read
+            recorder.add_input(recorder._unique(name), output_tensors(value) if leaves(value) == [value] else value)
         try:
             with recorder, autocast_regions.recording():
                 output = inputs.call(module)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from preclint.core.errors import UserError
+from preclint.load.model_classes import is_torchscript
 from preclint.load.messages import located, quote, quoted_list
 from preclint.load.target import Origin
 
@@ -111,6 +112,8 @@ def require_initialised(label: str, module: nn.Module) -> None:
         if id(current) in seen:
             continue
         seen.add(id(current))
+        if is_torchscript(current):  # its submodules live in the TorchScript object, not in vars()
+            continue
         children = vars(current).get("_modules")
         if children is None:
             raise UserError(f"{label}: {type(current).__name__} was never initialised as an nn.Module "

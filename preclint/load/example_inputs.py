@@ -15,7 +15,7 @@ from preclint.core.errors import UserError
 from preclint.load.available_memory import format_bytes
 from preclint.load.input_specs import physical_memory
 from preclint.load.messages import located, quote
-from preclint.load.modelio import Inputs
+from preclint.load.modelio import Inputs, output_tensors
 from preclint.load.target import Origin
 
 # Module-level names with a meaning, in the order they are looked for.
@@ -127,9 +127,13 @@ class _InputWalk:
         if value is None or isinstance(value, _SCALAR_INPUTS):
             return
         if not isinstance(value, (dict, list, tuple)):
+            held = output_tensors(value)
+            if held:  # a container of tensors (a transformers Cache, a dataclass): they are inputs
+                self.nbytes += sum(t.numel() * t.element_size() for t in held)
+                return
             raise UserError(
                 f"{where} is {_a(type(value).__name__)}; an input is a Tensor, None, a number or a string, "
-                "or a list, tuple or dict of them"
+                "or a list, tuple, dict or object holding them (a transformers Cache)"
             )
         if id(value) in self.open:
             raise UserError(f"{where} is a {type(value).__name__} that holds itself; example inputs must be a tree")

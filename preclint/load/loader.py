@@ -29,6 +29,7 @@ from preclint.load.example_inputs import check_call_fits, inputs_from_code
 from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, check_unique_names, parse_dtype,
                                       parse_input, validate_shape)
 from preclint.load.messages import check_is_file, first_few
+from preclint.load.model_classes import as_float32, from_torchscript, quantized_notes, unwrap_compiled
 from preclint.load.modelio import Inputs
 from preclint.load.target import import_target
 from preclint.load.training import TrainingStep, training_step_from_code
@@ -46,6 +47,8 @@ class LoadedModel:
     kwargs: dict = field(default_factory=dict)  # keyword example inputs, in the same forms
     notes: list = field(default_factory=list)  # for the report: how generated inputs were drawn
     training: Optional[TrainingStep] = None  # --train: the loss, targets, optimizer and scaler of one step
+    # the reduced format the model is stored in ("bf16", "fp16"), checked as a float32 copy; "" for float32
+    stored: str = ""
 
     @property
     def inputs(self) -> Inputs:
@@ -99,6 +102,7 @@ def load_model(
         else:
             display_attr, module = find_model(origin, seed)
 
+        module, class_notes = unwrap_compiled(module, origin.label)
         require_initialised(origin.label, module)
         module.eval()
         if meta_tensors(module):
@@ -108,7 +112,7 @@ def load_model(
                                 "give the weights with --weights FILE (safetensors or a torch.save state dict)")
             load_weights(module, weights)
             weights = None
-        notes: List[str] = []
+        notes: List[str] = list(class_notes)
         if specs is not None:
             call = drawn_inputs(module, specs, seed, notes)
         else:
@@ -119,6 +123,10 @@ def load_model(
 
     if weights is not None:
         load_weights(module, weights)
+    module, script_notes = from_torchscript(module, call, origin.label)
+    notes.extend(script_notes)
+    module, call, stored, dtype_notes = as_float32(module, call, origin.label, in_place=True)
+    notes.extend(dtype_notes + quantized_notes(module, origin.label))
 
     return LoadedModel(
         module=module,
@@ -128,6 +136,7 @@ def load_model(
         source_path=origin.file_path or _defining_file(module),
         notes=notes,
         training=training,
+        stored=stored,
     )
 
 

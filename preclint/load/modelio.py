@@ -10,6 +10,7 @@ yields the tensors in pytree's order, so its numbering agrees with code that use
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from collections.abc import Mapping
@@ -40,15 +41,31 @@ class Inputs:
         return cls(tuple(value))
 
     def map(self, fn: Callable[[torch.Tensor], Any]) -> "Inputs":
-        """The same call with ``fn`` applied to every tensor, however deeply nested."""
-        args, kwargs = tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) else v, (list(self.args), self.kwargs))
+        """The same call with ``fn`` applied to every tensor, however deeply nested; an object that
+        holds tensors (a transformers ``Cache``) is copied with its tensors mapped."""
+        if not self.holds_objects():
+            args, kwargs = tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) else v, (list(self.args), self.kwargs))
+            return Inputs(tuple(args), dict(kwargs))
+        args, kwargs = _map_value((list(self.args), self.kwargs), fn, set())
         return Inputs(tuple(args), dict(kwargs))
 
     def tensors(self) -> List[torch.Tensor]:
-        return [v for v in tree_flatten((list(self.args), self.kwargs))[0] if isinstance(v, torch.Tensor)]
+        if not self.holds_objects():
+            return [v for v in tree_flatten((list(self.args), self.kwargs))[0] if isinstance(v, torch.Tensor)]
+        return [leaf for _, leaf in output_leaves((list(self.args), self.kwargs)) if isinstance(leaf, torch.Tensor)]
 
     def call(self, module: Callable[..., Any]) -> Any:
+        """``module`` called on these inputs; an object among them that the forward may change (a
+        KV cache it appends to) is a fresh copy at each call, so that every run sees the same inputs."""
+        if self.holds_objects():
+            fresh = self.map(lambda t: t)
+            return module(*fresh.args, **fresh.kwargs)
         return module(*self.args, **self.kwargs)
+
+    def holds_objects(self) -> bool:
+        """Whether an input is an object that holds tensors (a transformers Cache), not a tensor or a
+        container pytree knows."""
+        return any(_tensor_attributes(leaf, set()) for leaf in tree_flatten((list(self.args), self.kwargs))[0])
 
     def named(self) -> List[Tuple[str, Any]]:
         """(name, value) of each input that holds a tensor: keywords by their name, a lone positional
@@ -116,11 +133,15 @@ def output_leaves(value: Any, path: str = "") -> Iterator[Tuple[str, Any]]:
             yield from output_leaves(getattr(value, f.name), f"{path}.{f.name}")
     else:
         children = _pytree_children(value)
-        if children is None:
-            yield path, value
-        else:
+        attributes = _tensor_attributes(value, set()) if children is None else None
+        if children is not None:
             for i, item in enumerate(children):
                 yield from output_leaves(item, f"{path}[{i}]")
+        elif attributes:  # an object that holds tensors: a transformers Cache, its layers
+            for name, item in attributes.items():
+                yield from output_leaves(item, f"{path}.{name}")
+        else:
+            yield path, value
 
 
 def _pytree_children(value: Any):
@@ -128,6 +149,56 @@ def _pytree_children(value: Any):
 
     node = SUPPORTED_NODES.get(type(value))
     return None if node is None else list(node.flatten_fn(value)[0])
+
+
+# Objects are walked this many levels deep at most (a cache's layers' tensors are two levels down).
+_MAX_OBJECT_DEPTH = 4
+_NOT_CONTAINERS = (type, torch.nn.Module, torch.Tensor, torch.device, torch.dtype, bool, int, float, complex, str, bytes)
+
+
+def _tensor_attributes(value: Any, seen: set, depth: int = 0) -> Dict[str, Any]:
+    """The attributes of a plain object that hold tensors, directly or in lists, dicts and such
+    objects (a transformers ``DynamicCache``: its ``layers``, each with ``keys`` and ``values``);
+    {} for anything else (a module, a number, a type registered with pytree, an object without tensors)."""
+    if value is None or isinstance(value, _NOT_CONTAINERS) or depth > _MAX_OBJECT_DEPTH or id(value) in seen:
+        return {}
+    if isinstance(value, (Mapping, list, tuple)) or dataclasses.is_dataclass(value) or _pytree_children(value) is not None:
+        return {}
+    attributes = getattr(value, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return {}
+    seen = seen | {id(value)}
+    return {name: item for name, item in attributes.items() if not name.startswith("__") and _holds_tensors(item, seen, depth + 1)}
+
+
+def _holds_tensors(value: Any, seen: set, depth: int) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensors(v, seen, depth) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v, seen, depth) for v in value)
+    return bool(_tensor_attributes(value, seen, depth))
+
+
+def _map_value(value: Any, fn: Callable[[torch.Tensor], Any], seen: set) -> Any:
+    """``value`` with ``fn`` applied to each tensor: containers pytree knows rebuilt by pytree, an
+    object that holds tensors shallow-copied with those attributes mapped, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    from torch.utils._pytree import SUPPORTED_NODES
+
+    node = SUPPORTED_NODES.get(type(value))
+    if node is not None:
+        children, context = node.flatten_fn(value)
+        return node.unflatten_fn([_map_value(child, fn, seen) for child in children], context)
+    attributes = _tensor_attributes(value, seen)
+    if not attributes:
+        return value
+    fresh = copy.copy(value)
+    for name, item in attributes.items():
+        setattr(fresh, name, _map_value(item, fn, seen | {id(value)}))
+    return fresh
 
 
 def output_tensors(value: Any) -> List[torch.Tensor]:

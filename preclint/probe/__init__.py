@@ -446,7 +446,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
 def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
     (device_copy.py); None where the reference pass stays on the CPU."""
-    from preclint.probe.device import is_out_of_memory, release, select_device
+    from preclint.probe.device import device_mismatch, is_out_of_memory, release, select_device
     from preclint.probe.device_copy import place
 
     device = select_device(options.device)
@@ -456,6 +456,8 @@ def place_for_probe(loaded, options: ProbeOptions):
         if is_out_of_memory(exc):
             release(device)
             return None  # the reference pass on the CPU; the probe streams
+        if device_mismatch(exc) is not None:
+            return None  # the reference pass on the CPU; the probe says why it cannot run there
         raise UserError(f"{loaded.name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
 
 

@@ -10,6 +10,7 @@ new API set a value raises, so every flag is read defensively.
 from __future__ import annotations
 
 import platform
+import re
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Optional
 
@@ -116,6 +117,27 @@ def environment(device: torch.device, emulated: bool) -> Dict[str, Any]:
 def synchronize(device: Optional[torch.device]) -> None:
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# What torch says when one op gets tensors of two devices (a model that makes a CPU tensor in its
+# forward, run on a GPU), in its several wordings.
+_DEVICE_MISMATCH = re.compile(r"same device|found at least two devices|(is|are) on (cpu|cuda|meta)|expected .*device|"
+                              r"cuda\.\w*Tensor\) and .* should be the same|device type .* but got|"
+                              r"with arguments from the '\w+' backend", re.IGNORECASE)
+
+
+def device_mismatch(exc: BaseException) -> Optional[str]:
+    """The line torch gave where ``exc`` (or what caused it) is one op getting tensors of two
+    devices, or an op with no kernel on the device (an int8 quantized Linear on a GPU); None for any
+    other failure."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if isinstance(exc, (RuntimeError, ValueError, TypeError, NotImplementedError)) and _DEVICE_MISMATCH.search(text):
+            return text
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -6,8 +6,9 @@ workflow command."""
 from __future__ import annotations
 
 import io
+import re
 from itertools import groupby
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -46,6 +47,35 @@ def _figure_line(f) -> str:
         if text:
             parts.append(text)
     return ", ".join(parts)
+
+
+# An output's name in the table is at most this long: the head of the path, an ellipsis and its last
+# part in full (output['text_m…['last_hidden_state']), longer only where two would read alike.
+OUTPUT_LABEL_WIDTH = 36
+
+
+def output_labels(names: Sequence[str], width: int = OUTPUT_LABEL_WIDTH) -> Dict[str, str]:
+    """Each output's name as the table shows it: whole where it fits ``width``, else shortened from
+    the middle, keeping its last part (the key or index that tells it from its siblings); a name that
+    would read like another's keeps more of its head, up to all of it."""
+    labels: Dict[str, str] = {}
+    for name in names:
+        cut = width
+        while True:
+            label = _middle_cut(name, cut)
+            if label == name or not any(_middle_cut(other, cut) == label for other in names if other != name):
+                break
+            cut += 4
+        labels[name] = label
+    return labels
+
+
+def _middle_cut(name: str, width: int) -> str:
+    if len(name) <= width:
+        return name
+    parts = re.split(r"(?=\[|\.)", name)
+    tail = parts[-1] if len(parts) > 1 and len(parts[-1]) <= width - 8 else name[-(width // 2):]
+    return name[:width - len(tail) - 1] + "…" + tail
 
 
 def _measured_cell(entry, output: Optional[int] = None) -> str:
@@ -194,7 +224,9 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
         table.add_column("precision")
         several = any(entry.get("outputs") for entry in report.summary.values())
         if several:  # one row per output: each error relative to that output's own values
-            table.add_column("output")
+            # (each name shortened from its middle, where long, so that two outputs never read alike)
+            labels = output_labels(sorted({f["output"] for e in report.summary.values() for f in e.get("outputs") or ()}))
+            table.add_column("output", no_wrap=True, min_width=max(map(len, labels.values()), default=6))
         table.add_column("relative RMS", justify="right")
         table.add_column("max abs", justify="right")
         table.add_column("finite")
@@ -206,7 +238,7 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
             out = entry["predicted_output"]
             layers = ", ".join(f"{t['module']} {percent(t['share'])}" for t in entry.get("top_layers", [])[:3])
             for i, figure in enumerate(entry.get("outputs") or [dict(out, output="all")]):
-                row = [mode if i == 0 else ""] + ([figure["output"]] if several else [])
+                row = [mode if i == 0 else ""] + ([labels.get(figure["output"], figure["output"])] if several else [])
                 rel = sci(figure["rel_error"])
                 if entry.get("if_float32_kernels") and not several:  # tf32: the backend's kernels in float32
                     other = entry["if_float32_kernels"]["rel_error"]  # (predict/kernel_cases.py)

@@ -409,7 +409,7 @@ def test_example_inputs_of_the_wrong_kind(in_tmp):
     """)
     assert user_error("model.py") == (
         "model.py: example_inputs[1]['mask'] is a set; an input is a Tensor, None, a number or a string, "
-        "or a list, tuple or dict of them")
+        "or a list, tuple, dict or object holding them (a transformers Cache)")
 
 
 def test_unknown_dtype():
@@ -544,7 +544,7 @@ def test_example_input_array_follows_lightning(in_tmp):
      "model.py: example_inputs has the key 1; keyword inputs are named by strings"),
     ("example_inputs = ((torch.zeros(1, 2, dtype=torch.long),), {'mask': object()})",
      "model.py: example_inputs[1]['mask'] is an object; an input is a Tensor, None, a number or a string, "
-     "or a list, tuple or dict of them"),
+     "or a list, tuple, dict or object holding them (a transformers Cache)"),
     ("example_inputs = 3",
      "model.py: example_inputs is an int; expected a Tensor, a tuple of positional inputs, a dict of keyword "
      "inputs or (args, kwargs)"),

@@ -79,3 +79,41 @@ def test_the_tolerance_is_judged_on_each_output_at_its_own_scale():
     # the features' elements near zero fail: about a fifth (pooled with the scale of 14, it read 4%)
     fraction = float(finding.message.split("on about ")[1].split("%")[0])
     assert 10 < fraction < 30
+
+
+def test_output_names_are_shortened_from_the_middle_and_never_read_alike():
+    from preclint.report.console import output_labels
+
+    names = ["output['logits_per_image']", "output['logits_per_text']",
+             "output['text_model_output']['last_hidden_state']", "output['vision_model_output']['last_hidden_state']",
+             "output['text_model_output']['pooler_output']", "output['vision_model_output']['pooler_output']",
+             "output['x']['" + "a" * 50 + "1']", "output['x']['" + "a" * 50 + "2']"]
+    labels = output_labels(names)
+    assert len(set(labels.values())) == len(names)
+    assert labels["output['logits_per_text']"] == "output['logits_per_text']"
+    assert labels["output['vision_model_output']['last_hidden_state']"] == "output['vision…['last_hidden_state']"
+    assert all(label.endswith("1']") or label.endswith("2']") for name, label in labels.items() if "aaa" in name)
+
+
+class _SiglipLike(nn.Module):
+    """Two logits outputs whose names share their first 21 characters, as SigLIP's do."""
+
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Linear(16, 16)
+        self.text = nn.Linear(16, 16)
+
+    def forward(self, x):
+        image, text = self.image(x), self.text(x)
+        return {"logits_per_image": image @ text.T, "logits_per_text": text @ image.T,
+                "vision_model_output": {"last_hidden_state": image}, "text_model_output": {"last_hidden_state": text}}
+
+
+def test_a_narrow_console_prints_names_that_tell_the_outputs_apart():
+    from preclint.report.console import render
+
+    report, _, _ = check(_SiglipLike(), (torch.randn(4, 16),), precisions=("bf16",))
+    table = render(report, width=80)
+    for label in ("output['logits_per_image']", "output['logits_per_text']",
+                  "output['vision…['last_hidden_state']", "output['text_m…['last_hidden_state']"):
+        assert label in table
