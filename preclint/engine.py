@@ -534,7 +534,9 @@ class Session:
             with scaled_recipes(self.config.scaling):
                 yield self.load.load(target)
             return
-        loaded = _built(target, inputs)
+        from preclint.load.loader import loaded_from_module
+
+        loaded = loaded_from_module(target, inputs)
         loaded.training = self.training
         with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
@@ -563,40 +565,6 @@ def _model_file(target) -> Optional[str]:
 
 def _name_of(target) -> str:
     return target if isinstance(target, str) else type(target).__name__
-
-
-def _built(module, inputs):
-    """A model the caller built, as the loader would have given it: its inputs as one call, the file
-    that defines its class (where findings point)."""
-    from torch import nn
-
-    from preclint.load.loader import LoadedModel
-    from preclint.load.model_classes import as_float32, from_torchscript, quantized_notes, unwrap_compiled
-    from preclint.load.modelio import Inputs
-
-    if not isinstance(module, nn.Module):
-        raise UserError(f"expected a path or a torch.nn.Module, not a {type(module).__name__}")
-    if inputs is None:
-        raise UserError(f"{type(module).__name__}: give the inputs it is called with")
-    if isinstance(inputs, Inputs):
-        call = inputs
-    elif isinstance(inputs, (tuple, list)):
-        call = Inputs(tuple(inputs))
-    elif isinstance(inputs, dict):
-        call = Inputs((), dict(inputs))
-    else:
-        call = Inputs((inputs,))
-    name = type(module).__name__
-    module, notes = unwrap_compiled(module, name)
-    module, script_notes = from_torchscript(module, call, name)
-    module, call, stored, dtype_notes = as_float32(module, call, name, in_place=False)
-    try:
-        source = inspect.getsourcefile(type(module))
-    except (TypeError, OSError):
-        source = None
-    return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
-                       kwargs=call.kwargs, notes=notes + script_notes + dtype_notes + quantized_notes(module, name),
-                       stored=stored)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from preclint.load.target import import_target
 from preclint.load.training import TrainingStep, training_step_from_code
 from preclint.load.weights import load_weights
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "load_model", "loaded_from_module"]
 
 
 @dataclass
@@ -147,3 +147,31 @@ def _defining_file(module: nn.Module) -> Optional[str]:
     except (TypeError, OSError):
         return None
     return os.path.abspath(found) if found else None
+
+
+def loaded_from_module(module: nn.Module, inputs) -> LoadedModel:
+    """A model the caller built, as the loader would have given it: its inputs as one call, the file
+    that defines its class (where findings point)."""
+    if not isinstance(module, nn.Module):
+        raise UserError(f"expected a path or a torch.nn.Module, not a {type(module).__name__}")
+    if inputs is None:
+        raise UserError(f"{type(module).__name__}: give the inputs it is called with")
+    if isinstance(inputs, Inputs):
+        call = inputs
+    elif isinstance(inputs, (tuple, list)):
+        call = Inputs(tuple(inputs))
+    elif isinstance(inputs, dict):
+        call = Inputs((), dict(inputs))
+    else:
+        call = Inputs((inputs,))
+    name = type(module).__name__
+    module, notes = unwrap_compiled(module, name)
+    module, script_notes = from_torchscript(module, call, name)
+    module, call, stored, dtype_notes = as_float32(module, call, name, in_place=False)
+    try:
+        source = inspect.getsourcefile(type(module))
+    except (TypeError, OSError):
+        source = None
+    return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
+                       kwargs=call.kwargs, notes=notes + script_notes + dtype_notes + quantized_notes(module, name),
+                       stored=stored)
