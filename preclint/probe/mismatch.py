@@ -81,13 +81,13 @@ def _output_notes(ctx, mode: str, entry: Dict, measure) -> Optional[List[str]]:
         if 1 / FACTOR <= over <= FACTOR:
             continue
         text = f"probe: {mode} measured {figure.get('output')} with an error of {sci(m_err)} against {sci(p_err)} predicted ({_how(over)})"
-        reason = _output_reason(ctx, mode, entry, measure, figure.get("output"), predicted, over)
+        reason = _output_reason(ctx, mode, entry, measure, figure.get("output"), predicted, over=over)
         notes.append(text + (f"; likeliest reason: {reason}" if reason else "")
                      + ". The measured figure is this output's on this device.")
     return notes
 
 
-def _output_reason(ctx, mode: str, entry: Dict, measure, output: Optional[str], figures: List[Dict],
+def _output_reason(ctx, mode: str, entry: Dict, measure, output: Optional[str], figures: List[Dict], *,
                    over: float) -> Optional[str]:
     """Why one output's figures differ: it is a slice of a value whose error it is given; the float32
     kernels or the node the ledger blames among the ops it is computed from."""
