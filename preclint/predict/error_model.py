@@ -21,18 +21,21 @@ from preclint.predict.accumulation import terms_rms
 from preclint.predict.formats import input_formats, node_format
 from preclint.predict.local import local_error, result_rounding, rounding_terms
 from preclint.predict.range import mark_poles, overflows, reaching_absmax
+from preclint.predict.scaled import converted
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
 from preclint.reference.analyses.scaled_operands import ScaledOperands
+from preclint.reference.analyses.stored_parameters import StoredParameters
 from preclint.reference.analyses.received_gains import ReceivedGains
 from preclint.reference.analyses.terms import Terms
 
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
-PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains)
+PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
+                         StoredParameters)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -117,6 +120,10 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         # accumulating in float16 errs by the size of the terms, independently per output
         rel = terms["accumulation"] * (terms_rms(node) or node.out.rms) / node.out.rms
         total += rel**2 * gain_out
+    if "out_of_range_to_output" in terms and gains is None:
+        total += terms["out_of_range_to_output"]  # a coherent change, carried to the output as it is
+    elif "out_of_range" in terms:
+        total += terms["out_of_range"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
         total += terms["result_to_output"]
     elif "result" in terms:
@@ -198,6 +205,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        _out_of_range_parameters(node, mode, fmt, roundings[node.name], prediction.nodes[node.name])
         # (a scaled GEMM with an infinite scale computes NaN: PCL106)
         prediction.nodes[node.name].overflow |= math.isinf(prediction.nodes[node.name].local)
         if float32 and node.name not in float32 and node.params and not mode.autocast and fmt == getattr(mode.low, "name", ""):
@@ -256,6 +264,39 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     _predict_decisions(graph, prediction, roundings)
     _predict_received(graph, prediction, roundings)
     return prediction
+
+
+def stored_out_of_range(node: Node, mode: Mode, fmt: str):
+    """What storing the node's parameters in ``fmt`` changes beyond rounding (StoredParameters), where
+    ``mode`` stores them there: a cast model all of them; autocast a conv's or matmul's operands, which
+    it casts (its batch norms and other modules keep float32 buffers); else None."""
+    record = node.record(StoredParameters)
+    if record is None or mode.low is None or fmt != mode.low.name or fmt not in record.formats:
+        return None
+    if mode.autocast and node.kind not in DOT_PRODUCT_KINDS:
+        return None
+    if mode.recipe is not None and node.kind in DOT_PRODUCT_KINDS and converted(node, mode):
+        return None  # a scaled GEMM scales its weight into the element format's range instead
+    return record.formats[fmt]
+
+
+def _out_of_range_parameters(node: Node, mode: Mode, fmt: str, terms: Dict[str, float], p: NodePrediction) -> None:
+    """A finding's consequence in the numbers: parameters beyond the format's range (inf) or flushed to
+    0 change the node's output by the relative error the reference pass measured (StoredParameters),
+    an error of the result that the gains carry to the output like its rounding's; an output that
+    becomes inf or NaN makes the mode's output non-finite."""
+    consequence = stored_out_of_range(node, mode, fmt)
+    if consequence is None:
+        return
+    if consequence.nonfinite > 0 or not math.isfinite(consequence.rel_error):
+        p.overflow = True
+        return
+    if consequence.rel_error <= 0 or node.out is None:
+        return
+    terms["out_of_range"] = consequence.rel_error
+    if consequence.output_ms is not None:
+        terms["out_of_range_to_output"] = consequence.output_ms
+    p.local = math.hypot(p.local, consequence.rel_error * node.out.rms)
 
 
 def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
