@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
-from preclint.core.numerics import FORMATS, MODES, Mode, gaussian_max_factor
+from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, MODES, Mode, gaussian_max_factor
 from preclint.predict.accumulation import terms_rms
 from preclint.predict.formats import input_formats, node_format
 from preclint.predict.local import local_error, result_rounding, rounding_terms
@@ -27,6 +27,7 @@ from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
+from preclint.reference.analyses.recurrence import Recurrence
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.reference.analyses.stored_parameters import StoredParameters
 from preclint.reference.analyses.received_gains import ReceivedGains
@@ -35,7 +36,7 @@ from preclint.reference.analyses.terms import Terms
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
-                         StoredParameters)
+                         StoredParameters, Recurrence)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -124,6 +125,8 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         total += terms["out_of_range_to_output"]  # a coherent change, carried to the output as it is
     elif "out_of_range" in terms:
         total += terms["out_of_range"] ** 2 * gain_out
+    if "recurrence" in terms:  # the steps' roundings, as they reach this output of an RNN
+        total += terms["recurrence"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
         total += terms["result_to_output"]
     elif "result" in terms:
@@ -220,6 +223,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
+    owners = _recurrences(graph, mode, formats, roundings, prediction)
     mark_poles(graph, prediction, roundings)
 
     # the output's own values where the run recorded them (every tensor of a nested output), else
@@ -253,7 +257,8 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
             term = (rel * prediction.output_rms) ** 2
         if term <= 0:
             continue
-        terms[node.name] = term
+        owner = owners.get(node.name, node.name)  # (an RNN's steps' error counts as the RNN's)
+        terms[owner] = terms.get(owner, 0.0) + term
         variance = variance + term if have_gains else max(variance, term)
     # The model is linear in the errors, the real error is not: it saturates (SATURATION).
     prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
@@ -297,6 +302,52 @@ def _out_of_range_parameters(node: Node, mode: Mode, fmt: str, terms: Dict[str, 
     if consequence.output_ms is not None:
         terms["out_of_range_to_output"] = consequence.output_ms
     p.local = math.hypot(p.local, consequence.rel_error * node.out.rms)
+
+
+def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: Dict[str, Dict[str, float]],
+                 prediction: ModePrediction) -> Dict[str, str]:
+    """The error an RNN's steps accumulate (Recurrence), put on the values the model takes from its
+    outputs (its getitem nodes, whose gains carry it on), in place of the RNN's boundary roundings; returns
+    each such value's RNN."""
+    owners: Dict[str, str] = {}
+    for node in graph.nodes:
+        record = node.record(Recurrence)
+        rounded = roundings.get(node.name, {})
+        if record is None or ("operands" not in rounded and "result" not in rounded):
+            continue
+        fmt = FORMATS.get(formats[node.name])
+        stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
+        operand_u = C_INPUT * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
+        state_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0
+        if fmt is None:
+            continue
+        for taker in _takers(graph, node):
+            index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
+                          and s.rms == taker.out.rms), None)
+            if index is None:
+                continue
+            rel = record.relative(index, taker.out.rms, operand_u, state_u)
+            roundings[taker.name]["recurrence"] = rel
+            prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
+            owners[taker.name] = node.name
+        rounded.pop("operands", None)  # (the steps' operands and states include the boundary's)
+        rounded.pop("result", None)
+    return owners
+
+
+def _takers(graph: Graph, node: Node) -> List[Node]:
+    """The nodes that take one tensor of ``node``'s tuple output (``out[1][0]``: two getitems deep)."""
+    found, frontier = [], [node.name]
+    for _ in range(2):
+        nxt = []
+        for n in graph.nodes:
+            if n.fn == "getitem" and n.inputs and n.inputs[0] in frontier:
+                if len(n.outputs) == 1 and n.out is not None and n.out.is_float:
+                    found.append(n)
+                else:
+                    nxt.append(n.name)
+        frontier = nxt
+    return found
 
 
 def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
