@@ -64,6 +64,9 @@ class NodePrediction:
     disagreement: Optional[float] = None
     # amplifiers (ReceivedGains): input node -> the relative RMS error it reaches the node with
     inputs_received: Dict[str, float] = field(default_factory=dict)
+    # amplifiers (ReceivedGains.leaving): the relative RMS error of its result from every rounding
+    # upstream, along every path (its own rounding apart)
+    leaving: Optional[float] = None
 
 
 @dataclass
@@ -362,6 +365,10 @@ def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[
                 continue
             error = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
             prediction.nodes[node.name].inputs_received[name] = error / value.rms
+        if toward.leaving and node.out is not None and node.out.rms > 0:
+            error = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in toward.leaving.items()
+                                  if n in roundings and n != node.name))
+            prediction.nodes[node.name].leaving = error / node.out.rms
 
 
 def module_calls(graph: Graph) -> Dict[str, str]:
