@@ -246,7 +246,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
 
     have_gains = any(n.record(Gains) is not None for n in graph.nodes)
-    variance = 0.0
+    variance = changed = 0.0
     terms: Dict[str, float] = {}
     for node in graph.nodes:
         if not roundings[node.name]:
@@ -260,11 +260,15 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
             term = (rel * prediction.output_rms) ** 2
         if term <= 0:
             continue
+        if have_gains and "out_of_range" in roundings[node.name]:
+            changed += propagated_error(node, {k: v for k, v in roundings[node.name].items() if k.startswith("out_of_range")}, None)
         owner = owners.get(node.name, node.name)  # (an RNN's steps' error counts as the RNN's)
         terms[owner] = terms.get(owner, 0.0) + term
         variance = variance + term if have_gains else max(variance, term)
-    # The model is linear in the errors, the real error is not: it saturates (SATURATION).
-    prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
+    # The model is linear in the errors, the real error is not: it saturates (SATURATION). A change of
+    # the function itself (parameters out of the format's range) is not bound by the output's RMS: a
+    # bounded output of small RMS (sigmoid probabilities near 0) that becomes 0.5 errs by more.
+    prediction.output_error = min(math.sqrt(variance), max(SATURATION * prediction.output_rms, math.sqrt(changed)))
     if variance > 0 and have_gains:
         prediction.contributions = {name: term / variance for name, term in terms.items()}
         prediction.layers = module_calls(graph)
