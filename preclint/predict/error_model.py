@@ -128,6 +128,8 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         total += terms["out_of_range_to_output"]  # a coherent change, carried to the output as it is
     elif "out_of_range" in terms:
         total += terms["out_of_range"] ** 2 * gain_out
+    if "recurrence_to_output" in terms and gains is None:  # an RNN's steps' roundings, carried to the output
+        total += terms["recurrence_to_output"]
     if "recurrence" in terms:  # the steps' roundings, as they reach this output of an RNN
         total += terms["recurrence"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
@@ -324,17 +326,21 @@ def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: D
             continue
         fmt = FORMATS.get(formats[node.name])
         stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
-        operand_u = C_INPUT * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
+        operand_u = C_INPUT / math.sqrt(2.0) * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
         state_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0
         if fmt is None:
             continue
+        if record.to_output is not None:  # the model's own gradients carried through the steps
+            activations, states, weights = record.to_output
+            rounded["recurrence_to_output"] = operand_u**2 * (activations + weights) + state_u**2 * states
         for taker in _takers(graph, node):
             index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
                           and s.rms == taker.out.rms), None)
             if index is None:
                 continue
             rel = record.relative(index, taker.out.rms, operand_u, state_u)
-            roundings[taker.name]["recurrence"] = rel
+            if record.to_output is None:
+                roundings[taker.name]["recurrence"] = rel
             prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
             owners[taker.name] = node.name
         rounded.pop("operands", None)  # (the steps' operands and states include the boundary's)

@@ -6,19 +6,20 @@ A module boundary sees none of it: rounding only the RNN's input and output pred
 3-layer LSTM (Resemblyzer's speaker encoder) 3-16x under the measured error. Here the reference pass
 reruns the module step by step in float64 (measure/recurrent.py) and weighs each step's roundings by
 their gradients from each of the module's outputs, along PROBES random directions: the gain of a
-relative error of every gate pre-activation's terms (operand rounding, C_INPUT u), and of every stored
-state (C_OUTPUT u), summed over the steps, which is the per-step amplification by the recurrence's
+relative error of every gate pre-activation's terms (its activation operand's rounding), of every
+weight (rounded once, the same error at every step: coherent over the steps) and of every stored state
+(C_OUTPUT u), summed over the steps, which is the per-step amplification by the recurrence's
 Jacobian taken over the whole sequence. The error model multiplies them by the mode's u
 (predict/error_model.py) and carries the outputs' errors on through the model's gains.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 from preclint.capture.observer import Call
 from preclint.core.ir import Node
-from preclint.reference.analyses import ForwardAnalysis
+from preclint.reference.analyses import GradientAnalysis, GradientListener
 
 PROBES = 2  # random directions per output of the module
 
@@ -32,26 +33,64 @@ class Recurrence:
     steps: int
     operands: Dict[int, float] = field(default_factory=dict)
     states: Dict[int, float] = field(default_factory=dict)
+    # a unit relative error of every weight element, the same at every step: it adds up coherently over
+    # the steps (a trained integrator's sum of a systematic error), which the weights' gradients, summed
+    # over the steps by the backward pass, weigh
+    weights: Dict[int, float] = field(default_factory=dict)
+    # (activations, states, weights) as the model's output feels them: the main backward pass's gradients
+    # of the RNN's outputs carried through its steps, per output element of the model (None where
+    # the pass did not reach the RNN's outputs); as the sums above, times the roundings' squares
+    to_output: Optional[Tuple[float, float, float]] = None
 
     def relative(self, index: int, rms: float, operand_u: float, state_u: float) -> float:
-        """The relative RMS error of output ``index`` (of RMS ``rms``) with the operands rounded at
-        ``operand_u`` (C_INPUT u) and the states at ``state_u`` (C_OUTPUT u; 0 where stored exactly)."""
+        """The relative RMS error of output ``index`` (of RMS ``rms``) with each GEMM operand rounded at
+        ``operand_u`` (C_INPUT u / sqrt 2: the activations every step, the weights once) and the states at
+        ``state_u`` (C_OUTPUT u; 0 where stored exactly)."""
         if rms <= 0 or index not in self.operands:
             return 0.0
-        return (operand_u**2 * self.operands[index] + state_u**2 * self.states.get(index, 0.0)) ** 0.5 / rms
+        operands = self.operands[index] + self.weights.get(index, 0.0)
+        return (operand_u**2 * operands + state_u**2 * self.states.get(index, 0.0)) ** 0.5 / rms
 
 
-class RecurrenceAnalysis(ForwardAnalysis):
+class _Unrolled:
+    """One RNN call rerun step by step in float64 with autograd: its outputs and the values whose
+    rounding is weighed (pre-activations with their terms, states, weight matrices)."""
+
+    def __init__(self, node: Node, outputs, keep, matrices) -> None:
+        self.node, self.outputs, self.keep, self.matrices = node, outputs, keep, matrices
+        self.values = keep.pre + keep.states + matrices
+        self.cotangents: List[Dict[int, object]] = []  # per direction of the main pass: output index -> gradient
+
+    def sums(self, cotangents) -> Tuple[float, float, float]:
+        """(activations, states, weights): the squared gradients times the rounded values, from the
+        outputs with ``cotangents`` (index -> gradient)."""
+        import torch
+
+        roots = [self.outputs[i] for i in cotangents]
+        grads = torch.autograd.grad(roots, self.values, list(cotangents.values()), retain_graph=True, allow_unused=True)
+        n_pre, n_states = len(self.keep.pre), len(self.keep.states)
+        operands = sum(float((g * t).pow(2).sum()) for g, t in zip(grads[:n_pre], self.keep.terms) if g is not None)
+        states = sum(float((g * v.detach()).pow(2).sum())
+                     for g, v in zip(grads[n_pre:n_pre + n_states], self.keep.states) if g is not None)
+        weights = sum(float((g * w.detach()).pow(2).sum())
+                      for g, w in zip(grads[n_pre + n_states:], self.matrices) if g is not None)
+        return operands, states, weights
+
+
+class RecurrenceAnalysis(GradientAnalysis, GradientListener):
     record = Recurrence
 
-    def observe(self, node: Node, call: Call) -> None:
+    def __init__(self) -> None:
+        self._unrolled: List[_Unrolled] = []
+
+    def watch(self, node: Node, call: Call) -> list:
         import torch
 
         from preclint.measure.recurrent import Steps, run_steps, steppable
 
         module = call.callee
         if not isinstance(module, torch.nn.Module) or not steppable(module, call.args):
-            return
+            return []
 
         def double(value):
             return value.detach().double() if isinstance(value, torch.Tensor) else value
@@ -64,22 +103,52 @@ class RecurrenceAnalysis(ForwardAnalysis):
         with torch.enable_grad():
             output = run_steps(module, x, hx, keep=keep, terms=True, weights=weights)
             outputs = [output[0]] + (list(output[1]) if isinstance(output[1], tuple) else [output[1]])
+            unrolled = _Unrolled(node, outputs, keep, [w for name, w in weights.items() if name.startswith("weight")])
             generator = torch.Generator().manual_seed(0)
             record = Recurrence(steps=x.shape[1] if module.batch_first and x.dim() == 3 else x.shape[0])
-            values = keep.pre + keep.states
             for index, value in enumerate(outputs):
                 if value is None or not value.requires_grad or not value.numel():
                     continue
-                operands = states = 0.0
+                totals = [0.0, 0.0, 0.0]
                 for _ in range(PROBES):
                     v = torch.randn(value.shape, generator=generator, dtype=value.dtype)
-                    grads = torch.autograd.grad(value, values, v, retain_graph=True, allow_unused=True)
-                    for g, terms in zip(grads[:len(keep.pre)], keep.terms):
-                        if g is not None:
-                            operands += float((g * terms).pow(2).sum())
-                    for g, state in zip(grads[len(keep.pre):], keep.states):
-                        if g is not None:
-                            states += float((g * state.detach()).pow(2).sum())
+                    totals = [a + b for a, b in zip(totals, unrolled.sums({index: v}))]
                 units = value.numel() * PROBES
-                record.operands[index], record.states[index] = operands / units, states / units
+                record.operands[index], record.states[index], record.weights[index] = (t / units for t in totals)
         node.put(record)
+        self._unrolled.append(unrolled)
+        return []
+
+    def listen(self, passes):
+        return self if self._unrolled else None
+
+    def on_grad(self, name: str, value, grad) -> None:
+        """The main pass's gradient of a value that is one of an RNN's outputs (the model takes it with
+        a getitem): kept, per direction, to carry through the RNN's steps."""
+        if grad is None:
+            return
+        for unrolled in self._unrolled:
+            for index, mine in enumerate(unrolled.outputs):
+                if mine is None or tuple(mine.shape) != tuple(value.shape):
+                    continue
+                reference = mine.detach()
+                scale = float(reference.abs().max()) or 1.0
+                if float((value.detach().double() - reference).abs().max()) > 1e-5 * scale:
+                    continue
+                # (a gradient for an output already heard in this direction starts the next direction)
+                if not unrolled.cotangents or index in unrolled.cotangents[-1]:
+                    unrolled.cotangents.append({})
+                unrolled.cotangents[-1][index] = grad.detach().double()
+                return
+
+    def finish(self, graph, passes) -> None:
+        run = passes.main() if self._unrolled else None
+        for unrolled in self._unrolled:
+            record = unrolled.node.record(Recurrence)
+            if run is None or record is None or not unrolled.cotangents:
+                continue
+            totals = [0.0, 0.0, 0.0]
+            for cotangents in unrolled.cotangents:
+                totals = [a + b for a, b in zip(totals, unrolled.sums(cotangents))]
+            record.to_output = tuple(t / run.units for t in totals)
+        self._unrolled.clear()

@@ -83,7 +83,10 @@ rounding upstream is then no longer ordinary: a float16 error of 5e-4 becomes 1e
 small value magnifies what its divisor's producer got wrong, and preclint reports it there. preclint
 reads each op's amplification from the gradients of the reference pass (how much more the output
 depends on the op's inputs than on its result) and names the upstream layers whose error is
-magnified.
+magnified. The error leaving the op is weighed along every path from every rounding (a difference of
+two elements of one cumulative sum shares, and cancels, the prefix's error), and the finding is a
+warning only where that error makes a third or more of the predicted output error (information
+otherwise: the op amplifies, the output does not feel it).
 """
     example = """
 scores = q @ k.transpose(-2, -1)     # all about 150, differences about 3 (a shared component)
