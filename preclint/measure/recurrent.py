@@ -20,12 +20,10 @@ RECURRENT_TYPES = (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN)
 
 @dataclass
 class Steps:
-    """What a stepped run kept, per layer, direction and step, where asked (``keep``): the gate
-    pre-activations before the states (``pre``: the input's and the state's products, separately), the
-    terms of those products (sqrt(sum_k (a_k w_k)^2)) and the stored states (h, and c for an LSTM)."""
+    """What a stepped run kept, where asked (``keep``): each layer's input (the operand its input GEMM
+    reads) and, per layer, direction and step, the stored states (h, and c for an LSTM)."""
 
-    pre: List[torch.Tensor] = field(default_factory=list)
-    terms: List[torch.Tensor] = field(default_factory=list)
+    inputs: List[torch.Tensor] = field(default_factory=list)
     states: List[torch.Tensor] = field(default_factory=list)
 
 
@@ -38,11 +36,10 @@ def steppable(module: torch.nn.Module, args: tuple) -> bool:
 
 
 def run_steps(module: torch.nn.Module, x: torch.Tensor, hx=None, store: Callable = lambda t: t,
-              keep: Optional[Steps] = None, terms: bool = False, weights: Optional[dict] = None):
+              keep: Optional[Steps] = None, weights: Optional[dict] = None):
     """``module``'s output for input ``x`` (and initial state ``hx``) computed step by step in x's dtype,
     each stored state passed through ``store``; returns what the module returns. ``weights``: tensors
-    to use instead of the module's own, by name; ``keep``: where to keep each step's values (with
-    their products' terms where ``terms``)."""
+    to use instead of the module's own, by name; ``keep``: where to keep the values whose rounding counts."""
     def weight(name):
         return weights[name] if weights is not None and name in weights else getattr(module, name, None)
 
@@ -64,6 +61,8 @@ def run_steps(module: torch.nn.Module, x: torch.Tensor, hx=None, store: Callable
     layer_input = x
     last_h, last_c = [], []
     for layer in range(module.num_layers):
+        if keep is not None:
+            keep.inputs.append(layer_input)
         outputs = []
         for direction in range(directions):
             suffix = f"_l{layer}" + ("_reverse" if direction else "")
@@ -77,16 +76,11 @@ def run_steps(module: torch.nn.Module, x: torch.Tensor, hx=None, store: Callable
             h = h0[index].to(x.dtype)
             c = c0[index].to(x.dtype) if lstm else None
             from_input = torch.nn.functional.linear(layer_input, w_ih, b_ih)
-            input_terms = torch.nn.functional.linear(layer_input.pow(2), w_ih.pow(2)) if terms else None
             order = range(steps - 1, -1, -1) if direction else range(steps)
             out = [None] * steps
             for t in order:
                 gi = from_input[t]
                 gh = torch.nn.functional.linear(h, w_hh, b_hh)
-                if keep is not None:
-                    keep.pre += [gi, gh]
-                    if terms:
-                        keep.terms += [input_terms[t].sqrt(), torch.nn.functional.linear(h.pow(2), w_hh.pow(2)).sqrt()]
                 h, c = _cell(module, gi, gh, h, c)
                 h = store(h)
                 c = store(c) if c is not None else None

@@ -331,8 +331,7 @@ def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: D
         if fmt is None:
             continue
         if record.to_output is not None:  # the model's own gradients carried through the steps
-            activations, states, weights = record.to_output
-            rounded["recurrence_to_output"] = operand_u**2 * (activations + weights) + state_u**2 * states
+            rounded["recurrence_to_output"] = record.combined(record.to_output, operand_u, state_u)
         for taker in _takers(graph, node):
             index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
                           and s.rms == taker.out.rms), None)

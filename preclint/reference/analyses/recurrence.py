@@ -4,11 +4,11 @@ every step's error into the later states, amplifying or damping it step after st
 
 A module boundary sees none of it: rounding only the RNN's input and output predicted a trained
 3-layer LSTM (Resemblyzer's speaker encoder) 3-16x under the measured error. Here the reference pass
-reruns the module step by step in float64 (measure/recurrent.py) and weighs each step's roundings by
-their gradients from each of the module's outputs, along PROBES random directions: the gain of a
-relative error of every gate pre-activation's terms (its activation operand's rounding), of every
-weight (rounded once, the same error at every step: coherent over the steps) and of every stored state
-(C_OUTPUT u), summed over the steps, which is the per-step amplification by the recurrence's
+reruns the module step by step in float64 (measure/recurrent.py) and weighs each rounding by its
+gradients, from the model's output (the main backward pass's gradients of the RNN's outputs, carried
+through the steps) and from each of the module's outputs along PROBES random directions: the gain of
+a relative error of each layer's input, of every stored state and of every weight (rounded once, the
+same error at every step: coherent over the steps), summed over the steps, which is the per-step amplification by the recurrence's
 Jacobian taken over the whole sequence. The error model multiplies them by the mode's u
 (predict/error_model.py) and carries the outputs' errors on through the model's gains.
 """
@@ -27,54 +27,61 @@ PROBES = 2  # random directions per output of the module
 @dataclass
 class Recurrence:
     """Per output of the module (its flattened tensors: output, h_n, c_n), the mean-square error per
-    element that a unit relative error of the steps' product terms (``operands``) and of their stored
-    states (``states``) puts on it, summed over the steps; and the sequence length."""
+    element that a unit relative error puts on it, summed over the steps: of the first layer's input
+    (``inputs``), of the later layers' inputs (``later_inputs``: the states below, which a cast
+    format stores already rounded and TF32 rounds as the GEMM reads them), of the stored states
+    (``states``) and of the weights (``weights``: rounded once, the same error at every step, so it
+    adds up coherently over the steps, as a trained integrator sums a systematic error); and the
+    sequence length."""
 
     steps: int
-    operands: Dict[int, float] = field(default_factory=dict)
+    inputs: Dict[int, float] = field(default_factory=dict)
+    later_inputs: Dict[int, float] = field(default_factory=dict)
     states: Dict[int, float] = field(default_factory=dict)
-    # a unit relative error of every weight element, the same at every step: it adds up coherently over
-    # the steps (a trained integrator's sum of a systematic error), which the weights' gradients, summed
-    # over the steps by the backward pass, weigh
     weights: Dict[int, float] = field(default_factory=dict)
-    # (activations, states, weights) as the model's output feels them: the main backward pass's gradients
-    # of the RNN's outputs carried through its steps, per output element of the model (None where
-    # the pass did not reach the RNN's outputs); as the sums above, times the roundings' squares
-    to_output: Optional[Tuple[float, float, float]] = None
+    # the same four as the model's output feels them: the main backward pass's gradients of the RNN's
+    # outputs carried through its steps, per output element of the model (None where the pass did
+    # not reach the RNN's outputs)
+    to_output: Optional[Tuple[float, float, float, float]] = None
+
+    @staticmethod
+    def combined(sums, operand_u: float, state_u: float) -> float:
+        """The mean-square error from ``sums`` (first input, later inputs, states, weights) with each
+        GEMM operand rounded at ``operand_u`` (C_INPUT u / sqrt 2) and the states stored at ``state_u``
+        (C_OUTPUT u, or 0 where they stay float32 and the GEMMs round them as operands instead)."""
+        first, later, states, weights = sums
+        if state_u:
+            return operand_u**2 * (first + weights) + state_u**2 * states
+        return operand_u**2 * (first + later + weights + states)
 
     def relative(self, index: int, rms: float, operand_u: float, state_u: float) -> float:
-        """The relative RMS error of output ``index`` (of RMS ``rms``) with each GEMM operand rounded at
-        ``operand_u`` (C_INPUT u / sqrt 2: the activations every step, the weights once) and the states at
-        ``state_u`` (C_OUTPUT u; 0 where stored exactly)."""
-        if rms <= 0 or index not in self.operands:
+        """The relative RMS error of output ``index`` (of RMS ``rms``)."""
+        if rms <= 0 or index not in self.inputs:
             return 0.0
-        operands = self.operands[index] + self.weights.get(index, 0.0)
-        return (operand_u**2 * operands + state_u**2 * self.states.get(index, 0.0)) ** 0.5 / rms
+        sums = (self.inputs[index], self.later_inputs[index], self.states[index], self.weights[index])
+        return self.combined(sums, operand_u, state_u) ** 0.5 / rms
 
 
 class _Unrolled:
     """One RNN call rerun step by step in float64 with autograd: its outputs and the values whose
-    rounding is weighed (pre-activations with their terms, states, weight matrices)."""
+    rounding is weighed (each layer's input, the states, the weight matrices)."""
 
     def __init__(self, node: Node, outputs, keep, matrices) -> None:
         self.node, self.outputs, self.keep, self.matrices = node, outputs, keep, matrices
-        self.values = keep.pre + keep.states + matrices
+        self.values = keep.inputs + keep.states + matrices
         self.cotangents: List[Dict[int, object]] = []  # per direction of the main pass: output index -> gradient
 
-    def sums(self, cotangents) -> Tuple[float, float, float]:
-        """(activations, states, weights): the squared gradients times the rounded values, from the
-        outputs with ``cotangents`` (index -> gradient)."""
+    def sums(self, cotangents) -> Tuple[float, float, float, float]:
+        """(first input, later inputs, states, weights): the squared gradients times the values whose
+        rounding is weighed, from the outputs with ``cotangents`` (index -> gradient)."""
         import torch
 
         roots = [self.outputs[i] for i in cotangents]
         grads = torch.autograd.grad(roots, self.values, list(cotangents.values()), retain_graph=True, allow_unused=True)
-        n_pre, n_states = len(self.keep.pre), len(self.keep.states)
-        operands = sum(float((g * t).pow(2).sum()) for g, t in zip(grads[:n_pre], self.keep.terms) if g is not None)
-        states = sum(float((g * v.detach()).pow(2).sum())
-                     for g, v in zip(grads[n_pre:n_pre + n_states], self.keep.states) if g is not None)
-        weights = sum(float((g * w.detach()).pow(2).sum())
-                      for g, w in zip(grads[n_pre + n_states:], self.matrices) if g is not None)
-        return operands, states, weights
+        n_inputs, n_states = len(self.keep.inputs), len(self.keep.states)
+        weighed = [float((g * v.detach()).pow(2).sum()) if g is not None else 0.0 for g, v in zip(grads, self.values)]
+        return (weighed[0], sum(weighed[1:n_inputs]), sum(weighed[n_inputs:n_inputs + n_states]),
+                sum(weighed[n_inputs + n_states:]))
 
 
 class RecurrenceAnalysis(GradientAnalysis, GradientListener):
@@ -95,13 +102,13 @@ class RecurrenceAnalysis(GradientAnalysis, GradientListener):
         def double(value):
             return value.detach().double() if isinstance(value, torch.Tensor) else value
 
-        x = double(call.args[0])
+        x = double(call.args[0]).requires_grad_(True)
         hx = call.args[1] if len(call.args) > 1 else call.kwargs.get("hx")
         hx = tuple(double(h) for h in hx) if isinstance(hx, (tuple, list)) else double(hx)
         weights = {name: p.detach().double().requires_grad_(True) for name, p in module.named_parameters(recurse=False)}
         keep = Steps()
         with torch.enable_grad():
-            output = run_steps(module, x, hx, keep=keep, terms=True, weights=weights)
+            output = run_steps(module, x, hx, keep=keep, weights=weights)
             outputs = [output[0]] + (list(output[1]) if isinstance(output[1], tuple) else [output[1]])
             unrolled = _Unrolled(node, outputs, keep, [w for name, w in weights.items() if name.startswith("weight")])
             generator = torch.Generator().manual_seed(0)
@@ -109,12 +116,14 @@ class RecurrenceAnalysis(GradientAnalysis, GradientListener):
             for index, value in enumerate(outputs):
                 if value is None or not value.requires_grad or not value.numel():
                     continue
-                totals = [0.0, 0.0, 0.0]
+                totals = [0.0, 0.0, 0.0, 0.0]
                 for _ in range(PROBES):
                     v = torch.randn(value.shape, generator=generator, dtype=value.dtype)
                     totals = [a + b for a, b in zip(totals, unrolled.sums({index: v}))]
                 units = value.numel() * PROBES
-                record.operands[index], record.states[index], record.weights[index] = (t / units for t in totals)
+                first, later, states, weights = (t / units for t in totals)
+                record.inputs[index], record.later_inputs[index] = first, later
+                record.states[index], record.weights[index] = states, weights
         node.put(record)
         self._unrolled.append(unrolled)
         return []
@@ -147,7 +156,7 @@ class RecurrenceAnalysis(GradientAnalysis, GradientListener):
             record = unrolled.node.record(Recurrence)
             if run is None or record is None or not unrolled.cotangents:
                 continue
-            totals = [0.0, 0.0, 0.0]
+            totals = [0.0, 0.0, 0.0, 0.0]
             for cotangents in unrolled.cotangents:
                 totals = [a + b for a, b in zip(totals, unrolled.sums(cotangents))]
             record.to_output = tuple(t / run.units for t in totals)
