@@ -25,6 +25,7 @@ from preclint.predict.scaled import converted
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
+from preclint.reference.analyses.exact_rounding import ExactRounding
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
 from preclint.reference.analyses.recurrence import Recurrence
@@ -36,7 +37,7 @@ from preclint.reference.analyses.terms import Terms
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
-                         StoredParameters, Recurrence)
+                         StoredParameters, Recurrence, ExactRounding)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
