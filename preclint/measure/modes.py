@@ -38,6 +38,7 @@ import torch
 from preclint.capture import ops
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.core.kernels import FLOAT32, conv_kernel, product_kernel
+from preclint.measure.recurrent import RECURRENT_TYPES, run_steps, steppable, stored_in
 from preclint.load.modelio import Inputs
 from preclint.core.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
 from preclint.measure.backends import tf32
@@ -445,6 +446,7 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             return change
         return lambda module, pname, t: change(module, pname, t) if id(module) in inside else None
 
+    elsewhere: set = set()
     scaled = set() if mode.recipe is None else {id(m) for m in model32.modules() if converts(m, mode.recipe)}
     with torch.no_grad():
         if not emulated and mode.recipe is not None:
@@ -478,6 +480,9 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
             low_params = frozenset(id(t) for t in list(variant.parameters()) + list(variant.buffers()) if t.is_floating_point())
             inputs = _cast_inputs(inputs32, low)
+    if emulated and low is not None:
+        elsewhere = elsewhere if mode.autocast else set()
+        _step_recurrences(model32, variant, low, lambda path, m: path not in elsewhere and (inside is None or id(m) in inside))
     if mode.recipe is not None:  # the layers the recipe converts run as its scaled GEMMs
         backend = gemm_backend(mode.recipe, device, emulated)
         within = None if inside is None else {id(m) for path, m in variant.named_modules()
@@ -499,6 +504,24 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
     run.original_tensors = kept(("tensors", variant, model32), lambda: _tensor_map(variant, model32))
     run.reference_tensors = run.original_tensors
     return run
+
+
+def _step_recurrences(model32: torch.nn.Module, variant: torch.nn.Module, low: torch.dtype, applies) -> None:
+    """The emulated mode's LSTM, GRU and RNN modules (``applies(path, float32 module)``) compute step by step
+    and store their states in ``low`` after each step, as the reduced-precision kernels do
+    (measure/recurrent.py); a module the copy shares with the float32 model is left as it is."""
+    originals = dict(model32.named_modules())
+    for path, module in variant.named_modules():
+        original = originals.get(path)
+        if type(module) not in RECURRENT_TYPES or original is None or original is module or not applies(path, original):
+            continue
+
+        def forward(input, hx=None, _module=module):
+            if not steppable(_module, (input,)):
+                return type(_module).forward(_module, input, hx)
+            return run_steps(_module, input, hx, store=stored_in(low))
+
+        module.forward = forward
 
 
 def _variant(stream, model: torch.nn.Module, change) -> torch.nn.Module:

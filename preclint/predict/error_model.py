@@ -16,23 +16,28 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
-from preclint.core.numerics import FORMATS, MODES, Mode, gaussian_max_factor
+from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, MODES, Mode, gaussian_max_factor
 from preclint.predict.accumulation import terms_rms
 from preclint.predict.formats import input_formats, node_format
 from preclint.predict.local import local_error, result_rounding, rounding_terms
 from preclint.predict.range import mark_poles, overflows, reaching_absmax
+from preclint.predict.scaled import converted
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
+from preclint.reference.analyses.exact_rounding import ExactRounding
 from preclint.reference.analyses.gains import Gains
 from preclint.reference.analyses.reach import Reach
+from preclint.reference.analyses.recurrence import Recurrence
 from preclint.reference.analyses.scaled_operands import ScaledOperands
+from preclint.reference.analyses.stored_parameters import StoredParameters
 from preclint.reference.analyses.received_gains import ReceivedGains
 from preclint.reference.analyses.terms import Terms
 
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
-PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains)
+PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
+                         StoredParameters, Recurrence, ExactRounding)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -60,6 +65,9 @@ class NodePrediction:
     disagreement: Optional[float] = None
     # amplifiers (ReceivedGains): input node -> the relative RMS error it reaches the node with
     inputs_received: Dict[str, float] = field(default_factory=dict)
+    # amplifiers (ReceivedGains.leaving): the relative RMS error of its result from every rounding
+    # upstream, along every path (its own rounding apart)
+    leaving: Optional[float] = None
 
 
 @dataclass
@@ -117,6 +125,14 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         # accumulating in float16 errs by the size of the terms, independently per output
         rel = terms["accumulation"] * (terms_rms(node) or node.out.rms) / node.out.rms
         total += rel**2 * gain_out
+    if "out_of_range_to_output" in terms and gains is None:
+        total += terms["out_of_range_to_output"]  # a coherent change, carried to the output as it is
+    elif "out_of_range" in terms:
+        total += terms["out_of_range"] ** 2 * gain_out
+    if "recurrence_to_output" in terms and gains is None:  # an RNN's steps' roundings, carried to the output
+        total += terms["recurrence_to_output"]
+    if "recurrence" in terms:  # the steps' roundings, as they reach this output of an RNN
+        total += terms["recurrence"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
         total += terms["result_to_output"]
     elif "result" in terms:
@@ -198,6 +214,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.nodes[node.name] = NodePrediction(
             fmt, local_error(node, mode, fmt), overflows(node, fmt, mode, inputs) if graph.ran_reference else False
         )
+        _out_of_range_parameters(node, mode, fmt, roundings[node.name], prediction.nodes[node.name])
         # (a scaled GEMM with an infinite scale computes NaN: PCL106)
         prediction.nodes[node.name].overflow |= math.isinf(prediction.nodes[node.name].local)
         if float32 and node.name not in float32 and node.params and not mode.autocast and fmt == getattr(mode.low, "name", ""):
@@ -212,6 +229,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
+    owners = _recurrences(graph, mode, formats, roundings, prediction)
     mark_poles(graph, prediction, roundings)
 
     # the output's own values where the run recorded them (every tensor of a nested output), else
@@ -231,7 +249,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     prediction.finite = not any(p.overflow or p.pole for p in prediction.nodes.values())
 
     have_gains = any(n.record(Gains) is not None for n in graph.nodes)
-    variance = 0.0
+    variance = changed = 0.0
     terms: Dict[str, float] = {}
     for node in graph.nodes:
         if not roundings[node.name]:
@@ -245,10 +263,15 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
             term = (rel * prediction.output_rms) ** 2
         if term <= 0:
             continue
-        terms[node.name] = term
+        if have_gains and "out_of_range" in roundings[node.name]:
+            changed += propagated_error(node, {k: v for k, v in roundings[node.name].items() if k.startswith("out_of_range")}, None)
+        owner = owners.get(node.name, node.name)  # (an RNN's steps' error counts as the RNN's)
+        terms[owner] = terms.get(owner, 0.0) + term
         variance = variance + term if have_gains else max(variance, term)
-    # The model is linear in the errors, the real error is not: it saturates (SATURATION).
-    prediction.output_error = min(math.sqrt(variance), SATURATION * prediction.output_rms)
+    # The model is linear in the errors, the real error is not: it saturates (SATURATION). A change of
+    # the function itself (parameters out of the format's range) is not bound by the output's RMS: a
+    # bounded output of small RMS (sigmoid probabilities near 0) that becomes 0.5 errs by more.
+    prediction.output_error = min(math.sqrt(variance), max(SATURATION * prediction.output_rms, math.sqrt(changed)))
     if variance > 0 and have_gains:
         prediction.contributions = {name: term / variance for name, term in terms.items()}
         prediction.layers = module_calls(graph)
@@ -256,6 +279,88 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     _predict_decisions(graph, prediction, roundings)
     _predict_received(graph, prediction, roundings)
     return prediction
+
+
+def stored_out_of_range(node: Node, mode: Mode, fmt: str):
+    """What storing the node's parameters in ``fmt`` changes beyond rounding (StoredParameters), where
+    ``mode`` stores them there: a cast model all of them; autocast a conv's or matmul's operands, which
+    it casts (its batch norms and other modules keep float32 buffers); else None."""
+    record = node.record(StoredParameters)
+    if record is None or mode.low is None or fmt != mode.low.name or fmt not in record.formats:
+        return None
+    if mode.autocast and node.kind not in DOT_PRODUCT_KINDS:
+        return None
+    if mode.recipe is not None and node.kind in DOT_PRODUCT_KINDS and converted(node, mode):
+        return None  # a scaled GEMM scales its weight into the element format's range instead
+    return record.formats[fmt]
+
+
+def _out_of_range_parameters(node: Node, mode: Mode, fmt: str, terms: Dict[str, float], p: NodePrediction) -> None:
+    """A finding's consequence in the numbers: parameters beyond the format's range (inf) or flushed to
+    0 change the node's output by the relative error the reference pass measured (StoredParameters),
+    an error of the result that the gains carry to the output like its rounding's; an output that
+    becomes inf or NaN makes the mode's output non-finite."""
+    consequence = stored_out_of_range(node, mode, fmt)
+    if consequence is None:
+        return
+    if consequence.nonfinite > 0 or not math.isfinite(consequence.rel_error):
+        p.overflow = True
+        return
+    if consequence.rel_error <= 0 or node.out is None:
+        return
+    terms["out_of_range"] = consequence.rel_error
+    if consequence.output_ms is not None:
+        terms["out_of_range_to_output"] = consequence.output_ms
+    p.local = math.hypot(p.local, consequence.rel_error * node.out.rms)
+
+
+def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: Dict[str, Dict[str, float]],
+                 prediction: ModePrediction) -> Dict[str, str]:
+    """The error an RNN's steps accumulate (Recurrence), put on the values the model takes from its
+    outputs (its getitem nodes, whose gains carry it on), in place of the RNN's boundary roundings; returns
+    each such value's RNN."""
+    owners: Dict[str, str] = {}
+    for node in graph.nodes:
+        record = node.record(Recurrence)
+        rounded = roundings.get(node.name, {})
+        if record is None or ("operands" not in rounded and "result" not in rounded):
+            continue
+        fmt = FORMATS.get(formats[node.name])
+        stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
+        operand_u = C_INPUT / math.sqrt(2.0) * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
+        state_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0
+        if fmt is None:
+            continue
+        if record.to_output is not None:  # the model's own gradients carried through the steps
+            rounded["recurrence_to_output"] = record.combined(record.to_output, operand_u, state_u)
+        for taker in _takers(graph, node):
+            index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
+                          and s.rms == taker.out.rms), None)
+            if index is None:
+                continue
+            rel = record.relative(index, taker.out.rms, operand_u, state_u)
+            if record.to_output is None:
+                roundings[taker.name]["recurrence"] = rel
+            prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
+            owners[taker.name] = node.name
+        rounded.pop("operands", None)  # (the steps' operands and states include the boundary's)
+        rounded.pop("result", None)
+    return owners
+
+
+def _takers(graph: Graph, node: Node) -> List[Node]:
+    """The nodes that take one tensor of ``node``'s tuple output (``out[1][0]``: two getitems deep)."""
+    found, frontier = [], [node.name]
+    for _ in range(2):
+        nxt = []
+        for n in graph.nodes:
+            if n.fn == "getitem" and n.inputs and n.inputs[0] in frontier:
+                if len(n.outputs) == 1 and n.out is not None and n.out.is_float:
+                    found.append(n)
+                else:
+                    nxt.append(n.name)
+        frontier = nxt
+    return found
 
 
 def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
@@ -270,6 +375,10 @@ def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[
                 continue
             error = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gains.items() if n in roundings))
             prediction.nodes[node.name].inputs_received[name] = error / value.rms
+        if toward.leaving and node.out is not None and node.out.rms > 0:
+            error = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in toward.leaving.items()
+                                  if n in roundings and n != node.name))
+            prediction.nodes[node.name].leaving = error / node.out.rms
 
 
 def module_calls(graph: Graph) -> Dict[str, str]:

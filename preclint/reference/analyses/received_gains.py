@@ -9,7 +9,7 @@ rounded once), so the coordinates' error grows with the iterations, not with the
 pass rooted at the input follows every path from every rounding, as the passes from the outputs do."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Tuple
 
 from preclint.capture.observer import Call
@@ -31,6 +31,9 @@ EXPLAINED_FNS = frozenset({"sum", "mean", "nansum", "nanmean", "cumsum"})
 # the others keep the estimate op by op (raft_small has 24 amplifiers, one input each to pass toward:
 # its coordinates before and after each of 12 iterations).
 MAX_RECEIVED_PASSES = 16
+# Passes from the amplifiers' results (ReceivedGains.leaving), the strongest first; the others' leaving
+# error is their inputs' amplified one by one
+MAX_LEAVING_PASSES = 8
 
 
 @dataclass
@@ -42,6 +45,11 @@ class ReceivedGains:
     carry the earlier steps' error)."""
 
     upstream: Dict[str, Dict[str, Tuple[float, float]]]
+    # the same toward the op's own result: the error that leaves it along every path. Where its inputs'
+    # errors share an origin (a difference of two elements of one cumulative sum, Mamba2's
+    # `A_cumsum[..., -1:] - A_cumsum`, shares the prefix's error) they cancel there, which the inputs'
+    # errors amplified one by one do not tell
+    leaving: Dict[str, Tuple[float, float]] = field(default_factory=dict)
 
 
 def judged_amplification(node: Node) -> Optional[float]:
@@ -102,3 +110,11 @@ class ReceivedGainsAnalysis(GradientAnalysis):
                 upstream[name] = done[name]
             if upstream:
                 node.put(ReceivedGains(upstream))
+        # then the passes from the strongest amplifiers' results, with a budget of their own
+        leaving_budget = MAX_LEAVING_PASSES
+        for _, _, node in amplifiers:
+            record = node.record(ReceivedGains)
+            root = passes.root(node.name) if record is not None and leaving_budget > 0 else None
+            if root is not None:
+                leaving_budget -= 1
+                record.leaving = gains_toward(passes, root)

@@ -128,7 +128,9 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
             for mode in concerned:
                 figure = ctx.node_figure(node, mode) if ctx.graph.ran_reference else ErrorFigure(None, None)
                 received = self._received_rel(ctx, node, mode, factor)
-                predicted[mode] = ErrorFigure(received if received is not None else figure.rel_error, figure.max_abs_error)
+                # (the node's own figure carries what its parameters leaving the range do: StoredParameters)
+                rel = max((f for f in (received, figure.rel_error) if f is not None), default=None)
+                predicted[mode] = ErrorFigure(rel, figure.max_abs_error)
             message = f"{ctx.display(node.name)}: " + "; ".join(problems) + "."
             yield self.finding(node, message, predicted=predicted, severity=severity, precisions=tuple(concerned))
 

@@ -12,6 +12,9 @@ from preclint.rules.base import Example, Rule
 from preclint.rules.model._norun import undecided
 from preclint.rules.model._dataflow import ancestors
 
+# the share of a mode's predicted output error (RMS) from which an amplifier is a warning: below it, the
+# amplified error is the op's own business, and the finding is information
+OUTPUT_SHARE = 1.0 / 3.0
 # ops that can magnify error, named under --no-run where their amplification cannot be measured
 TYPICAL_AMPLIFIERS = frozenset({"softmax", "log_softmax", "exp", "sub", "layer_norm", "group_norm", "sigmoid",
                                 "cos", "sin", "tan", "log", "pow", "rsub"})
@@ -80,7 +83,10 @@ rounding upstream is then no longer ordinary: a float16 error of 5e-4 becomes 1e
 small value magnifies what its divisor's producer got wrong, and preclint reports it there. preclint
 reads each op's amplification from the gradients of the reference pass (how much more the output
 depends on the op's inputs than on its result) and names the upstream layers whose error is
-magnified.
+magnified. The error leaving the op is weighed along every path from every rounding (a difference of
+two elements of one cumulative sum shares, and cancels, the prefix's error), and the finding is a
+warning only where that error makes a third or more of the predicted output error (information
+otherwise: the op amplifies, the output does not feel it).
 """
     example = """
 scores = q @ k.transpose(-2, -1)     # all about 150, differences about 3 (a shared component)
@@ -117,9 +123,12 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
                 along_paths = ctx.predictions[mode].nodes[node.name].inputs_received
                 arriving = {n: along_paths.get(n, received[mode].get(n, 0.0)) for n in node.inputs}
                 incoming = max(arriving.values(), default=0.0)
-                # each input's error as the op amplifies that input: a broadcast gate or a bias table
-                # the op amplifies does not amplify the activation beside it
-                outgoing = passed_on(node, arriving)
+                # the error that leaves along every path where a pass from the op's result tells (inputs
+                # whose errors share an origin cancel there), else each input's error as the op amplifies
+                # that input: a broadcast gate or a bias table the op amplifies does not amplify the
+                # activation beside it
+                leaving = ctx.predictions[mode].nodes[node.name].leaving
+                outgoing = leaving if leaving is not None else passed_on(node, arriving)
                 # reported where the error that leaves is beyond ordinary too: an order of magnitude
                 # above what storing the op's own result in the mode's format would cost
                 ordinary = C_OUTPUT * (MODES[mode].low or MODES[mode].dot_format).unit_roundoff
@@ -129,6 +138,17 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
                 mode = max(figures, key=lambda m: figures[m][1])
                 incoming, outgoing = figures[mode]
                 yield self._finding(ctx, node, outgoing / incoming, figures)
+
+    @staticmethod
+    def _output_share(ctx, node, mode, outgoing):
+        """The fraction of the mode's predicted output error (RMS) that the error leaving ``node`` makes
+        there, by the node's gain to the output; None where the gains do not tell."""
+        from preclint.reference.analyses.gains import Gains
+
+        gains, prediction = node.record(Gains), ctx.predictions[mode]
+        if gains is None or not prediction.output_error or node.out is None:
+            return None
+        return min(1.0, (outgoing**2 * gains.out) ** 0.5 / prediction.output_error)
 
     def _finding(self, ctx, node, factor, figures):
         mode = max(figures, key=lambda m: figures[m][1])
@@ -140,7 +160,15 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
         message = (f"{ctx.display(node.name)} amplifies the relative error of its input {sci(factor)} times: "
                    f"under {mode} the {sci(incoming)} it receives leaves as {sci(outgoing)}")
         message += f", magnifying the rounding of {sources}." if sources else "."
+        # a warning fails a check: only where the amplified error matters at the output, a third of its
+        # predicted error or more (Mamba2's decays: 0.1 at the op, a few percent of the output's error)
+        severity = None
+        share = self._output_share(ctx, node, mode, outgoing)
+        if share is not None and share < OUTPUT_SHARE:
+            severity = "info"
+            message += (f" It makes {percent(share)} of the predicted {mode} output error, so it is reported "
+                        "for information.")
         out = node.out
         predicted = {m: ErrorFigure(o, o * out.rms * gaussian_max_factor(out.numel) if out is not None else None)
                      for m, (_, o) in figures.items()}
-        return self.finding(node, message, predicted=predicted, precisions=tuple(figures))
+        return self.finding(node, message, predicted=predicted, precisions=tuple(figures), severity=severity)

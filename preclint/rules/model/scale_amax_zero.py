@@ -1,7 +1,7 @@
 """PCL106 scale-amax-zero: a group of a scaled GEMM's operand whose amax is 0 gets an infinite scale."""
 from __future__ import annotations
 
-from preclint.core.findings import ErrorFigure
+from preclint.core.findings import ErrorFigure, percent
 from preclint.core.numerics import MODES, SCALED_MODES
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.rules.base import Example, Rule
@@ -16,6 +16,17 @@ def _padded_batch():
     x = torch.randn(2, 8, 32)
     x[1, 4:] = 0.0  # padded positions, zeroed by the attention mask upstream
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval(), (x,)
+
+
+def _reach(recipe, operand: str, q) -> str:
+    """How much of the layer's output the NaN reaches: a row of the input reaches its output row, a row
+    of the weight its output feature, a tensor scale every output."""
+    if recipe.granularity == "tensor":
+        return ": every output of the layer is NaN"
+    if recipe.granularity == "row" and q.groups:
+        where = "output rows (the tokens that read them)" if operand == "input" else "output features"
+        return f": NaN in {percent(q.zero_groups / q.groups)} of the layer's {where}, and everything computed from them"
+    return ""
 
 
 class ScaleAmaxZero(Rule):
@@ -63,7 +74,8 @@ bfloat16; NVFP4 implementations clamp the E4M3 block scale to its smallest norma
             groups = GROUP_WORDS[recipe.granularity] if recipe.granularity != "tensor" else "tensor"
             message = (f"{ctx.display(node.name)} computes NaN under {', '.join(modes)}: {q.zero_groups} of the "
                        f"{q.groups} {groups} of its {operand} have amax 0, and the recipe's scale "
-                       f"{recipe.element.max_finite:g}/amax is infinite there (amax-epsilon is {recipe.amax_epsilon:g}).")
+                       f"{recipe.element.max_finite:g}/amax is infinite there (amax-epsilon is {recipe.amax_epsilon:g})"
+                       f"{_reach(recipe, operand, q)}.")
             fix = (f"Floor amax before the division (torchao's EPS, amax-epsilon = 1e-12), or keep {node.module_path} "
                    "in bfloat16.")
             yield self.finding(node, message, fix=fix, predicted={m: ErrorFigure(None, None) for m in modes},

