@@ -114,7 +114,7 @@ class Watch:
 
     def _on_skip(self) -> None:
         """GradScaler found an inf/NaN gradient and did not step: which parameters had one."""
-        causes = [name for name, p in self._named
+        causes = [name for name, p in reversed(self._named)  # in the order backward reaches them
                   if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
         self._skip_total += 1
         self._skips.append(dict(step=self.step, scale=self._scale(), parameters=causes[:8],

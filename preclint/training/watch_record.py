@@ -5,7 +5,8 @@ that add up across steps and ranks.
   (``grad_in[b] = grad_out[b] @ W``) and its weight's gradient column by column
   (``grad_W[o, i] = sum_b grad_out[b, o] x[b, i]``): an element of either is exactly 0 only where its row
   (or column) of ``grad_out``/``x`` is all zero, or where the dtype it is computed in stores the sum as 0.
-  The zeros outside such rows and columns are the gradients the step's format flushed at its loss scale.
+  The zeros outside such rows and columns are the gradients the step's format flushed at its loss scale
+  (counted where the module computes in float16 or bfloat16: autocast, or a model in that dtype).
 - **Lost updates.** The weights the step left exactly as they were although their gradient was nonzero.
 - **Non-finite values.** The first module in forward order whose output is inf/NaN, the first in backward
   order whose output's gradient is, and the weights the step made inf/NaN.
@@ -130,7 +131,8 @@ class _GemmCall:
         self.input_grad_expected: Optional[torch.Tensor] = None
 
     def saw_output_grad(self, g: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """The weight and bias gradient elements this call makes nonzero; the input gradient's, kept."""
+        """The weight gradient elements this call makes nonzero; the input gradient's, kept. (A bias's
+        gradient is a plain sum over the batch, which cancels to an exact 0 where batch norm follows.)"""
         weight = getattr(self.module, "weight", None)
         if weight is None or not isinstance(weight, torch.Tensor):
             return {}
@@ -139,7 +141,7 @@ class _GemmCall:
             rows = _rows(g, False)
             if w.dim() == 2 and rows.shape[1] == w.shape[0]:
                 self.input_grad_expected = _reaches(rows, w)
-            expected = {"bias": (rows != 0).any(dim=0)}
+            expected = {}
             x = _rows(self.x, False)
             if x.shape[0] == rows.shape[0]:
                 expected["weight"] = _reaches(rows.t(), x)
@@ -151,7 +153,7 @@ class _GemmCall:
         channels = (w != 0).transpose(0, 1).reshape(w.shape[1], -1).any(dim=1)
         self.input_grad_expected = (rows, channels)
         out_channels = _channel_nonzero(g)
-        expected = {"bias": out_channels}
+        expected = {}
         if getattr(self.module, "groups", 1) == 1 and self.input_channels.numel() == w.shape[1]:
             pairs = out_channels[:, None] & self.input_channels[None, :]
             expected["weight"] = pairs.reshape(*pairs.shape, *([1] * (w.dim() - 2))).expand(w.shape)
@@ -211,8 +213,8 @@ class StepRecorder:
             low = [t for t in outputs if t.dtype in LOW_DTYPES]
             if low:
                 self.layer(path).grad_dtype = str(low[0].dtype).replace("torch.", "")
-            gemm = None
-            if isinstance(module, GEMM_MODULES) and args and isinstance(args[0], torch.Tensor):
+            gemm = None  # flushes are counted where a GEMM computes gradients in a low dtype (float32's are moot)
+            if low and isinstance(module, GEMM_MODULES) and args and isinstance(args[0], torch.Tensor):
                 gemm = _GemmCall(module, args[0])
                 if args[0].requires_grad:
                     args[0].register_hook(self._on_input_grad(path, gemm))
