@@ -219,22 +219,3 @@ def summary_text(summary: Dict[str, Any]) -> str:
             lines.append(f"  {path or '(model)'}: flushed gradients {_percent(underflow)}, lost updates {_percent(lost)}")
     return "\n".join(lines)
 
-
-class _Entry:
-    """``preclint.watch(model, optimizer, ...)`` makes a Watch; ``preclint.watch.TrainerCallback`` is the
-    callback for transformers' Trainer (made on first use: transformers is optional)."""
-
-    __doc__ = Watch.__doc__
-
-    def __call__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None,
-                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None) -> Watch:
-        return Watch(model, optimizer, scaler=scaler, every=every, path=path, scaled=scaled)
-
-    def __getattr__(self, name: str):
-        if name == "TrainerCallback":
-            from preclint.training.watch_trainer import trainer_callback  # transformers is optional: only here
-            return trainer_callback()
-        raise AttributeError(f"preclint.watch has no attribute {name!r}")
-
-
-watch = _Entry()
