@@ -168,6 +168,7 @@ class Watch:
         return dict(steps=self.step, sampled_steps=len(self.records), skipped_steps=self._skip_total,
                     underflow_fraction=total.as_json()["underflow_fraction"],
                     lost_update_fraction=total.as_json()["lost_update_fraction"],
+                    zero_gradient_fraction=total.as_json()["zero_gradient_fraction"],
                     nonfinite_updates=total.nonfinite_updates,
                     first_nonfinite=None if first is None else {
                         k: first[k] for k in ("step", "first_nonfinite_forward", "first_nonfinite_backward",
@@ -193,9 +194,9 @@ def _json_record(record: Dict[str, Any]) -> Dict[str, Any]:
     for counts in record["layers"].values():
         total.add(LayerCounts(**{**vars(counts), "blocks": {}}))
     totals = total.as_json()
-    out["totals"] = {k: totals[k] for k in ("gradient_elements", "gradient_flushed", "underflow_fraction",
-                                            "weights_expected_to_move", "updates_lost", "lost_update_fraction",
-                                            "nonfinite_updates")}
+    out["totals"] = {k: totals[k] for k in ("gradient_elements", "gradient_flushed", "underflow_fraction", "weights",
+                                            "zero_gradients", "zero_gradient_fraction", "weights_expected_to_move",
+                                            "updates_lost", "lost_update_fraction", "nonfinite_updates")}
     return out
 
 
@@ -206,7 +207,8 @@ def _percent(value: Optional[float]) -> str:
 def summary_text(summary: Dict[str, Any]) -> str:
     lines = [f"preclint.watch: {summary['steps']} steps, {summary['sampled_steps']} sampled, "
              f"{summary['skipped_steps']} skipped by GradScaler; flushed gradients "
-             f"{_percent(summary['underflow_fraction'])}, lost updates {_percent(summary['lost_update_fraction'])}, "
+             f"{_percent(summary['underflow_fraction'])} (weights with a zero gradient "
+             f"{_percent(summary['zero_gradient_fraction'])}), lost updates {_percent(summary['lost_update_fraction'])}, "
              f"non-finite weights {summary['nonfinite_updates']}"]
     first = summary["first_nonfinite"]
     if first:

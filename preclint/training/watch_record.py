@@ -61,6 +61,8 @@ class LayerCounts:
     grad_dtype: Optional[str] = None  # the dtype its output (and its output's gradient) is computed in
     gradient_elements: int = 0  # input- and weight-gradient elements that a nonzero row/column makes nonzero
     gradient_flushed: int = 0  # of those, stored as 0
+    weights: int = 0  # weight elements with a gradient
+    zero_gradients: int = 0  # of those, with a gradient of exactly 0 (flushed here, or below: no signal reached)
     weights_expected_to_move: int = 0  # weight elements with a nonzero gradient
     updates_lost: int = 0  # of those, left exactly as they were by the step
     nonfinite_updates: int = 0  # weights finite before the step and inf/NaN after it
@@ -69,8 +71,8 @@ class LayerCounts:
 
     def add(self, other: "LayerCounts") -> None:
         self.grad_dtype = self.grad_dtype or other.grad_dtype
-        for name in ("gradient_elements", "gradient_flushed", "weights_expected_to_move", "updates_lost",
-                     "nonfinite_updates"):
+        for name in ("gradient_elements", "gradient_flushed", "weights", "zero_gradients", "weights_expected_to_move",
+                     "updates_lost", "nonfinite_updates"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.grad_absmax = max(self.grad_absmax, other.grad_absmax)
         for tensor, stats in other.blocks.items():
@@ -81,6 +83,7 @@ class LayerCounts:
         record = asdict(self)
         record["underflow_fraction"] = _fraction(self.gradient_flushed, self.gradient_elements)
         record["lost_update_fraction"] = _fraction(self.updates_lost, self.weights_expected_to_move)
+        record["zero_gradient_fraction"] = _fraction(self.zero_gradients, self.weights)
         if not record["blocks"]:
             del record["blocks"]
         return record
@@ -268,6 +271,8 @@ class StepRecorder:
                 self.nonfinite_gradients.append(name)
             else:
                 counts.grad_absmax = max(counts.grad_absmax, float(grad.abs().max()) if grad.numel() else 0.0)
+            counts.weights += grad.numel()
+            counts.zero_gradients += int((grad == 0).sum())
             expected = self._expected.get(name)
             if expected is not None and expected.shape == grad.shape:
                 counts.gradient_elements += int(expected.sum())
