@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # name -> the module that defines it (PEP 562: imported when first asked for)
 _LAZY = {"check": "preclint.api", "inputs": "preclint.api", "Report": "preclint.api", "OutputError": "preclint.api",
          "training_step": "preclint.api", "watch": "preclint.training.watch_entry",
+         "watch_report": "preclint.report.watch_html",
          "UserError": "preclint.core.errors"}
 _SUBMODULES = ("api", "testing")
 

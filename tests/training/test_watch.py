@@ -2,6 +2,7 @@
 gradients, lost updates, non-finite updates with their producer), a clean run shows none, GradScaler skips
 come with their cause, and the monitor leaves the model, the optimizer and the scaler as it found them."""
 import json
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -145,3 +146,26 @@ def test_every_must_be_a_positive_whole_number():
     model, _, _ = mlp()
     with pytest.raises(ValueError, match="every=0"):
         preclint.watch(model, torch.optim.SGD(model.parameters(), lr=1e-2), every=0)
+
+
+def test_watch_report_charts_a_run_over_its_steps(tmp_path):
+    inner, x, y = mlp(torch.bfloat16)
+    model = torch.nn.Sequential(OrderedDict([("odd</script><b>", inner)]))  # a module path that must stay text
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    train(model, optimizer, x, y, steps=2, every=1, path=tmp_path / "run.jsonl")
+    page = preclint.watch_report(tmp_path / "run.jsonl", tmp_path / "run.html").read_text()
+    assert "Lost updates per layer (the 3 with most)" in page
+    assert "odd</script><b>" not in page and "odd&lt;/script&gt;&lt;b&gt;.0" in page
+    assert "Loss scale" not in page  # no GradScaler, no scale chart
+
+    scaled, x, y = mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
+    optimizer = torch.optim.SGD(scaled.parameters(), lr=1e-2)
+    monitor = train(scaled, optimizer, x, y, steps=2, autocast=torch.float16, scaler=scaler, every=1)
+    assert "Loss scale (GradScaler) and skipped steps" in preclint.watch_report(monitor.records, tmp_path / "s.html").read_text()
+
+
+def test_watch_report_of_a_file_that_is_not_json_lines(tmp_path):
+    (tmp_path / "bad.jsonl").write_text("{\n")
+    with pytest.raises(preclint.UserError, match="bad.jsonl:1: not a JSON line"):
+        preclint.watch_report(tmp_path / "bad.jsonl", tmp_path / "bad.html")
