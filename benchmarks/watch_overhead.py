@@ -9,8 +9,10 @@ bf16 autocast on a GPU) run blocks of ``--steps`` steps (one interval), plainly 
 median over rounds of the watched block's time over the plain one's (``ratio``; the process's CPU time
 on the CPU, wall time after a synchronize on a GPU), the overhead ``ratio - 1``,
 and the ratio of the fastest blocks (``ratio_of_fastest``). Beside it, the cost of one
-sampled step in plain steps (``sampled_step_cost``, from a run at every=1) and what that predicts for the
-default interval (``(sampled_step_cost - 1) / every``): the figure a noisy machine measures least badly.
+sampled step in plain steps (``sampled_step_cost``, single steps at every=1 against plain ones), what the
+three hooks cost a step between samples (``hooks_between_samples_us``), and what the two predict for the
+default interval (``predicted_overhead = (sampled_step_cost - 1) / every + hooks / step``): on a shared
+machine, whose neighbours move a block's time by 10% either way, the figure measured least badly.
 """
 from __future__ import annotations
 
@@ -111,6 +113,22 @@ class Loop:
         return self.clock() - start
 
 
+def hook_seconds(loop: Loop, calls: int = 20000) -> float:
+    """What the monitor's hooks cost a step between samples: its three hooks (the model's call, the
+    optimizer's pre- and post-step), called as torch calls them, on steps that are not sampled."""
+    monitor = Watch(loop.model, loop.optimizer, every=10 ** 9).start()
+    monitor.step = 1
+    clock = time.process_time
+    start = clock()
+    for _ in range(calls):
+        monitor._on_forward(loop.model, ())
+        monitor._pre_step(loop.optimizer, (), {})
+        monitor._post_step(loop.optimizer, (), {})
+    elapsed = clock() - start
+    monitor.close()
+    return elapsed / calls
+
+
 def measure(name: str, build, device: torch.device, steps: int, rounds: int, every: int) -> Dict[str, Any]:
     """Plain and watched blocks of ``steps`` steps, alternating, on one loop."""
     loop = Loop(build, device)
@@ -121,15 +139,19 @@ def measure(name: str, build, device: torch.device, steps: int, rounds: int, eve
     ratios = [b / a for a, b in zip(plain, watched)]
     single_plain = [loop.block(1, 0) for _ in range(5)]
     single_sampled = [loop.block(1, 1) for _ in range(5)]
+    hooks_us = 1e6 * hook_seconds(loop)
     ratio = statistics.median(ratios)
     cost = statistics.median(single_sampled) / statistics.median(single_plain)
+    step_s = statistics.median(single_plain)
+    predicted = (cost - 1) / every + hooks_us * 1e-6 / step_s
     result = dict(step_ms=round(1000 * statistics.median(plain) / steps, 3),
                   watched_step_ms=round(1000 * statistics.median(watched) / steps, 3),
                   ratio=round(ratio, 4), overhead=round(ratio - 1, 4), ratios=[round(r, 4) for r in ratios],
                   ratio_of_fastest=round(min(watched) / min(plain), 4),
                   steps_per_s_plain=round(steps / statistics.median(plain), 2),
                   steps_per_s_watched=round(steps / statistics.median(watched), 2),
-                  sampled_step_cost=round(cost, 3), predicted_overhead=round((cost - 1) / every, 4))
+                  sampled_step_cost=round(cost, 3), hooks_between_samples_us=round(hooks_us, 2),
+                  predicted_overhead=round(predicted, 4))
     print(f"{name}: {result['step_ms']:.2f} ms a step, watched x{ratio:.3f} (fastest x{result['ratio_of_fastest']:.3f}, "
           f"rounds {result['ratios']}); a sampled step costs {cost:.2f} steps -> "
           f"{100 * result['predicted_overhead']:.2f}% at every={every}", flush=True)
