@@ -62,8 +62,8 @@ class Watch:
             def step(optimizer, *args, **kwargs):
                 self._stepped = False
                 out = original(optimizer, *args, **kwargs)
-                if not self._stepped:
-                    self._on_skip()
+                if not self._stepped and getattr(optimizer, "optimizer", optimizer) is self.optimizer:
+                    self._on_skip()  # the scaler did not step the watched optimizer (another's is not ours)
                 return out
 
             self.scaler.step = step

@@ -169,3 +169,21 @@ def test_watch_report_of_a_file_that_is_not_json_lines(tmp_path):
     (tmp_path / "bad.jsonl").write_text("{\n")
     with pytest.raises(preclint.UserError, match="bad.jsonl:1: not a JSON line"):
         preclint.watch_report(tmp_path / "bad.jsonl", tmp_path / "bad.html")
+
+
+def test_a_second_optimizer_stepped_by_the_same_scaler_is_not_a_skip():
+    model, x, y = mlp()
+    first = torch.optim.SGD(model[0].parameters(), lr=1e-2)
+    rest = torch.optim.SGD([p for layer in (model[2], model[4]) for p in layer.parameters()], lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    with preclint.watch(model, first, scaler=scaler, every=1) as monitor:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            first.zero_grad()
+            rest.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(first)
+            scaler.step(rest)
+            scaler.update()
+    assert monitor.summary()["skipped_steps"] == 0 and monitor.step == 2
