@@ -15,9 +15,15 @@ from typing import Any, Dict, List, Sequence, Union
 
 from preclint.core.errors import UserError
 from preclint.report.escape import chart_label, html_text
-from preclint.report.html import _script_json, plotly_js
+from preclint.report.html import plotly_js
 
 LAYERS_SHOWN = 8  # per chart: the layers whose largest figure over the run is largest
+
+
+def _script_data(data) -> str:
+    """JSON that is safe inside <script>: no "</" can close the element early (as html.py writes its data)."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
 def read_records(path: Union[str, Path]) -> List[Dict[str, Any]]:
@@ -93,7 +99,7 @@ def render(records: List[Dict[str, Any]]) -> str:
     data = charts(records)
     divs = "\n".join(f'<div id="chart{i}" style="height:360px"></div>' for i in range(len(data)))
     script = f"""
-const charts = {_script_json(data)};
+const charts = {_script_data(data)};
 charts.forEach((c, i) => Plotly.newPlot("chart" + i, c.traces, {{title: {{text: c.title}},
   xaxis: {{title: {{text: "step"}}}}, yaxis: {{type: c.log ? "log" : "linear"}}, margin: {{t: 40}}}},
   {{displaylogo: false, responsive: true}}));

@@ -181,8 +181,13 @@ class Watch:
 
 
 def _number(value):
+    """``value`` with every inf or NaN in it as None: a JSON line holds no such number (a layer's input can)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {k: _number(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_number(v) for v in value]
     return value
 
 
@@ -194,6 +199,7 @@ def _json_record(record: Dict[str, Any]) -> Dict[str, Any]:
     for counts in record["layers"].values():
         total.add(LayerCounts(**{**vars(counts), "blocks": {}}))
     totals = total.as_json()
+    out["skips"] = _number(out["skips"])
     out["totals"] = {k: totals[k] for k in ("gradient_elements", "gradient_flushed", "underflow_fraction", "weights",
                                             "zero_gradients", "zero_gradient_fraction", "weights_expected_to_move",
                                             "updates_lost", "lost_update_fraction", "nonfinite_updates")}
