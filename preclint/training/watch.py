@@ -158,7 +158,8 @@ class Watch:
         layers: Dict[str, LayerCounts] = {}
         for record in self.records:
             for path, figures in record["layers"].items():
-                counts = LayerCounts(**{k: v for k, v in figures.items() if k in LayerCounts.__dataclass_fields__})
+                counts = LayerCounts(**{k: v for k, v in figures.items()
+                                        if k in LayerCounts.__dataclass_fields__ and k != "blocks"})
                 layers.setdefault(path, LayerCounts()).add(counts)
         total = LayerCounts()
         for counts in layers.values():

@@ -194,7 +194,8 @@ def test_an_inf_input_to_a_watched_layer_is_written_as_null(tmp_path):
     x = x.clone()
     x[:8] = float("inf")  # 8 of the input's 256 blocks: its p99 amax is inf
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    train(model, optimizer, x, y, steps=1, every=1, scaled="all", path=tmp_path / "run.jsonl")
+    monitor = train(model, optimizer, x, y, steps=2, every=1, scaled="all", path=tmp_path / "run.jsonl")
     record = lines(tmp_path / "run.jsonl")[0]
     assert record["layers"]["0"]["blocks"]["input"]["amax_p99"] is None
     assert record["first_nonfinite_forward"] == "0"
+    assert monitor.summary()["first_nonfinite"]["step"] == 0
