@@ -114,13 +114,13 @@ class Watch:
 
     def _on_skip(self) -> None:
         """GradScaler found an inf/NaN gradient and did not step: which parameters had one."""
-        causes = [name for name, p in reversed(self._named)  # in the order backward reaches them
-                  if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        flags = [(name, ~torch.isfinite(p.grad).all()) for name, p in reversed(self._named) if p.grad is not None]
+        nonfinite = torch.stack([flag.cpu() for _, flag in flags]).tolist() if flags else []
+        causes = [name for (name, _), bad in zip(flags, nonfinite) if bad]  # in the order backward reaches them
         self._skip_total += 1
         self._skips.append(dict(step=self.step, scale=self._scale(), parameters=causes[:8],
                                 nonfinite_parameters=len(causes)))
         if self._recorder is not None:
-            self._recorder.nonfinite_gradients = causes
             self._finish(skipped=True)
         self._armed = True
         self.step += 1
@@ -134,6 +134,9 @@ class Watch:
     def _finish(self, skipped: bool) -> None:
         recorder, self._recorder = self._recorder, None
         recorder.close()
+        recorder.settle()
+        if skipped:
+            recorder.nonfinite_gradients = list(self._skips[-1]["parameters"]) if self._skips else []
         record = dict(schema=SCHEMA, step=self.step, skipped=skipped, scale=self._scale(), autocast=recorder.autocast,
                       skips=self._skips, layers={path: counts for path, counts in recorder.layers.items()},
                       first_nonfinite_forward=recorder.first_nonfinite_forward,

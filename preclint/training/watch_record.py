@@ -162,27 +162,31 @@ class _GemmCall:
             expected["weight"] = pairs.reshape(*pairs.shape, *([1] * (w.dim() - 2))).expand(w.shape)
         return expected
 
-    def input_grad_flushes(self, g: torch.Tensor) -> Tuple[int, int]:
-        """(elements of the input's gradient its nonzero operands make nonzero, those stored as 0)."""
+    def input_grad_flushes(self, g: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(elements of the input's gradient its nonzero operands make nonzero, those stored as 0), as
+        tensors on the gradient's device (read once, when the step is settled)."""
         expected = self.input_grad_expected
         self.input_grad_expected = None
         if expected is None:
-            return 0, 0
+            return None
         if not self.conv:
             rows = _rows(g, False)
             if rows.shape != expected.shape:
-                return 0, 0
-            return int(expected.sum()), int((expected & (rows == 0)).sum())
+                return None
+            return expected.sum(), (expected & (rows == 0)).sum()
         sample, channels = expected
         if g.dim() < 2 or g.shape[0] != sample.shape[0] or g.shape[1] != channels.shape[0]:
-            return 0, 0
+            return None
         mask = (sample[:, None] & channels[None, :]).reshape(*sample.shape, -1, *([1] * (g.dim() - 2))).expand(g.shape)
-        return int(mask.sum()), int((mask & (g == 0)).sum())
+        return mask.sum(), (mask & (g == 0)).sum()
 
 
 class StepRecorder:
     """Hooks on every module for one sampled step (installed at its first forward, removed after the
-    optimizer's step): first non-finite producers, the GEMMs' flushed gradients, block scales."""
+    optimizer's step): first non-finite producers, the GEMMs' flushed gradients, block scales.
+
+    Counts and finiteness flags stay tensors on their device until ``settle()`` reads them all at once (one
+    synchronization a device, not one a tensor: on a GPU each read waits for the work queued before it)."""
 
     def __init__(self, model: torch.nn.Module, scaled: Any = None) -> None:
         self.layers: Dict[str, LayerCounts] = {}
@@ -192,6 +196,8 @@ class StepRecorder:
         self.nonfinite_gradients: List[str] = []
         self.autocast: Optional[str] = None
         self._expected: Dict[str, torch.Tensor] = {}  # weight name -> gradient elements expected nonzero
+        self._pending: List[Tuple[str, str, torch.Tensor]] = []  # (layer, LayerCounts field, a 0-d tensor)
+        self._flags: List[Tuple[str, str, torch.Tensor]] = []  # (forward/backward/gradient/update, name, flag)
         self._scaled = set()
         modules = list(model.named_modules())
         for path, module in modules:
@@ -209,8 +215,8 @@ class StepRecorder:
             if not torch.is_grad_enabled():
                 return
             outputs = _floating(output)
-            if self.first_nonfinite_forward is None and any(not bool(torch.isfinite(t).all()) for t in outputs):
-                self.first_nonfinite_forward = path
+            for t in outputs:
+                self._flags.append(("forward", path, ~torch.isfinite(t).all()))
             if self.autocast is None and torch.is_autocast_enabled(outputs[0].device.type if outputs else "cpu"):
                 self.autocast = str(torch.get_autocast_dtype(outputs[0].device.type)).replace("torch.", "")
             low = [t for t in outputs if t.dtype in LOW_DTYPES]
@@ -235,8 +241,7 @@ class StepRecorder:
 
     def _on_output_grad(self, path: str, gemm: Optional[_GemmCall]):
         def on_output_grad(grad):
-            if self.first_nonfinite_backward is None and not bool(torch.isfinite(grad).all()):
-                self.first_nonfinite_backward = path
+            self._flags.append(("backward", path, ~torch.isfinite(grad).all()))
             if gemm is not None:
                 for leaf, expected in gemm.saw_output_grad(grad.detach()).items():
                     name = f"{path}.{leaf}" if path else leaf
@@ -249,10 +254,9 @@ class StepRecorder:
 
     def _on_input_grad(self, path: str, gemm: _GemmCall):
         def on_input_grad(grad):
-            total, flushed = gemm.input_grad_flushes(grad)
-            counts = self.layer(path)
-            counts.gradient_elements += total
-            counts.gradient_flushed += flushed
+            found = gemm.input_grad_flushes(grad)
+            if found is not None:
+                self._pending += [(path, "gradient_elements", found[0]), (path, "gradient_flushed", found[1])]
 
         return on_input_grad
 
@@ -265,18 +269,17 @@ class StepRecorder:
                 continue
             path = name.rpartition(".")[0]
             grad = local(p.grad).detach()
-            counts = self.layer(path)
             finite = torch.isfinite(grad)
-            if not bool(finite.all()):
-                self.nonfinite_gradients.append(name)
-            else:
-                counts.grad_absmax = max(counts.grad_absmax, float(grad.abs().max()) if grad.numel() else 0.0)
-            counts.weights += grad.numel()
-            counts.zero_gradients += int((grad == 0).sum())
+            self._flags.append(("gradient", name, ~finite.all()))
+            if grad.numel():
+                self._pending.append((path, "grad_absmax", torch.where(finite, grad.abs(), 0).max()))
+            self.layer(path).weights += grad.numel()
+            zero = grad == 0
+            self._pending.append((path, "zero_gradients", zero.sum()))
             expected = self._expected.get(name)
             if expected is not None and expected.shape == grad.shape:
-                counts.gradient_elements += int(expected.sum())
-                counts.gradient_flushed += int((expected & (grad == 0)).sum())
+                self._pending += [(path, "gradient_elements", expected.sum()),
+                                  (path, "gradient_flushed", (expected & zero).sum())]
             before[name] = local(p).detach().clone()
         return before
 
@@ -284,15 +287,43 @@ class StepRecorder:
         for name, p in named:
             if name not in before or p.grad is None:
                 continue
-            counts = self.layer(name.rpartition(".")[0])
+            path = name.rpartition(".")[0]
             old, new, grad = before[name], local(p).detach(), local(p.grad).detach()
             moving = grad != 0
-            counts.weights_expected_to_move += int(moving.sum())
-            counts.updates_lost += int((moving & (new == old)).sum())
-            broke = int((torch.isfinite(old) & ~torch.isfinite(new)).sum())
-            counts.nonfinite_updates += broke
-            if broke and self.first_nonfinite_update is None:
-                self.first_nonfinite_update = name
+            broke = (torch.isfinite(old) & ~torch.isfinite(new)).sum()
+            self._pending += [(path, "weights_expected_to_move", moving.sum()),
+                              (path, "updates_lost", (moving & (new == old)).sum()), (path, "nonfinite_updates", broke)]
+            self._flags.append(("update", name, broke > 0))
+
+    def settle(self) -> None:
+        """Read the step's tensors (one transfer a device) into the layers' counts and the first producers."""
+        tensors = [t for _, _, t in self._pending] + [t for _, _, t in self._flags]
+        values: List[float] = [0.0] * len(tensors)
+        by_device: Dict[torch.device, List[int]] = {}
+        for i, t in enumerate(tensors):
+            by_device.setdefault(t.device, []).append(i)
+        for indices in by_device.values():
+            read = torch.stack([tensors[i].double() for i in indices]).tolist()
+            for i, value in zip(indices, read):
+                values[i] = value
+        for (path, figure, _), value in zip(self._pending, values):
+            counts = self.layer(path)
+            if figure == "grad_absmax":
+                counts.grad_absmax = max(counts.grad_absmax, value)
+            else:
+                setattr(counts, figure, getattr(counts, figure) + int(value))
+        first: Dict[str, Optional[str]] = {"forward": None, "backward": None, "update": None}
+        for (kind, name, _), value in zip(self._flags, values[len(self._pending):]):
+            if not value:
+                continue
+            if kind == "gradient":
+                self.nonfinite_gradients.append(name)
+            elif first[kind] is None:
+                first[kind] = name
+        self.first_nonfinite_forward = first["forward"]
+        self.first_nonfinite_backward = first["backward"]
+        self.first_nonfinite_update = first["update"]
+        self._pending, self._flags = [], []
 
     def close(self) -> None:
         for handle in self._handles:
