@@ -5,6 +5,7 @@ needs no torch (the source-only check runs without it):
 
     preclint.check(model, inputs, precisions=("tf32",))    # preclint.api
     preclint.testing.tolerance(model, inputs, "tf32")      # preclint.testing
+    with preclint.watch(model, optimizer): ...             # preclint.training.watch_entry
 """
 import importlib
 
@@ -12,7 +13,8 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it (PEP 562: imported when first asked for)
 _LAZY = {"check": "preclint.api", "inputs": "preclint.api", "Report": "preclint.api", "OutputError": "preclint.api",
-         "training_step": "preclint.api",
+         "training_step": "preclint.api", "watch": "preclint.training.watch_entry",
+         "watch_report": "preclint.report.watch_html",
          "UserError": "preclint.core.errors"}
 _SUBMODULES = ("api", "testing")
 

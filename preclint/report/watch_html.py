@@ -1,0 +1,121 @@
+"""A page of charts over the steps of a watched run (``preclint.watch``'s JSON lines): the flushed
+gradients, the weights with a zero gradient and the lost updates per sampled step, the loss scale with
+GradScaler's skips, and per layer the flushed gradients and lost updates of the layers that have most.
+
+    preclint.watch_report("precision.jsonl", "precision.html")
+
+One self-contained file (plotly.js inlined, as the check's HTML report); module paths are escaped as
+chart labels and page text.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Union
+
+from preclint.core.errors import UserError
+from preclint.report.escape import chart_label, html_text
+from preclint.report.html import plotly_js
+
+LAYERS_SHOWN = 8  # per chart: the layers whose largest figure over the run is largest
+
+
+def _script_data(data) -> str:
+    """JSON that is safe inside <script>: no "</" can close the element early (as html.py writes its data)."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def read_records(path: Union[str, Path]) -> List[Dict[str, Any]]:
+    records = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise UserError(f"{path}: cannot read it ({error.strerror or error})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise UserError(f"{path}:{number}: not a JSON line of preclint.watch ({error.msg})") from None
+    return records
+
+
+def _line(x: Sequence[Any], y: Sequence[Any], name: str) -> Dict[str, Any]:
+    return dict(type="scatter", mode="lines+markers", x=list(x), y=list(y), name=chart_label(name))
+
+
+def _layer_traces(records: List[Dict[str, Any]], figure: str) -> List[Dict[str, Any]]:
+    peaks: Dict[str, float] = {}
+    for record in records:
+        for path, layer in record.get("layers", {}).items():
+            value = layer.get(figure)
+            if value is not None:
+                peaks[path] = max(peaks.get(path, 0.0), value)
+    shown = sorted((p for p in peaks if peaks[p] > 0), key=lambda p: -peaks[p])[:LAYERS_SHOWN]
+    steps = [r["step"] for r in records]
+    return [_line(steps, [r.get("layers", {}).get(path, {}).get(figure) for r in records], path or "(model)")
+            for path in shown]
+
+
+def charts(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    steps = [r["step"] for r in records]
+    totals = [r.get("totals", {}) for r in records]
+    found = [dict(title="Per sampled step: fraction of the whole model", traces=[
+        _line(steps, [t.get("underflow_fraction") for t in totals], "flushed gradients (GEMMs)"),
+        _line(steps, [t.get("zero_gradient_fraction") for t in totals], "weights with a zero gradient"),
+        _line(steps, [t.get("lost_update_fraction") for t in totals], "lost updates")], log=False)]
+    scales = [r.get("scale") for r in records]
+    if any(s is not None for s in scales):
+        skips = [s for r in records for s in r.get("skips", [])]
+        found.append(dict(title="Loss scale (GradScaler) and skipped steps", log=True, traces=[
+            _line(steps, scales, "loss scale"),
+            dict(type="scatter", mode="markers", x=[s["step"] for s in skips], y=[s["scale"] for s in skips],
+                 name="skipped step", marker=dict(symbol="x", size=9))]))
+    for figure, title in (("underflow_fraction", "Flushed gradients per layer"),
+                          ("lost_update_fraction", "Lost updates per layer")):
+        traces = _layer_traces(records, figure)
+        if traces:
+            found.append(dict(title=f"{title} (the {len(traces)} with most)", traces=traces, log=False))
+    return found
+
+
+def _events(records: List[Dict[str, Any]]) -> str:
+    rows = []
+    for record in records:
+        for key, what in (("first_nonfinite_forward", "forward"), ("first_nonfinite_backward", "backward"),
+                          ("first_nonfinite_update", "update")):
+            if record.get(key):
+                rows.append(f"<tr><td>{record['step']}</td><td>{what}</td><td><code>{html_text(record[key])}</code></td></tr>")
+    if not rows:
+        return "<p>No inf or NaN on the sampled steps.</p>"
+    return "<table><tr><th>step</th><th>first non-finite in</th><th>module or parameter</th></tr>" + "".join(rows) + "</table>"
+
+
+def render(records: List[Dict[str, Any]]) -> str:
+    if not records:
+        raise UserError("preclint.watch_report: no records (did the run reach a sampled step?)")
+    data = charts(records)
+    divs = "\n".join(f'<div id="chart{i}" style="height:360px"></div>' for i in range(len(data)))
+    script = f"""
+const charts = {_script_data(data)};
+charts.forEach((c, i) => Plotly.newPlot("chart" + i, c.traces, {{title: {{text: c.title}},
+  xaxis: {{title: {{text: "step"}}}}, yaxis: {{type: c.log ? "log" : "linear"}}, margin: {{t: 40}}}},
+  {{displaylogo: false, responsive: true}}));
+"""
+    last = records[-1]
+    head = (f"<h1>preclint.watch</h1><p>{len(records)} sampled steps, the last {last['step']}; "
+            f"autocast {html_text(str(last.get('autocast')))}; world size {last.get('world_size', 1)}.</p>")
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>preclint.watch</title>"
+            f"<script>{plotly_js()}</script></head><body>{head}{divs}<h2>Non-finite values</h2>{_events(records)}"
+            f"<script>{script}</script></body></html>\n")
+
+
+def watch_report(records: Union[str, Path, List[Dict[str, Any]]], out: Union[str, Path]) -> Path:
+    """Write the charts of a watched run (its JSON lines file, or ``Watch.records``) to ``out``."""
+    if isinstance(records, (str, Path)):
+        records = read_records(records)
+    out = Path(out)
+    out.write_text(render(records), encoding="utf-8")
+    return out
