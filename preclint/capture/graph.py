@@ -64,7 +64,9 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
     if force != "function-mode":
         try:
             traced: list = []
+            state = _python_state(module)
             nodes, output = capture_fx(module, inputs, observer, traced)
+            notes += _state_changed_notes(name, state, _python_state(module))
             graph = Graph(nodes, name, "fx", source_path=source_path, notes=notes, fx_graph=traced[0])
             return graph, output
         except Exception as exc:  # FX raises many types for untraceable code; the fallback handles them all
@@ -84,6 +86,27 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
         )
     nodes, output = capture_function_mode(module, inputs, observer)
     return Graph(nodes, name, "function-mode", source_path=source_path, notes=notes), output
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _python_state(module) -> dict:
+    """The plain values (numbers, flags, strings) each submodule holds as attributes: what a forward that
+    counts its calls or keeps a step changes, which torch.fx bakes into the graph as constants."""
+    return {(path, key): value for path, sub in module.named_modules() for key, value in vars(sub).items()
+            if isinstance(value, _SCALARS)}
+
+
+def _state_changed_notes(name: str, before: dict, after: dict) -> List[str]:
+    changed = [(key, before.get(key), value) for key, value in after.items() if before.get(key, value) != value]
+    if not changed:
+        return []
+    (path, attr), old, new = changed[0]
+    more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+    return [f"{name}'s forward changes its own attributes ({'.'.join(filter(None, (path, attr)))}: {old!r} -> {new!r}{more}): "
+            "torch.fx traced the values of one call, so the graph checked and probed gives the same output on every "
+            "run while the model may not: it is not deterministic from call to call"]
 
 
 def _is_model_error(exc: BaseException) -> bool:
