@@ -90,9 +90,11 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
     status = usage = None
     ended = 0.0
     timed_out = False
+    peak_kb = 0  # the child's own high-water mark, sampled (see _high_water_kb)
     while True:
         now = time.monotonic()
         if status is None:
+            peak_kb = max(peak_kb, _high_water_kb(proc.pid))
             pid, raw, rusage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 status, usage, ended = raw, rusage, now
@@ -122,8 +124,24 @@ def run_limited(argv: Sequence[str], cwd: str, *, timeout: float = 120.0, memory
     raw_out, raw_err = (b"".join(chunks) for chunks in streams.values())  # stdout first
     out, err = raw_out.decode("utf-8", "replace"), raw_err.decode("utf-8", "replace")
     return LimitedRun(None if timed_out else proc.returncode, out, err, ended - start,
-                      cpu=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024, held_open=held,
+                      cpu=usage.ru_utime + usage.ru_stime, max_rss_mb=(peak_kb or usage.ru_maxrss) / 1024, held_open=held,
                       memory_mb=memory_mb, pid=proc.pid, stdout_bytes=raw_out)
+
+
+def _high_water_kb(pid: int) -> int:
+    """The peak resident memory of ``pid``'s own address space (VmHWM), 0 where it cannot be read. Not
+    the ``ru_maxrss`` of wait4: Linux counts in it the resident memory of the process that forked the
+    child (the test runner, grown by the tests before) as it was at the fork, so a small run of
+    preclint would read as large as its parent. Sampled while the child runs: growth in its last
+    sampling interval (50 ms) is missed; RLIMIT_DATA still bounds it."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def kill_group(pid: int) -> None:
