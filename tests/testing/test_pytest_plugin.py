@@ -231,7 +231,9 @@ def test_compiled():
         out = torch.compile(model, backend="eager")(x)
     torch.testing.assert_close(out, expected)
 ''')
-    result = suite.runpytest("-p", PLUGIN, "--preclint=tf32", "-W", "error")
+    # in a process of its own: -W error turns any warning of the run into an error, and in this process
+    # the plugin may already be imported (pytest warns it cannot rewrite it), which is no warning of a suite's
+    result = suite.runpytest_subprocess("-p", PLUGIN, "--preclint=tf32", "-W", "error")
     result.assert_outcomes(failed=1)
     assert "test_suite.py::test_compiled: real change: output under tf32" in result.stdout.str()
 
