@@ -76,6 +76,13 @@ def _as_call(provided: Any, source: str, pair_is_call: bool) -> Inputs:
     )
 
 
+def checked_call(call: Inputs, source: str) -> Inputs:
+    """``call`` (inputs handed over as objects, by the Python API) held to the bounds of example inputs
+    in a file: nesting, self-reference, item count and the memory of their copies."""
+    walk = _InputWalk(source)
+    return Inputs(_positional(call.args, source, walk), _keywords(call.kwargs, source, walk))
+
+
 def _positional(values: Sequence[Any], source: str, walk: Optional["_InputWalk"] = None) -> tuple:
     walk = walk or _InputWalk(source)
     walk.open.add(id(values))

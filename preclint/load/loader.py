@@ -25,7 +25,7 @@ from preclint.core.errors import UserError
 from preclint.load.build import build_named_model, find_model, require_initialised
 from preclint.load.downloads import downloads_refused
 from preclint.load.drawn_inputs import drawn_inputs
-from preclint.load.example_inputs import check_call_fits, inputs_from_code
+from preclint.load.example_inputs import check_call_fits, checked_call, inputs_from_code
 from preclint.load.input_specs import (InputSpec, check_inputs_fit_in_memory, check_unique_names, parse_dtype,
                                       parse_input, validate_shape)
 from preclint.load.messages import check_is_file, first_few
@@ -165,6 +165,7 @@ def loaded_from_module(module: nn.Module, inputs) -> LoadedModel:
     else:
         call = Inputs((inputs,))
     name = type(module).__name__
+    call = checked_call(call, f"{name}'s inputs")
     module, notes = unwrap_compiled(module, name)
     module, script_notes = from_torchscript(module, call, name)
     module, call, stored, dtype_notes = as_float32(module, call, name, in_place=False)

@@ -341,3 +341,24 @@ def test_a_thread_s_time_limit_leaves_nothing_armed():
     worker.start()
     worker.join(10)
     assert not worker.is_alive() and raised == []
+
+
+# ------------------------------------------------------------------------- inputs handed over by the API
+
+
+@pytest.mark.parametrize("build", ["holds-itself", "deep", "expanded"])
+def test_inputs_handed_over_are_bounded_as_a_file_s_are(build):
+    if build == "holds-itself":
+        inputs = []
+        inputs.append(inputs)
+        inputs = [inputs]
+    elif build == "deep":
+        inputs = cur = []
+        for _ in range(100_000):
+            cur.append([])
+            cur = cur[0]
+        inputs = (inputs,)
+    else:
+        inputs = (torch.zeros(1).expand(10 ** 12),)
+    with pytest.raises(UserError, match="Linear's inputs"):
+        preclint.check(nn.Linear(4, 4), inputs, precisions=("tf32",))
