@@ -2,7 +2,9 @@
 described (analyses/scaled_operands.py), once per module, under the scaled modes checked."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Tuple
+
+from preclint.core.numerics import MODES
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Node
 from preclint.reference.analyses.scaled_operands import ScaledOperands
@@ -19,6 +21,22 @@ def scaled_layers(ctx) -> Iterator[Tuple[Node, ScaledOperands]]:
             continue
         seen.add(node.module_path)
         yield node, record
+
+
+def operands_where(ctx, hits: Callable) -> Iterator[Tuple[Node, ScaledOperands, Dict[str, tuple]]]:
+    """Each scaled layer with, per mode checked that runs it scaled, the first operand whose statistics
+    ``hits`` (operand, statistics, the mode's recipe); layers without one are left out."""
+    for node, record in scaled_layers(ctx):
+        hit: Dict[str, tuple] = {}
+        for mode in ctx.modes:
+            recipe = MODES[mode].recipe
+            if mode in record.rejected or recipe.keeps(node.module_path):
+                continue
+            for operand, q in record.modes.get(mode, {}).items():
+                if hits(q):
+                    hit.setdefault(mode, (operand, q, recipe))
+        if hit:
+            yield node, record, hit
 
 
 def flops(node: Node) -> float:

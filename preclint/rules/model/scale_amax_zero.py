@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent
-from preclint.core.numerics import MODES, SCALED_MODES
+from preclint.core.numerics import SCALED_MODES
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._scaled import GROUP_WORDS, scaled_layers
+from preclint.rules.model._scaled import GROUP_WORDS, operands_where
 
 
 def _padded_batch():
@@ -58,17 +58,7 @@ bfloat16; NVFP4 implementations clamp the E4M3 block scale to its smallest norma
     good = (Example(_padded_batch, "the same rows with torchao's floor of 1e-12", {"precisions": ("fp8-rowwise",)}),)
 
     def check_graph(self, ctx):
-        for node, record in scaled_layers(ctx):
-            hit = {}
-            for mode in ctx.modes:
-                recipe = MODES[mode].recipe
-                if mode in record.rejected or recipe.keeps(node.module_path):
-                    continue
-                for operand, q in record.modes.get(mode, {}).items():
-                    if q.zero_groups and q.nonfinite:
-                        hit.setdefault(mode, (operand, q, recipe))
-            if not hit:
-                continue
+        for node, record, hit in operands_where(ctx, lambda q: q.zero_groups and q.nonfinite):
             modes = tuple(hit)
             operand, q, recipe = hit[modes[0]]
             groups = GROUP_WORDS[recipe.granularity] if recipe.granularity != "tensor" else "tensor"

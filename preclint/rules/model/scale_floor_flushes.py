@@ -3,10 +3,10 @@ amax, so the floor sets the scale and the operand's values become 0."""
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.core.numerics import MODES, SCALED_MODES
+from preclint.core.numerics import SCALED_MODES
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._scaled import GROUP_WORDS, scaled_layers
+from preclint.rules.model._scaled import GROUP_WORDS, operands_where
 from preclint.rules.model.outlier_crushed_scale import UNDERFLOW_LIMIT
 
 
@@ -48,17 +48,7 @@ nothing else.
     good = (Example(_mlp, "the same MLP with torchao's floor of 1e-12", {"precisions": ("fp8",)}),)
 
     def check_graph(self, ctx):
-        for node, record in scaled_layers(ctx):
-            hit = {}
-            for mode in ctx.modes:
-                recipe = MODES[mode].recipe
-                if mode in record.rejected or recipe.keeps(node.module_path):
-                    continue
-                for operand, q in record.modes.get(mode, {}).items():
-                    if q.floored_groups and q.underflow >= UNDERFLOW_LIMIT:
-                        hit.setdefault(mode, (operand, q, recipe))
-            if not hit:
-                continue
+        for node, record, hit in operands_where(ctx, lambda q: q.floored_groups and q.underflow >= UNDERFLOW_LIMIT):
             modes = tuple(hit)
             operand, q, recipe = hit[modes[0]]
             groups = "tensor" if recipe.granularity == "tensor" else f"{q.groups} {GROUP_WORDS[recipe.granularity]}"
