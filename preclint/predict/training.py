@@ -31,8 +31,8 @@ from preclint.training.statistics import (flush_threshold, flushes, lost_updates
                                           scale_window)
 
 SECOND_MOMENTS = ("exp_avg_sq", "square_avg", "sum")  # Adam/AdamW, RMSprop, Adagrad: the divisor's state
-WINDOW_UNDERFLOW = 0.01
-HAZARD_SHARE = 0.01  # a first moment or momentum that flushes in more than this share of its elements  # the scale window's low end keeps all but this fraction of low-dtype gradients
+WINDOW_UNDERFLOW = 0.01  # the scale window's low end keeps all but this fraction of low-dtype gradients
+HAZARD_SHARE = 0.01  # a first moment or momentum that flushes in more than this share of its elements
 
 
 @dataclass
