@@ -73,14 +73,9 @@ def open_parent(path: str) -> Tuple[Optional[int], str]:
             try:
                 step = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
             except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):  # EMLINK: FreeBSD's O_NOFOLLOW
-                    try:
-                        if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
-                            raise LinkOnPath(path, shown) from None
-                    except LinkOnPath:
-                        raise
-                    except OSError:
-                        pass
+                # ELOOP, ENOTDIR, or FreeBSD's EMLINK for O_NOFOLLOW: a link, if lstat says so
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(part, fd):
+                    raise LinkOnPath(path, shown) from None
                 raise
             os.close(fd)
             fd = step
@@ -88,6 +83,13 @@ def open_parent(path: str) -> Tuple[Optional[int], str]:
         os.close(fd)
         raise
     return fd, name
+
+
+def _is_link(name: str, directory: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def at(fd: Optional[int]) -> dict:
