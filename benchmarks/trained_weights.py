@@ -70,17 +70,26 @@ def _speakers(generator, n: int, steps: int = 80, speakers: int = 16, mels: int 
     return x, label
 
 
-def speaker_lstm() -> Tuple[nn.Module, tuple]:
-    torch.manual_seed(0)
+def _train(parameters, lr: float, steps: int, loss_of: Callable[[torch.Generator], torch.Tensor]) -> None:
+    """Adam on ``parameters`` for ``steps`` batches, each drawn by ``loss_of`` from one generator seeded 0."""
     generator = torch.Generator().manual_seed(0)
-    model, head = SpeakerEncoder(), nn.Linear(32, 16)
-    optimiser = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), 3e-3)
-    for _ in range(300):
-        x, y = _speakers(generator, 64)
-        loss = F.cross_entropy(head(model(x)) * 10, y)
+    optimiser = torch.optim.Adam(parameters, lr)
+    for _ in range(steps):
+        loss = loss_of(generator)
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
+
+
+def speaker_lstm() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    model, head = SpeakerEncoder(), nn.Linear(32, 16)
+
+    def loss_of(generator):
+        x, y = _speakers(generator, 64)
+        return F.cross_entropy(head(model(x)) * 10, y)
+
+    _train(list(model.parameters()) + list(head.parameters()), 3e-3, 300, loss_of)
     return model.eval(), (_speakers(torch.Generator().manual_seed(7), 8)[0],)
 
 
@@ -101,15 +110,13 @@ class Counter(nn.Module):
 def counter(cell) -> Callable[[], Tuple[nn.Module, tuple]]:
     def build():
         torch.manual_seed(0)
-        generator = torch.Generator().manual_seed(0)
         model = Counter(cell)
-        optimiser = torch.optim.Adam(model.parameters(), 3e-3)
-        for _ in range(250):
+
+        def loss_of(generator):
             x = torch.randn(32, 100, 4, generator=generator)
-            loss = F.mse_loss(model(x), torch.cumsum(x[..., 0], dim=1) / 10)
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
+            return F.mse_loss(model(x), torch.cumsum(x[..., 0], dim=1) / 10)
+
+        _train(model.parameters(), 3e-3, 250, loss_of)
         return model.eval(), (torch.randn(4, 200, 4, generator=torch.Generator().manual_seed(7)),)
     return build
 
@@ -143,15 +150,13 @@ def _tones(generator, n: int, length: int = 1024):
 
 def raw_audio_cnn() -> Tuple[nn.Module, tuple]:
     torch.manual_seed(0)
-    generator = torch.Generator().manual_seed(0)
     model = RawAudioNet()
-    optimiser = torch.optim.Adam(model.parameters(), 1e-3)
-    for _ in range(150):
+
+    def loss_of(generator):
         x, y = _tones(generator, 32)
-        loss = F.binary_cross_entropy(model(x), F.one_hot(y, 24).float())
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
+        return F.binary_cross_entropy(model(x), F.one_hot(y, 24).float())
+
+    _train(model.parameters(), 1e-3, 150, loss_of)
     return model.eval(), (_tones(torch.Generator().manual_seed(7), 8)[0],)
 
 
@@ -179,16 +184,14 @@ def _faces(generator, n: int):
 
 def face_cnn() -> Tuple[nn.Module, tuple]:
     torch.manual_seed(0)
-    generator = torch.Generator().manual_seed(0)
     model = FaceNet()
-    optimiser = torch.optim.Adam(model.parameters(), 1e-3)
-    for _ in range(200):
+
+    def loss_of(generator):
         x, y = _faces(generator, 64)
         probability, _ = model(x)
-        loss = F.nll_loss(torch.log(probability + 1e-12), y)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
+        return F.nll_loss(torch.log(probability + 1e-12), y)
+
+    _train(model.parameters(), 1e-3, 200, loss_of)
     return model.eval(), (_faces(torch.Generator().manual_seed(7), 16)[0],)
 
 
