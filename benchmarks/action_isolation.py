@@ -43,6 +43,8 @@ from unittest import mock
 if __package__ in (None, ""):  # run as a script: the repository root, for benchmarks.provenance
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.provenance import git_commit, stamp, store_labelled  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AMP = "import torch\n\nwith torch.cuda.amp.autocast():\n    pass\n"
 RAN = "the pull request's {} ran"
@@ -409,22 +411,11 @@ def main() -> None:
     for klass in by_class:
         print(f"{klass}: {good[klass]}/{by_class[klass]} as they should be")
     if args.out:
-        stored = {}
-        if os.path.exists(args.out):
-            with open(args.out) as handle:
-                stored = json.load(handle)
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        from benchmarks.provenance import stamp
-
         # (the commit tried is --root's, which may be another checkout than this script's)
-        stored[args.label] = stamp({"root": root, "commit": commit or None, "runner_flags": flags, "outcomes": outcomes,
-                                    "tries": len(outcomes), "as_they_should_be": sum(good.values()),
-                                    "summary": {k: f"{good[k]}/{by_class[k]}" for k in by_class}})
-        stored["provenance"] = stored[args.label]["provenance"]  # the file's: its latest run's (this script's commit)
-        stored = {"provenance": stored.pop("provenance"), **stored}
-        with open(args.out, "w") as out:
-            json.dump(stored, out, indent=1)
-            out.write("\n")
+        store_labelled(args.out, args.label, stamp({
+            "root": root, "commit": git_commit(root), "runner_flags": flags, "outcomes": outcomes,
+            "tries": len(outcomes), "as_they_should_be": sum(good.values()),
+            "summary": {k: f"{good[k]}/{by_class[k]}" for k in by_class}}))
     shutil.rmtree(scratch, ignore_errors=True)
 
 

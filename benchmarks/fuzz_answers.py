@@ -12,7 +12,6 @@ tests/testing's: the fuzzer runs preclint's command line only.)
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.fuzz import attack_oracle  # noqa: E402
 from benchmarks.fuzz.attack_answers import VARIANTS, answers, params  # noqa: E402
 from benchmarks.fuzz.attacks import AttackCase  # noqa: E402
-from benchmarks.provenance import git_commit, stamp  # noqa: E402
+from benchmarks.provenance import git_commit, store_labelled  # noqa: E402
 
 
 def try_variants(tries: int, first: int) -> Dict[str, Any]:
@@ -59,11 +58,8 @@ def main() -> int:
     variants = try_variants(args.tries, args.first)
     tries = sum(v["tries"] for v in variants.values())
     held = tries - sum(v["failures"] for v in variants.values())
-    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    previous.pop("provenance", None)
-    previous[args.label] = {"root_commit": git_commit(args.root.resolve()), "variants": variants,
-                            "summary": f"{held}/{tries} answered true"}
-    args.out.write_text(json.dumps(stamp(previous), indent=1) + "\n")
+    store_labelled(args.out, args.label, {"root_commit": git_commit(args.root.resolve()), "variants": variants,
+                                          "summary": f"{held}/{tries} answered true"})
     print(f"{args.label}: {held}/{tries} answered true")
     return 0
 

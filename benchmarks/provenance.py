@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import os
 import platform
 import shlex
@@ -39,6 +40,19 @@ RESULTS = "benchmarks/results"
 def stamp(result: Dict[str, Any]) -> Dict[str, Any]:
     """``result`` with this run's provenance as its first key (replacing any it had)."""
     return {"provenance": run_provenance(), **{k: v for k, v in result.items() if k != "provenance"}}
+
+
+def store_labelled(path, label: str, record: Dict[str, Any]) -> None:
+    """``record`` under ``label`` in the JSON file ``path``, beside the labels other runs stored there
+    (a "before" and an "after" side by side); the file's own provenance is this run's."""
+    stored: Dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as handle:
+            stored = json.load(handle)
+    stored[label] = record
+    with open(path, "w") as out:
+        json.dump(stamp(stored), out, indent=1)
+        out.write("\n")
 
 
 def run_provenance() -> Dict[str, Any]:

@@ -35,6 +35,8 @@ from typing import Callable, List, Optional
 if __package__ in (None, ""):  # run as a script: the repository root, for benchmarks.provenance
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.provenance import git_commit, stamp, store_labelled  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENCODE: Optional[Callable] = None  # the checked code's cache encoder, where it has one (main has none)
 AMP = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = model(x)\n"
@@ -669,21 +671,11 @@ def main() -> None:
     for klass in by_class:
         print(f"{klass}: {good[klass]}/{by_class[klass]} as they should be")
     if args.out:
-        stored = {}
-        if os.path.exists(args.out):
-            with open(args.out) as handle:
-                stored = json.load(handle)
-        commit = subprocess.run(["git", "-C", args.root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        from benchmarks.provenance import stamp
-
         # (the commit checked is --root's, which may be another checkout than this script's)
-        stored[args.label] = stamp({"root": os.path.abspath(args.root), "commit": commit or None,
-                                    "as_root": os.geteuid() == 0, "outcomes": outcomes,
-                                    "summary": {k: f"{good[k]}/{by_class[k]}" for k in by_class}})
-        with open(args.out, "w") as out:
-            json.dump(stored, out, indent=1)
-            out.write("\n")
-
+        store_labelled(args.out, args.label, stamp({
+            "root": os.path.abspath(args.root), "commit": git_commit(os.path.abspath(args.root)),
+            "as_root": os.geteuid() == 0, "outcomes": outcomes,
+            "summary": {k: f"{good[k]}/{by_class[k]}" for k in by_class}}))
 
 if __name__ == "__main__":
     main()

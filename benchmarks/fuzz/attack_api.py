@@ -207,7 +207,7 @@ def sweep(root: Optional[str]) -> list:
 
 
 def main() -> int:
-    from benchmarks.provenance import stamp
+    from benchmarks.provenance import stamp, store_labelled
 
     parser = argparse.ArgumentParser(description="every api-state attack, once")
     parser.add_argument("--label", required=True, help="the key the results are kept under (before, after)")
@@ -215,15 +215,12 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rows = sweep(os.path.abspath(args.root) if args.root else None)
-    result = json.load(open(args.out)) if os.path.exists(args.out) else {}
     failures: dict = {}
     for row in rows:
         if row["failure"]:
             failures[row["failure"]] = failures.get(row["failure"], 0) + 1
-    result[args.label] = stamp({"root": args.root or ".", "tries": len(rows), "failed": sum(failures.values()),
-                                "failures": failures, "cases": rows})
-    with open(args.out, "w") as f:  # (the file's provenance: its last run's)
-        f.write(json.dumps(stamp(result), indent=1) + "\n")
+    store_labelled(args.out, args.label, stamp({"root": args.root or ".", "tries": len(rows),
+                                                "failed": sum(failures.values()), "failures": failures, "cases": rows}))
     return 0
 
 
