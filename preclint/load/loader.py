@@ -169,10 +169,6 @@ def loaded_from_module(module: nn.Module, inputs) -> LoadedModel:
     module, notes = unwrap_compiled(module, name)
     module, script_notes = from_torchscript(module, call, name)
     module, call, stored, dtype_notes = as_float32(module, call, name, in_place=False)
-    try:
-        source = inspect.getsourcefile(type(module))
-    except (TypeError, OSError):
-        source = None
-    return LoadedModel(module, call.args, name, os.path.abspath(source) if source else None,
+    return LoadedModel(module, call.args, name, _defining_file(module),
                        kwargs=call.kwargs, notes=notes + script_notes + dtype_notes + quantized_notes(module, name),
                        stored=stored)
