@@ -22,6 +22,7 @@ from preclint.predict.formats import input_formats, node_format
 from preclint.predict.local import local_error, result_rounding, rounding_terms
 from preclint.predict.range import mark_poles, overflows, reaching_absmax
 from preclint.predict.scaled import converted
+from preclint.reference.analyses.attention import AttentionRoundings
 from preclint.reference.analyses.contraction import Contraction
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins, deciding_input
@@ -37,7 +38,7 @@ from preclint.reference.analyses.terms import Terms
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
-                         StoredParameters, Recurrence, ExactRounding)
+                         StoredParameters, Recurrence, AttentionRoundings, ExactRounding)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -133,6 +134,8 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         total += terms["recurrence_to_output"]
     if "recurrence" in terms:  # the steps' roundings, as they reach this output of an RNN
         total += terms["recurrence"] ** 2 * gain_out
+    if "internal" in terms:  # a fused module's inner roundings, as they reach this output of it
+        total += terms["internal"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
         total += terms["result_to_output"]
     elif "result" in terms:
@@ -230,6 +233,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         prediction.output_error = None
         return prediction
     owners = _recurrences(graph, mode, formats, roundings, prediction)
+    owners.update(_attentions(graph, mode, formats, roundings, prediction))
     mark_poles(graph, prediction, roundings)
 
     # the output's own values where the run recorded them (every tensor of a nested output), else
@@ -344,6 +348,34 @@ def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: D
             prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
             owners[taker.name] = node.name
         rounded.pop("operands", None)  # (the steps' operands and states include the boundary's)
+        rounded.pop("result", None)
+    return owners
+
+
+def _attentions(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: Dict[str, Dict[str, float]],
+                prediction: ModePrediction) -> Dict[str, str]:
+    """The roundings inside a MultiheadAttention call (AttentionRoundings), put on the values the model
+    takes from its outputs in place of the call's boundary roundings; returns each such value's module."""
+    owners: Dict[str, str] = {}
+    for node in graph.nodes:
+        record = node.record(AttentionRoundings)
+        rounded = roundings.get(node.name, {})
+        fmt = FORMATS.get(formats[node.name])
+        if record is None or fmt is None or ("operands" not in rounded and "result" not in rounded):
+            continue
+        stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
+        operand_u = C_INPUT / math.sqrt(2.0) * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
+        result_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0  # (TF32 keeps float32 scores)
+        for taker in _takers(graph, node):
+            index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
+                          and s.rms == taker.out.rms), None)
+            if index is None:
+                continue
+            rel = record.relative(index, taker.out.rms, operand_u, result_u)
+            roundings[taker.name]["internal"] = rel
+            prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
+            owners[taker.name] = node.name
+        rounded.pop("operands", None)  # (the inner operands include the boundary's)
         rounded.pop("result", None)
     return owners
 
