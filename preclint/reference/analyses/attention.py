@@ -189,17 +189,16 @@ def _weighed(module, bound: dict) -> Optional[AttentionRoundings]:
 
 
 def _module_output(module, bound: dict):
-    """The module's own output for the call, in float64 (a copy of the module: the model's stays as it is)."""
-    import copy
-
+    """The module's own output for the call, in float64, with its parameters cast for this call only
+    (torch.func.functional_call: the model's module stays as it is)."""
     import torch
 
-    twin = copy.deepcopy(module).double()
+    params = {name: p.detach().double() for name, p in module.named_parameters()}
     args = {k: (v.detach().double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
             for k, v in bound.items()}
     with torch.no_grad():
         try:
-            return twin(**args)[0]
+            return torch.func.functional_call(module, params, (), args)[0]
         except Exception:  # noqa: BLE001 - a call the decomposition cannot check is left to the boundary
             return None
 
