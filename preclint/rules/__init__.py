@@ -89,6 +89,23 @@ def rules_to_run(ctx, config=None) -> Iterator[tuple]:
         yield rule_cls(), ctx.for_rule(rule_cls)
 
 
+def rule_named(name: str) -> Type:
+    """The built-in rule called ``name`` (kebab-case), from the one module named after it: what a
+    caller outside the pack asks for by name, without importing the pack's modules itself or walking it."""
+    for kind in KINDS:
+        module_name = f"{__name__}.{kind}.{name.replace('-', '_')}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        for rule in rules_of(module):
+            if rule.name == name:
+                return rule
+    raise LookupError(f"no built-in rule is called {name!r}")
+
+
 def unreadable_file_rule() -> Type:
     """The source rule that reports the files no rule could check (``reports_unreadable_files``)."""
     return _the_one(rule for rule in source_rules() if rule.reports_unreadable_files)

@@ -220,6 +220,21 @@ def test_no_private_name_is_imported_from_another_module():
     assert not found, "private names used across modules: " + "; ".join(found)
 
 
+# what code outside the rule pack may import of it: the pack (its discovery) and the contract a rule
+# implements; a rule module, or a helper the pack's rules share (``rules/model/_scaled.py``), is the pack's own
+RULE_PACK_SURFACE = ("preclint.rules", "preclint.rules.base")
+
+
+def test_only_the_pack_imports_its_rule_modules():
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}"
+             for module, edges in dependencies().items()
+             if module != "preclint.rules" and not module.startswith("preclint.rules.")
+             for target, line in edges.items()
+             if target.startswith("preclint.rules.") and target not in RULE_PACK_SURFACE]
+    assert not found, "outside the rule pack, numbers a rule and the engine share belong in predict/ or core/: " + \
+        "; ".join(sorted(found))
+
+
 def parameters(function: ast.AST) -> List[str]:
     """A function's parameters, ``self`` and ``cls`` left out."""
     a = function.args
