@@ -27,9 +27,9 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.predict.*",),
     ("preclint.locations.*",),
     ("preclint.rules", "preclint.rules.*"),
-    ("preclint.config",),  # validates codes against the rule pack
     ("preclint.probe.*",),
     ("preclint.report.*",),
+    ("preclint.config",),  # validates codes against the rule pack, and output-format against the formats found
     ("preclint.source.*",),  # the source-only check: runs the source rules, prints a report
     ("preclint.plan.*",),  # the planner, its verification and its output: the session drives it
     ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
