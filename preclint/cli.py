@@ -22,6 +22,7 @@ from preclint.core.choices import PROBE_BACKEND_CHOICES as PROBE_BACKENDS
 from preclint.core.choices import PROBE_DEVICE_CHOICES as PROBE_DEVICES
 from preclint.core.numerics import DEFAULT_MODES, MODES
 from preclint.report.formats import help_text as output_format_help
+from preclint.rules import installed_pack_rules
 from preclint.report.formats import names as output_format_names
 
 
@@ -513,6 +514,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return EXIT_ERROR
     with interrupt_signals():
         try:
+            installed_pack_rules()  # a broken or clashing rule pack: one line before anything runs
             if args.command in ("check", "probe"):
                 return cmd_check(args)
             if args.command == "rule":

@@ -190,7 +190,7 @@ def _matches(selector: str, code: str) -> bool:
     return selector == "ALL" or code.startswith(selector)
 
 
-_SELECTOR = re.compile(r"^PCL[0-9]{0,3}$")
+_SELECTOR = re.compile(r"^[A-Z]+[0-9]*$")  # PCL, PCL1, PCL101; an installed pack's ACME, ACME001
 
 
 def known_codes() -> List[str]:
