@@ -235,6 +235,15 @@ def test_only_the_pack_imports_its_rule_modules():
         "; ".join(sorted(found))
 
 
+def test_the_rule_contract_stands_without_the_built_in_rules():
+    # an installed pack (docs/rule-packs.md) builds on preclint.rules.base and is found by preclint.rules:
+    # neither may lean on a built-in rule module, so a pack sees the contract, not the built-in rules' helpers
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}"
+             for module in RULE_PACK_SURFACE for target, line in dependencies()[module].items()
+             if target.startswith(("preclint.rules.model.", "preclint.rules.source."))]
+    assert not found, "; ".join(sorted(found))
+
+
 def parameters(function: ast.AST) -> List[str]:
     """A function's parameters, ``self`` and ``cls`` left out."""
     a = function.args
