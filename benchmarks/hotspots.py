@@ -1,5 +1,5 @@
 """Benchmark: how far each layer's measured local error lies from what ordinary rounding gives its
-kind of op (preclint/rules/model/unflagged_hotspot.py: ordinary_local), and which PCL900 findings the zoo gets.
+kind of op (preclint/predict/ordinary.py: ordinary_local), and which PCL900 findings the zoo gets.
 
 PCL900 reports a layer that holds a fifth of an output's error when its own error exceeds ordinary
 rounding by EXCESS (3). This measures the ratio measured/ordinary over every rounding layer of the
@@ -27,7 +27,8 @@ from benchmarks.provenance import stamp  # noqa: E402
 from benchmarks.zoo import ZOO  # noqa: E402
 from preclint.config import Config  # noqa: E402
 from preclint.probe import ProbeOptions, measure_model, merge_into_report  # noqa: E402
-from preclint.rules.model.unflagged_hotspot import FLOAT32_NOISE, MIN_SHARE, ordinary_local  # noqa: E402
+from preclint.predict.ordinary import FLOAT32_NOISE, ordinary_local  # noqa: E402
+from preclint.rules.model.unflagged_hotspot import MIN_SHARE  # noqa: E402
 
 MODES = ("tf32", "fp16", "bf16")
 

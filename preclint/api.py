@@ -130,10 +130,11 @@ class Report:
     def render(self, fmt: str = "full", color: bool = False) -> str:
         """The report in one of the command line's output formats (full, concise, json, sarif,
         github, rdjson, html), byte for byte what ``--output-format fmt`` writes."""
-        from preclint.report import FORMATS, render_reports
+        from preclint.report import render_reports
+        from preclint.report.formats import names
 
-        if fmt not in FORMATS:
-            raise UserError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
+        if fmt not in names():
+            raise UserError(f"unknown output format {fmt!r} (choose from {', '.join(names())})")
         if fmt == "html":
             return self._repr_html_()
         return render_reports([self.document], fmt, color)

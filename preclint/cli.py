@@ -21,7 +21,9 @@ from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_cod
 from preclint.core.choices import PROBE_BACKEND_CHOICES as PROBE_BACKENDS
 from preclint.core.choices import PROBE_DEVICE_CHOICES as PROBE_DEVICES
 from preclint.core.numerics import DEFAULT_MODES, MODES
-from preclint.report import FORMATS
+from preclint.report.formats import help_text as output_format_help
+from preclint.rules import installed_pack_rules
+from preclint.report.formats import names as output_format_names
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,9 +122,7 @@ def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output-format", choices=FORMATS,
-                   help="full (default), concise, json, sarif, github, rdjson (reviewdog), gitlab (Code Quality), "
-                        "junit, html (a page for the browser: use --output)")
+    p.add_argument("--output-format", choices=output_format_names(), help=output_format_help())
     p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars on stderr")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
@@ -514,6 +514,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return EXIT_ERROR
     with interrupt_signals():
         try:
+            installed_pack_rules()  # a broken or clashing rule pack: one line before anything runs
             if args.command in ("check", "probe"):
                 return cmd_check(args)
             if args.command == "rule":

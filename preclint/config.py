@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from preclint.core.errors import UserError
 from preclint.core.findings import SEVERITIES
 from preclint.core.numerics import DEFAULT_MODES, MODES, scaling_value
-OUTPUT_FORMATS = ("full", "concise", "json", "sarif", "github", "rdjson", "gitlab", "junit", "html")
+from preclint.report.formats import names as output_formats
 
 # Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
 # it: minutes for the largest models preclint runs on a CPU, and a bound on a model file that never
@@ -159,9 +159,9 @@ class Config:
                 raise UserError(f"{where}: {exc}") from None
         if self.fail_on not in SEVERITIES:
             raise UserError(f"{where}: fail-on must be one of {', '.join(SEVERITIES)}, not {self.fail_on!r}")
-        if self.output_format not in OUTPUT_FORMATS:
+        if self.output_format not in output_formats():
             raise UserError(
-                f"{where}: output-format must be one of {', '.join(OUTPUT_FORMATS)}, not {self.output_format!r}"
+                f"{where}: output-format must be one of {', '.join(output_formats())}, not {self.output_format!r}"
             )
 
 
@@ -190,7 +190,7 @@ def _matches(selector: str, code: str) -> bool:
     return selector == "ALL" or code.startswith(selector)
 
 
-_SELECTOR = re.compile(r"^PCL[0-9]{0,3}$")
+_SELECTOR = re.compile(r"^[A-Z]+[0-9]*$")  # PCL, PCL1, PCL101; an installed pack's ACME, ACME001
 
 
 def known_codes() -> List[str]:

@@ -91,3 +91,26 @@ def one_op(unit_roundoff: float) -> Meetable:
 def resolution(unit_roundoff: float) -> float:
     """The rtol below which a correct result fails outright."""
     return RESOLUTION_UNITS * unit_roundoff
+
+
+def failing_fraction(sigma: float, y_rms: float, rtol: float, atol: float) -> float:
+    """Expected fraction of elements with |error| > atol + rtol*|y|.
+
+    Models the output as N(0, y_rms^2) and its error as N(0, sigma^2), independent: the fraction is
+    E_y[erfc((atol + rtol |y|) / (sigma sqrt 2))], integrated over |y| with the trapezoid rule.
+    """
+    if sigma <= 0:
+        return 0.0
+    steps, top = 400, 8.0
+    total = 0.0
+    for i in range(steps + 1):
+        z = top * i / steps
+        weight = 0.5 if i in (0, steps) else 1.0
+        density = math.sqrt(2.0 / math.pi) * math.exp(-0.5 * z * z)
+        total += weight * density * math.erfc((atol + rtol * y_rms * z) / (sigma * math.sqrt(2.0)))
+    return total * top / steps
+
+
+def passing_atol(sigma: float, numel: int, confidence: float = 0.99) -> float:
+    """An atol that every element meets with the given probability, whatever rtol is."""
+    return sigma * math.sqrt(2.0 * math.log(2.0 * max(numel, 1) / (1.0 - confidence)))

@@ -23,7 +23,7 @@ from preclint.plan.scaled import MODELOPT_CONFIGS, TORCHAO_RECIPES, with_kept
 from preclint.predict.error_model import predict_mode
 from preclint.predict.scaled import converted
 from preclint.reference.analyses.scaled_operands import ScaledOperands
-from preclint.rules.model._scaled import flops
+from preclint.predict.flops import flops
 
 BF16 = "bf16"
 BITS = {"nvfp4": 4 + 8 / 16, "fp8": 8.0, "fp8-rowwise": 8.0 + 1e-3, "mxfp8": 8 + 8 / 32, BF16: 16.0}

@@ -28,6 +28,7 @@ from preclint.core.ir import Graph, Kind, Node
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
 from preclint.core.numerics import FP32, MODES, Mode
+from preclint.core.tolerances import failing_fraction, passing_atol
 from preclint.predict.error_model import ModePrediction, expected_flip_fraction, propagated_error, predict_mode
 from preclint.predict.local import rounding_terms
 from preclint.predict.range import reaching_absmax
@@ -147,7 +148,6 @@ class Planner:
         return self.tolerance.max_flip is not None or not self.tolerance.compares_values
 
     def failing_fraction(self, p: ModePrediction) -> Optional[float]:
-        from preclint.rules.model.output_tolerance import failing_fraction
 
         if not self.tolerance.compares_values or p.output_error is None or not p.output_numel:
             return None
@@ -466,7 +466,6 @@ def _share_reason(planner: Planner, unit: Unit, before: ModePrediction) -> str:
 
 
 def _floor_note(floor: ModePrediction, tolerance: Tolerance, planner: Planner) -> str:
-    from preclint.rules.model.output_tolerance import passing_atol
 
     honest = passing_atol(floor.output_error, floor.output_numel)
     return (f"float32 itself is predicted to miss rtol={tolerance.rtol}, atol={tolerance.atol} against float64 "

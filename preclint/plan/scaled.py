@@ -18,7 +18,7 @@ from preclint.core.numerics import MODES, Mode
 from preclint.predict.error_model import predict_mode
 from preclint.predict.scaled import converted
 from preclint.reference.analyses.scaled_operands import ScaledOperands
-from preclint.rules.model._scaled import flops
+from preclint.predict.flops import flops
 
 # torchao's recipe names for the modes it runs (Float8LinearConfig.from_recipe_name)
 TORCHAO_RECIPES = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}

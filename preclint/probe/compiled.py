@@ -30,6 +30,7 @@ import torch
 import torch._dynamo
 
 from preclint.core.ir import Kind
+from preclint.predict.ordinary import FLOAT32_NOISE  # a compiled-vs-eager difference under it is reassociation
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import compare
 from preclint.measure.compiled import Compilation, CompiledRunner, backend_named, eager_dtypes
@@ -37,9 +38,6 @@ from preclint.measure.compiled_graph import (CompiledNode, KeptSite, computed_dt
                                              kept_float32_lost, reduced_user_casts)
 from preclint.measure.copies import copy_to
 
-# Float32 decides nothing below this relative error (2^-17.5, between float32's unit roundoff and the
-# reduced formats'): a compiled-vs-eager difference under it is reassociation, not precision.
-FLOAT32_NOISE = 2.0 ** -17.5
 
 _COMPUTING = frozenset({Kind.CONV, Kind.LINEAR, Kind.MATMUL, Kind.BATCHNORM, Kind.NORM, Kind.SOFTMAX, Kind.REDUCTION,
                         Kind.SCAN, Kind.ELEMENTWISE, Kind.ACTIVATION, Kind.POOL, Kind.RESAMPLE})

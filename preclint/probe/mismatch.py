@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 from preclint.core.findings import percent, sci
 from preclint.core.ir import DOT_PRODUCT_KINDS
-from preclint.rules.model.unflagged_hotspot import FLOAT32_NOISE, ordinary_local
+from preclint.predict.ordinary import FLOAT32_NOISE, ordinary_local
 
 # The error model's predictions land within this factor of the measured errors (issue 26's target,
 # and PCL900's EXCESS); beyond it the prediction misses something this model does.

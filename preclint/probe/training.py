@@ -15,6 +15,7 @@ import torch
 
 from preclint.core.errors import one_line
 from preclint.measure.training_step import StepRequest, run_step
+from preclint.predict.ordinary import STEP_SHARE
 from preclint.predict.training import ParameterFigures, TrainingFigures, totals
 from preclint.training.statistics import nonfinite_count, relative_error, unchanged_fraction
 
@@ -83,7 +84,6 @@ def judge_training(findings, measured: Dict[str, TrainingFigures], predicted: Di
     above the threshold (beyond float32's own lost updates for PCL602; any for a count) confirms it."""
     from preclint.core.findings import ErrorFigure
     from preclint.rules import all_rules
-    from preclint.rules.model._training import SHARE
 
     rules = all_rules()
     for finding in findings:
@@ -98,7 +98,7 @@ def judge_training(findings, measured: Dict[str, TrainingFigures], predicted: Di
             value = getattr(figures, key)
             if key == "lost_update_fraction" and mode in predicted:  # beyond what float32 storage loses
                 value -= predicted[mode].float32_lost_update_fraction or 0.0
-            confirmed = value > 0 if key == "nonfinite_updates" else value > SHARE
+            confirmed = value > 0 if key == "nonfinite_updates" else value > STEP_SHARE
             figure = ErrorFigure(figures.grad_rel_error, None)
             figure.status = "confirmed" if confirmed else "refuted"
             finding.measured[mode] = figure

@@ -1,4 +1,5 @@
-"""Output formats. Each module converts the one Report into one format; nothing else does.
+"""Output formats. Each is one module of ``formats/``, found there (formats/__init__.py says what it
+declares); a writer converts the one Report into its format, and nothing else does.
 
 A run over several models prints one output: one JSON, SARIF, rdjson, GitLab or JUnit document, one
 set of GitHub annotations, one text report. A model that could not be checked is a Report with an ``error``; the
@@ -10,35 +11,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from preclint.config import OUTPUT_FORMATS as FORMATS  # one list, which the config validates
 from preclint.report.document import Report, review_place
+from preclint.report.formats import format_named, names
 
 __all__ = ["FORMATS", "Report", "render", "render_reports", "review_place"]
 
-
-
-def _format_module(fmt: str):
-    if fmt == "json":
-        from preclint.report import json_format as module
-    elif fmt == "full":
-        from preclint.report import console as module
-    elif fmt == "concise":
-        from preclint.report import concise as module
-    elif fmt == "sarif":
-        from preclint.report import sarif as module
-    elif fmt == "github":
-        from preclint.report import github as module
-    elif fmt == "rdjson":
-        from preclint.report import rdjson as module
-    elif fmt == "gitlab":
-        from preclint.report import gitlab as module
-    elif fmt == "junit":
-        from preclint.report import junit as module
-    elif fmt == "html":
-        from preclint.report import html as module
-    else:
-        raise ValueError(fmt)
-    return module
+FORMATS = names()  # every module of preclint/report/formats/, in listing order
 
 
 def render(report: Report, fmt: str, color: bool = False) -> str:
@@ -48,5 +26,4 @@ def render(report: Report, fmt: str, color: bool = False) -> str:
 
 def render_reports(reports: Sequence[Report], fmt: str, color: bool = False) -> str:
     """The reports of one run (one per model) as one output in format ``fmt``."""
-    module = _format_module(fmt)
-    return module.render_many(reports, color=color) if fmt == "full" else module.render_many(reports)
+    return format_named(fmt).render_many(reports, color=color)

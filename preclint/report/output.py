@@ -12,6 +12,7 @@ import sys
 from typing import Dict, Optional, Sequence, TextIO, Tuple
 
 from preclint.core.errors import UserError
+from preclint.report.formats import document_formats
 from preclint.text.no_links import LinkOnPath, at, link_on_path, open_parent
 from preclint.text.safe_io import write_atomic_at
 
@@ -25,10 +26,10 @@ _PLACES: Dict[str, str] = {}
 # Formats that are documents in an encoding of their own: JSON is UTF-8 (RFC 8259), the JUnit XML and
 # the HTML page declare UTF-8. Printed on a stdout of another encoding (a redirected stdout on Windows
 # is cp1252), they are still written as UTF-8, the same bytes as --output writes.
-DOCUMENT_FORMATS = frozenset({"json", "sarif", "rdjson", "gitlab", "junit", "html"})
+DOCUMENT_FORMATS = document_formats()  # json, sarif, rdjson, gitlab, junit, html: each format says (DOCUMENT)
 # what else is written as UTF-8 on any stdout: the unified diff of --diff, a patch for git apply, whose
 # lines must stay the files' text
-UTF8_OUTPUTS = DOCUMENT_FORMATS | {"diff"}
+OTHER_UTF8_OUTPUTS = frozenset({"diff"})
 # the error handler that writes what an encoding cannot hold as JSON's \uXXXX escapes (a surrogate
 # pair beyond the BMP): valid in a JSON or JavaScript string, plain ASCII text in XML and HTML
 JSON_ESCAPE = "preclint.json-escape"
@@ -248,7 +249,7 @@ def write_report(text: str, out: Optional[TextIO] = None, fmt: Optional[str] = N
     if out is None:
         raise UserError("stdout is closed: there is nowhere to print the report")
     try:
-        _write(out, text, fmt in UTF8_OUTPUTS)
+        _write(out, text, fmt in OTHER_UTF8_OUTPUTS or fmt in document_formats())
         out.flush()
     except BrokenPipeError:
         raise

@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.core.findings import SEVERITIES, Finding, Location
 from preclint.core.numerics import BF16, FP16, FP32, MODES, TF32
+from preclint.rules import installed_pack_rules
 from preclint.source.suppress import Directive
 
 FORMAT = 4
@@ -78,6 +79,9 @@ def settings_key(codes: Sequence[str]) -> str:
 
     parts = [f"format={FORMAT}", f"preclint={__version__}", f"python={platform.python_version()}",
              f"libcst={getattr(libcst, '__version__', '') or _libcst_version()}", "codes=" + ",".join(sorted(codes))]
+    packs = sorted({f"{rule.__module__}:{_version_of(rule)}" for rule in installed_pack_rules()})
+    if packs:  # a rule pack's new version can find other things in an unchanged file
+        parts.append("packs=" + ",".join(packs))
     # every module of the package: the source rules, the text layer they read files with, this command
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for directory, folders, names in os.walk(package):
@@ -90,6 +94,16 @@ def settings_key(codes: Sequence[str]) -> str:
                     continue
                 parts.append(f"{os.path.relpath(os.path.join(directory, name), package)}:{info.st_size}:{info.st_mtime_ns}")
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=12).hexdigest()
+
+
+def _version_of(rule) -> str:
+    """Where ``rule``'s module lies, its size and when it changed: a pack's edit or new version changes them."""
+    path = getattr(sys.modules.get(rule.__module__), "__file__", None) or ""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return "unknown"
+    return f"{path}:{info.st_size}:{info.st_mtime_ns}"
 
 
 def _libcst_version() -> str:

@@ -30,11 +30,11 @@ import torch
 from preclint.core.errors import UserError
 from preclint.core.numerics import MODES
 from preclint.core.tolerances import CONFIDENCE, MARGIN, Meetable, meetable
-from preclint.rules.model.output_tolerance import OutputTolerance as OutputToleranceRule
+from preclint.rules import rule_named
 
 # the rules a tolerance's check runs: the one that reads the predicted output error alone, so that
 # the check computes what the prediction needs and nothing more
-PREDICTION_ONLY = (OutputToleranceRule.code,)
+PREDICTION_ONLY = (rule_named("output-tolerance").code,)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ LAYERS: List[Tuple[str, ...]] = [
     ("preclint.predict.*",),
     ("preclint.locations.*",),
     ("preclint.rules", "preclint.rules.*"),
-    ("preclint.config",),  # validates codes against the rule pack
     ("preclint.probe.*",),
     ("preclint.report.*",),
+    ("preclint.config",),  # validates codes against the rule pack, and output-format against the formats found
     ("preclint.source.*",),  # the source-only check: runs the source rules, prints a report
     ("preclint.plan.*",),  # the planner, its verification and its output: the session drives it
     ("preclint.engine",),  # the session: one model's walk, for the command line and the Python API
@@ -218,6 +218,30 @@ def test_no_private_name_is_imported_from_another_module():
         for n in names if n.startswith("_") and not n.startswith("__")
     ]
     assert not found, "private names used across modules: " + "; ".join(found)
+
+
+# what code outside the rule pack may import of it: the pack (its discovery) and the contract a rule
+# implements; a rule module, or a helper the pack's rules share (``rules/model/_scaled.py``), is the pack's own
+RULE_PACK_SURFACE = ("preclint.rules", "preclint.rules.base")
+
+
+def test_only_the_pack_imports_its_rule_modules():
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}"
+             for module, edges in dependencies().items()
+             if module != "preclint.rules" and not module.startswith("preclint.rules.")
+             for target, line in edges.items()
+             if target.startswith("preclint.rules.") and target not in RULE_PACK_SURFACE]
+    assert not found, "outside the rule pack, numbers a rule and the engine share belong in predict/ or core/: " + \
+        "; ".join(sorted(found))
+
+
+def test_the_rule_contract_stands_without_the_built_in_rules():
+    # an installed pack (docs/rule-packs.md) builds on preclint.rules.base and is found by preclint.rules:
+    # neither may lean on a built-in rule module, so a pack sees the contract, not the built-in rules' helpers
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}"
+             for module in RULE_PACK_SURFACE for target, line in dependencies()[module].items()
+             if target.startswith(("preclint.rules.model.", "preclint.rules.source."))]
+    assert not found, "; ".join(sorted(found))
 
 
 def parameters(function: ast.AST) -> List[str]:

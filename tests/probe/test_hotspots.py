@@ -5,7 +5,8 @@ import torch
 
 from preclint.config import Config
 from preclint.probe import ProbeOptions, measure_model, merge_into_report
-from preclint.rules.model.unflagged_hotspot import UnflaggedHotspot, ordinary_local
+from preclint.predict.ordinary import ordinary_local
+from preclint.rules.model.unflagged_hotspot import UnflaggedHotspot
 from tests.helpers import check
 
 MODES = ("tf32", "fp16", "bf16")

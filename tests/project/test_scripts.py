@@ -40,6 +40,15 @@ def test_every_rule_has_its_generated_page():
         assert page.startswith(f"# {code} {rule.name}\n") and "## Why it matters" in page and "## Fix" in page
 
 
+def test_the_output_formats_page_is_generated_from_the_format_modules():
+    from preclint.report import FORMATS
+
+    rule_table = _script("rule_table")
+    page = rule_table.FORMATS_PAGE.read_text(encoding="utf-8")
+    assert page == rule_table.formats_page(), "run python scripts/rule_table.py"
+    assert [line.split("`")[1] for line in page.splitlines() if line.startswith("| `")] == list(FORMATS)
+
+
 def test_a_changed_rule_makes_its_page_stale(monkeypatch):
     rule_table = _script("rule_table")
     rule = all_rules()["PCL101"]

@@ -6,7 +6,7 @@ from typing import Callable, Dict, Iterator, Tuple
 
 from preclint.core.numerics import MODES
 
-from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Node
+from preclint.core.ir import Node
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 
 GROUP_WORDS = {"tensor": "tensor", "row": "rows", "block": "blocks"}
@@ -37,20 +37,6 @@ def operands_where(ctx, hits: Callable) -> Iterator[Tuple[Node, ScaledOperands, 
                     hit.setdefault(mode, (operand, q, recipe))
         if hit:
             yield node, record, hit
-
-
-def flops(node: Node) -> float:
-    """Multiply-adds of a dot product: its outputs times its reduction length."""
-    if node.out is None or node.kind not in DOT_PRODUCT_KINDS:
-        return 0.0
-    return float(node.out.numel) * float(node.reduction_length or 1)
-
-
-def flop_shares(graph: Graph) -> Dict[str, float]:
-    """Each dot product's share of the model's dot-product multiply-adds."""
-    counts = {n.name: flops(n) for n in graph.nodes if n.kind in DOT_PRODUCT_KINDS}
-    total = sum(counts.values())
-    return {name: count / total for name, count in counts.items()} if total > 0 else {}
 
 
 def dominant_channel(record: ScaledOperands) -> Tuple[int, float]:

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from preclint.core.findings import percent
-
-# a figure above this share of a step's elements is a finding (below it: ordinary rounding residue)
-SHARE = 0.01
+from preclint.predict.ordinary import STEP_SHARE
 
 
 def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: float = 1e-2, scaler: bool = False,
@@ -44,8 +42,8 @@ def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: floa
 
 
 def worst(parameters, key: str, limit: int = 3) -> List[str]:
-    """The parameters with the largest ``key`` above SHARE, as ``name (12%)``, largest first."""
-    rows = sorted((p for p in parameters if getattr(p, key) > SHARE), key=lambda p: (-getattr(p, key), p.parameter))
+    """The parameters with the largest ``key`` above STEP_SHARE, as ``name (12%)``, largest first."""
+    rows = sorted((p for p in parameters if getattr(p, key) > STEP_SHARE), key=lambda p: (-getattr(p, key), p.parameter))
     return [f"{p.parameter} ({percent(getattr(p, key))})" for p in rows[:limit]]
 
 

@@ -10,7 +10,7 @@ from preclint.core.numerics import gaussian_max_factor
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED, relative_errors
 from preclint.rules.base import Example, Rule
 from preclint.rules.model._norun import undecided
-from preclint.rules.model.output_tolerance import passing_atol
+from preclint.core.tolerances import passing_atol
 
 # A reduction is reported when its terms are this many times larger (RMS) than its result, or when
 # this share of its outputs are over 100 times smaller than their terms (a result that is Gaussian

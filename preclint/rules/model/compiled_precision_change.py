@@ -5,11 +5,8 @@ the model's code (or its plan) asks for. It fires only after a probe with a comp
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, Location, sci
+from preclint.predict.ordinary import FLOAT32_NOISE  # a compiled-vs-eager difference under it is reassociation
 from preclint.rules.base import Example, Rule
-
-# A compiled-vs-eager difference below this relative RMS (2^-17.5, between float32's unit roundoff
-# and the reduced formats') is float32's reassociation: no removed rounding is worth a finding under it.
-FLOAT32_NOISE = 2.0 ** -17.5
 
 
 def _deliberate_rounding():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from preclint.core.findings import percent
 from preclint.core.ir import Kind
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._scaled import flop_shares
+from preclint.predict.flops import flop_shares
 
 # The layers a format has no kernels for in the backends that deploy it: TensorRT runs no NVFP4
 # convolution ("TensorRT does not support NVFP4 for convolution operations", NVIDIA/Model-Optimizer

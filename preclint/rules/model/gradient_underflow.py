@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._training import SHARE, module_of_worst, regression, worst
+from preclint.predict.ordinary import STEP_SHARE
+from preclint.rules.model._training import module_of_worst, regression, worst
 
 
 class GradientUnderflow(Rule):
@@ -41,7 +42,7 @@ train in bfloat16, whose range is float32's. Scaling the loss itself (a sum inst
     def check_graph(self, ctx):
         for mode in (m for m in ctx.training if m in self.precisions):  # a half model trains as written: fp16-full
             figures = ctx.training[mode]
-            if figures is None or figures.underflow_fraction <= SHARE:
+            if figures is None or figures.underflow_fraction <= STEP_SHARE:
                 continue
             names = worst(figures.parameters, "underflow_fraction")
             window = figures.scale_window

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from preclint.core.findings import percent
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._training import SHARE, module_of_worst, regression, worst
+from preclint.predict.ordinary import STEP_SHARE
+from preclint.rules.model._training import module_of_worst, regression, worst
 
 
 class LostUpdates(Rule):
@@ -45,7 +46,7 @@ moves more weights.
             if figures is None:
                 continue
             excess = figures.lost_update_fraction - (figures.float32_lost_update_fraction or 0.0)
-            if excess <= SHARE:
+            if excess <= STEP_SHARE:
                 continue
             names = worst(figures.parameters, "lost_update_fraction")
             finding = self.finding(

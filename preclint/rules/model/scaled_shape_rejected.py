@@ -5,7 +5,8 @@ from preclint.core.findings import percent
 from preclint.core.numerics import MODES, SCALED_MODES
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._scaled import flop_shares, scaled_layers
+from preclint.predict.flops import flop_shares
+from preclint.rules.model._scaled import scaled_layers
 
 # A rejected layer doing less than this share of the linear layers' multiply-adds is left unsaid: it
 # changes neither the speed-up nor the error

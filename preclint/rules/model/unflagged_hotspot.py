@@ -8,8 +8,8 @@ import math
 from typing import Optional
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.predict.accumulation import terms_rms
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
+from preclint.predict.ordinary import FLOAT32_NOISE, ordinary_local
 from preclint.rules.base import Example, Rule
 
 # A node is a hot spot when its measured share of a mode's output error (ledger.py: contribution)
@@ -25,36 +25,6 @@ MIN_SHARE = 0.2
 # the way the model of ordinary rounding says (a fused op that amplifies its own rounding inside, a
 # kernel that accumulates in the low format), which is what no rule can see.
 EXCESS = 3.0
-# Errors below 2^-17.5, the geometric midpoint between float32's unit roundoff and the reduced
-# formats' (2^-11 for TF32 and float16, 2^-8 for bfloat16), are float32's own: never an excess, and
-# an output error that small holds no hot spot.
-FLOAT32_NOISE = 2.0 ** -17.5
-
-
-def ordinary_local(node, mode_name: str, dtype: Optional[str]) -> Optional[float]:
-    """The relative RMS error ordinary rounding gives ``node`` by itself under the mode, when its
-    result is stored as ``dtype``: the error model's (preclint.predict), at least C_OUTPUT * u for a value
-    stored in a reduced format, and for a dot product at least C_INPUT * u_in * sqrt(sum (a b)^2)
-    plus the stored result's rounding, as if the backend rounded its operands (TF32 included), so that
-    a backend's choice between kernels never reads as an excess. None without reference statistics."""
-    from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
-    from preclint.core.numerics import C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, MODES
-    from preclint.predict.local import local_error
-
-    out = node.out
-    mode = MODES.get(mode_name)
-    if out is None or not out.rms or mode is None:
-        return None
-    fmt = DTYPE_FORMATS.get(dtype or "", "fp32")
-    stored = C_OUTPUT * FORMATS[fmt].unit_roundoff if fmt != "fp32" else 0.0
-    ordinary = max(local_error(node, mode, fmt) / out.rms, stored)
-    if node.kind == Kind.INPUT or node.fn == "parameter":
-        # a weight or input stored in float32 is still rounded where a conv or matmul reads it (TF32)
-        ordinary = max(ordinary, C_OUTPUT * mode.dot_format.unit_roundoff)
-    if node.kind in DOT_PRODUCT_KINDS:
-        terms = (terms_rms(node) or out.rms) / out.rms
-        ordinary = max(ordinary, math.hypot(C_INPUT * mode.dot_format.unit_roundoff * terms, stored))
-    return ordinary
 
 
 def _stem_dominated():
