@@ -1,6 +1,6 @@
 """Scaffold a rule: one new module in the rule pack, with its documentation sections (Why it matters,
 Example, Fix) and the examples its tests are generated from. Nothing else to edit: the pack finds
-the module, and the README's table is regenerated.
+the module, and the rule pages (docs/rules/) are regenerated.
 
     python scripts/new_rule.py PCL206 wide-softmax "A softmax over logits wider than its format resolves."
     python scripts/new_rule.py PCL506 deprecated-thing "..." --source --api torch.deprecated.thing
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     import rule_table
 
     rule_table.main([])
-    print(f"wrote {path.relative_to(ROOT)} and the README's rule table")
+    print(f"wrote {path.relative_to(ROOT)} and the rule pages (docs/rules/)")
     return 0
 
 

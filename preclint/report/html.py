@@ -6,6 +6,9 @@ the output error per precision against the tolerance, the error along the model 
 contributors, an optional plan section, and every finding with its source lines, numbers and fix.
 Charts are drawn by plotly.js, inlined from the installed plotly package: the file needs no network.
 
+The page holds its own styles and scripts, and every id in it carries one prefix (report/page_scope.py):
+two reports in one document, as two outputs of a Jupyter notebook are, never draw into each other.
+
 Large models stay readable: the chart along the model shows modules, aggregated, and a click on one
 expands it into its children (local and received: the largest of its nodes; share: their sum).
 
@@ -29,6 +32,7 @@ from preclint.core.findings import Finding, Location, percent, sci
 from preclint.report.escape import html_text as _e
 from preclint.report.document import Report, failure_line, is_refuted
 from preclint.report.html_data import chart_nodes, finding_refs, output_errors, source_snippet, top_contributors
+from preclint.report.page_scope import placeholder, prefix_of, scoped_css
 
 
 @dataclass
@@ -52,7 +56,7 @@ def plotly_js() -> str:
     if spec is not None and spec.submodule_search_locations:
         bundle = Path(list(spec.submodule_search_locations)[0]) / "package_data" / "plotly.min.js"
     if bundle is None or not bundle.is_file():
-        raise UserError("--output-format html draws its charts with plotly: pip install plotly (or pip install preclint)")
+        raise UserError("--output-format html draws its charts with plotly: pip install plotly (a dependency of preclint)")
     return bundle.read_text(encoding="utf-8")
 
 
@@ -183,8 +187,7 @@ def _plan(plan: PlanSection, anchor: str) -> str:
     return "\n".join(out)
 
 
-def _report_section(report: Report, k: int, plan: Optional[PlanSection]) -> str:
-    anchor = f"m{k}"
+def _report_section(report: Report, anchor: str, plan: Optional[PlanSection]) -> str:
     title = f"<h1>preclint: {_e(report.model or 'source check')}</h1>"
     if report.error is not None:
         return f"<section class='model'>{title}<p class='error'>{_e(failure_line(report))}</p></section>"
@@ -230,23 +233,30 @@ def render(report: Report, plan: Optional[PlanSection] = None) -> str:
 
 def render_many(reports: Sequence[Report], plan: Optional[PlanSection] = None, *, side_by_side: bool = False) -> str:
     """One page for the run: a section per model (the plan, if any, in the first); ``side_by_side``:
-    the plan's section across the top and the models' sections in two columns below (`diff`)."""
+    the plan's section across the top and the models' sections in two columns below (`diff`).
+
+    Everything the page shows sits in one root element whose id is the page's prefix; the ids, the
+    style rules and the script all carry it (report/page_scope.py)."""
     title = ", ".join(r.model for r in reports if r.model) or "source check"
+    scope = placeholder()
     if side_by_side:
         lead = [] if plan is None else [
-            "<section class='model' id='lead'>" + _plan(plan, "lead") + "<script type='application/json' "
-            f"class='report-data'>{_script_json({'anchor': 'lead', 'outputs': [], 'nodes': {'names': []}, 'plan': plan.chart})}"
+            f"<section class='model' id='{scope}-lead'>" + _plan(plan, f"{scope}-lead") + "<script type='application/json' "
+            f"class='report-data'>{_script_json({'anchor': f'{scope}-lead', 'outputs': [], 'nodes': {'names': []}, 'plan': plan.chart})}"
             "</script></section>"]
-        sections = lead + ["<div class='side'>" + "\n".join(_report_section(r, k, None) for k, r in enumerate(reports))
-                           + "</div>"]
+        sections = lead + ["<div class='side'>" + "\n".join(_report_section(r, f"{scope}-m{k}", None)
+                                                            for k, r in enumerate(reports)) + "</div>"]
     else:
-        sections = [_report_section(r, k, plan if k == 0 else None) for k, r in enumerate(reports)]
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        sections = [_report_section(r, f"{scope}-m{k}", plan if k == 0 else None) for k, r in enumerate(reports)]
+    head = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<meta name='generator' content='preclint {_e(__version__)}'>"
-            f"<title>preclint: {_e(title)}</title><style>{_CSS}</style>"
-            f"<script>{plotly_js()}</script></head><body>\n" + "\n".join(sections)
-            + f"\n<footer>preclint {_e(__version__)}</footer><script>{_JS}</script></body></html>\n")
+            f"<title>preclint: {_e(title)}</title><style>{scoped_css(_CSS, scope)}</style>")
+    body = (f"</head><body>\n<div class='preclint' id='{scope}'>\n" + "\n".join(sections)
+            + f"\n<footer>preclint {_e(__version__)}</footer><script>{_JS}({_script_json(scope)});</script></div>"
+            "</body></html>\n")
+    prefix = prefix_of((head, body), scope)
+    return head.replace(scope, prefix) + f"<script>{plotly_js()}</script>" + body.replace(scope, prefix)
 
 
 _CSS = """
@@ -267,10 +277,18 @@ h1{font-size:22px;margin:8px 0}h2{font-size:17px;margin:26px 0 6px;border-bottom
 """
 
 # The charts. Plotly draws them; this script only shapes the data: the visible items along the model
-# (a module aggregated, or a node), their values per precision, and what a click does.
+# (a module aggregated, or a node), their values per precision, and what a click does. It is called
+# with the page's root id and reaches only what that root holds, with the plotly.js of its own page
+# (the one that ran just before it: a later page in the same document replaces window.Plotly).
 _JS = r"""
-(function () {
+(function (rootId) {
   "use strict";
+  const Plotly = window.Plotly;
+  // the first root of this id not drawn yet: the same report shown twice holds the same ids twice
+  const root = Array.from(document.querySelectorAll("[id='" + rootId + "']")).find(el => !el.dataset.drawn);
+  if (!root) return;
+  root.dataset.drawn = "1";
+  function byId(id) { return root.querySelector("[id='" + id + "']"); }
   const LOG_FLOOR = 1e-12;
   const COLORS = {local: "#1f77b4", received: "#ff7f0e", share: "#2ca02c", finding: "#d62728"};
   const config = {responsive: true, displaylogo: false};
@@ -283,7 +301,7 @@ _JS = r"""
   function fmt(v) { return v === null || v === undefined ? "n/a" : Math.abs(v) >= 1e-3 && Math.abs(v) < 1e4 ? v.toPrecision(3) : v.toExponential(2); }
 
   function outputsChart(data) {
-    const el = document.getElementById(data.anchor + "-outputs");
+    const el = byId(data.anchor + "-outputs");
     if (!el) return;
     const modes = data.outputs.map(o => o.mode);
     const traces = [{type: "bar", orientation: "h", name: "predicted", y: modes, x: data.outputs.map(o => positive(o.predicted)),
@@ -315,7 +333,7 @@ _JS = r"""
   function AlongChart(data) {
     const nodes = data.nodes, n = nodes.names.length;
     this.data = data;
-    this.el = document.getElementById(data.anchor + "-along");
+    this.el = byId(data.anchor + "-along");
     this.mode = data.precisions[0];
     this.expanded = new Set();
     this.opened = [];  // the modules a click expanded, last last: what "collapse the last expanded" closes
@@ -360,7 +378,7 @@ _JS = r"""
     return out;
   };
   AlongChart.prototype.controls = function () {
-    const box = document.getElementById(this.data.anchor + "-controls");
+    const box = byId(this.data.anchor + "-controls");
     const self = this;
     const select = document.createElement("select");
     this.data.precisions.forEach(m => { const o = document.createElement("option"); o.value = m; o.textContent = m; select.appendChild(o); });
@@ -454,7 +472,7 @@ _JS = r"""
   };
 
   function topChart(data) {
-    const el = document.getElementById(data.anchor + "-top");
+    const el = byId(data.anchor + "-top");
     if (!el) return;
     const mode = data.precisions[0];
     const traces = [];
@@ -484,7 +502,7 @@ _JS = r"""
   }
 
   function planChart(data) {
-    const el = document.getElementById(data.anchor + "-plan");
+    const el = byId(data.anchor + "-plan");
     if (!el || !data.plan) return;
     const c = data.plan;
     const traces = Object.entries(c.series).map(([name, ys]) => ({type: "scatter", mode: "lines+markers", name: name, x: c.x, y: ys}));
@@ -492,19 +510,18 @@ _JS = r"""
   }
 
   let charts = 0;
-  document.querySelectorAll("script.report-data").forEach(script => {
+  root.querySelectorAll("script.report-data").forEach(script => {
     const data = JSON.parse(script.textContent);
     outputsChart(data);
     planChart(data);
     if (data.nodes.names.length) {
       const along = new AlongChart(data);
       topChart(data);
-      document.querySelectorAll("#" + data.anchor + " a.show-node").forEach(a => {
+      byId(data.anchor).querySelectorAll("a.show-node").forEach(a => {
         a.addEventListener("click", ev => { ev.preventDefault(); along.focus(a.dataset.anchor); });
       });
     }
-    charts += document.querySelectorAll("#" + data.anchor + " .js-plotly-plot").length;
+    charts += byId(data.anchor).querySelectorAll(".js-plotly-plot").length;
   });
-  document.body.dataset.charts = String(charts);
-})();
-"""
+  root.dataset.charts = String(charts);
+})"""

@@ -5,7 +5,8 @@ GradScaler's skips, and per layer the flushed gradients and lost updates of the 
     preclint.watch_report("precision.jsonl", "precision.html")
 
 One self-contained file (plotly.js inlined, as the check's HTML report); module paths are escaped as
-chart labels and page text.
+chart labels and page text. Its ids and its script carry the page's own prefix (report/page_scope.py),
+so it shares a notebook or a page with other reports without drawing into them.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, Dict, List, Sequence, Union
 from preclint.core.errors import UserError
 from preclint.report.escape import chart_label, html_text
 from preclint.report.html import plotly_js
+from preclint.report.page_scope import placeholder, prefix_of
 
 LAYERS_SHOWN = 8  # per chart: the layers whose largest figure over the run is largest
 
@@ -97,19 +99,28 @@ def render(records: List[Dict[str, Any]]) -> str:
     if not records:
         raise UserError("preclint.watch_report: no records (did the run reach a sampled step?)")
     data = charts(records)
-    divs = "\n".join(f'<div id="chart{i}" style="height:360px"></div>' for i in range(len(data)))
+    scope = placeholder()
+    divs = "\n".join(f'<div id="{scope}-chart{i}" style="height:360px"></div>' for i in range(len(data)))
+    # the page's own plotly.js (the one just before it) and the first root of its id not drawn yet
     script = f"""
-const charts = {_script_data(data)};
-charts.forEach((c, i) => Plotly.newPlot("chart" + i, c.traces, {{title: {{text: c.title}},
-  xaxis: {{title: {{text: "step"}}}}, yaxis: {{type: c.log ? "log" : "linear"}}, margin: {{t: 40}}}},
-  {{displaylogo: false, responsive: true}}));
+(function (rootId, charts) {{
+  const Plotly = window.Plotly;
+  const root = Array.from(document.querySelectorAll("[id='" + rootId + "']")).find(el => !el.dataset.drawn);
+  if (!root) return;
+  root.dataset.drawn = "1";
+  charts.forEach((c, i) => Plotly.newPlot(root.querySelector("[id='" + rootId + "-chart" + i + "']"), c.traces,
+    {{title: {{text: c.title}}, xaxis: {{title: {{text: "step"}}}}, yaxis: {{type: c.log ? "log" : "linear"}}, margin: {{t: 40}}}},
+    {{displaylogo: false, responsive: true}}));
+}})({_script_data(scope)}, {_script_data(data)});
 """
     last = records[-1]
     head = (f"<h1>preclint.watch</h1><p>{len(records)} sampled steps, the last {last['step']}; "
             f"autocast {html_text(str(last.get('autocast')))}; world size {last.get('world_size', 1)}.</p>")
+    body = (f"</head><body><div class='preclint-watch' id='{scope}'>{head}{divs}<h2>Non-finite values</h2>"
+            f"{_events(records)}<script>{script}</script></div></body></html>\n")
+    prefix = prefix_of((body,), scope)
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>preclint.watch</title>"
-            f"<script>{plotly_js()}</script></head><body>{head}{divs}<h2>Non-finite values</h2>{_events(records)}"
-            f"<script>{script}</script></body></html>\n")
+            f"<script>{plotly_js()}</script>" + body.replace(scope, prefix))
 
 
 def watch_report(records: Union[str, Path, List[Dict[str, Any]]], out: Union[str, Path]) -> Path:

@@ -246,11 +246,13 @@ def _first_sentence(text: str) -> str:
     return text
 
 
-def markdown_table(rules: Sequence[type]) -> str:
-    """The rule table of the README: one row a rule, from its declared code, name and summary."""
+def markdown_table(rules: Sequence[type], link: bool = False) -> str:
+    """The rule table of the rule index (docs/rules/README.md): one row a rule, from its declared code,
+    name and summary; ``link``: each code links to the rule's page beside the index."""
     rows = ["| code | name | checks | what |", "|---|---|---|---|"]
     for rule in sorted(rules, key=lambda r: r.code):
         checks = "source" if issubclass(rule, SourceRule) else "`--probe`" if rule.needs_probe else "model"
         summary = " ".join(rule.summary.split()).replace("|", "\\|")
-        rows.append(f"| {rule.code} | {rule.name} | {checks} | {summary} |")
+        code = f"[{rule.code}]({rule.code}.md)" if link else rule.code
+        rows.append(f"| {code} | {rule.name} | {checks} | {summary} |")
     return "\n".join(rows) + "\n"

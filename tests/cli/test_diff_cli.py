@@ -3,6 +3,7 @@ another precision; its outputs; and the mistakes that end in one line and exit 2
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -72,7 +73,7 @@ def test_two_checkpoints_on_the_console_sarif_and_html(capsys, checkpoints, tmp_
     code, _, err = _diff(capsys, checkpoints, "--output-format", "html", "-o", str(page))
     assert code == 0, err
     html = page.read_text()
-    assert "<div class='side'>" in html and html.count("<section class='model' id='m") == 2 and "<h2>Diff</h2>" in html
+    assert "<div class='side'>" in html and len(re.findall(r"<section class='model' id='preclint-[0-9a-f]{12}-m", html)) == 2 and "<h2>Diff</h2>" in html
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""The scripts that keep the rule pack's surroundings in step with it: the README's rule table is the
-one the rule classes generate, and a scaffolded rule is found by the pack and passes its own
+"""The scripts that keep the rule pack's surroundings in step with it: the rule pages and their index
+are the ones the rule classes generate, and a scaffolded rule is found by the pack and passes its own
 generated example tests."""
 from __future__ import annotations
 
@@ -24,12 +24,11 @@ def _script(name: str):
     return module
 
 
-def test_the_readme_rule_table_is_generated_from_the_rules():
+def test_the_rule_index_lists_every_rule_with_a_link_to_its_page():
     rule_table = _script("rule_table")
-    text = rule_table.README.read_text(encoding="utf-8")
-    assert rule_table.generated_readme(text) == text, "run python scripts/rule_table.py"
+    text = (rule_table.RULE_PAGES / "README.md").read_text(encoding="utf-8")
     for code, rule in all_rules().items():
-        assert f"| {code} | {rule.name} |" in text
+        assert f"| [{code}]({code}.md) | {rule.name} |" in text
 
 
 def test_every_rule_has_its_generated_page():

@@ -130,15 +130,17 @@ def test_a_large_model_is_one_page_of_modest_size():
     (data,) = page_data(text)
     assert len(data["nodes"]["names"]) == 6000
     assert len(text) - len(re.search(r"<script>(.*?)</script>", text, re.S).group(1)) < 1_500_000
-    assert data["findings"] == {"421": [{"id": "m0-f0", "code": "PCL101", "severity": "error", "status": "confirmed",
-                                         "modes": ["fp16"]}]}
+    assert data["findings"] == {"421": [{"id": f"{data['anchor']}-f0", "code": "PCL101", "severity": "error",
+                                         "status": "confirmed", "modes": ["fp16"]}]}
+    assert re.fullmatch(r"preclint-[0-9a-f]{12}-m0", data["anchor"])
 
 
 def test_the_plan_is_a_section_of_the_page():
     plan = PlanSection("Keep 2 layers in float32.", ["layer", "dtype"], [["fc1", "float32"], ["fc2", "bfloat16"]],
                        {"x": ["none", "fc1"], "series": {"fp16": [1e-2, 1e-4]}, "y_title": "rel. error", "log": True})
     text = render_many([large_report(30)], plan=plan)
-    assert "<h2>Plan</h2>" in text and "Keep 2 layers in float32." in text and "id='m0-plan'" in text
+    assert "<h2>Plan</h2>" in text and "Keep 2 layers in float32." in text
+    assert f"id='{page_data(text)[0]['anchor']}-plan'" in text
     assert page_data(text)[0]["plan"]["series"] == {"fp16": [1e-2, 1e-4]}
 
 
@@ -184,14 +186,14 @@ def test_the_page_opens_in_a_browser_without_errors_and_draws_its_charts(net, tm
 
 CLICK = """<script>
 // what a reader does: click the first module on the chart along the model, then a finding's link
-const along = document.getElementById("m0-along");
-const before = document.querySelector("#m0-controls .help").textContent;
+const along = document.querySelector(".chart.tall"), controls = document.querySelector(".controls");
+const before = controls.querySelector(".help").textContent;
 along.emit("plotly_click", {points: [{x: 0, data: {name: "local, predicted"}}]});
-const expanded = document.querySelector("#m0-controls .help").textContent;
-[...document.querySelectorAll("#m0-controls button")].find(b => b.textContent === "collapse the last expanded").click();
-const collapsed = document.querySelector("#m0-controls .help").textContent;
+const expanded = controls.querySelector(".help").textContent;
+[...controls.querySelectorAll("button")].find(b => b.textContent === "collapse the last expanded").click();
+const collapsed = controls.querySelector(".help").textContent;
 document.querySelector("a.show-node").click();
-document.body.dataset.clicks = JSON.stringify([before, expanded, collapsed, document.querySelector("#m0-controls select").value]);
+document.body.dataset.clicks = JSON.stringify([before, expanded, collapsed, controls.querySelector("select").value]);
 </script>"""
 
 
