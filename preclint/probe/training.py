@@ -98,7 +98,7 @@ def judge_training(findings, measured: Dict[str, TrainingFigures], predicted: Di
             value = getattr(figures, key)
             if key == "lost_update_fraction" and mode in predicted:  # beyond what float32 storage loses
                 value -= predicted[mode].float32_lost_update_fraction or 0.0
-            share = getattr(rules.get(finding.code), "training_share", SHARE)
+            share = getattr(rules.get(finding.code), "training_share", None) or SHARE
             confirmed = value > 0 if key == "nonfinite_updates" else value > share
             figure = ErrorFigure(figures.grad_rel_error, None)
             figure.status = "confirmed" if confirmed else "refuted"
