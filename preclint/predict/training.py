@@ -291,7 +291,7 @@ def training_modes(modes, model: torch.nn.Module) -> tuple:
 def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[float]]] = None, seed: int = 0):
     """(the reference step, each training precision's predicted figures, notes) of ``loaded`` (a LoadedModel
     with ``training``), on the CPU."""
-    from preclint.measure.training_step import StepRequest
+    from preclint.measure.training_step import TRAINING_MODES, StepRequest
     from preclint.reference.training_step import reference_step
 
     chosen = training_modes(modes, loaded.module)
@@ -299,6 +299,10 @@ def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[floa
     if chosen and set(chosen) - set(modes):
         notes.append(f"the model's weights are {_dtype(next(loaded.module.parameters()).dtype)}: its training step is "
                      f"checked as written ({', '.join(chosen)})")
+    untrained = [mode for mode in modes if mode in MODES and MODES[mode].recipe is not None and mode not in TRAINING_MODES]
+    if untrained:
+        notes.append(f"--train: no training step under {', '.join(untrained)} (NVFP4 training's stochastic rounding and "
+                     "Hadamard transforms of the gradients are not emulated)")
     if not chosen:
         notes.append("--train: none of the checked precisions is one a training step runs in (fp16, bf16, fp16-full, "
                      "bf16-full, fp8, fp8-rowwise, mxfp8); no training figures")

@@ -111,3 +111,10 @@ def test_the_training_modes_include_the_scaled_recipes_that_train():
 
     assert {"fp8", "fp8-rowwise", "mxfp8"} <= set(TRAINING_MODES)
     assert MODES["nvfp4"].recipe is not None and "nvfp4" not in TRAINING_MODES
+
+
+def test_nvfp4_says_it_has_no_training_step():
+    module, inputs, step = classifier()()
+    report, _graph, ctx = check(module, inputs, precisions=("fp8", "nvfp4"), train=step)
+    assert list(ctx.training) == ["fp8"]
+    assert any("no training step under nvfp4" in note for note in report.notes)
