@@ -15,20 +15,22 @@ format: E5M2 for ``fp8`` (Transformer Engine's HYBRID format, torchao's tensorwi
 scales are current: each tensor's (row's, block's) amax of this step, floored at the recipe's
 amax-epsilon; a delayed-scaling recipe's amax history is not modelled. The rest of the model runs under
 bfloat16 autocast, weights and optimizer state in float32. Each converted layer keeps the statistics of
-the operands it quantised (training/scale_statistics.py) in ``statistics``.
+the operands it quantised (measure/scale_statistics.py) in ``statistics``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Dict
 
 import torch
 import torch.nn.functional as F
 
-from preclint.core.numerics import E4M3, E5M2, MODES, Recipe
-from preclint.measure.scaled import Quantised, converts
+from preclint.core.numerics import E4M3, E5M2, MODES
+from preclint.measure.grouped import quantise_along
+from preclint.measure.scaled import converts
+from preclint.measure.scale_statistics import scale_statistics
 
-from preclint.measure.training_step import SCALED_TRAINING_MODES  # noqa: F401 - the modes this module runs
+SCALED_TRAINING_MODES = ("fp8", "fp8-rowwise", "mxfp8")
 GRADIENT_ELEMENTS = {"fp8": E5M2, "fp8-rowwise": E4M3, "mxfp8": E4M3}
 
 
@@ -36,34 +38,6 @@ def recipes(mode: str):
     """(the forward recipe, the gradient recipe) of scaled training mode ``mode`` (as configured now)."""
     forward = MODES[mode].recipe
     return forward, replace(forward, element=GRADIENT_ELEMENTS[mode])
-
-
-@dataclass
-class Along:
-    """A tensor quantised in groups along one dimension: the values the GEMM reads (dequantised, float32),
-    the scaled values before rounding, and each group's encoding scale (flat)."""
-
-    values: torch.Tensor
-    scaled: torch.Tensor
-    scale: torch.Tensor
-
-
-def quantise_along(t: torch.Tensor, recipe: Recipe, dim: int = -1) -> Along:
-    """``t`` quantised by ``recipe`` with its groups (rows, blocks) running along ``dim`` (the GEMM's
-    reduction); a block recipe pads that dimension with zeros to whole blocks (a zero adds nothing to amax)."""
-    moved = t.detach().float().movedim(dim, -1)
-    shape = moved.shape
-    rows = moved.reshape(-1, shape[-1]) if moved.dim() else moved.reshape(1, 1)
-    width = rows.shape[1]
-    pad = (-width) % recipe.block if recipe.granularity == "block" else 0
-    if pad:
-        rows = F.pad(rows, (0, pad))
-    q = Quantised(rows, recipe)
-
-    def back(values: torch.Tensor) -> torch.Tensor:
-        return values.reshape(rows.shape)[:, :width].reshape(shape).movedim(-1, dim)
-
-    return Along(back(q.values), back(q.scaled), q.scale.reshape(-1))
 
 
 def _autocast_off(device_type: str):
@@ -75,8 +49,6 @@ class _ScaledLinearStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        from preclint.training.scale_statistics import scale_statistics
-
         xb = x.detach().float().to(torch.bfloat16).float()
         x2 = xb.reshape(-1, xb.shape[-1])
         w = weight.detach().float()
@@ -92,8 +64,6 @@ class _ScaledLinearStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from preclint.training.scale_statistics import scale_statistics
-
         x2, weight = ctx.saved_tensors
         layer = ctx.layer
         forward, gradient = layer.forward_recipe, layer.gradient_recipe

@@ -26,13 +26,13 @@ from torch.utils._pytree import tree_map
 from preclint.core.errors import UserError
 from preclint.load.modelio import Inputs
 from preclint.measure.copies import copy_to
+from preclint.measure.scaled_training import SCALED_TRAINING_MODES
 
 STEP_DTYPES = {"float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                "fp16-full": torch.float16, "bf16-full": torch.bfloat16,
                "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16, "mxfp8": torch.bfloat16}
 TRAINING_MODES = ("fp32", "fp16", "bf16", "fp16-full", "bf16-full", "fp8", "fp8-rowwise", "mxfp8")
 AUTOCAST_MODES = ("fp16", "bf16", "fp8", "fp8-rowwise", "mxfp8")  # the scaled ones: bfloat16 outside their GEMMs
-SCALED_TRAINING_MODES = ("fp8", "fp8-rowwise", "mxfp8")  # measure/scaled_training.py
 MAX_SKIPS = 24  # 65536 halved 24 times is below 1/256: a scale that needs more is not a scale problem
 
 

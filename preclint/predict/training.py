@@ -73,7 +73,7 @@ class TrainingFigures:
     first_nonfinite_forward: Optional[str] = None
     first_nonfinite_backward: Optional[str] = None
     hazards: List[str] = field(default_factory=list)  # the optimizer's, said once
-    # scaled modes: per converted linear layer, its operands' scale statistics (training/scale_statistics.py)
+    # scaled modes: per converted linear layer, its operands' scale statistics (measure/scale_statistics.py)
     scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)
 
     @property
@@ -94,7 +94,7 @@ class TrainingFigures:
         if self.scale_window is not None:
             out["scale_window"] = list(self.scale_window)
         if self.scaled:
-            from preclint.training.scale_statistics import gradient_totals
+            from preclint.measure.scale_statistics import gradient_totals
 
             out.update(gradient_totals(self.scaled))
             out["scaled"] = self.scaled

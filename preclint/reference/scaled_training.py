@@ -14,8 +14,9 @@ from typing import Dict
 
 import torch
 
-from preclint.measure.scaled_training import converted_paths, quantise_along, recipes
-from preclint.training.scale_statistics import scale_statistics
+from preclint.measure.grouped import quantise_along
+from preclint.measure.scaled_training import converted_paths, recipes
+from preclint.measure.scale_statistics import scale_statistics
 
 
 def _flushed(g: torch.Tensor, recipe, dim: int) -> torch.Tensor:

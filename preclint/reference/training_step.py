@@ -43,7 +43,7 @@ class ModeStatistics:
     flushed_grads: Dict[str, torch.Tensor]  # parameter -> its float64 gradient with the flushes applied
     flushed_updates: Dict[str, torch.Tensor]  # parameter -> the float64 optimizer's update on those gradients
     flushed_state: Dict[str, Dict[str, torch.Tensor]]  # parameter -> that optimizer's state tensors after it
-    # scaled modes: each converted linear layer's operand statistics (training/scale_statistics.py)
+    # scaled modes: each converted linear layer's operand statistics (measure/scale_statistics.py)
     scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from preclint.core.numerics import E4M3, MODES, Recipe
-from preclint.measure.scaled_training import TrainingScaledLinear, quantise_along, recipes
+from preclint.measure.grouped import quantise_along
+from preclint.measure.scaled_training import TrainingScaledLinear, recipes
 from preclint.rules.model._training import classifier
-from preclint.training.scale_statistics import scale_statistics
+from preclint.measure.scale_statistics import scale_statistics
 from tests.helpers import check
 
 TRAINING_CODES = {"PCL601", "PCL602", "PCL603", "PCL604", "PCL605"}

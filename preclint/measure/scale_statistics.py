@@ -12,6 +12,8 @@ from typing import Dict, List
 
 import torch
 
+from preclint.measure.grouped import quantise_along
+
 BLOCK = 32  # the block of the per-block figures (MX's, and what Transformer Engine's debug features log)
 
 
@@ -27,9 +29,6 @@ def _spread(values: torch.Tensor) -> List[float]:
 def scale_statistics(values: torch.Tensor, recipe, dim: int = -1) -> Dict[str, object]:
     """``values`` (any float dtype) quantised by ``recipe`` with its groups along ``dim`` (the reduction of
     the GEMM that reads it): the figures the module docstring names."""
-    from preclint.core.numerics import Recipe
-    from preclint.measure.scaled_training import quantise_along
-
     element = recipe.element
     original = values.detach()
     q = quantise_along(original, recipe, dim)
@@ -49,8 +48,7 @@ def scale_statistics(values: torch.Tensor, recipe, dim: int = -1) -> Dict[str, o
     moved_flushed = flushed.movedim(dim, -1).reshape(rows.shape)
     block_flushed = torch.nn.functional.pad(moved_flushed, (0, pad)).reshape(-1, BLOCK).sum(dim=1)
     block_nonzero = (blocks != 0).sum(dim=1)
-    block_scaled = replace(recipe, granularity="block", block=BLOCK, scale="fp32", power_of_two=False) \
-        if isinstance(recipe, Recipe) else recipe
+    block_scaled = replace(recipe, granularity="block", block=BLOCK, scale="fp32", power_of_two=False)
     finer = quantise_along(original, block_scaled, dim)
     finer_flushed = int((nonzero & (finer.values == 0)).sum())
     return {
