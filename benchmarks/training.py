@@ -12,6 +12,14 @@ three cases issue 40 starts from (an fp16-autocast regression without a GradScal
 pure-bf16 SGD at lr 1e-4, ``model.half()`` with Adam); and the clean recipes (fp32, bf16 autocast with
 float32 master weights, fp16 autocast with a GradScaler at a sane learning rate), which must get no
 training finding. Agreement: predicted and measured within 3x of each other, or both below 1%.
+
+``--suite fp8``: the FP8 recipes (fp8, fp8-rowwise, mxfp8; each step's GEMMs emulated, measure/scaled_training.py)
+on an MLP classifier and a small transformer with a 128-token vocabulary (every linear layer but attention's
+converts), each at logit scale 1 (clean) and 100 (the softmax's gradient spans more than the gradient
+format keeps: PCL605), and the MLP regression; the flushed share of the converted layers' output gradients
+is compared too:
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --suite fp8 --out benchmarks/results/training_fp8_cpu.json
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from preclint.load.loader import LoadedModel  # noqa: E402
 from preclint.load.training import training_step_of  # noqa: E402
 from preclint.probe.training import measure_training  # noqa: E402
 
-TRAINING_CODES = ("PCL601", "PCL602", "PCL603", "PCL604")
+TRAINING_CODES = ("PCL601", "PCL602", "PCL603", "PCL604", "PCL605")
 FIGURES = ("underflow_fraction", "lost_update_fraction")
 BELOW = 0.01
 FACTOR = 3.0
@@ -95,7 +103,43 @@ def mlp_tanh(loss_weight: float = 1.0):
     return mlp(loss_weight, torch.nn.Tanh)
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "mlp_tanh": mlp_tanh}
+def classifier(loss_weight: float = 1.0, logit_scale: float = 1.0):
+    """An MLP classifier over 128 classes whose cross-entropy reads its logits times ``logit_scale``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 128))
+    inputs, targets = (torch.randn(256, 32),), torch.randint(0, 128, (256,))
+
+    def loss_fn(output, target):
+        return torch.nn.functional.cross_entropy(output * logit_scale, target) * loss_weight
+
+    return model, inputs, targets, loss_fn
+
+
+class Transformer128(TinyTransformer):
+    """The small transformer with a 128-token vocabulary: its head converts under the FP8 recipes (in and out
+    features multiples of 16), as its feed-forward layers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(128, 32)
+        self.head = torch.nn.Linear(32, 128)
+
+
+def transformer128(loss_weight: float = 1.0, logit_scale: float = 1.0):
+    torch.manual_seed(0)
+    model = Transformer128()
+    ids, targets = torch.randint(0, 128, (8, 32)), torch.randint(0, 128, (8, 32))
+
+    def loss_fn(output, target):
+        return torch.nn.functional.cross_entropy(output.reshape(-1, 128) * logit_scale, target.reshape(-1)) * loss_weight
+
+    return model, (ids,), targets, loss_fn
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "mlp_tanh": mlp_tanh, "classifier": classifier,
+          "transformer128": transformer128}
+SCALED_MODES = ("fp8", "fp8-rowwise", "mxfp8")
 OPTIMIZERS = {"sgd": lambda lr: (lambda params: torch.optim.SGD(params, lr=lr)),
               "adam": lambda lr: (lambda params: torch.optim.Adam(params, lr=lr))}
 
@@ -128,12 +172,27 @@ def setups() -> List[Dict[str, Any]]:
     return found
 
 
+def fp8_setups() -> List[Dict[str, Any]]:
+    """The FP8 recipes: clean (logit scale 1) and flushing (logit scale 100) classifiers and transformers."""
+    found = []
+    for model in ("classifier", "transformer128"):
+        for mode in SCALED_MODES:
+            found.append(dict(name=f"fp8/{model}/adam/{mode}", model=model, optimizer="adam", lr=1e-3, mode=mode,
+                              clean=True))
+            found.append(dict(name=f"fp8/{model}-logit-scale-100/adam/{mode}", model=model, optimizer="adam", lr=1e-3,
+                              mode=mode, logit_scale=100.0, expect="PCL605"))
+    found += [dict(name=f"fp8/mlp-regression/sgd/{mode}", model="mlp", optimizer="sgd", lr=1e-2, mode=mode, clean=True)
+              for mode in SCALED_MODES]
+    return found
+
+
 def agree(predicted: float, measured: float) -> bool:
     return (predicted < BELOW and measured < BELOW) or (measured / FACTOR <= predicted <= measured * FACTOR)
 
 
 def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
-    module, inputs, targets, loss_fn = MODELS[setup["model"]](setup.get("loss_weight", 1.0))
+    extra = {"logit_scale": setup["logit_scale"]} if "logit_scale" in setup else {}
+    module, inputs, targets, loss_fn = MODELS[setup["model"]](setup.get("loss_weight", 1.0), **extra)
     if setup.get("half"):
         module = module.half()
         inputs = tuple(x.half() if x.is_floating_point() else x for x in inputs)
@@ -155,7 +214,34 @@ def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     row["agree"] = all(agree(row[key]["predicted"], row[key]["measured"]) for key in FIGURES)
     row["nonfinite_agree"] = (predicted.nonfinite_updates > 0) == (seen.nonfinite_updates > 0)
     row["loss_scale"] = predicted.loss_scale
+    if predicted.scaled:
+        scaled = _scaled_rows(predicted.as_dict(), seen.as_dict())
+        row.update(scaled)
+        row["agree"] = row["agree"] and agree(*scaled["scaled_gradient_underflow_fraction"].values())
+    if "expect" in setup:
+        row["expected_finding"] = setup["expect"] in row["findings"]
     return row
+
+
+def _scaled_rows(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]:
+    """The flushed share of the converted layers' output gradients, over them all and per layer, with each
+    layer's per-tensor scale and its flushed shares across blocks of 32 (min, median, p99), predicted and measured."""
+    layers = {}
+    for path, stats in predicted["scaled"].items():
+        seen = measured["scaled"].get(path, {})
+        layers[path] = {operand: {"underflow_fraction": [figures["underflow_fraction"],
+                                                         seen.get(operand, {}).get("underflow_fraction")],
+                                  "tensor_scale": [figures["tensor_scale"], seen.get(operand, {}).get("tensor_scale")],
+                                  "block_underflow": [figures["blocks"]["underflow_fraction"],
+                                                      seen.get(operand, {}).get("blocks", {}).get("underflow_fraction")]}
+                        for operand, figures in stats.items()}
+    return {"scaled_gradient_underflow_fraction": {
+                "predicted": predicted["scaled_gradient_underflow_fraction"],
+                "measured": measured["scaled_gradient_underflow_fraction"]},
+            "scaled_gradient_saturated_fraction": {
+                "predicted": predicted["scaled_gradient_saturated_fraction"],
+                "measured": measured["scaled_gradient_saturated_fraction"]},
+            "scaled_layers": layers}
 
 
 def _comparable(figure: Dict[str, Any]) -> bool:
@@ -167,13 +253,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=None, help="run the setups whose name holds this text")
+    parser.add_argument("--suite", default="mixed", choices=("mixed", "fp8"),
+                        help="mixed: fp16/bf16 autocast and -full (the default); fp8: the FP8 recipes")
     parser.add_argument("--device", default="cpu", help="where each precision's step is measured (the prediction's "
                                                          "float64 step runs on the CPU)")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
     results: Dict[str, Any] = {}
-    for setup in setups():
+    for setup in (fp8_setups() if args.suite == "fp8" else setups()):
         if args.only and args.only not in setup["name"]:
             continue
         row = run_setup(setup, torch.device(args.device))
@@ -181,7 +269,9 @@ def main() -> None:
         print(f"{setup['name']:48s} under {row['underflow_fraction']['predicted']:.3f}/{row['underflow_fraction']['measured']:.3f} "
               f"lost {row['lost_update_fraction']['predicted']:.3f}/{row['lost_update_fraction']['measured']:.3f} "
               f"nonfinite {row['nonfinite_updates']['predicted']}/{row['nonfinite_updates']['measured']} "
-              f"{'ok' if row['agree'] and row['nonfinite_agree'] else 'MISS'} {row['findings']}", flush=True)
+              + (f"fp8-grad {row['scaled_gradient_underflow_fraction']['predicted']:.3f}/"
+                 f"{row['scaled_gradient_underflow_fraction']['measured']:.3f} " if "scaled_layers" in row else "")
+              + f"{'ok' if row['agree'] and row['nonfinite_agree'] else 'MISS'} {row['findings']}", flush=True)
     rows = list(results.values())
     summary = {
         "setups": len(rows),
@@ -190,6 +280,8 @@ def main() -> None:
         "clean_recipes": sum(r["clean"] for r in rows),
         "clean_recipes_with_training_findings": sum(1 for r in rows if r["clean"] and r["findings"]),
         "misses": [name for name, r in results.items() if not (r["agree"] and r["nonfinite_agree"])],
+        "expected_findings": sum(1 for r in rows if "expected_finding" in r),
+        "expected_findings_found": sum(1 for r in rows if r.get("expected_finding")),
         # the gradient's relative error, where both figures are finite and nonzero: the prediction is the
         # rounding floor and misses the error of masks (ReLU) whose forward rounding flips them
         "grad_rel_error_compared": len(compared := [r["grad_rel_error"] for r in rows if _comparable(r["grad_rel_error"])]),

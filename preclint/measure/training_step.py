@@ -5,6 +5,9 @@ How each precision trains (the user's own model is never stepped):
 - ``float64``: the copy and every floating input and target in float64, no loss scaling: the reference.
 - ``fp16``/``bf16``: float32 weights and optimizer, the forward and backward under autocast.
 - ``fp16-full``/``bf16-full``: weights, gradients and optimizer state in that dtype, as ``model.half()``.
+- ``fp8``/``fp8-rowwise``/``mxfp8``: bfloat16 autocast with float32 weights and optimizer, and each linear
+  layer the recipe converts running its forward and backward GEMMs on quantised operands, gradients in
+  the recipe's gradient format (measure/scaled_training.py).
 
 A GradScaler's settings scale the loss as it would; a step it skips (an inf or NaN gradient at the scale)
 is run again from the same start at half the scale, as the scaler settles over the first steps, and the
@@ -23,11 +26,13 @@ from torch.utils._pytree import tree_map
 from preclint.core.errors import UserError
 from preclint.load.modelio import Inputs
 from preclint.measure.copies import copy_to
+from preclint.measure.scaled_training import SCALED_TRAINING_MODES
 
 STEP_DTYPES = {"float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-               "fp16-full": torch.float16, "bf16-full": torch.bfloat16}
-TRAINING_MODES = ("fp32", "fp16", "bf16", "fp16-full", "bf16-full")
-AUTOCAST_MODES = ("fp16", "bf16")
+               "fp16-full": torch.float16, "bf16-full": torch.bfloat16,
+               "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16, "mxfp8": torch.bfloat16}
+TRAINING_MODES = ("fp32", "fp16", "bf16", "fp16-full", "bf16-full", "fp8", "fp8-rowwise", "mxfp8")
+AUTOCAST_MODES = ("fp16", "bf16", "fp8", "fp8-rowwise", "mxfp8")  # the scaled ones: bfloat16 outside their GEMMs
 MAX_SKIPS = 24  # 65536 halved 24 times is below 1/256: a scale that needs more is not a scale problem
 
 
@@ -55,6 +60,7 @@ class StepRun:
     first_nonfinite_backward: Optional[str] = None  # module whose output's gradient was first inf/NaN
     optimizer: Optional[torch.optim.Optimizer] = None
     notes: List[str] = field(default_factory=list)
+    scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)  # scaled modes: each converted layer's operands
 
 
 def cast_values(value: Any, dtype: torch.dtype, device: torch.device) -> Any:
@@ -147,6 +153,10 @@ def prepared(request: StepRequest, mode: str):
     for p in model.parameters():  # copy_to shares what needs no cast; a step writes into its weights
         p.data = p.data.clone()
     model.train()
+    if mode in SCALED_TRAINING_MODES:
+        from preclint.measure.scaled_training import convert_for_training
+
+        convert_for_training(model, mode)
     value_dtype = torch.float32 if mode in AUTOCAST_MODES else dtype
     inputs = Inputs.of(request.inputs).map(lambda t: cast_values(t, value_dtype, request.device))
     targets = cast_values(request.step.targets, value_dtype, request.device)
@@ -208,5 +218,10 @@ def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
         parameters[name] = ParameterStep(before[name], p.detach().clone().cpu(),
                                          None if p.grad is None else p.grad.detach().clone().cpu(), state)
     loss_value = float(loss.detach())
-    return StepRun(mode, loss_value, parameters, scale,
-                   first_nonfinite_forward=watch.forward, first_nonfinite_backward=watch.backward, optimizer=optimizer)
+    scaled = {}
+    if mode in SCALED_TRAINING_MODES:
+        from preclint.measure.scaled_training import recorded_statistics
+
+        scaled = recorded_statistics(model)
+    return StepRun(mode, loss_value, parameters, scale, first_nonfinite_forward=watch.forward,
+                   first_nonfinite_backward=watch.backward, optimizer=optimizer, scaled=scaled)

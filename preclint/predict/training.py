@@ -73,6 +73,14 @@ class TrainingFigures:
     first_nonfinite_forward: Optional[str] = None
     first_nonfinite_backward: Optional[str] = None
     hazards: List[str] = field(default_factory=list)  # the optimizer's, said once
+    # scaled modes: per converted linear layer, its operands' scale statistics (measure/scale_statistics.py)
+    scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)
+
+    @property
+    def scaled_gradient_underflow(self) -> float:
+        """The largest fraction of a converted layer's output gradient that the recipe flushes (0: none)."""
+        return max((stats["grad_output"]["underflow_fraction"] for stats in self.scaled.values()
+                    if "grad_output" in stats), default=0.0)
 
     def as_dict(self) -> Dict[str, object]:
         out = {"grad_rel_error": self.grad_rel_error, "underflow_fraction": self.underflow_fraction,
@@ -85,6 +93,11 @@ class TrainingFigures:
                "layers": self.layers()}
         if self.scale_window is not None:
             out["scale_window"] = list(self.scale_window)
+        if self.scaled:
+            from preclint.measure.scale_statistics import gradient_totals
+
+            out.update(gradient_totals(self.scaled))
+            out["scaled"] = self.scaled
         return out
 
 
@@ -137,7 +150,7 @@ def predict_training(reference: TrainingReference, forward_errors: Optional[Dict
 def _predict_mode(reference: TrainingReference, stats: ModeStatistics, forward_error: Optional[float]) -> TrainingFigures:
     mode = stats.mode
     dtype, storage = STEP_DTYPES[mode], storage_dtype(mode)
-    u = MODES[mode].dot_format.unit_roundoff
+    u = _backward_unit_roundoff(mode)
     owners = {reference.module_of[name] for name in stats.low_grad_params}
     order = {path: i for i, path in enumerate(reference.module_order)}
     overflowing = _first_overflow(reference, stats, dtype)
@@ -171,7 +184,20 @@ def _predict_mode(reference: TrainingReference, stats: ModeStatistics, forward_e
     return totals(mode, rows, grads, updates, loss_scale=stats.scale, skipped_steps=stats.skipped,
                   float32_lost_update_fraction=lost32[0] / lost32[1] if lost32[1] else 0.0,
                   scale_window=window(stats, dtype), first_nonfinite_forward=reference.step.first_nonfinite_forward,
-                  first_nonfinite_backward=overflowing if overflowing is not None else reference.step.first_nonfinite_backward, hazards=hazards)
+                  first_nonfinite_backward=overflowing if overflowing is not None else reference.step.first_nonfinite_backward,
+                  hazards=hazards, scaled=stats.scaled)
+
+
+def _backward_unit_roundoff(mode: str) -> float:
+    """The unit roundoff a backward GEMM's result carries per operand rounding: the dtype's; a scaled mode
+    rounds both operands, one to the gradient's element format and one to the forward's."""
+    recipe = MODES[mode].recipe
+    if recipe is None:
+        return MODES[mode].dot_format.unit_roundoff
+    from preclint.measure.scaled_training import recipes
+
+    forward, gradient = recipes(mode)
+    return math.hypot(forward.element.unit_roundoff, gradient.element.unit_roundoff)
 
 
 def _first_overflow(reference: TrainingReference, stats: ModeStatistics, dtype: torch.dtype) -> Optional[str]:
@@ -265,7 +291,7 @@ def training_modes(modes, model: torch.nn.Module) -> tuple:
 def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[float]]] = None, seed: int = 0):
     """(the reference step, each training precision's predicted figures, notes) of ``loaded`` (a LoadedModel
     with ``training``), on the CPU."""
-    from preclint.measure.training_step import StepRequest
+    from preclint.measure.training_step import TRAINING_MODES, StepRequest
     from preclint.reference.training_step import reference_step
 
     chosen = training_modes(modes, loaded.module)
@@ -273,9 +299,13 @@ def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[floa
     if chosen and set(chosen) - set(modes):
         notes.append(f"the model's weights are {_dtype(next(loaded.module.parameters()).dtype)}: its training step is "
                      f"checked as written ({', '.join(chosen)})")
+    untrained = [mode for mode in modes if mode in MODES and MODES[mode].recipe is not None and mode not in TRAINING_MODES]
+    if untrained:
+        notes.append(f"--train: no training step under {', '.join(untrained)} (NVFP4 training's stochastic rounding and "
+                     "Hadamard transforms of the gradients are not emulated)")
     if not chosen:
         notes.append("--train: none of the checked precisions is one a training step runs in (fp16, bf16, fp16-full, "
-                     "bf16-full); no training figures")
+                     "bf16-full, fp8, fp8-rowwise, mxfp8); no training figures")
         return None, {}, notes
     request = StepRequest(loaded.module, loaded.inputs, loaded.training, seed=seed)
     reference = reference_step(request, chosen)

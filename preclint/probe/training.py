@@ -57,7 +57,7 @@ def compare_step(run, reference) -> TrainingFigures:
         grads[name], updates[name] = g64, update64
     return totals(run.mode, rows, grads, updates, loss_scale=run.scale, skipped_steps=run.skipped,
                   first_nonfinite_forward=run.first_nonfinite_forward,
-                  first_nonfinite_backward=run.first_nonfinite_backward)
+                  first_nonfinite_backward=run.first_nonfinite_backward, scaled=run.scaled)
 
 
 def measure_training_into(report, loaded, ctx, device_choice: str, steps: int = 0) -> None:
@@ -98,7 +98,8 @@ def judge_training(findings, measured: Dict[str, TrainingFigures], predicted: Di
             value = getattr(figures, key)
             if key == "lost_update_fraction" and mode in predicted:  # beyond what float32 storage loses
                 value -= predicted[mode].float32_lost_update_fraction or 0.0
-            confirmed = value > 0 if key == "nonfinite_updates" else value > STEP_SHARE
+            share = getattr(rules.get(finding.code), "training_share", None) or STEP_SHARE
+            confirmed = value > 0 if key == "nonfinite_updates" else value > share
             figure = ErrorFigure(figures.grad_rel_error, None)
             figure.status = "confirmed" if confirmed else "refuted"
             finding.measured[mode] = figure

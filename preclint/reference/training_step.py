@@ -10,17 +10,19 @@ Beside the float64 step's gradients, updates and optimizer state, it records per
 - the gradients a backward gives when each of those low-dtype gradients flushes where the format stores
   0 (a float64 backward from the same forward, the flush applied at each such module output and at each
   low-precision weight gradient): only underflow is modelled, the rounding is the error model's;
-- the optimizer's float64 step taken on those flushed gradients: the update each weight would get.
+- the optimizer's float64 step taken on those flushed gradients: the update each weight would get;
+- under a scaled mode (fp8, fp8-rowwise, mxfp8), also the flushes of each converted linear layer's
+  quantised output gradient and the scale statistics of its operands (reference/scaled_training.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Set
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 
-from preclint.measure.training_step import (AUTOCAST_MODES, STEP_DTYPES, StepRequest, StepRun, autocast_for,
-                                            loss_of, prepared, run_step)
+from preclint.measure.training_step import (AUTOCAST_MODES, SCALED_TRAINING_MODES, STEP_DTYPES, StepRequest, StepRun,
+                                            autocast_for, loss_of, prepared, run_step)
 from preclint.load.modelio import output_tensors
 from preclint.training.statistics import Magnitudes, flush_threshold, flushes, magnitudes, overflows
 
@@ -43,6 +45,8 @@ class ModeStatistics:
     flushed_grads: Dict[str, torch.Tensor]  # parameter -> its float64 gradient with the flushes applied
     flushed_updates: Dict[str, torch.Tensor]  # parameter -> the float64 optimizer's update on those gradients
     flushed_state: Dict[str, Dict[str, torch.Tensor]]  # parameter -> that optimizer's state tensors after it
+    # scaled modes: each converted linear layer's operand statistics (measure/scale_statistics.py)
+    scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +88,7 @@ class _Backward:
         model, inputs, targets = prepared(request, "float64")
         self.params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.outputs: Dict[str, List[torch.Tensor]] = {}
+        self.inputs: Dict[str, torch.Tensor] = {}  # a linear layer's input (its first call's)
         self.order: List[str] = []
         handles = [m.register_forward_hook(self._keep(path)) for path, m in model.named_modules()]
         torch.manual_seed(request.seed)
@@ -107,16 +112,23 @@ class _Backward:
             if found and path not in self.outputs:  # a module called twice: its first call's output
                 self.outputs[path] = found
                 self.order.append(path)
+                if isinstance(module, torch.nn.Linear) and args and isinstance(args[0], torch.Tensor):
+                    self.inputs[path] = args[0].detach()
 
         return keep
 
-    def flushed(self, low: Set[str], dtype: torch.dtype, scale: float) -> Dict[str, torch.Tensor]:
-        """The parameters' gradients with each low-dtype module output's gradient flushed at ``scale``."""
+    def flushed(self, low: Set[str], dtype: torch.dtype, scale: float,
+                transforms: Optional[Dict[str, Callable]] = None) -> Dict[str, torch.Tensor]:
+        """The parameters' gradients with each low-dtype module output's gradient flushed at ``scale``, and
+        ``transforms`` (module path -> a function of its output's gradient) applied after that."""
         handles = []
         threshold = flush_threshold(dtype) / scale
         for path in low:
             for t in self.outputs.get(path, []):
                 handles.append(t.register_hook(lambda g: torch.where(g.abs() <= threshold, torch.zeros_like(g), g)))
+        for path, transform in (transforms or {}).items():
+            for t in self.outputs.get(path, [])[:1]:
+                handles.append(t.register_hook(transform))
         try:
             grads = torch.autograd.grad(self.loss, [p for _, p in self.params], retain_graph=True, allow_unused=True)
         finally:
@@ -174,13 +186,21 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
     joined = torch.cat([v.reshape(-1) for v in low_values]) if low_values else torch.zeros(0, dtype=torch.float64)
     spread = magnitudes(joined)
     scale, skipped = settled_scale(spread.largest, request.step, dtype)
-    flushed = backward.flushed(set(low), dtype, scale)
+    scaled = None
+    if mode in SCALED_TRAINING_MODES:
+        from preclint.reference.scaled_training import ScaledFlushes
+
+        scaled = ScaledFlushes(request, backward, mode)
+    flushed = backward.flushed(set(low), dtype, scale, scaled.transforms if scaled is not None else None)
+    if scaled is not None:
+        scaled.weight_gradients(flushed)
     for name in low_params & set(flushed):  # the weight gradient itself is a low-precision GEMM's output
         flushed[name] = torch.where(flushes(flushed[name], dtype, scale), torch.zeros_like(flushed[name]), flushed[name])
     output_max = {path: max((float(g.abs().max()) for g in backward.output_grads.get(path, []) if g.numel()),
                             default=0.0) for path in low}
     updates, state = optimizer_updates(request, reference, flushed)
-    return ModeStatistics(mode, scale, skipped, low, low_params, output_max, spread, flushed, updates, state)
+    return ModeStatistics(mode, scale, skipped, low, low_params, output_max, spread, flushed, updates, state,
+                          scaled=scaled.statistics if scaled is not None else {})
 
 
 def settled_scale(largest: float, step, dtype: torch.dtype):

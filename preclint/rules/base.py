@@ -159,6 +159,8 @@ class Rule(RuleDoc):
     # measured_as "training": the figure of the measured step (predict/training.py TrainingFigures) that
     # confirms the finding when it is above the rule's threshold (None: the step measures nothing it predicts)
     training_figure: ClassVar[Optional[str]] = None
+    # the share above which that figure confirms (None: the training rules' SHARE, rules/model/_training.py)
+    training_share: ClassVar[Optional[float]] = None
 
     def check_graph(self, ctx: RuleContext) -> Iterator[Finding]:
         """The findings the graph and the predictions give."""

@@ -167,3 +167,39 @@ def test_steps_say_where_a_precision_s_loss_parts_from_float32_s(tmp_path, capsy
 def test_steps_need_the_probe(tmp_path, capsys):
     code, out, err = run(capsys, "check", write(tmp_path, REGRESSION), "--train", "--steps", "3", "-q")
     assert code == 2 and "--probe" in err and len(err.strip().splitlines()) == 1
+
+
+CLASSIFIER = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 128))
+example_inputs = (torch.randn(128, 32),)
+example_targets = torch.randint(0, 128, (128,))
+
+
+def loss_fn(output, target):
+    return F.cross_entropy(output * 100, target)
+
+
+def make_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-3)
+"""
+
+
+def test_an_fp8_step_reports_its_scale_statistics_predicted_and_measured(tmp_path, capsys):
+    path = write(tmp_path, CLASSIFIER)
+    code, out, err = run(capsys, "check", path, "--train", "--precision", "fp8", "--probe", "cpu",
+                         "--output-format", "json", "-q", "--exit-zero")
+    document = json.loads(out)
+    jsonschema.validate(document, SCHEMA)
+    training = document["summary"]["fp8"]["training"]
+    head = {kind: training[kind]["scaled"]["2"]["grad_output"] for kind in ("predicted", "measured")}
+    assert head["measured"]["element"] == "e5m2" and head["measured"]["underflow_fraction"] > 0.5
+    assert head["measured"]["underflow_fraction"] / 3 <= head["predicted"]["underflow_fraction"] <= \
+        head["measured"]["underflow_fraction"] * 3
+    (flushing,) = [f for f in document["findings"] if f["code"] == "PCL605"]
+    assert flushing["status"] == "confirmed" and flushing["module"] == "2"
+    code, out, err = run(capsys, "check", path, "--train", "--precision", "fp8", "-q", "--color", "never", "--exit-zero")
+    assert "Scaled GEMMs in the step" in out and "E5M2" in out

@@ -41,6 +41,34 @@ def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: floa
     return build
 
 
+def classifier(*, temperature: float = 1.0, optimizer: str = "adam", lr: float = 1e-3):
+    """An MLP classifier (32 -> 64 -> 64 -> 128 classes, batch 256; every layer converts under the FP8
+    recipes) whose cross-entropy reads its logits divided by ``temperature``: a small one (a large logit
+    scale, as contrastive losses use) makes the softmax's gradient span more than E5M2's range."""
+
+    def build():
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 128))
+        inputs, targets = (torch.randn(256, 32),), torch.randint(0, 128, (256,))
+
+        def loss_fn(output, target):
+            return torch.nn.functional.cross_entropy(output / temperature, target)
+
+        def make_optimizer(params):
+            if optimizer == "adam":
+                return torch.optim.Adam(params, lr=lr)
+            return torch.optim.SGD(params, lr=lr)
+
+        from preclint.load.training import training_step_of
+
+        return model, inputs, training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer)
+
+    return build
+
+
 def worst(parameters, key: str, limit: int = 3) -> List[str]:
     """The parameters with the largest ``key`` above STEP_SHARE, as ``name (12%)``, largest first."""
     rows = sorted((p for p in parameters if getattr(p, key) > STEP_SHARE), key=lambda p: (-getattr(p, key), p.parameter))

@@ -1,0 +1,121 @@
+"""A training step under a scaled-GEMM recipe (FP8 tensorwise and rowwise, MXFP8), emulated on any device.
+
+Each nn.Linear the recipe converts (measure/scaled.py ``converts``) runs its three GEMMs as the recipe does:
+
+- forward, ``y = x W^T``: the input (rounded to bfloat16, as autocast hands it) and the float32 master
+  weight quantised along K, the reduction, with the forward recipe (E4M3);
+- backward, ``dx = g W``: the output's gradient ``g`` quantised along N with the gradient recipe, the
+  weight along N with the forward one;
+- backward, ``dW = g^T x``: ``g`` and ``x`` quantised along M (the tokens).
+
+Products and sums in float32, results rounded to bfloat16 (the bias's gradient is summed from ``g`` in
+float32, unquantised, as torchao does). The gradient recipe is the forward's with the gradient element
+format: E5M2 for ``fp8`` (Transformer Engine's HYBRID format, torchao's tensorwise default), E4M3 for
+``fp8-rowwise`` (torchao's rowwise recipe) and ``mxfp8`` (Transformer Engine's MXFP8BlockScaling). The
+scales are current: each tensor's (row's, block's) amax of this step, floored at the recipe's
+amax-epsilon; a delayed-scaling recipe's amax history is not modelled. The rest of the model runs under
+bfloat16 autocast, weights and optimizer state in float32. Each converted layer keeps the statistics of
+the operands it quantised (measure/scale_statistics.py) in ``statistics``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+
+from preclint.core.numerics import E4M3, E5M2, MODES
+from preclint.measure.grouped import quantise_along
+from preclint.measure.scaled import converts
+from preclint.measure.scale_statistics import scale_statistics
+
+SCALED_TRAINING_MODES = ("fp8", "fp8-rowwise", "mxfp8")
+GRADIENT_ELEMENTS = {"fp8": E5M2, "fp8-rowwise": E4M3, "mxfp8": E4M3}
+
+
+def recipes(mode: str):
+    """(the forward recipe, the gradient recipe) of scaled training mode ``mode`` (as configured now)."""
+    forward = MODES[mode].recipe
+    return forward, replace(forward, element=GRADIENT_ELEMENTS[mode])
+
+
+def _autocast_off(device_type: str):
+    return torch.autocast(device_type if device_type in ("cuda", "cpu") else "cpu", enabled=False)
+
+
+class _ScaledLinearStep(torch.autograd.Function):
+    """The three GEMMs of a converted layer, each on operands quantised per the recipe (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        xb = x.detach().float().to(torch.bfloat16).float()
+        x2 = xb.reshape(-1, xb.shape[-1])
+        w = weight.detach().float()
+        with _autocast_off(x.device.type):
+            y = F.linear(quantise_along(x2, layer.forward_recipe).values, quantise_along(w, layer.forward_recipe).values,
+                         bias.detach().to(torch.bfloat16).float() if bias is not None else None)
+        if layer.record:
+            layer.statistics["input"] = scale_statistics(x2, layer.forward_recipe)
+            layer.statistics["weight"] = scale_statistics(w, layer.forward_recipe)
+        ctx.save_for_backward(x2, weight)
+        ctx.layer, ctx.x_shape, ctx.x_dtype, ctx.has_bias = layer, x.shape, x.dtype, bias is not None
+        return y.to(torch.bfloat16).reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, weight = ctx.saved_tensors
+        layer = ctx.layer
+        forward, gradient = layer.forward_recipe, layer.gradient_recipe
+        g2 = grad.detach().float().reshape(-1, weight.shape[0])
+        w = weight.detach().float()
+        with _autocast_off(g2.device.type):
+            grad_x = quantise_along(g2, gradient, -1).values @ quantise_along(w, forward, 0).values
+            grad_w = quantise_along(g2, gradient, 0).values.t() @ quantise_along(x2, forward, 0).values
+        if layer.record:
+            layer.statistics["grad_output"] = scale_statistics(g2, gradient)
+        grad_x = grad_x.to(torch.bfloat16).to(ctx.x_dtype).reshape(ctx.x_shape)
+        grad_b = g2.sum(dim=0).to(weight.dtype) if ctx.has_bias else None
+        return grad_x, grad_w.to(torch.bfloat16).to(weight.dtype), grad_b, None
+
+
+class TrainingScaledLinear(torch.nn.Linear):
+    """An nn.Linear that trains as its recipe's scaled GEMMs, emulated; it shares the layer's parameters
+    (their names and the optimizer's view of them do not change)."""
+
+    def __init__(self, linear: torch.nn.Linear, mode: str, record: bool = True) -> None:
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.mode = mode
+        self.forward_recipe, self.gradient_recipe = recipes(mode)
+        self.record = record
+        self.statistics: Dict[str, dict] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ScaledLinearStep.apply(x, self.weight, self.bias, self)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, forward {self.forward_recipe.describe()}; gradients "
+                f"{self.gradient_recipe.element.name.upper()}")
+
+
+def converted_paths(model: torch.nn.Module, mode: str):
+    """The module paths of ``model`` whose nn.Linear the recipe of ``mode`` converts (not kept in bfloat16)."""
+    recipe = MODES[mode].recipe
+    return [path for path, module in model.named_modules()
+            if path and converts(module, recipe) and not recipe.keeps(path)]
+
+
+def convert_for_training(model: torch.nn.Module, mode: str) -> list:
+    """Replace, in ``model`` (a copy), each linear layer ``mode``'s recipe converts; the paths replaced."""
+    paths = converted_paths(model, mode)
+    for path in paths:
+        model.set_submodule(path, TrainingScaledLinear(model.get_submodule(path), mode))
+    return paths
+
+
+def recorded_statistics(model: torch.nn.Module) -> Dict[str, Dict[str, dict]]:
+    """Each converted layer's statistics of its last step, by module path."""
+    return {path: dict(m.statistics) for path, m in model.named_modules()
+            if isinstance(m, TrainingScaledLinear) and m.statistics}

@@ -1,0 +1,91 @@
+"""PCL605 scaled-gradient-flush: an FP8 training recipe's gradient scale flushes most of a layer's output gradient."""
+from __future__ import annotations
+
+from preclint.core.findings import ErrorFigure, percent, sci
+from preclint.rules.base import Example, Rule
+from preclint.rules.model._training import classifier
+
+MOST = 0.5  # of a converted layer's nonzero output-gradient values
+
+
+class ScaledGradientFlush(Rule):
+    code = "PCL605"
+    name = "scaled-gradient-flush"
+    summary = "An FP8 training recipe's gradient scale flushes most of a linear layer's output gradient to 0."
+    severity = "warning"
+    precisions = ("fp8", "fp8-rowwise", "mxfp8")
+    needs = ()
+    measured_as = "training"
+    training_figure = "scaled_gradient_underflow"
+    training_share = MOST
+    why = """
+An FP8 recipe quantises each linear layer's output gradient before the two backward GEMMs: scaled so that
+its amax lands on the element format's largest value (one scale per tensor for `fp8`, per row for
+`fp8-rowwise`, per 32 elements for `mxfp8`), then rounded. Below the amax the format keeps a fixed
+span: E5M2 (`fp8`'s gradients) 2^32.8, about 7.5e9, down to half its smallest subnormal; E4M3 (the
+gradients of `fp8-rowwise` and `mxfp8`) only 2^18.8, about 4.6e5. A gradient that spans more than that
+loses its small values to 0: the layers before it see them flushed, and a weight whose gradient is made
+only of them stops learning. A softmax over a large logit scale (a contrastive loss's 1/temperature, a
+confident classifier) is the common case: the wrong classes' probabilities sit far below the right
+class's. preclint quantises each converted layer's float64 output gradient as the recipe would and
+counts the nonzero values that become 0 (`scaled`, per layer, in the JSON report, with the per-tensor
+scale and the scales and flushed shares across blocks of 32: min, median, p99).
+"""
+    example = """
+with torchao.float8 conversion (tensorwise) or te.fp8_autocast(HYBRID):
+    loss = F.cross_entropy(head(h) / 0.01, y)   # softmax gradients spread over 1e10 and more
+loss.backward()                                  # the head's E5M2 gradient keeps its largest values only
+"""
+    fix = """
+Keep the layer in bfloat16 (`--scaling keep=PATH`; torchao's `module_filter_fn`, outside Transformer
+Engine's `fp8_autocast`), typically the output head; a finer gradient scale (per row, per block) helps
+only where the spread is across rows or blocks, and E4M3 gradients span less than E5M2's.
+"""
+    bad = (Example(classifier(temperature=0.01), "a classifier whose loss divides its logits by 0.01, under fp8",
+                   {"precisions": ("fp8",)}),)
+    good = (Example(classifier(), "the same classifier at temperature 1", {"precisions": ("fp8",)}),
+            Example(classifier(temperature=0.01), "the temperature-0.01 classifier with its head kept in bfloat16",
+                    {"precisions": ("fp8",), "scaling": {"keep": ["4"]}}))
+
+    def check_graph(self, ctx):
+        for mode in (m for m in ctx.training if m in self.precisions):
+            figures = ctx.training[mode]
+            if figures is None:
+                continue
+            rows = {row.parameter: row for row in figures.parameters}
+            for path, stats in figures.scaled.items():
+                grad = stats.get("grad_output")
+                if grad is None or grad["underflow_fraction"] <= MOST:
+                    continue
+                yield self._finding(ctx, mode, path, grad, rows.get(f"{path}.weight" if path else "weight"), figures)
+
+    def _finding(self, ctx, mode, path, grad, weight_row, figures):
+        element = grad["element"].upper()
+        blocks = grad["blocks"]
+        if grad["granularity"] == "tensor":
+            scale = (f"one scale for the tensor, {sci(grad['tensor_scale'])} (amax {sci(grad['amax'])}), flushes the values "
+                     f"below {sci(_flush_value(grad))}")
+        else:
+            scale = f"a scale per {grad['granularity']} ({sci(grad['scale'][0])} to {sci(grad['scale'][2])}, p99)"
+        spread = "/".join(percent(v) for v in blocks["underflow_fraction"])
+        weight = (f"; {weight_row.parameter}'s gradient has {percent(weight_row.underflow_fraction)} of its elements "
+                  "flushed" if weight_row is not None and weight_row.underflow_fraction > 0 else "")
+        message = (f"layer {ctx.display(path) if path else '(the model)'} loses {percent(grad['underflow_fraction'])} of its output "
+                   f"gradient's nonzero values to 0 in {element} under {mode}: {scale}; flushed across blocks of "
+                   f"{blocks['size']}: {spread} (min/median/p99){weight}.")
+        finer = grad["block_scaled_underflow_fraction"]
+        fix = (f"Keep {path or 'the layer'} in bfloat16 (--scaling keep={path or '...'}; torchao's module_filter_fn, or "
+               "outside Transformer Engine's fp8_autocast)"
+               + (f"; a scale per block of {blocks['size']} would flush {percent(finer)}" if finer < grad['underflow_fraction'] else "")
+               + ".")
+        finding = self.finding(None, message, fix=fix, predicted={mode: ErrorFigure(figures.grad_rel_error, None)},
+                               precisions=(mode,))
+        finding.module = path
+        return finding
+
+
+def _flush_value(grad) -> float:
+    """The magnitude below which the per-tensor scale flushes a value: half the element's smallest subnormal."""
+    from preclint.core.numerics import ELEMENT_FORMATS
+
+    return ELEMENT_FORMATS[grad["element"]].min_subnormal / 2 / grad["tensor_scale"]
