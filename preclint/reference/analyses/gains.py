@@ -256,6 +256,18 @@ def input_gains(node: Node, operands: list, gains: Dict[int, float], passes) -> 
     return total, by_input
 
 
+def activation_gains(operands: list, gains: Dict[int, float], passes) -> Dict[str, float]:
+    """The gains of rounding the activations a dot product reads (not its weights), per input node: a
+    dot product sums each activation element into many outputs, as its gradient already does (no
+    division by the outputs per element, unlike a broadcast)."""
+    by_input: Dict[str, float] = {}
+    for operand in operands:
+        source = passes.source(operand)
+        if source is not None and id(operand) in gains:
+            by_input[source] = by_input.get(source, 0.0) + gains[id(operand)]
+    return by_input
+
+
 class GainsAnalysis(GradientAnalysis):
     record = Gains
 
@@ -285,6 +297,9 @@ class GainsAnalysis(GradientAnalysis):
             if name in passes.operands:
                 if node.kind in DOT_PRODUCT_KINDS:
                     record.operands = gain_operands
+                    # (how a relative error arriving in its activations reaches the output: a trained
+                    # head that cancels its terms amplifies it, one that averages damps it)
+                    record.by_input = activation_gains(passes.operands[name], per_operand, passes)
                 elif name in inputs:
                     record.inputs, record.by_input = inputs[name]
             node.put(record)
