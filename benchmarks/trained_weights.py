@@ -237,6 +237,72 @@ def crepe(directory: str) -> Callable[[], Tuple[nn.Module, tuple]]:
     return build
 
 
+# ---------------------------------------------------------------- weights that pip packages ship
+
+def _images(n: int, size: int, seed: int) -> torch.Tensor:
+    """Photographs' statistics, roughly: smooth fields of colour with fine texture, 0..255, normalised as
+    MTCNN normalises its crops ((x - 127.5) / 128)."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(n, 3, 4, 4, generator=generator) * 255
+    image = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    image = (image + 12 * torch.randn(n, 3, size, size, generator=generator)).clamp(0, 255).round()
+    return (image - 127.5) * 0.0078125
+
+
+def mtcnn(name: str, size: int) -> Callable[[], Tuple[nn.Module, tuple]]:
+    """One of MTCNN's three networks with the weights facenet-pytorch ships (pip install --no-deps
+    facenet-pytorch: the weights are in the wheel, nothing is downloaded)."""
+    def build():
+        from facenet_pytorch.models import mtcnn as networks
+
+        net = getattr(networks, name)(pretrained=True)
+        return net.eval(), (_images(16 if size < 48 else 8, size, 7),)
+    return build
+
+
+class VoiceEncoder(nn.Module):
+    """Resemblyzer's VoiceEncoder (a 3-layer LSTM over 40 mel channels, a linear projection, an L2-normalised
+    embedding), written here so that its package's audio imports (webrtcvad) are not needed."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(40, 256, 3, batch_first=True)
+        self.linear = nn.Linear(256, 256)
+        self.relu = nn.ReLU()
+
+    def forward(self, mels):
+        _, (hidden, _) = self.lstm(mels)
+        embeds_raw = self.relu(self.linear(hidden[-1]))
+        return embeds_raw / torch.norm(embeds_raw, dim=1, keepdim=True)
+
+
+def resemblyzer() -> Tuple[nn.Module, tuple]:
+    """The speaker encoder with the weights Resemblyzer ships (pip install --no-deps resemblyzer), on 160
+    frames of mel energies shaped like speech (positive, a few strong bands)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("resemblyzer")  # (finding it imports nothing)
+    if spec is None:
+        raise ModuleNotFoundError("resemblyzer is not installed (pip install --no-deps resemblyzer)")
+    state = torch.load(os.path.join(os.path.dirname(spec.origin), "pretrained.pt"), map_location="cpu",
+                       weights_only=True)
+    model = SpeakerEncoder()
+    # (as VoiceEncoder loads it: the checkpoint also holds the training loss's similarity scale)
+    model.load_state_dict({k: v for k, v in state["model_state"].items() if not k.startswith("similarity")})
+    generator = torch.Generator().manual_seed(7)
+    bands = torch.rand(4, 1, 40, generator=generator) ** 3
+    mels = (bands * torch.rand(4, 160, 1, generator=generator) + 0.05 * torch.rand(4, 160, 40, generator=generator))
+    return model.eval(), (mels.clamp(0, 1),)
+
+
+SHIPPED: Dict[str, Callable[[], Tuple[nn.Module, tuple]]] = {
+    "mtcnn_pnet": mtcnn("PNet", 48),
+    "mtcnn_rnet": mtcnn("RNet", 24),
+    "mtcnn_onet": mtcnn("ONet", 48),
+    "resemblyzer": resemblyzer,
+}
+
+
 MODELS: Dict[str, Callable[[], Tuple[nn.Module, tuple]]] = {
     "speaker_lstm": speaker_lstm,
     "counter_lstm": counter(nn.LSTM),
@@ -308,18 +374,24 @@ def main(argv=None) -> int:
     models = dict(MODELS)
     if args.crepe:
         models["crepe_full"] = crepe(args.crepe)
-    results = []
+    models.update(SHIPPED)
+    results, skipped = [], {}
     for name, build in models.items():
         if args.only and name not in args.only:
             continue
-        result = check(name, build, args.device, args.weights)
+        try:
+            result = check(name, build, args.device, args.weights)
+        except ModuleNotFoundError as exc:  # a package that ships weights is not installed here
+            skipped[name] = str(exc)
+            print(f"{name}: skipped ({exc})", flush=True)
+            continue
         results.append(result)
         held = [r["within_3x"] for r in result["pairs"] if r["within_3x"] is not None]
         print(f"{name}: {sum(held)} of {len(held)} pairs within 3x; findings {result['failing_findings']}", flush=True)
         for r in result["pairs"]:
             print(f"  {r['mode']:10s} {r['output']:14s} predicted {r['predicted']}  measured {r['measured']}", flush=True)
     held = [r["within_3x"] for result in results for r in result["pairs"] if r["within_3x"] is not None]
-    summary = {"pairs": len(held), "within_3x": sum(held), "device": args.device, "preclint": os.path.dirname(os.path.dirname(preclint.__file__))}
+    summary = {"pairs": len(held), "within_3x": sum(held), "device": args.device, "skipped": skipped, "preclint": os.path.dirname(os.path.dirname(preclint.__file__))}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(stamp({"summary": summary, "models": results}), f, indent=1)
     print(f"{summary['within_3x']} of {summary['pairs']} pairs within 3x", flush=True)
