@@ -5,18 +5,24 @@
     def make_optimizer(params): return torch.optim.AdamW(params, lr=1e-3)   # or optimizer = ...
     scaler = torch.amp.GradScaler("cuda")    # optional: the loss scale the step starts with
 
+A Lightning module gives the loss by its ``training_step(batch, batch_idx)`` on an example batch and the
+optimizer by ``configure_optimizers()`` (load/lightning_step.py).
+
 The step is rebuilt on copies of the model, never on the user's own: the optimizer as a factory of
 parameters (an optimizer instance is read as its class and hyperparameters), the scaler as its settings.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from preclint.core.errors import UserError
+from preclint.load.lightning_step import BATCH_IDX, configured_optimizer, example_batch, steps_itself
 from preclint.load.messages import located, quote
+from preclint.load.modelio import Inputs
 
 LOSS_ATTR = "loss_fn"
 TARGETS_ATTR = "example_targets"
@@ -36,6 +42,24 @@ class TrainingStep:
     scaler: Optional[Dict[str, Any]] = None  # init_scale, growth_factor, backoff_factor, growth_interval
     label: str = "the training step"
     notes: list = field(default_factory=list)
+    batch: Any = None  # a Lightning module's example batch: the loss is training_step(batch, 0)
+
+    def call_inputs(self, inputs: Inputs) -> Inputs:
+        """The call whose output gives the loss: the model's example inputs, or (batch, batch_idx)."""
+        return inputs if self.batch is None else Inputs((self.batch, BATCH_IDX))
+
+    def output(self, model: torch.nn.Module, inputs: Inputs) -> Any:
+        """What the loss is read from: ``model`` called on ``inputs`` (``call_inputs``'s, cast for the
+        run), or a Lightning module's ``training_step`` on them."""
+        if self.batch is None:
+            return inputs.call(model)
+        with warnings.catch_warnings():  # self.log() without a Trainer warns and does nothing
+            warnings.filterwarnings("ignore", message=".*self.log.*")
+            output = inputs.call(model.training_step)
+        if output is None:
+            raise UserError(f"{self.label}: training_step returned None on the example batch (Lightning skips such "
+                            "a batch); --train needs the batch's loss")
+        return output
 
     @property
     def loss_scale(self) -> float:
@@ -94,8 +118,9 @@ def scaler_settings(scaler: Any, label: str) -> Optional[Dict[str, Any]]:
 
 def training_step_from_code(namespace: Any, label: str, file_path: Optional[str], seed: int,
                             module: Any = None) -> TrainingStep:
-    """The step the model's file defines (module-level names, see the module's docstring); the optimizer
-    may come from the model's Lightning-style ``configure_optimizers()`` instead."""
+    """The step the model's file defines (module-level names, see the module's docstring); the loss may
+    come from a Lightning module's ``training_step`` and the optimizer from its ``configure_optimizers()``."""
+    batch = example_batch(namespace, module, label, file_path, seed) if steps_itself(namespace, module) else None
     targets = getattr(namespace, TARGETS_ATTR, None)
     if callable(targets) and not isinstance(targets, torch.Tensor):
         torch.manual_seed(seed)
@@ -103,25 +128,14 @@ def training_step_from_code(namespace: Any, label: str, file_path: Optional[str]
             targets = targets()
         except (Exception, SystemExit) as exc:
             raise UserError(f"{located(label, file_path, exc.__traceback__)}: {TARGETS_ATTR}() failed: {quote(exc)}") from None
-    return training_step_of(loss_fn=getattr(namespace, LOSS_ATTR, None), targets=targets,
-                            make_optimizer=getattr(namespace, OPTIMIZER_FACTORY_ATTR, None),
-                            optimizer=getattr(namespace, OPTIMIZER_ATTR, None) or configured_optimizer(module, label),
+    make_optimizer = getattr(namespace, OPTIMIZER_FACTORY_ATTR, None)
+    optimizer = getattr(namespace, OPTIMIZER_ATTR, None)
+    notes: list = []
+    if make_optimizer is None and optimizer is None:
+        make_optimizer, notes = configured_optimizer(module, label)
+    step = training_step_of(loss_fn=getattr(namespace, LOSS_ATTR, None), targets=targets,
+                            make_optimizer=make_optimizer, optimizer=optimizer,
                             scaler=getattr(namespace, SCALER_ATTR, None), label=label)
-
-
-def configured_optimizer(module: Any, label: str) -> Optional[torch.optim.Optimizer]:
-    """The first optimizer a Lightning-style ``module.configure_optimizers()`` returns (an optimizer, a list
-    or tuple of them, ``([optimizers], [schedulers])`` or ``{"optimizer": ...}``); None without the method.
-    Building an optimizer reads the parameters and changes nothing."""
-    configure = getattr(module, "configure_optimizers", None)
-    if not callable(configure):
-        return None
-    try:
-        found = configure()
-    except Exception as exc:  # noqa: BLE001 - the user's code: one line
-        raise UserError(f"{label}: configure_optimizers() failed: {quote(exc)}") from None
-    while isinstance(found, (list, tuple)) and found:
-        found = found[0]
-    if isinstance(found, dict):
-        found = found.get("optimizer")
-    return found if isinstance(found, torch.optim.Optimizer) else None
+    step.batch = batch
+    step.notes.extend(notes)
+    return step

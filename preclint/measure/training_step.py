@@ -148,7 +148,7 @@ def prepared(request: StepRequest, mode: str):
         p.data = p.data.clone()
     model.train()
     value_dtype = torch.float32 if mode in AUTOCAST_MODES else dtype
-    inputs = Inputs.of(request.inputs).map(lambda t: cast_values(t, value_dtype, request.device))
+    inputs = request.step.call_inputs(Inputs.of(request.inputs)).map(lambda t: cast_values(t, value_dtype, request.device))
     targets = cast_values(request.step.targets, value_dtype, request.device)
     return model, inputs, targets
 
@@ -187,7 +187,7 @@ def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
     torch.manual_seed(request.seed)
     try:
         with torch.enable_grad(), autocast_for(mode, request.device):
-            output = inputs.call(model)
+            output = request.step.output(model, inputs)
             loss = loss_of(output, targets, request.step.loss_fn, request.step.label)
         optimizer.zero_grad(set_to_none=True)
         (loss * scale if scale != 1.0 else loss).backward()

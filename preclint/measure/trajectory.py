@@ -43,7 +43,7 @@ class _Runner:
     def step(self) -> float:
         torch.manual_seed(self.request.seed)
         with torch.enable_grad(), autocast_for(self.mode, self.request.device):
-            loss = loss_of(self.inputs.call(self.model), self.targets, self.request.step.loss_fn, self.request.step.label)
+            loss = loss_of(self.request.step.output(self.model, self.inputs), self.targets, self.request.step.loss_fn, self.request.step.label)
         self.optimizer.zero_grad(set_to_none=True)
         (loss * self.scale if self.scale != 1.0 else loss).backward()
         finite = True

@@ -89,7 +89,7 @@ class _Backward:
         torch.manual_seed(request.seed)
         try:
             with torch.enable_grad():
-                self.loss = loss_of(inputs.call(model), targets, request.step.loss_fn, request.step.label)
+                self.loss = loss_of(request.step.output(model, inputs), targets, request.step.loss_fn, request.step.label)
         finally:
             for handle in handles:
                 handle.remove()
@@ -151,7 +151,7 @@ def low_dtype_outputs(request: StepRequest, mode: str) -> List[str]:
     torch.manual_seed(request.seed)
     try:
         with torch.no_grad(), autocast_for(mode, request.device):
-            inputs.call(model)
+            request.step.output(model, inputs)
     finally:
         for handle in handles:
             handle.remove()
