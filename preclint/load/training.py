@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from preclint.core.errors import UserError
-from preclint.load.lightning_step import BATCH_IDX, configured_optimizer, example_batch, steps_itself
+from preclint.load.lightning_step import (BATCH_IDX, configured_optimizer, example_batch, is_lightning_module,
+                                          steps_itself)
 from preclint.load.messages import located, quote
 from preclint.load.modelio import Inputs
 
@@ -29,6 +30,8 @@ TARGETS_ATTR = "example_targets"
 OPTIMIZER_FACTORY_ATTR = "make_optimizer"
 OPTIMIZER_ATTR = "optimizer"
 SCALER_ATTR = "scaler"
+# torch.amp.GradScaler's defaults, which Lightning's MixedPrecision("16-mixed") builds
+LIGHTNING_SCALER = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
 @dataclass
@@ -43,6 +46,13 @@ class TrainingStep:
     label: str = "the training step"
     notes: list = field(default_factory=list)
     batch: Any = None  # a Lightning module's example batch: the loss is training_step(batch, 0)
+    scaled_modes: Optional[tuple] = None  # the precisions the scaler scales (None: all; Lightning's: fp16)
+
+    def scaler_for(self, mode: str) -> Optional[Dict[str, Any]]:
+        """The scaler's settings where ``mode``'s step scales its loss (never the float64 reference's)."""
+        if self.scaler is None or mode == "float64" or (self.scaled_modes is not None and mode not in self.scaled_modes):
+            return None
+        return self.scaler
 
     def call_inputs(self, inputs: Inputs) -> Inputs:
         """The call whose output gives the loss: the model's example inputs, or (batch, batch_idx)."""
@@ -61,10 +71,10 @@ class TrainingStep:
                             "a batch); --train needs the batch's loss")
         return output
 
-    @property
-    def loss_scale(self) -> float:
-        """The loss scale of the step's first iteration (1: no scaler)."""
-        return float(self.scaler["init_scale"]) if self.scaler else 1.0
+    def loss_scale(self, mode: str) -> float:
+        """The loss scale of ``mode``'s first iteration (1: no scaler)."""
+        scaler = self.scaler_for(mode)
+        return float(scaler["init_scale"]) if scaler else 1.0
 
 
 def training_step_of(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=None, scaler=None,
@@ -138,4 +148,17 @@ def training_step_from_code(namespace: Any, label: str, file_path: Optional[str]
                             scaler=getattr(namespace, SCALER_ATTR, None), label=label)
     step.batch = batch
     step.notes.extend(notes)
+    if is_lightning_module(module):
+        lightning_scaler(step, label, given=getattr(namespace, SCALER_ATTR, None) is not None)
     return step
+
+
+def lightning_scaler(step: TrainingStep, label: str, given: bool) -> None:
+    """A Lightning module's scaler scales only fp16 autocast (``precision="16-mixed"``), which always has one:
+    Lightning's default GradScaler where the file gives none (a disabled one: no scaling); bf16-mixed,
+    16-true and bf16-true have none."""
+    step.scaled_modes = ("fp16",)
+    if not given:
+        step.scaler = dict(LIGHTNING_SCALER)
+        step.notes.append(f"{label}: fp16 is checked as Lightning's precision=\"16-mixed\" runs it, with a GradScaler "
+                          f"at init_scale={LIGHTNING_SCALER['init_scale']:g} (give `{SCALER_ATTR} = ...` for another)")

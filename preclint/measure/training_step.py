@@ -161,13 +161,14 @@ def autocast_for(mode: str, device: torch.device):
 
 def run_step(request: StepRequest, mode: str) -> StepRun:
     """One step under ``mode`` (a key of STEP_DTYPES) from the model's current weights."""
-    scale = request.step.loss_scale if mode != "float64" else 1.0
+    scaler = request.step.scaler_for(mode)
+    scale = request.step.loss_scale(mode)
     skipped = 0
     while True:
         run = _one_step(request, mode, scale)
         finite = run.first_nonfinite_backward is None and all(
             p.grad is None or bool(torch.isfinite(p.grad).all()) for p in run.parameters.values())
-        if request.step.scaler is None or mode == "float64" or finite:
+        if scaler is None or finite:
             run.skipped = skipped
             return run
         if skipped >= MAX_SKIPS:  # every scale overflows: the step is as GradScaler leaves it, not taken
@@ -175,7 +176,7 @@ def run_step(request: StepRequest, mode: str) -> StepRun:
             run.notes.append(f"GradScaler skipped {skipped} steps and still found inf/NaN gradients")
             return run
         skipped += 1
-        scale *= request.step.scaler.get("backoff_factor", 0.5)
+        scale *= scaler.get("backoff_factor", 0.5)
 
 
 def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
@@ -199,7 +200,7 @@ def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
             if scale != 1.0:
                 p.grad.div_(scale)  # as GradScaler.unscale_ does (in the gradient's own dtype)
             grads_finite = grads_finite and bool(torch.isfinite(p.grad).all())
-    if request.step.scaler is None or mode == "float64" or grads_finite:
+    if request.step.scaler_for(mode) is None or grads_finite:
         optimizer.step()
     parameters = {}
     for name, p in named:

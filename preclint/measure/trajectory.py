@@ -34,7 +34,7 @@ class _Runner:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.start = [p.detach().double().clone() for p in self.params]
         self.optimizer = request.step.make_optimizer(self.params)
-        scaler = request.step.scaler if mode not in ("float64", "fp32") else None
+        scaler = request.step.scaler_for(mode) if mode != "fp32" else None
         self.scaler = scaler
         self.scale = float(scaler["init_scale"]) if scaler else 1.0
         self.good = 0

@@ -173,7 +173,7 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
                  [grads64[name] for name in low_params if name in grads64]
     joined = torch.cat([v.reshape(-1) for v in low_values]) if low_values else torch.zeros(0, dtype=torch.float64)
     spread = magnitudes(joined)
-    scale, skipped = settled_scale(spread.largest, request.step, dtype)
+    scale, skipped = settled_scale(spread.largest, request.step.scaler_for(mode), dtype)
     flushed = backward.flushed(set(low), dtype, scale)
     for name in low_params & set(flushed):  # the weight gradient itself is a low-precision GEMM's output
         flushed[name] = torch.where(flushes(flushed[name], dtype, scale), torch.zeros_like(flushed[name]), flushed[name])
@@ -183,13 +183,13 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
     return ModeStatistics(mode, scale, skipped, low, low_params, output_max, spread, flushed, updates, state)
 
 
-def settled_scale(largest: float, step, dtype: torch.dtype):
+def settled_scale(largest: float, scaler, dtype: torch.dtype):
     """(the loss scale, the steps skipped to reach it): 1 without a scaler; else the initial scale halved
     (by the backoff factor) until the largest gradient stays finite in ``dtype``."""
-    if step.scaler is None:
+    if scaler is None:
         return 1.0, 0
-    scale, skipped = step.loss_scale, 0
-    backoff = step.scaler.get("backoff_factor", 0.5)
+    scale, skipped = float(scaler["init_scale"]), 0
+    backoff = scaler.get("backoff_factor", 0.5)
     while largest > 0 and bool(overflows(torch.tensor(largest, dtype=torch.float64), dtype, scale)) and skipped < 64:
         scale *= backoff
         skipped += 1

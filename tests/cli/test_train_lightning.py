@@ -46,9 +46,14 @@ def summary(capsys, path, *flags):
 
 
 @pytest.mark.slow  # importing lightning takes seconds
+def predicted(document, mode):
+    return document["summary"][mode]["training"]["predicted"]
+
+
 def test_a_lightning_module_s_step_predicts_what_the_same_plain_step_does(tmp_path, capsys):
     """The batch from the module's train_dataloader, the loss from training_step: the same figures as
-    tests/cli/test_train.py's regression (the same weights, data, loss and SGD) given by loss_fn."""
+    tests/cli/test_train.py's regression (the same weights, data, loss and SGD) given by loss_fn; fp16 with
+    the GradScaler Lightning's "16-mixed" always has, bf16 without one."""
     pytest.importorskip("lightning")
     source = LIGHTNING_REGRESSION.replace("        def configure_optimizers", """        def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
@@ -56,15 +61,33 @@ def test_a_lightning_module_s_step_predicts_what_the_same_plain_step_does(tmp_pa
         def configure_optimizers""")
     lightning = summary(capsys, write(tmp_path, source, "lit.py"), "--precision", "fp16,bf16")
     plain = summary(capsys, write(tmp_path, REGRESSION, "plain.py"), "--precision", "fp16,bf16")
-    for mode in ("fp16", "bf16"):
-        ours, theirs = lightning["summary"][mode]["training"]["predicted"], plain["summary"][mode]["training"]["predicted"]
+    scaled = summary(capsys, write(tmp_path, REGRESSION + '    scaler = torch.amp.GradScaler("cpu")\n', "scaled.py"),
+                     "--precision", "fp16")
+    for ours, theirs in ((predicted(lightning, "fp16"), predicted(scaled, "fp16")),
+                         (predicted(lightning, "bf16"), predicted(plain, "bf16"))):
         assert ours["underflow_fraction"] == pytest.approx(theirs["underflow_fraction"])
         assert ours["lost_update_fraction"] == pytest.approx(theirs["lost_update_fraction"])
-    fp16 = lightning["summary"]["fp16"]["training"]["predicted"]
-    assert fp16["underflow_fraction"] > 0.05 and {row["parameter"] for row in fp16["parameters"]} == {
+        assert ours["loss_scale"] == theirs["loss_scale"]
+    assert predicted(lightning, "fp16")["loss_scale"] == 65536 and predicted(lightning, "bf16")["loss_scale"] == 1
+    assert predicted(lightning, "fp16")["underflow_fraction"] < 0.01 < predicted(plain, "fp16")["underflow_fraction"]
+    assert {row["parameter"] for row in predicted(lightning, "fp16")["parameters"]} == {
         "net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
-    assert "PCL601" in {f["code"] for f in lightning["findings"]}
+    assert "PCL601" not in {f["code"] for f in lightning["findings"]}
+    assert any('precision="16-mixed"' in note for note in lightning["notes"])
     assert any("configure_optimizers()" in note for note in lightning["notes"])  # the scheduler's lr is the first step's
+
+
+def test_a_disabled_scaler_is_fp16_autocast_without_scaling(tmp_path, capsys):
+    """MixedPrecision("16-mixed", scaler=GradScaler(enabled=False)): the flushes of the unscaled step."""
+    pytest.importorskip("lightning")
+    source = LIGHTNING_REGRESSION + """    example_batch = (x, y)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+"""
+    lightning = summary(capsys, write(tmp_path, source, "lit.py"), "--precision", "fp16")
+    plain = summary(capsys, write(tmp_path, REGRESSION, "plain.py"), "--precision", "fp16")
+    assert predicted(lightning, "fp16")["underflow_fraction"] == pytest.approx(predicted(plain, "fp16")["underflow_fraction"])
+    assert predicted(lightning, "fp16")["underflow_fraction"] > 0.05
+    assert "PCL601" in {f["code"] for f in lightning["findings"]}
 
 
 @pytest.mark.slow  # importing lightning takes seconds
@@ -97,8 +120,11 @@ def test_the_batch_may_come_from_a_datamodule(tmp_path, capsys):
             return torch.utils.data.DataLoader(self.train, batch_size=256)
     datamodule = Data()
 """
-    predicted = summary(capsys, write(tmp_path, source), "--precision", "fp16")["summary"]["fp16"]["training"]["predicted"]
-    assert predicted["underflow_fraction"] > 0.05
+    ours = predicted(summary(capsys, write(tmp_path, source, "dm.py"), "--precision", "fp16-full"), "fp16-full")
+    given = predicted(summary(capsys, write(tmp_path, LIGHTNING_REGRESSION + "    example_batch = (x, y)\n", "eb.py"),
+                              "--precision", "fp16-full"), "fp16-full")
+    assert ours["lost_update_fraction"] == given["lost_update_fraction"] > 0.01  # the same batch, (x, y)
+    assert ours["underflow_fraction"] == given["underflow_fraction"] > 0.05
 
 
 @pytest.mark.slow  # importing lightning takes seconds
