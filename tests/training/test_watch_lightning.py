@@ -108,10 +108,13 @@ def test_lightning_s_default_gradscaler_cures_the_flushes():
 
 
 def test_pure_float16_adam_makes_weights_nonfinite(capsys):
-    watched = fit(Regression("adam"), preclint.watch.LightningCallback(every=2), precision="16-true")
+    module = Regression("adam")
+    watched = fit(module, preclint.watch.LightningCallback(every=2), precision="16-true")
     summary = watched.summary()
-    assert summary["nonfinite_updates"] > 1000
+    first, after = watched.records[0], watched.records[1]
+    assert first["totals"]["nonfinite_updates"] == sum(p.numel() for p in module.parameters())  # every weight
     assert summary["first_nonfinite"]["step"] == 0 and summary["first_nonfinite"]["first_nonfinite_update"] == "net.0.weight"
+    assert after["step"] == 1 and after["first_nonfinite_forward"] == "net.0"  # sampled after the damage: the cause
     assert "non-finite weights" in capsys.readouterr().err  # the summary, printed when training ends
 
 
