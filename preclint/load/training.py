@@ -14,7 +14,7 @@ parameters (an optimizer instance is read as its class and hyperparameters), the
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -39,7 +39,7 @@ class TrainingStep:
     """One training step's pieces: ``loss_fn(output, targets)`` (None: the model returns its loss),
     ``make_optimizer(params)``, and the GradScaler's settings (None: no loss scaling)."""
 
-    make_optimizer: Callable[[Any], torch.optim.Optimizer]
+    make_optimizer: Optional[Callable[[Any], torch.optim.Optimizer]]  # None: the module's configure_optimizers()
     loss_fn: Optional[Callable[[Any, Any], Any]] = None
     targets: Any = None
     scaler: Optional[Dict[str, Any]] = None  # init_scale, growth_factor, backoff_factor, growth_interval
@@ -47,6 +47,7 @@ class TrainingStep:
     notes: list = field(default_factory=list)
     batch: Any = None  # a Lightning module's example batch: the loss is training_step(batch, 0)
     scaled_modes: Optional[tuple] = None  # the precisions the scaler scales (None: all; Lightning's: fp16)
+    scaler_given: bool = False  # a scaler was given (a disabled one has no settings)
 
     def scaler_for(self, mode: str) -> Optional[Dict[str, Any]]:
         """The scaler's settings where ``mode``'s step scales its loss (never the float64 reference's)."""
@@ -77,22 +78,28 @@ class TrainingStep:
         return float(scaler["init_scale"]) if scaler else 1.0
 
 
-def training_step_of(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=None, scaler=None,
+def training_step_of(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=None, scaler=None, batch=None,
                      label: str = "preclint.check") -> TrainingStep:
-    """The step from its pieces, checked: what the file's names and ``preclint.training_step`` give."""
-    if make_optimizer is None and optimizer is None:
+    """The step from its pieces, checked: what the file's names and ``preclint.training_step`` give. With
+    ``batch`` (a Lightning module's), the optimizer may come later, from the module (``for_module``)."""
+    if batch is not None and loss_fn is not None:
+        raise UserError(f"{label}: batch= is for a model whose training_step(batch, batch_idx) returns its loss; "
+                        "loss_fn= and targets= are for the model's own call: give one or the other")
+    if make_optimizer is None and optimizer is None and batch is None:
         raise UserError(f"{label}: --train needs the optimizer: define `{OPTIMIZER_FACTORY_ATTR}(params)` "
                         f"(e.g. return torch.optim.AdamW(params, lr=1e-3)) or `{OPTIMIZER_ATTR} = ...`")
     if make_optimizer is not None and not callable(make_optimizer):
         raise UserError(f"{label}: {OPTIMIZER_FACTORY_ATTR} is a {type(make_optimizer).__name__}; "
                         "expected a function of the parameters that returns an optimizer")
-    if make_optimizer is None:
+    if make_optimizer is None and optimizer is not None:
         make_optimizer = optimizer_factory(optimizer, label)
     if loss_fn is not None and not callable(loss_fn):
         raise UserError(f"{label}: {LOSS_ATTR} is a {type(loss_fn).__name__}; expected loss_fn(output, target)")
     if loss_fn is not None and targets is None:
         raise UserError(f"{label}: {LOSS_ATTR} needs `{TARGETS_ATTR}` (the targets of the example inputs)")
-    return TrainingStep(make_optimizer, loss_fn, targets, scaler_settings(scaler, label), label)
+    step = TrainingStep(make_optimizer, loss_fn, targets, scaler_settings(scaler, label), label)
+    step.batch, step.scaler_given = batch, scaler is not None
+    return step
 
 
 def optimizer_factory(optimizer: Any, label: str) -> Callable[[Any], torch.optim.Optimizer]:
@@ -149,16 +156,40 @@ def training_step_from_code(namespace: Any, label: str, file_path: Optional[str]
     step.batch = batch
     step.notes.extend(notes)
     if is_lightning_module(module):
-        lightning_scaler(step, label, given=getattr(namespace, SCALER_ATTR, None) is not None)
+        lightning_scaler(step, label)
     return step
 
 
-def lightning_scaler(step: TrainingStep, label: str, given: bool) -> None:
+def for_module(step: TrainingStep, module: torch.nn.Module) -> TrainingStep:
+    """A step given from Python (``preclint.training_step(batch=...)``) completed from the model it trains:
+    the loss is its ``training_step``, the optimizer its ``configure_optimizers()``'s where none was given,
+    the scaler a Lightning module's. The step given is left as it is."""
+    if step.batch is None:
+        return step
+    if not callable(getattr(module, "training_step", None)):
+        raise UserError(f"{step.label}: batch= is the batch of the model's training_step(batch, batch_idx); "
+                        f"{type(module).__name__} has none (give loss_fn= and targets= instead)")
+    if getattr(module, "automatic_optimization", True) is False:
+        raise UserError(f"{step.label}: the model sets automatic_optimization = False (its training_step steps its "
+                        "own optimizers); --train needs a training_step that returns its loss")
+    step = replace(step, notes=list(step.notes))
+    if step.make_optimizer is None:
+        step.make_optimizer, notes = configured_optimizer(module, step.label)
+        if step.make_optimizer is None:
+            raise UserError(f"{step.label}: --train needs the optimizer: give make_optimizer= or optimizer=, or "
+                            "define the model's configure_optimizers()")
+        step.notes.extend(notes)
+    if is_lightning_module(module):
+        lightning_scaler(step, step.label)
+    return step
+
+
+def lightning_scaler(step: TrainingStep, label: str) -> None:
     """A Lightning module's scaler scales only fp16 autocast (``precision="16-mixed"``), which always has one:
     Lightning's default GradScaler where the file gives none (a disabled one: no scaling); bf16-mixed,
     16-true and bf16-true have none."""
     step.scaled_modes = ("fp16",)
-    if not given:
+    if not step.scaler_given:
         step.scaler = dict(LIGHTNING_SCALER)
         step.notes.append(f"{label}: fp16 is checked as Lightning's precision=\"16-mixed\" runs it, with a GradScaler "
                           f"at init_scale={LIGHTNING_SCALER['init_scale']:g} (give `{SCALER_ATTR} = ...` for another)")

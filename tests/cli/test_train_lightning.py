@@ -2,6 +2,7 @@
 (the file's example_batch, a datamodule's or the module's own train_dataloader), the optimizer what
 configure_optimizers returns in any of Lightning's forms, with its parameter groups."""
 import json
+import textwrap
 
 import pytest
 import torch
@@ -228,3 +229,21 @@ def test_no_optimizer_from_a_lightning_module_is_one_line():
 
     with pytest.raises(UserError, match="returned no optimizer"):
         configured_optimizer(Bare(), "m.py")
+
+
+def test_from_python_a_built_module_takes_its_batch(tmp_path, capsys):
+    """preclint.check(module, inputs, train=preclint.training_step(batch=...)): the optimizer from
+    configure_optimizers, the same figures as the file's example_batch gives."""
+    import preclint
+
+    namespace: dict = {}
+    exec(textwrap.dedent(DUCK), namespace)  # noqa: S102 - the test's own source
+    model, x, y = namespace["model"], namespace["x"], namespace["y"]
+    report = preclint.check(model, (x,), precisions=("fp16",), train=preclint.training_step(batch=(x, y)))
+    from_file = summary(capsys, write(tmp_path, DUCK, "duck.py"), "--precision", "fp16")
+    ours, theirs = report.document.summary["fp16"]["training"]["predicted"], predicted(from_file, "fp16")
+    assert ours["underflow_fraction"] == pytest.approx(theirs["underflow_fraction"]) and ours["underflow_fraction"] > 0.05
+    with pytest.raises(UserError, match="one or the other"):
+        preclint.training_step(batch=(x, y), loss_fn=torch.nn.functional.mse_loss, targets=y)
+    with pytest.raises(UserError, match="has none"):
+        preclint.check(torch.nn.Linear(32, 1), (x,), precisions=("fp16",), train=preclint.training_step(batch=(x, y)))
