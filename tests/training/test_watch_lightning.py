@@ -124,6 +124,16 @@ def test_a_clean_float32_fit_records_no_flush_and_nothing_nonfinite():
     assert summary["nonfinite_updates"] == 0 and summary["first_nonfinite"] is None
 
 
+def test_accumulated_batches_are_one_step_whose_micro_batches_all_count():
+    """accumulate_grad_batches=2: a step per two batches, and the sampled step counts both batches' flushes
+    (net.2's input gradient is 64 x 64 a batch)."""
+    fp16 = fp16_autocast(torch.amp.GradScaler("cpu", enabled=False))
+    watched = fit(Regression(), preclint.watch.LightningCallback(every=1, summary=False), accumulate_grad_batches=2,
+                  plugins=fp16)
+    assert watched.step == STEPS and [r["step"] for r in watched.records] == list(range(STEPS))
+    assert all(r["layers"]["net.2"]["gradient_elements"] >= 2 * 64 * 64 for r in watched.records)
+
+
 def test_every_must_be_a_whole_number_of_steps():
     with pytest.raises(ValueError, match="every=0"):
         preclint.watch.LightningCallback(every=0)
