@@ -102,4 +102,12 @@ def lightning_callback() -> type:
             if self.print:
                 self.watch.print_summary()
 
+    # a name pickle can find (the module's __getattr__ below): ddp_spawn pickles the Trainer's callbacks
+    LightningCallback.__qualname__ = "LightningCallback"
     return LightningCallback
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LightningCallback":
+        return lightning_callback()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,11 +47,11 @@ def batches():
     return [(x[i:i + 64], y[i:i + 64]) for i in range(0, 256, 64)]
 
 
-def fit(module, callback, **trainer):
+def fit(module, callback, steps=STEPS, **trainer):
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        L.Trainer(max_steps=STEPS, accelerator="cpu", logger=False, enable_checkpointing=False,
+        L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, callbacks=[callback], **trainer
                   ).fit(module, torch.utils.data.DataLoader(batches(), batch_size=None))
     return callback.watch
@@ -132,6 +132,18 @@ def test_accumulated_batches_are_one_step_whose_micro_batches_all_count():
                   plugins=fp16)
     assert watched.step == STEPS and [r["step"] for r in watched.records] == list(range(STEPS))
     assert all(r["layers"]["net.2"]["gradient_elements"] >= 2 * 64 * 64 for r in watched.records)
+
+
+def test_under_ddp_the_ranks_records_are_summed(tmp_path):
+    """strategy="ddp_spawn" on two CPU processes (gloo): the callback is pickled to each, and rank 0 writes
+    records whose counts add both ranks' (each rank's copy of net.0 has 32 x 64 + 64 weights)."""
+    path = tmp_path / "ddp.jsonl"
+    fit(Regression(), preclint.watch.LightningCallback(every=1, path=str(path), summary=False), steps=2,
+        strategy="ddp_spawn", devices=2, plugins=fp16_autocast(torch.amp.GradScaler("cpu", enabled=False)))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1] and all(r["world_size"] == 2 for r in records)
+    assert all(r["layers"]["net.0"]["weights"] == 2 * (32 * 64 + 64) for r in records)
+    assert all(r["totals"]["underflow_fraction"] > 0.02 for r in records)
 
 
 def test_every_must_be_a_whole_number_of_steps():
