@@ -48,14 +48,16 @@ def inputs(*args: Any, **kwargs: Any):
     return Inputs(tuple(args), dict(kwargs))
 
 
-def training_step(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=None, scaler=None):
+def training_step(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=None, scaler=None, batch=None):
     """The training step of a model already built, for ``preclint.check(model, inputs, train=...)``: the loss
     (``loss_fn(output, targets)``; None: the model returns its loss), the optimizer (``make_optimizer(params)``,
-    or an optimizer whose class and hyperparameters are reused) and an optional ``torch.amp.GradScaler``."""
+    or an optimizer whose class and hyperparameters are reused) and an optional ``torch.amp.GradScaler``.
+    ``batch``: a Lightning module's example batch: the loss is its ``training_step(batch, 0)`` and the
+    optimizer, unless given, its ``configure_optimizers()``'s (docs/training.md, "PyTorch Lightning")."""
     from preclint.load.training import training_step_of
 
     return training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer, optimizer=optimizer,
-                            scaler=scaler, label="preclint.training_step")
+                            scaler=scaler, batch=batch, label="preclint.training_step")
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,8 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
 def _add_train_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", action="store_true",
                    help="also check one training step: the file gives loss_fn and example_targets (or a model that "
-                        "returns its loss) and make_optimizer(params), optionally a GradScaler (docs/training.md)")
+                        "returns its loss) and make_optimizer(params), optionally a GradScaler; a Lightning module "
+                        "gives its training_step and configure_optimizers, the file an example_batch (docs/training.md)")
     p.add_argument("--steps", type=_positive, metavar="N", default=0,
                    help="with --train and --probe: run N steps of each precision beside float32 and report where "
                         "its loss parts from float32's")

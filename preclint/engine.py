@@ -536,8 +536,10 @@ class Session:
             return
         from preclint.load.loader import loaded_from_module
 
+        from preclint.load.training import for_module
+
         loaded = loaded_from_module(target, inputs)
-        loaded.training = self.training
+        loaded.training = None if self.training is None else for_module(self.training, loaded.module)
         with _in_eval_mode(loaded.module), scaled_recipes(self.config.scaling):
             yield loaded
 

@@ -158,7 +158,7 @@ def prepared(request: StepRequest, mode: str):
 
         convert_for_training(model, mode)
     value_dtype = torch.float32 if mode in AUTOCAST_MODES else dtype
-    inputs = Inputs.of(request.inputs).map(lambda t: cast_values(t, value_dtype, request.device))
+    inputs = request.step.call_inputs(Inputs.of(request.inputs)).map(lambda t: cast_values(t, value_dtype, request.device))
     targets = cast_values(request.step.targets, value_dtype, request.device)
     return model, inputs, targets
 
@@ -171,13 +171,14 @@ def autocast_for(mode: str, device: torch.device):
 
 def run_step(request: StepRequest, mode: str) -> StepRun:
     """One step under ``mode`` (a key of STEP_DTYPES) from the model's current weights."""
-    scale = request.step.loss_scale if mode != "float64" else 1.0
+    scaler = request.step.scaler_for(mode)
+    scale = request.step.loss_scale(mode)
     skipped = 0
     while True:
         run = _one_step(request, mode, scale)
         finite = run.first_nonfinite_backward is None and all(
             p.grad is None or bool(torch.isfinite(p.grad).all()) for p in run.parameters.values())
-        if request.step.scaler is None or mode == "float64" or finite:
+        if scaler is None or finite:
             run.skipped = skipped
             return run
         if skipped >= MAX_SKIPS:  # every scale overflows: the step is as GradScaler leaves it, not taken
@@ -185,7 +186,7 @@ def run_step(request: StepRequest, mode: str) -> StepRun:
             run.notes.append(f"GradScaler skipped {skipped} steps and still found inf/NaN gradients")
             return run
         skipped += 1
-        scale *= request.step.scaler.get("backoff_factor", 0.5)
+        scale *= scaler.get("backoff_factor", 0.5)
 
 
 def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
@@ -197,7 +198,7 @@ def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
     torch.manual_seed(request.seed)
     try:
         with torch.enable_grad(), autocast_for(mode, request.device):
-            output = inputs.call(model)
+            output = request.step.output(model, inputs)
             loss = loss_of(output, targets, request.step.loss_fn, request.step.label)
         optimizer.zero_grad(set_to_none=True)
         (loss * scale if scale != 1.0 else loss).backward()
@@ -209,7 +210,7 @@ def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
             if scale != 1.0:
                 p.grad.div_(scale)  # as GradScaler.unscale_ does (in the gradient's own dtype)
             grads_finite = grads_finite and bool(torch.isfinite(p.grad).all())
-    if request.step.scaler is None or mode == "float64" or grads_finite:
+    if request.step.scaler_for(mode) is None or grads_finite:
         optimizer.step()
     parameters = {}
     for name, p in named:

@@ -34,7 +34,7 @@ class _Runner:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.start = [p.detach().double().clone() for p in self.params]
         self.optimizer = request.step.make_optimizer(self.params)
-        scaler = request.step.scaler if mode not in ("float64", "fp32") else None
+        scaler = request.step.scaler_for(mode) if mode != "fp32" else None
         self.scaler = scaler
         self.scale = float(scaler["init_scale"]) if scaler else 1.0
         self.good = 0
@@ -43,7 +43,7 @@ class _Runner:
     def step(self) -> float:
         torch.manual_seed(self.request.seed)
         with torch.enable_grad(), autocast_for(self.mode, self.request.device):
-            loss = loss_of(self.inputs.call(self.model), self.targets, self.request.step.loss_fn, self.request.step.label)
+            loss = loss_of(self.request.step.output(self.model, self.inputs), self.targets, self.request.step.loss_fn, self.request.step.label)
         self.optimizer.zero_grad(set_to_none=True)
         (loss * self.scale if self.scale != 1.0 else loss).backward()
         finite = True

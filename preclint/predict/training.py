@@ -309,4 +309,5 @@ def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[floa
         return None, {}, notes
     request = StepRequest(loaded.module, loaded.inputs, loaded.training, seed=seed)
     reference = reference_step(request, chosen)
+    notes += list(getattr(loaded.training, "notes", []))
     return reference, predict_training(reference, forward_errors), notes + list(reference.notes)

@@ -94,7 +94,7 @@ class _Backward:
         torch.manual_seed(request.seed)
         try:
             with torch.enable_grad():
-                self.loss = loss_of(inputs.call(model), targets, request.step.loss_fn, request.step.label)
+                self.loss = loss_of(request.step.output(model, inputs), targets, request.step.loss_fn, request.step.label)
         finally:
             for handle in handles:
                 handle.remove()
@@ -163,7 +163,7 @@ def low_dtype_outputs(request: StepRequest, mode: str) -> List[str]:
     torch.manual_seed(request.seed)
     try:
         with torch.no_grad(), autocast_for(mode, request.device):
-            inputs.call(model)
+            request.step.output(model, inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -185,7 +185,7 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
                  [grads64[name] for name in low_params if name in grads64]
     joined = torch.cat([v.reshape(-1) for v in low_values]) if low_values else torch.zeros(0, dtype=torch.float64)
     spread = magnitudes(joined)
-    scale, skipped = settled_scale(spread.largest, request.step, dtype)
+    scale, skipped = settled_scale(spread.largest, request.step.scaler_for(mode), dtype)
     scaled = None
     if mode in SCALED_TRAINING_MODES:
         from preclint.reference.scaled_training import ScaledFlushes
@@ -203,13 +203,13 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
                           scaled=scaled.statistics if scaled is not None else {})
 
 
-def settled_scale(largest: float, step, dtype: torch.dtype):
+def settled_scale(largest: float, scaler, dtype: torch.dtype):
     """(the loss scale, the steps skipped to reach it): 1 without a scaler; else the initial scale halved
     (by the backoff factor) until the largest gradient stays finite in ``dtype``."""
-    if step.scaler is None:
+    if scaler is None:
         return 1.0, 0
-    scale, skipped = step.loss_scale, 0
-    backoff = step.scaler.get("backoff_factor", 0.5)
+    scale, skipped = float(scaler["init_scale"]), 0
+    backoff = scaler.get("backoff_factor", 0.5)
     while largest > 0 and bool(overflows(torch.tensor(largest, dtype=torch.float64), dtype, scale)) and skipped < 64:
         scale *= backoff
         skipped += 1

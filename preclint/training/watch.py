@@ -53,9 +53,7 @@ class Watch:
         if self._handles:
             return self
         self._named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self._handles = [self.optimizer.register_step_pre_hook(self._pre_step),
-                         self.optimizer.register_step_post_hook(self._post_step),
-                         self.model.register_forward_pre_hook(self._on_forward)]
+        self._handles = self._step_hooks() + [self.model.register_forward_pre_hook(self._on_forward)]
         if self.scaler is not None and getattr(self.scaler, "is_enabled", lambda: True)():
             original = self.scaler.step  # a bound method: the instance attribute below shadows it until close()
 
@@ -70,6 +68,11 @@ class Watch:
         if self.path is not None and rank() == 0:
             self._file = open(self.path, "w", encoding="utf-8")
         return self
+
+    def _step_hooks(self) -> List[Any]:
+        """The optimizer's hooks: before its step (the gradients are final) and after it."""
+        return [self.optimizer.register_step_pre_hook(self._pre_step),
+                self.optimizer.register_step_post_hook(self._post_step)]
 
     def close(self) -> None:
         for handle in self._handles:
