@@ -44,7 +44,7 @@ class AttentionRoundings:
         return math.sqrt(operand_u**2 * self.operands[index] + result_u**2 * self.scores[index]) / rms
 
 
-def decomposed(module, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+def decomposed(module, query, key, value, *, key_padding_mask=None, need_weights=True, attn_mask=None,
                average_attn_weights=True, is_causal=False):
     """``module``'s forward written out (eval mode, no bias_k/bias_v, no zero attention), in the
     operands' dtype: (output, weights or None, {site: tensor}) where the sites are the values that round."""
