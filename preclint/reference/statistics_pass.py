@@ -29,11 +29,12 @@ from torch.utils._pytree import tree_flatten
 
 from preclint.capture.calls import is_inplace_call
 from preclint.core.errors import one_line
-from preclint.core.ir import Graph, Kind, Node, TensorStats
+from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
 from preclint.load.modelio import output_tensors
 from preclint.core.numerics import FP16
 from preclint.capture.observer import Call, Observer
 from preclint.reference.poison import PoisonTracker
+from preclint.reference.tied_weights import TiedWeights, held_as
 from preclint.reference.value_stats import tensor_stats
 from preclint.capture.trees import flatten
 
@@ -149,6 +150,7 @@ class ReferenceObserver(Observer):
         self.masked: set = set()  # nodes whose infinities are intended (masks), not a failure
         self.constant_leaves: List[torch.Tensor] = []  # float values made from constants, see _as_leaf
         self.computed_weights: List[torch.Tensor] = []  # weights computed in forward: the backward passes ask for them
+        self.tied = TiedWeights()  # a weight two readers share gets a view per dot product (tied_weights.py)
         self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
         self.input_names: List[str] = []
         self.failures: List[str] = []  # "node: error" of statistics that could not be computed
@@ -158,6 +160,7 @@ class ReferenceObserver(Observer):
 
     def reset(self) -> bool:
         """Forget a run that failed part-way, for another run from the start."""
+        self.tied.give_back()
         for h in self.handles:
             h.remove()
         on_node = self.on_node
@@ -234,7 +237,19 @@ class ReferenceObserver(Observer):
             self._failed(node, "operand views", exc)
             return args, kwargs
 
+    def _view_for_call(self, node: Node, weight: torch.Tensor) -> Tuple[torch.Tensor, _Watched]:
+        """A view of a tied weight for this call alone, hooked like an activation operand's view."""
+        view = weight.view_as(weight)
+        entry = self._watch(view)
+        self.operand_sources[id(entry)] = None  # (a weight: no node made it)
+        self.handles.append(hook_gradient(view, partial(self._on_operand_grad, entry)))
+        self.view_origin[id(view)] = weight
+        if node.kind in (Kind.CONV, Kind.LINEAR):
+            self.computed_weights.append(view)
+        return view, entry
+
     def _before(self, node: Node, args, kwargs, callee):
+        self.tied.note(node.fn, args, kwargs, callee)
         inplace = is_inplace_call(callee, kwargs)
         if inplace and args:
             self._protect(args[0])
@@ -262,6 +277,10 @@ class ReferenceObserver(Observer):
 
         def as_view(v, position=None):
             if isinstance(v, torch.Tensor) and id(v) in chosen and v.is_floating_point() and v.requires_grad:
+                if v.is_leaf and node.kind in DOT_PRODUCT_KINDS and self.tied.tied(v):
+                    view, entry = self._view_for_call(node, v)
+                    views.append(entry)
+                    return view
                 if v.is_leaf:  # a weight passed as an argument: hook the parameter itself
                     views.append(_Watched(v))
                     return v
@@ -285,12 +304,18 @@ class ReferenceObserver(Observer):
         # what is watched beyond the operands: weights the callee holds, hooked as they are
         for weight in {id(t): t for t in wanted if id(t) not in operands}.values():
             if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
+                if node.kind in DOT_PRODUCT_KINDS and self.tied.tied(weight) and held_as(callee, weight):
+                    view, entry = self._view_for_call(node, weight)
+                    self.tied.lend(callee, weight, view)  # (given back once the call ran, see __call__)
+                    views.append(entry)
+                    continue
                 views.append(_Watched(weight))
         if views:
             self.operands[node.name] = views
         return args, kwargs
 
     def __call__(self, node: Node, args, kwargs, callee, output):
+        self.tied.give_back()
         self.on_node()
         if self.with_sensitivity:
             output = carries_error(node, args, output)
@@ -422,6 +447,7 @@ class ReferenceObserver(Observer):
     def finish(self, graph: Graph, output: Any) -> None:
         """The gradient analyses' backward passes (each node's gains to the output, and to the input of
         each risky decision or rounding to integers), then let go of every value kept."""
+        self.tied.give_back()  # (a call that raised gave none back)
         try:
             if self.first_nonfinite is not None and not self._nonfinite_reaches(graph, output):
                 self.first_nonfinite = None  # inf or NaN at elements the model discards before its output
