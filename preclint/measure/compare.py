@@ -67,12 +67,12 @@ def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
     if len(outputs) != len(reference):
         # another number of outputs: nothing corresponds, every decision counts as changed
         return Comparison(None, None, True, None, 1.0, 0, None, False)
-    sq_err = sq_ref = 0.0
     max_abs = 0.0
     failing = numel = decisions = 0
     finite = True
     first: Optional[NonFinite] = None
     flips: List[float] = []
+    floats: List[Tuple[torch.Tensor, torch.Tensor]] = []
     for position, (out, ref) in enumerate(zip(outputs, reference)):
         if out.shape != ref.shape:
             # detections: another number of boxes; the units of the two runs do not correspond
@@ -90,8 +90,7 @@ def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
             if first is None:
                 first = _first_nonfinite(position, out, d)
             continue
-        sq_err += float((d * d).sum())
-        sq_ref += float((ref * ref).sum())
+        floats.append((out, ref))
         max_abs = max(max_abs, float(d.abs().max()) if d.numel() else 0.0)
         # torch.isclose's criterion: atol covers values near zero, where no relative bound can hold
         failing += int((d.abs() > atol + rtol * ref.abs()).sum())
@@ -100,14 +99,63 @@ def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
             # class scores (a last dim of several entries) decide their argmax: judged under a flip budget only
             flips.append(float((out.argmax(-1) != ref.argmax(-1)).float().mean()))
             decisions += ref[..., 0].numel()
-    # a reference of zeros has no scale: an exact run is 0 off, any other has no relative error
-    rel = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else None)
+    # a run with no float output has nothing off in its values (its decisions are judged above)
+    rel = relative_rms(*zip(*floats)) if floats else 0.0
     fraction = failing / numel if numel and tolerance.compares_values else None
     flip = max(flips) if flips else None
     budget = tolerance.max_flip if tolerance.max_flip is not None else 0.0  # no budget: no decision may change
     meets = finite and (not failing or not tolerance.compares_values) and (flip is None or flip <= budget)
     return Comparison(rel if finite else None, max_abs if finite else None, finite, fraction, flip, decisions,
                       first, meets)
+
+
+# What an inf or NaN does to a relative error depends on what the figure is for.
+# UNKNOWN: the size of an error (a precision's, a backend's). An inf or NaN has no size, so there is no
+#   figure (None); whether the run stayed finite is reported beside it (Comparison.finite).
+# LARGEST: whether two runs agree (diff's two settings, two train-mode calls). The same inf, or NaN in
+#   both, agrees and adds nothing; an inf or NaN in one run and not the same in the other is the largest
+#   difference there is (inf), not an unknown one.
+UNKNOWN = "unknown"
+LARGEST = "largest"
+
+
+def relative_rms(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], *,
+                 nonfinite: str = UNKNOWN) -> Optional[float]:
+    """||out - ref||_2 / ||ref||_2 over the float tensors of ``outputs`` and ``reference`` that correspond
+    (position by position, equal shapes), in float64: the one relative error preclint reports.
+
+    Tensors that do not correspond add nothing: integers and bools are decisions, and float tensors
+    of other shapes are detection sets; ``compare`` judges both apart. None where nothing corresponds,
+    where an inf or NaN has no size (``nonfinite``, above), and where the reference is all zeros and
+    the run is not: such a reference has no scale for an error to be relative to (an exact run is 0 off).
+    """
+    sq_d = sq_r = 0.0
+    seen = False
+    for o, r in zip(outputs, reference):
+        if not (o.is_floating_point() and r.is_floating_point()) or o.shape != r.shape:
+            continue
+        # float64: a float32 sum of squares over a large output would carry a rounding error of its own
+        o64 = o.detach().double()
+        r64 = r.detach().to(o64.device, torch.float64)
+        d = o64 - r64
+        if nonfinite == UNKNOWN:
+            if not bool(torch.isfinite(d).all()):
+                return None
+        else:
+            finite = torch.isfinite(o64) & torch.isfinite(r64)
+            alike = (o64 == r64) | (torch.isnan(o64) & torch.isnan(r64))  # the same inf, or NaN in both
+            if bool((~finite & ~alike).any()):
+                return math.inf
+            d = torch.where(finite, d, torch.zeros_like(d))
+            r64 = torch.where(finite, r64, torch.zeros_like(r64))
+        sq_d += float((d * d).sum())
+        sq_r += float((r64 * r64).sum())
+        seen = True
+    if not seen:
+        return None
+    if sq_r == 0:
+        return 0.0 if sq_d == 0 else None
+    return math.sqrt(sq_d / sq_r)
 
 
 def _first_nonfinite(position: int, out: torch.Tensor, d: torch.Tensor) -> NonFinite:
