@@ -34,6 +34,10 @@ class Tolerance:
     def compares_values(self) -> bool:
         return self.rtol is not None or self.atol is not None
 
+    def bounds(self) -> Tuple[float, float]:
+        """(rtol, atol) as torch.isclose takes them: a bound not given is 0, so that the other alone judges."""
+        return self.rtol or 0.0, self.atol or 0.0
+
 
 @dataclass(frozen=True)
 class NonFinite:
@@ -63,7 +67,7 @@ def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
             tolerance: Tolerance = Tolerance()) -> Comparison:
     """``outputs`` (a run's output tensors) against ``reference`` (the same model's in float64, or any
     run the decisions are judged against), position by position."""
-    rtol, atol = tolerance.rtol or 0.0, tolerance.atol or 0.0
+    rtol, atol = tolerance.bounds()
     if len(outputs) != len(reference):
         # another number of outputs: nothing corresponds, every decision counts as changed
         return Comparison(None, None, True, None, 1.0, 0, None, False)

@@ -11,7 +11,7 @@ import torch
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
-from preclint.measure.compare import OutputError, integer_pairs
+from preclint.measure.compare import OutputError, Tolerance, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
 from preclint.probe.execute import tensors
 from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
@@ -34,7 +34,7 @@ class Pending:
 
     swept: Sweep
     outputs: OutputError
-    tolerance: Optional[Tuple[float, float]]  # (rtol, atol) the outputs are checked against
+    tolerance: Tolerance  # what the outputs are checked against
     ablate: bool  # the ablation runs after the read-back, on the sweep's error vectors
     contribution_slots: Dict[str, int] = field(default_factory=dict)
     norm_slot: Optional[int] = None  # ||E|| the contributions are divided by
@@ -55,7 +55,7 @@ def _output_figure(scalars, slots) -> Figure:
 
 
 def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputError,
-                  tolerance: Optional[Tuple[float, float]], plain: Any = None, ablate: bool = False) -> Pending:
+                  tolerance: Tolerance, plain: Any = None, ablate: bool = False) -> Pending:
     """Issue the work of the sweep's figures on the device, without waiting for it (``finish`` reads
     them); ``plain``: the output of the plain run, compared with the observed one."""
     obs = swept.observer
@@ -77,7 +77,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         if e is None:
             continue
         pending.out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
-    if tolerance is not None and pending.out_slots:
+    if tolerance.compares_values and pending.out_slots:
         pending.tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
     for o, r in integer_pairs(swept.output, obs.ref.output):
         changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
@@ -162,7 +162,7 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
             measure.notes.append("contributions not measured: a detector's boxes are compared by matching, "
                                  "not element by element")
     if tol_slots is not None:
-        rtol, atol = tolerance
+        rtol, atol = tolerance.bounds()
         failing, numel, min_atol, min_rtol = tol_slots
         measure.tolerance = ToleranceCheck(rtol, atol, int(scalars[failing]), numel, scalars[min_atol],
                                            scalars[min_rtol] if _finite(scalars[min_rtol]) else None)
@@ -254,7 +254,7 @@ def tf32_applied(node, m: NodeMeasure) -> Optional[bool]:
 
 def _tolerance_slots(errors, refs, tolerance, scalars: Scalars):
     """Elements failing |d| <= atol + rtol |ref|, and the smallest atol (at rtol) and rtol (at atol) that pass."""
-    rtol, atol = tolerance
+    rtol, atol = tolerance.bounds()
     failing = None
     min_atol = None
     min_rtol = None
