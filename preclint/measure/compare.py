@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from preclint.core.findings import ErrorFigure
 from preclint.load.modelio import output_tensors
 from preclint.measure.detections import detection_tensor_ids
 
@@ -51,16 +52,38 @@ class NonFinite:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A run's outputs against the reference's."""
+    """A run's outputs against the reference's: the error figure, and the verdict on it.
 
-    rel_rms: Optional[float]  # ||out - ref||_2 / ||ref||_2 over every float output; None: not finite, or no scale
-    max_abs: Optional[float]  # the largest |out - ref|; None where not finite
-    finite: bool
-    failing_fraction: Optional[float]  # elements outside atol + rtol |ref|; None without rtol or atol
-    flip_fraction: Optional[float]  # the largest fraction of changed decisions over the outputs judged
+    ``figure``: ``rel_error`` is relative_rms over every float output (None: not finite, or no scale),
+    ``max_abs_error`` the largest |out - ref| (None where not finite), ``finite``, ``failing_fraction``
+    the elements outside atol + rtol |ref| (None without rtol or atol) and ``flip_fraction`` the largest
+    fraction of changed decisions over the outputs judged."""
+
+    figure: ErrorFigure
     decisions: int  # the decisions judged: integer elements, and rows of class scores under a flip budget
     first_nonfinite: Optional[NonFinite]
     meets: bool  # within the tolerance: finite, no failing element, flips within the budget
+
+    # the figure's fields under the names the measuring code reads them by
+    @property
+    def rel_rms(self) -> Optional[float]:
+        return self.figure.rel_error
+
+    @property
+    def max_abs(self) -> Optional[float]:
+        return self.figure.max_abs_error
+
+    @property
+    def finite(self) -> bool:
+        return bool(self.figure.finite)
+
+    @property
+    def failing_fraction(self) -> Optional[float]:
+        return self.figure.failing_fraction
+
+    @property
+    def flip_fraction(self) -> Optional[float]:
+        return self.figure.flip_fraction
 
 
 def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
@@ -70,7 +93,7 @@ def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
     rtol, atol = tolerance.bounds()
     if len(outputs) != len(reference):
         # another number of outputs: nothing corresponds, every decision counts as changed
-        return Comparison(None, None, True, None, 1.0, 0, None, False)
+        return Comparison(ErrorFigure(None, None, 1.0, finite=True), 0, None, False)
     max_abs = 0.0
     failing = numel = decisions = 0
     finite = True
@@ -109,8 +132,9 @@ def compare(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
     flip = max(flips) if flips else None
     budget = tolerance.max_flip if tolerance.max_flip is not None else 0.0  # no budget: no decision may change
     meets = finite and (not failing or not tolerance.compares_values) and (flip is None or flip <= budget)
-    return Comparison(rel if finite else None, max_abs if finite else None, finite, fraction, flip, decisions,
-                      first, meets)
+    figure = ErrorFigure(rel if finite else None, max_abs if finite else None, flip, finite=finite,
+                         failing_fraction=fraction)
+    return Comparison(figure, decisions, first, meets)
 
 
 # What an inf or NaN does to a relative error depends on what the figure is for.
@@ -171,7 +195,7 @@ def _first_nonfinite(position: int, out: torch.Tensor, d: torch.Tensor) -> NonFi
 
 
 @dataclass
-class OutputError:
+class OutputDifferences:
     """The model's float outputs against the reference's, in pytree order."""
 
     errors: List[Optional[torch.Tensor]]  # None where an output is not compared element by element
@@ -181,7 +205,7 @@ class OutputError:
         return [e for e in self.errors if e is not None]
 
 
-def output_differences(output: Any, reference: Any) -> OutputError:
+def output_differences(output: Any, reference: Any) -> OutputDifferences:
     """Each float output of ``output`` minus the reference's (``reference``: the float64 run's
     output), in float64; detection sets are compared by matching instead (detections.py)."""
     outs = [t for t in output_tensors(output) if t.is_floating_point()]
@@ -189,7 +213,7 @@ def output_differences(output: Any, reference: Any) -> OutputError:
     matched = detection_tensor_ids(output)
     errors = [o.detach().double() - r if o.shape == r.shape and id(o) not in matched else None
               for o, r in zip(outs, refs)]
-    return OutputError(errors, refs)
+    return OutputDifferences(errors, refs)
 
 
 def integer_pairs(output: Any, reference: Any) -> List[Tuple[torch.Tensor, torch.Tensor]]:

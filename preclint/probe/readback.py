@@ -8,13 +8,14 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from preclint.core.findings import ErrorFigure
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
-from preclint.measure.compare import OutputError, Tolerance, integer_pairs
+from preclint.measure.compare import OutputDifferences, Tolerance, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
 from preclint.probe.execute import tensors
-from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
+from preclint.probe.ledger import ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars
 from preclint.probe.sweep import NodeSlots, Sweep
@@ -33,7 +34,7 @@ class Pending:
     Scalars (``queue_figures`` fills it, ``finish`` reads it)."""
 
     swept: Sweep
-    outputs: OutputError
+    outputs: OutputDifferences
     tolerance: Tolerance  # what the outputs are checked against
     ablate: bool  # the ablation runs after the read-back, on the sweep's error vectors
     contribution_slots: Dict[str, int] = field(default_factory=dict)
@@ -46,15 +47,15 @@ class Pending:
     detections: Optional[DetectionComparison] = None  # the output's detection sets against the reference's
 
 
-def _output_figure(scalars, slots) -> Figure:
+def _output_figure(scalars, slots) -> ErrorFigure:
     (e2, einf), r2 = slots
     err, ref, max_abs = scalars[e2], scalars[r2], scalars[einf]
     if not (_finite(err) and _finite(max_abs)):
-        return Figure(float("inf"), float("inf"))
-    return Figure(err / ref if ref > 0 else 0.0, max_abs)
+        return ErrorFigure(float("inf"), float("inf"))
+    return ErrorFigure(err / ref if ref > 0 else 0.0, max_abs)
 
 
-def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputError,
+def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputDifferences,
                   tolerance: Tolerance, plain: Any = None, ablate: bool = False) -> Pending:
     """Issue the work of the sweep's figures on the device, without waiting for it (``finish`` reads
     them); ``plain``: the output of the plain run, compared with the observed one."""
@@ -142,7 +143,7 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
         max_abs = max(scalars[s[0][1]] for s in out_slots)
         finite = _finite(sq_err) and _finite(max_abs)
         rel = (sq_err ** 0.5 / sq_ref ** 0.5 if sq_ref > 0 else 0.0) if finite else float("inf")
-        measure.output = Figure(rel, max_abs if finite else float("inf"))
+        measure.output = ErrorFigure(rel, max_abs if finite else float("inf"))
         measure.output_finite = finite
         if len(pending.output_slots) > 1:  # several outputs: each one's figure too, relative to its own values
             measure.outputs = [_output_figure(scalars, out_slots[k]) if k is not None else None
@@ -189,19 +190,19 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
             max_abs = max(max_abs, scalars[ninf])
         if slots.received:
             finite = _finite(sq_e) and _finite(max_abs)
-            m.received = Figure((sq_e ** 0.5 / sq_r ** 0.5 if sq_r > 0 else 0.0) if finite else float("inf"),
+            m.received = ErrorFigure((sq_e ** 0.5 / sq_r ** 0.5 if sq_r > 0 else 0.0) if finite else float("inf"),
                                 max_abs if finite else float("inf"))
             m.nonfinite = not finite  # the same inf as the reference's counts as no error (difference())
             if m.nonfinite and measure.first_nonfinite is None:
                 measure.first_nonfinite = name
         if slots.local_zero:
-            m.local = Figure(0.0, 0.0)
+            m.local = ErrorFigure(0.0, 0.0)
         elif slots.local:
             sq_l = sum(scalars[n2] ** 2 for _, n2, _ in slots.local)
             sq_lr = sum((ref.norm(name, j) or 0.0) ** 2 for j, _, _ in slots.local)
             max_l = max(scalars[ninf] for _, _, ninf in slots.local)
             finite = _finite(sq_l) and _finite(max_l)
-            m.local = Figure((sq_l ** 0.5 / sq_lr ** 0.5 if sq_lr > 0 else 0.0) if finite else float("inf"),
+            m.local = ErrorFigure((sq_l ** 0.5 / sq_lr ** 0.5 if sq_lr > 0 else 0.0) if finite else float("inf"),
                              max_l if finite else float("inf"))
         if slots.flips:
             m.flips = int(sum(scalars[f] for f, _ in slots.flips))

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from preclint.core.findings import ErrorFigure
 from preclint.core.numerics import MODES, autocast_policy
 from preclint.load.modelio import output_tensors
 from preclint.measure.compare import LARGEST, Comparison, NonFinite, Tolerance, compare, relative_rms
@@ -67,7 +68,7 @@ def test_class_scores_decide_their_argmax_under_a_flip_budget_only():
 
 def test_outputs_that_do_not_correspond_count_as_changed_decisions():
     other_count = compare([torch.zeros(2)], [torch.zeros(2), torch.zeros(2)])
-    assert other_count == Comparison(None, None, True, None, 1.0, 0, None, False)
+    assert other_count == Comparison(ErrorFigure(None, None, 1.0, finite=True), 0, None, False)
     boxes = compare([torch.zeros(3, 4)], [torch.zeros(5, 4, dtype=torch.float64)])  # another number of boxes
     assert boxes.flip_fraction == 1.0 and not boxes.meets
     zeros = compare([torch.zeros(2)], [torch.zeros(2, dtype=torch.float64)])
