@@ -23,14 +23,13 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from preclint.capture.calls import is_inplace_call
-from preclint.capture.observer import Observer
 from preclint.capture.trees import flatten
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.load.modelio import Inputs
 from preclint.measure.compare import LARGEST, compare, relative_rms
 from preclint.measure.program import Program
-from preclint.measure.runners import runner_for
+from preclint.measure.runners import ApplyMode, runner_for
 from preclint.probe.execute import Producers, invoke, tensors
 from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
 from preclint.probe.sweep import decision_changes
@@ -180,33 +179,24 @@ class _Recorded:
         self.output: Any = None
 
 
-class _Observer(Observer):
+class _Observer(ApplyMode):
     """Runs one setting; records it (``first`` None) or follows ``first``: differences, replays on
     the first run's operands (``replay``), decisions forced to the first run's (``force``)."""
 
     def __init__(self, run, graph, inplace_semantics: bool, first: Optional[_Recorded] = None,
                  replay: bool = False, force: Sequence[str] = ()) -> None:
-        self.run = run
+        super().__init__(run, inplace_semantics)
         self.graph = graph
-        self.inplace_semantics = inplace_semantics
         self.first = first
         self.replay = replay
         self.force = frozenset(force)
         self.record = _Recorded()
         self.producers = Producers()
-        self.pending: Optional[list] = None
         self.nodes: List[NodeParting] = []
         self.off_path: Optional[str] = None
 
-    def before(self, node, args, kwargs, callee):
-        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
-        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
-        self.pending = [node, args, kwargs, decision]
-        return new_args, new_kwargs
-
     def rename(self, node, name) -> None:
-        if self.pending is not None and self.pending[0] is node:
-            self.pending[0] = name
+        super().rename(node, name)
         if self.record.names and self.record.names[-1] == node.name:
             self.record.names[-1] = name
             if self.nodes and self.nodes[-1].name == node.name:
@@ -214,7 +204,7 @@ class _Observer(Observer):
 
     def __call__(self, node, args, kwargs, callee, output):
         pending, self.pending = self.pending, None
-        if pending is not None and (pending[0] is node or pending[0] == node.name):
+        if self.pending_for(pending, node):
             args, kwargs, decision = pending[1], pending[2], pending[3]
         else:
             decision = None
