@@ -41,6 +41,7 @@ from preclint.core.numerics import BF16, C_OUTPUT, MODES, SCALED_MODES  # noqa: 
 from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load.loader import LoadedModel  # noqa: E402
 from preclint.load.modelio import Inputs  # noqa: E402
+from preclint.measure.compare import relative_rms  # noqa: E402
 from preclint.measure.runners import run_mode, run_reference  # noqa: E402
 from preclint.measure.scaled import ScaledLinear, converts, hardware_fp8  # noqa: E402
 from preclint.probe import ProbeOptions, place_for_probe, probed  # noqa: E402
@@ -118,8 +119,9 @@ MODELS = {"llama": _llama, "bert": _bert, "vit": _vit, "massive_channel": _massi
 
 
 def relative(output, reference) -> float:
-    output, reference = output.double(), reference.double()
-    return float((output - reference).pow(2).mean().sqrt() / reference.pow(2).mean().sqrt())
+    """The relative RMS error preclint reports (measure.compare.relative_rms); nan where there is none."""
+    found = relative_rms([output], [reference])
+    return math.nan if found is None else found
 
 
 def layer_inputs(model: torch.nn.Module, inputs, recipe) -> Dict[str, torch.Tensor]:

@@ -207,6 +207,7 @@ def run_preclint(module, args, tol, fp32_onnx, feeds, flops, reference) -> Dict[
     from preclint.load.loader import LoadedModel
     from preclint.measure.compare import Tolerance
     from preclint.plan.command import build_plan
+    from preclint.plan.document import figure_json
     from preclint.policy import onnx_nodes_to_exclude
 
     start = time.perf_counter()
@@ -219,8 +220,8 @@ def run_preclint(module, args, tol, fp32_onnx, feeds, flops, reference) -> Dict[
     out = {"meets": plan.meets_tolerance, "kept_flops_fraction_graph": plan.kept_flops_fraction,
            "kept_flops_fraction": plan.kept_flops_fraction, "wall_s": wall,
            "runs": measured.get("runs"), "keep": [(k.module, k.op) for k in plan.keep], "notes": plan.notes,
-           "predicted_after": plan.predicted["after"].to_json(),
-           "measured_after": measured["after"].to_json() if "after" in measured else None}
+           "predicted_after": figure_json(plan.predicted["after"]),
+           "measured_after": figure_json(measured["after"]) if "after" in measured else None}
     if fp32_onnx is not None:
         try:
             blocked = onnx_nodes_to_exclude(fp32_onnx, plan.policy())

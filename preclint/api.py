@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from preclint.core.errors import UserError
+from preclint.core.findings import ErrorFigure
 from preclint.core.numerics import DEFAULT_MODES
 
 if TYPE_CHECKING:
@@ -62,23 +63,47 @@ def training_step(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=
 
 @dataclass(frozen=True)
 class OutputError:
-    """One row of the report's output table: the error a precision puts on the model's output.
+    """One row of the report's output table: the error a precision puts on the model's output,
+    ``predicted`` and, with a probe, ``measured`` against a float64 reference (None without one).
 
     ``rel_error``: RMS(error) / RMS(output) over every float output; ``max_abs_error``: the largest
     absolute error; ``finite``: False where the output becomes inf or NaN (None: not predicted).
-    ``measured_*`` are the probe's, against a float64 reference (None without a probe).
+    ``measured_*`` are the same read from ``measured`` (None without a probe).
     ``top_layers``: (module, node, share of the output error) of the layers predicted to hold most of it.
     """
 
     precision: str
-    rel_error: Optional[float]
-    max_abs_error: Optional[float]
-    finite: Optional[bool]
-    measured_rel_error: Optional[float] = None
-    measured_max_abs_error: Optional[float] = None
-    measured_finite: Optional[bool] = None
-    measured_flip_fraction: Optional[float] = None
+    predicted: ErrorFigure
+    measured: Optional[ErrorFigure] = None
     top_layers: Tuple[Tuple[str, str, float], ...] = ()
+
+    @property
+    def rel_error(self) -> Optional[float]:
+        return self.predicted.rel_error
+
+    @property
+    def max_abs_error(self) -> Optional[float]:
+        return self.predicted.max_abs_error
+
+    @property
+    def finite(self) -> Optional[bool]:
+        return self.predicted.finite
+
+    @property
+    def measured_rel_error(self) -> Optional[float]:
+        return None if self.measured is None else self.measured.rel_error
+
+    @property
+    def measured_max_abs_error(self) -> Optional[float]:
+        return None if self.measured is None else self.measured.max_abs_error
+
+    @property
+    def measured_finite(self) -> Optional[bool]:
+        return None if self.measured is None else self.measured.finite
+
+    @property
+    def measured_flip_fraction(self) -> Optional[float]:
+        return None if self.measured is None else self.measured.flip_fraction
 
 
 class Report:
@@ -121,11 +146,9 @@ class Report:
         for mode in self.precisions:
             entry = self.document.summary.get(mode, {})
             predicted = entry.get("predicted_output", {})
-            measured = entry.get("measured_output") or {}
+            measured = entry.get("measured_output")
             rows[mode] = OutputError(
-                mode, predicted.get("rel_error"), predicted.get("max_abs_error"), predicted.get("finite"),
-                measured.get("rel_error"), measured.get("max_abs_error"), measured.get("finite"),
-                measured.get("flip_fraction"),
+                mode, _figure_of(predicted), _figure_of(measured) if measured else None,
                 tuple((t.get("module") or "", t.get("node") or "", t["share"]) for t in entry.get("top_layers", [])))
         return rows
 
@@ -169,6 +192,12 @@ class Report:
         errors = ", ".join(f"{m} {_figure(row)}" for m, row in self.outputs.items())
         return (f"<preclint.Report {self.model}: {len(self.findings)} finding(s); output error {errors or 'n/a'}"
                 f"{'; ledger' if self.ledger is not None else ''}{'; plan' if self.plan is not None else ''}>")
+
+
+def _figure_of(entry: Dict[str, Any]) -> ErrorFigure:
+    """The summary's output entry (report/summary.py, or the probe's measured one) as the figure it records."""
+    return ErrorFigure(entry.get("rel_error"), entry.get("max_abs_error"), entry.get("flip_fraction"),
+                       finite=entry.get("finite"))
 
 
 def _figure(row: OutputError) -> str:

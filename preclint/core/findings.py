@@ -44,12 +44,16 @@ class Location:
 
 @dataclass
 class ErrorFigure:
-    """An error, predicted or measured, for one precision mode.
+    """The error a precision puts on a value, predicted, measured or compared: the one record of it
+    for findings, the probe's ledger (a node's local and received error, the output's), the plan's
+    before and after, and a comparison of a run's outputs (measure.compare).
 
-    ``rel_error`` is RMS(error) / RMS(reference value); ``max_abs_error`` the largest absolute
-    error over the elements. ``flip_fraction`` is set by decision rules only. Measured figures (a
-    probe) may also carry the smallest ``min_rtol``/``min_atol`` the measured output passes with
-    (PCL001) and the ``status`` the measurement gave the finding in this mode.
+    ``rel_error`` is RMS(error) / RMS(reference value) (measure.compare.relative_rms); ``max_abs_error``
+    the largest absolute error over the elements. ``flip_fraction``: the fraction of decisions that
+    changed, where there are any. Measured figures (a probe) may also carry the smallest
+    ``min_rtol``/``min_atol`` the measured output passes with (PCL001) and the ``status`` the
+    measurement gave the finding in this mode. ``finite``: whether the values stayed finite, and
+    ``failing_fraction`` the fraction of elements outside atol + rtol |ref|, where they were judged.
     """
 
     rel_error: Optional[float] = None
@@ -58,10 +62,12 @@ class ErrorFigure:
     min_rtol: Optional[float] = None
     min_atol: Optional[float] = None
     status: Optional[str] = None
+    finite: Optional[bool] = None
+    failing_fraction: Optional[float] = None
 
     def as_dict(self) -> dict:
         out = {"rel_error": self.rel_error, "max_abs_error": self.max_abs_error}
-        for key in ("flip_fraction", "min_rtol", "min_atol", "status"):
+        for key in ("flip_fraction", "min_rtol", "min_atol", "status", "finite", "failing_fraction"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out

@@ -23,14 +23,13 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from preclint.capture.calls import is_inplace_call
-from preclint.capture.observer import Observer
 from preclint.capture.trees import flatten
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.load.modelio import Inputs
-from preclint.measure.compare import compare
+from preclint.measure.compare import LARGEST, compare, relative_rms
 from preclint.measure.program import Program
-from preclint.measure.runners import runner_for
+from preclint.measure.runners import ApplyMode, runner_for
 from preclint.probe.execute import Producers, invoke, tensors
 from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
 from preclint.probe.sweep import decision_changes
@@ -180,33 +179,24 @@ class _Recorded:
         self.output: Any = None
 
 
-class _Observer(Observer):
+class _Observer(ApplyMode):
     """Runs one setting; records it (``first`` None) or follows ``first``: differences, replays on
     the first run's operands (``replay``), decisions forced to the first run's (``force``)."""
 
     def __init__(self, run, graph, inplace_semantics: bool, first: Optional[_Recorded] = None,
                  replay: bool = False, force: Sequence[str] = ()) -> None:
-        self.run = run
+        super().__init__(run, inplace_semantics)
         self.graph = graph
-        self.inplace_semantics = inplace_semantics
         self.first = first
         self.replay = replay
         self.force = frozenset(force)
         self.record = _Recorded()
         self.producers = Producers()
-        self.pending: Optional[list] = None
         self.nodes: List[NodeParting] = []
         self.off_path: Optional[str] = None
 
-    def before(self, node, args, kwargs, callee):
-        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
-        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
-        self.pending = [node, args, kwargs, decision]
-        return new_args, new_kwargs
-
     def rename(self, node, name) -> None:
-        if self.pending is not None and self.pending[0] is node:
-            self.pending[0] = name
+        super().rename(node, name)
         if self.record.names and self.record.names[-1] == node.name:
             self.record.names[-1] = name
             if self.nodes and self.nodes[-1].name == node.name:
@@ -214,7 +204,7 @@ class _Observer(Observer):
 
     def __call__(self, node, args, kwargs, callee, output):
         pending, self.pending = self.pending, None
-        if pending is not None and (pending[0] is node or pending[0] == node.name):
+        if self.pending_for(pending, node):
             args, kwargs, decision = pending[1], pending[2], pending[3]
         else:
             decision = None
@@ -244,7 +234,7 @@ class _Observer(Observer):
 
     def _compare(self, node, args, kwargs, callee, outs, theirs) -> NodeParting:
         row = NodeParting(node.name)
-        row.difference = _relative(outs, theirs)
+        row.difference = relative_rms(outs, theirs, nonfinite=LARGEST)
         if node.kind in (Kind.DECISION, Kind.COMPARE):
             flips = units = 0
             for o, t in zip(outs, theirs):
@@ -284,39 +274,13 @@ class _Observer(Observer):
             replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
         except Exception as exc:  # noqa: BLE001 - a node that cannot be called again alone: said, the rest measured
             return None, f"not replayed: {one_line(exc)}"
-        return _relative(replayed, theirs), None
+        return relative_rms(replayed, theirs, nonfinite=LARGEST), None
 
 
 def _keeps_dtype(args, kwargs, outs) -> bool:
     first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
     return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
 
-
-def _relative(outs: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> Optional[float]:
-    """||outs - theirs|| / ||theirs|| over the float outputs of one node (None: none comparable); inf
-    where a value is inf/NaN in one run and not the same inf/NaN in the other: the largest difference
-    there is, not an unknown one."""
-    sq_d = sq_t = 0.0
-    seen = False
-    for o, t in zip(outs, theirs):
-        if not (o.is_floating_point() and t.is_floating_point()) or o.shape != t.shape:
-            continue
-        t64 = t.detach().to(o.device, torch.float64)
-        o64 = o.detach().double()
-        finite = torch.isfinite(o64) & torch.isfinite(t64)
-        alike = (o64 == t64) | (torch.isnan(o64) & torch.isnan(t64))  # the same inf, or NaN in both
-        if bool((~finite & ~alike).any()):
-            return math.inf
-        d = torch.where(finite, o64 - t64, torch.zeros_like(o64))
-        t64 = torch.where(finite, t64, torch.zeros_like(t64))
-        sq_d += float((d * d).sum())
-        sq_t += float((t64 * t64).sum())
-        seen = True
-    if not seen:
-        return None
-    if sq_t == 0:
-        return 0.0 if sq_d == 0 else None
-    return math.sqrt(sq_d / sq_t)
 
 
 def _forced(node, output, theirs: List[torch.Tensor], args, kwargs):
@@ -359,7 +323,7 @@ def _output_difference(output, reference) -> Optional[float]:
     refs = [t.detach().cpu().double() for t in output_tensors(reference) if t.is_floating_point()]
     if len(outs) != len(refs):
         return compare(outs, refs).rel_rms
-    return _relative(outs, refs)
+    return relative_rms(outs, refs, nonfinite=LARGEST)
 
 
 def part(first: Setting, second: Setting, inputs, graph, *, replay_decisions: bool = True) -> Parting:

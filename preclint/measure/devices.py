@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from preclint.core.errors import UserError
+from preclint.core.findings import ErrorFigure
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.backends import tf32
 from preclint.measure.compare import Tolerance, compare
@@ -76,27 +77,30 @@ def float32_output(model: torch.nn.Module, inputs, device: torch.device, other: 
 
 @dataclass
 class OutputsAgainst:
-    """One run's outputs against another run's: the values' error, and the decisions that changed."""
+    """One run's outputs against another run's: the values' error, and the decisions that changed.
 
-    rel_rms: Optional[float]  # over the float outputs that are not detections; None: none, or not finite
-    max_abs: Optional[float]
-    flip_fraction: Optional[float]  # integer outputs (labels, indices) and detections: fraction that changed
+    ``figure``: ``rel_error`` and ``max_abs_error`` over the float outputs that are not detections (None:
+    none, or not finite); ``flip_fraction`` over the integer outputs (labels, indices) and detections."""
+
+    figure: ErrorFigure
     decisions: int  # the decisions judged (integer elements, detections)
     detections: Optional[DetectionChanges] = None
 
     def as_dict(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"rel_error": self.rel_rms, "max_abs_error": self.max_abs,
-                               "flip_fraction": self.flip_fraction, "decisions": self.decisions}
+        figure = self.figure
+        out: Dict[str, Any] = {"rel_error": figure.rel_error, "max_abs_error": figure.max_abs_error,
+                               "flip_fraction": figure.flip_fraction, "decisions": self.decisions}
         if self.detections is not None:
             out["detections"] = self.detections.as_dict()
         return out
 
     def describe(self) -> str:
         parts = []
-        if self.rel_rms is not None:
-            parts.append(f"relative RMS {self.rel_rms:.3g} (max abs {self.max_abs:.3g})")
-        if self.flip_fraction is not None:
-            parts.append(f"{self.flip_fraction:.3g} of {self.decisions} decisions changed")
+        figure = self.figure
+        if figure.rel_error is not None:
+            parts.append(f"relative RMS {figure.rel_error:.3g} (max abs {figure.max_abs_error:.3g})")
+        if figure.flip_fraction is not None:
+            parts.append(f"{figure.flip_fraction:.3g} of {self.decisions} decisions changed")
         if self.detections is not None:
             parts.append(self.detections.describe())
         return "; ".join(parts) or "nothing to compare"
@@ -120,9 +124,8 @@ def compare_outputs(output: Any, reference: Any) -> OutputsAgainst:
         decisions += detections.changes.units
     floats = plain is not None and any(r.is_floating_point() for r in refs)
     return OutputsAgainst(
-        plain.rel_rms if floats else None,
-        plain.max_abs if floats else None,
-        sum(flips) / decisions if decisions else None,
+        ErrorFigure(plain.rel_rms if floats else None, plain.max_abs if floats else None,
+                    sum(flips) / decisions if decisions else None),
         decisions,
         detections.changes if detections is not None else None,
     )

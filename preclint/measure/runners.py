@@ -125,15 +125,37 @@ def runner_for(name: str, device, emulated: Optional[bool] = None) -> Runner:
     return EmulatedRunner(name, device) if emulated else NativeRunner(name, device)
 
 
-class EmulatingObserver(Observer):
-    """Applies a prepared emulated mode's arithmetic to each op of a run, and watches nothing (the
-    probe's sweep applies it the same way, and measures besides). With ``only``, the ops of that
-    module alone, whose float results then flow on in float32."""
+class ApplyMode(Observer):
+    """A prepared mode's arithmetic on each op of a run: ``before`` hands the op its operands as the
+    mode has them and keeps, in ``pending``, the operands as they came and the mode's decision for
+    the op's result, which ``__call__`` applies. The observers that run a mode build on it:
+    EmulatingObserver (nothing more), the probe's sweep and diff's parting (which measure besides)."""
 
     def __init__(self, run: ModeRun, inplace_semantics: bool) -> None:
         self.run = run
         self.inplace_semantics = inplace_semantics  # eager recording: in-place ops write their target
-        self.pending: Optional[list] = None  # [node or its new name, the mode's decision]
+        self.pending: Optional[list] = None  # [node or its new name, args, kwargs as they came, the mode's decision]
+
+    def before(self, node, args, kwargs, callee):
+        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
+        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
+        self.pending = [node, args, kwargs, decision]
+        return new_args, new_kwargs
+
+    def rename(self, node, name) -> None:
+        # the recording named the node anew after ``before`` (a name already taken): the pending call follows
+        if self.pending is not None and self.pending[0] is node:
+            self.pending[0] = name
+
+    @staticmethod
+    def pending_for(pending: Optional[list], node) -> bool:
+        """Whether ``pending`` is the call of ``node`` (by identity, or by the name it was given since)."""
+        return pending is not None and (pending[0] is node or pending[0] == node.name)
+
+
+class EmulatingObserver(ApplyMode):
+    """Applies a prepared emulated mode's arithmetic to each op of a run, and watches nothing. With
+    ``only``, the ops of that module alone, whose float results then flow on in float32."""
 
     def _applies(self, node) -> bool:
         only = self.run.only
@@ -143,18 +165,11 @@ class EmulatingObserver(Observer):
         self.pending = None
         if not self._applies(node):
             return args, kwargs
-        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
-        args, kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
-        self.pending = [node, decision]
-        return args, kwargs
-
-    def rename(self, node, name) -> None:
-        if self.pending is not None and self.pending[0] is node:
-            self.pending[0] = name
+        return super().before(node, args, kwargs, callee)
 
     def __call__(self, node, args, kwargs, callee, output):
         pending, self.pending = self.pending, None
-        decision = pending[1] if pending is not None and (pending[0] is node or pending[0] == node.name) else None
+        decision = pending[3] if self.pending_for(pending, node) else None
         if not self._applies(node):
             return output
         output = self.run.entering(node, self.run.after(output, decision))

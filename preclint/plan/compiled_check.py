@@ -24,7 +24,6 @@ def verify_compiled(plan, verifier, graph, backend: str) -> None:
     from preclint.measure.compare import compare
     from preclint.measure.compiled import CompiledRunner, backend_named
     from preclint.measure.copies import copy_to
-    from preclint.plan.document import ErrorSummary
     from preclint.policy import apply_policy, load_policy
     from preclint.probe.compiled import check_sites, kept_sites, module_sites
 
@@ -50,8 +49,7 @@ def verify_compiled(plan, verifier, graph, backend: str) -> None:
                           "the plan is verified eagerly only")
         return
     comparison = compare(outputs, verifier.reference, verifier.tolerance)
-    summary = ErrorSummary(comparison.rel_rms, comparison.max_abs, comparison.finite, comparison.failing_fraction,
-                           comparison.flip_fraction)
+    summary = comparison.figure
     sites = module_sites(graph, [(k.module, k.op) for k in plan.keep]) + kept_sites(graph)
     checks, _ = check_sites(compilation.graph.nodes, sites)
     audit: List[Dict[str, Any]] = [c.to_json() for c in checks]

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from preclint.core.findings import ErrorFigure
 from preclint.measure.compare import Tolerance
 
 PLAN_VERSION = 1
@@ -30,17 +31,10 @@ class KeepEntry:
         return out
 
 
-@dataclass
-class ErrorSummary:
-    rel_error: Optional[float]
-    max_abs_error: Optional[float]
-    finite: bool = True
-    failing_fraction: Optional[float] = None  # elements outside atol + rtol |ref|
-    flip_fraction: Optional[float] = None  # the largest over the decisions judged
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"rel_error": _sig(self.rel_error), "max_abs_error": _sig(self.max_abs_error), "finite": self.finite,
-                "failing_fraction": _sig(self.failing_fraction), "flip_fraction": _sig(self.flip_fraction)}
+def figure_json(figure: ErrorFigure) -> Dict[str, Any]:
+    """An output's error as the plan's JSON gives it, before and after: four significant digits."""
+    return {"rel_error": _sig(figure.rel_error), "max_abs_error": _sig(figure.max_abs_error), "finite": figure.finite,
+            "failing_fraction": _sig(figure.failing_fraction), "flip_fraction": _sig(figure.flip_fraction)}
 
 
 @dataclass
@@ -53,7 +47,7 @@ class Plan:
     tolerance: Tolerance
     keep: List[KeepEntry] = field(default_factory=list)
     kept_flops_fraction: float = 0.0
-    predicted: Dict[str, ErrorSummary] = field(default_factory=dict)  # "before", "after"
+    predicted: Dict[str, ErrorFigure] = field(default_factory=dict)  # "before", "after"
     measured: Optional[Dict[str, Any]] = None  # "before", "after", "float32", "device", "runs"
     meets_tolerance: bool = False
     notes: List[str] = field(default_factory=list)
@@ -75,13 +69,13 @@ class Plan:
             "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
             "keep": [k.to_json() for k in self.keep],
             "kept_flops_fraction": round(self.kept_flops_fraction, 6),
-            "predicted": {k: v.to_json() for k, v in self.predicted.items()},
+            "predicted": {k: figure_json(v) for k, v in self.predicted.items()},
             "meets_tolerance": self.meets_tolerance,
         }
         if self.tolerance.max_flip is not None:
             out["tolerance"]["max_flip"] = self.tolerance.max_flip
         if self.measured is not None:
-            out["measured"] = {k: (v.to_json() if isinstance(v, ErrorSummary) else v) for k, v in self.measured.items()}
+            out["measured"] = {k: (figure_json(v) if isinstance(v, ErrorFigure) else v) for k, v in self.measured.items()}
         out["onnx_nodes_to_exclude"] = list(self.onnx_exclude)
         out["notes"] = list(self.notes)
         return out

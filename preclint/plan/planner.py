@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
+from preclint.core.findings import ErrorFigure
 from preclint.core.ir import Graph, Kind, Node
 from preclint.reference.analyses.decision_gains import DecisionGains
 from preclint.reference.analyses.margins import DecisionMargins, RoundingMargins
@@ -34,7 +35,7 @@ from preclint.predict.local import rounding_terms
 from preclint.predict.range import reaching_absmax
 from preclint.measure.compare import Tolerance
 from preclint.plan.conditional import conditional_units
-from preclint.plan.document import ErrorSummary, KeepEntry, Plan
+from preclint.plan.document import KeepEntry, Plan
 from preclint.plan.units import (INPUTS_UNIT, NO_ARITHMETIC, OUTPUTS_UNIT, Unit, is_model_tensor, module_within, node_flops,
                                  parent, promotes, unit_nodes, unit_of)
 
@@ -177,11 +178,12 @@ class Planner:
     def meets(self, p: ModePrediction) -> bool:
         return p.finite and not self.values_fail(p) and not self.flipping(p) and not self.output_flipping(p)
 
-    def summary(self, p: ModePrediction) -> ErrorSummary:
+    def summary(self, p: ModePrediction) -> ErrorFigure:
         flips = [p.nodes[d.name].flip_fraction for d in self.decisions if p.nodes[d.name].flip_fraction is not None]
         if self.output_flips(p) is not None:
             flips.append(self.output_flips(p))
-        return ErrorSummary(p.rel_error, p.max_abs_error, p.finite, self.failing_fraction(p), max(flips) if flips else None)
+        return ErrorFigure(p.rel_error, p.max_abs_error, max(flips) if flips else None, finite=p.finite,
+                           failing_fraction=self.failing_fraction(p))
 
     # ------------------------------------------------------------------ shares
 

@@ -15,18 +15,18 @@ from typing import List, Optional
 import torch
 
 from preclint.core.errors import one_line
+from preclint.core.findings import ErrorFigure
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import Comparison, Tolerance, compare
 from preclint.measure.copies import copy_to
 from preclint.measure.runners import FirstNonfinite, NativeRunner, run_reference
-from preclint.plan.document import ErrorSummary
 from preclint.policy import LOW_DTYPES, apply_policy, load_policy
 from preclint.probe.noise import floor_of, run_to_run
 
 
 @dataclass
 class Run:
-    summary: ErrorSummary
+    summary: ErrorFigure
     meets: bool
     first_nonfinite: Optional[str] = None  # module whose output first went inf/NaN
     error: Optional[str] = None  # the run failed: why
@@ -95,13 +95,11 @@ class Verifier:
         try:
             outputs: List[torch.Tensor] = output_tensors(self.runner.run(prepared))
         except Exception as exc:  # a constant that does not convert, a kernel missing for the dtype
-            return Run(ErrorSummary(None, None, False), False, watch.first, one_line(exc))
+            return Run(ErrorFigure(None, None, finite=False), False, watch.first, one_line(exc))
         finally:
             watch.remove()
         return self._judge(compare(outputs, self.reference, self.tolerance), watch.first)
 
     @staticmethod
     def _judge(comparison: Comparison, first: Optional[str] = None) -> Run:
-        summary = ErrorSummary(comparison.rel_rms, comparison.max_abs, comparison.finite,
-                               comparison.failing_fraction, comparison.flip_fraction)
-        return Run(summary, comparison.meets, first)
+        return Run(comparison.figure, comparison.meets, first)

@@ -23,13 +23,16 @@ import contextlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import UserError, one_line
 from preclint.capture.heap import long_lived_frozen
 
 from preclint.core.choices import PROBE_BACKEND_CHOICES as BACKEND_CHOICES
 from preclint.core.choices import PROBE_DEVICE_CHOICES as DEVICE_CHOICES
+
+if TYPE_CHECKING:
+    from preclint.measure.compare import Tolerance
 
 
 @dataclass
@@ -93,13 +96,15 @@ class _Clock:
 
 @long_lived_frozen()
 def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: ProbeOptions,
-                  tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+                  tolerance: "Optional[Tolerance]" = None, *, name: str = "the model"):
     """Measure ``module`` (the float32 model the check captured as ``graph``) on ``inputs`` (a tuple
     of positional inputs, or :class:`~preclint.load.modelio.Inputs` with keywords); ``options.bar``, a
-    progress bar (preclint.core.progress), follows the stages."""
+    progress bar (preclint.core.progress), follows the stages; ``tolerance``: what the output is judged by
+    (None: nothing but finiteness and decisions)."""
     import torch
 
     from preclint.probe.device import environment, is_out_of_memory, select_device
+    from preclint.measure.compare import Tolerance
     from preclint.measure.copies import copy_to
     from preclint.measure.program import Program
 
@@ -145,7 +150,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     if program.note:
         notes.append(program.note)
 
-    setting = ProbeSetting(graph, tuple(modes), options, tolerance, name, device, emulated)
+    setting = ProbeSetting(graph, tuple(modes), options, tolerance or Tolerance(), name, device, emulated)
     copies = DeviceCopies(program, stream, model32, model64, inputs32, inputs64)
     with stream.active() if stream is not None else contextlib.nullcontext():
         session = ProbeSession(setting, copies, clock, env, notes, records_graph)
@@ -182,7 +187,7 @@ class ProbeSetting:
     graph: Any
     modes: Tuple[str, ...]
     options: ProbeOptions
-    tolerance: Optional[Tuple[float, float]]
+    tolerance: "Tolerance"
     name: str  # the model, as messages name it
     device: Any
     emulated: bool
@@ -466,9 +471,11 @@ def probed(loaded, placement) -> Tuple[Any, Any]:
     return (loaded.module, loaded.inputs) if placement is None else (placement.model, placement.inputs)
 
 
-def tolerance_of(rtol: Optional[float], atol: Optional[float]) -> Optional[Tuple[float, float]]:
-    """The (rtol, atol) the output is judged by, where the user gave either."""
-    return None if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
+def tolerance_of(rtol: Optional[float], atol: Optional[float]) -> "Tolerance":
+    """The tolerance the output is judged by (no bound where the user gave neither rtol nor atol)."""
+    from preclint.measure.compare import Tolerance  # lazy: importing the probe imports no torch
+
+    return Tolerance(rtol, atol)
 
 
 def probe_report(loaded, report, ctx, config, options: ProbeOptions, *, placement=None, measurer=None):

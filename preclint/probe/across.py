@@ -107,7 +107,7 @@ def across_notes(result, ctx) -> list:
              f"{cross.device} {cross.device_vs_float64.describe()}; the reference ({cross.reference_device}) "
              f"{cross.reference_vs_float64.describe()}"]
     prediction = ctx.predictions.get(FLOOR_MODE) if ctx.predictions else None
-    flipped = bool(cross.between.flip_fraction)
+    flipped = bool(cross.between.figure.flip_fraction)
     for name, m in (across.nodes.items() if across is not None else ()):
         if not m.units:
             continue
@@ -134,7 +134,8 @@ def across_summary(result) -> dict:
     cross = result.cross_device
     if cross is None:
         return {}
-    out = {"rel_error_across_devices": cross.between.rel_rms, "max_abs_error_across_devices": cross.between.max_abs}
-    if cross.between.flip_fraction is not None:
-        out["flip_fraction_across_devices"] = cross.between.flip_fraction
+    between = cross.between.figure
+    out = {"rel_error_across_devices": between.rel_error, "max_abs_error_across_devices": between.max_abs_error}
+    if between.flip_fraction is not None:
+        out["flip_fraction_across_devices"] = between.flip_fraction
     return out

@@ -17,13 +17,13 @@ makes it and isolates what it does to the output:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from preclint.load.modelio import output_tensors
+from preclint.measure.compare import relative_rms
 from preclint.measure.compiled_graph import elided_roundings
 
 MAX_BLOCKS = 16  # blocks attributed per mode (each is one compilation); the rest are listed as not measured
@@ -125,20 +125,6 @@ def record_blocks(model: torch.nn.Module, paths: Sequence[str], run) -> Dict[str
     return seen
 
 
-def rel_rms(out: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> Optional[float]:
-    """||out - ref|| / ||ref|| over the float tensors of equal shape; None where there are none or
-    where it is not finite."""
-    err = norm = 0.0
-    for o, r in zip(out, ref):
-        if not (o.is_floating_point() and r.is_floating_point()) or o.shape != r.shape:
-            continue
-        d = o.double() - r.double()
-        err += float((d * d).sum())
-        norm += float((r.double() * r.double()).sum())
-    if norm == 0 or not math.isfinite(err):
-        return None
-    return math.sqrt(err / norm)
-
 
 def _like(reference, eager):
     """The float64 run's values in the dtypes the eager run had (the block's inputs as eager feeds it)."""
@@ -178,7 +164,7 @@ def attribute(runs: BlockRuns, paths: Sequence[str]) -> List[BlockFigure]:
     """Each block's figures (module docstring), the blocks with the largest parts explained."""
     gap = [c.double() - e.double() for c, e in zip(runs.compiled, runs.eager) if c.is_floating_point()]
     gap_sq = sum(float((g * g).sum()) for g in gap)
-    eager_error = rel_rms(runs.eager, runs.reference)
+    eager_error = relative_rms(runs.eager, runs.reference)
     figures, compiled_blocks = [], {}
     for path in paths:
         figure = BlockFigure(path)
@@ -196,7 +182,7 @@ def attribute(runs: BlockRuns, paths: Sequence[str]) -> List[BlockFigure]:
             continue
         figure.error = compiled.compilation.error
         figure.graph_breaks = sum(compiled.compilation.graph_breaks.values())
-        error = rel_rms(out, runs.reference)
+        error = relative_rms(out, runs.reference)
         if error is not None and eager_error is not None:
             figure.output_change = error - eager_error
         if gap_sq > 0:
@@ -216,7 +202,7 @@ def _local(runs: BlockRuns, path: str, compiled, figure: BlockFigure) -> None:
         return
     (ref_args, ref_kwargs), ref_out = runs.reference_blocks[path]
     (eager_args, eager_kwargs), _ = runs.eager_blocks[path]
-    figure.received = rel_rms(torch.utils._pytree.tree_leaves((eager_args, eager_kwargs)),
+    figure.received = relative_rms(torch.utils._pytree.tree_leaves((eager_args, eager_kwargs)),
                               torch.utils._pytree.tree_leaves((ref_args, ref_kwargs)))
     args, kwargs = _like((ref_args, ref_kwargs), (eager_args, eager_kwargs))
     reference = output_tensors(ref_out)
@@ -224,8 +210,8 @@ def _local(runs: BlockRuns, path: str, compiled, figure: BlockFigure) -> None:
     with torch.no_grad(), runs.context():
         eager_out = output_tensors(block(*args, **kwargs))
         compiled_out = output_tensors(compiled(*args, **kwargs))
-    figure.local_eager = rel_rms(eager_out, reference)
-    figure.local_compiled = rel_rms(compiled_out, reference)
+    figure.local_eager = relative_rms(eager_out, reference)
+    figure.local_compiled = relative_rms(compiled_out, reference)
 
 
 def _explain(runs: BlockRuns, figure: BlockFigure, compiled) -> None:
@@ -247,7 +233,7 @@ def _explain(runs: BlockRuns, figure: BlockFigure, compiled) -> None:
         emulated_out = output_tensors(emulating(*args, **kwargs))
     if emulating.compilation.error is not None:
         return
-    residual = rel_rms(emulated_out, eager_out)
+    residual = relative_rms(emulated_out, eager_out)
     figure.emulated_residual = residual
     # back to eager: what is left is float32-sized (reassociated sums), not a reduced format's rounding
     figure.emulated_back_to_eager = residual is not None and residual < 2.0 ** -17.5

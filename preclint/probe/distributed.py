@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import one_line
 from preclint.core.launch import launch_ranks, launched
 from preclint.probe import measure_model
+
+if TYPE_CHECKING:
+    from preclint.measure.compare import Tolerance
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ def leave() -> None:
 
 
 def measure_share(module, inputs, modes: Sequence[str], options, ranks: Ranks,
-                  tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model") -> Measured:
+                  tolerance: "Optional[Tolerance]" = None, *, name: str = "the model") -> Measured:
     """On a rank other than 0: its share of ``modes``, measured on the graph the probe records for
     itself, as a Measured for rank 0. A failure is sent, not raised: rank 0 waits for every rank's
     part, and measures these modes itself."""
@@ -212,7 +215,7 @@ class Measuring:
     """One model's measurements, taken in this process (``OneProcess``); the ranks' parts build on it."""
 
     def measure(self, module, inputs, graph, modes: Sequence[str], options,
-                tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+                tolerance: "Optional[Tolerance]" = None, *, name: str = "the model"):
         """A ledger.ProbeResult of ``modes`` (None on a rank that sends its part to rank 0)."""
         return measure_model(module, inputs, graph, modes, options, tolerance, name=name)
 
@@ -281,7 +284,7 @@ class Gathering(_Exchanging):
     """On rank 0, one model: the other ranks' measurements, and the modes they could not measure."""
 
     def measure(self, module, inputs, graph, modes: Sequence[str], options,
-                tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+                tolerance: "Optional[Tolerance]" = None, *, name: str = "the model"):
         adopted, missing, reasons = adopt(self.exchange.parts(None), graph, modes)
         local = None
         if missing:
@@ -301,7 +304,7 @@ class Sending(_Exchanging):
         self.modes = modes
 
     def measure(self, module, inputs, graph, modes: Sequence[str], options,
-                tolerance: Optional[Tuple[float, float]] = None, *, name: str = "the model"):
+                tolerance: "Optional[Tolerance]" = None, *, name: str = "the model"):
         self.exchange.parts(measure_share(module, inputs, modes, options, self.exchange.ranks, tolerance, name=name))
         return None
 

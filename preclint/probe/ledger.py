@@ -27,21 +27,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-
-@dataclass
-class Figure:
-    rel_error: Optional[float] = None
-    max_abs_error: Optional[float] = None
-
-    def as_dict(self) -> Dict[str, Optional[float]]:
-        return {"rel_error": _finite(self.rel_error), "max_abs_error": _finite(self.max_abs_error)}
+from preclint.core.findings import ErrorFigure
 
 
 @dataclass
 class NodeMeasure:
     dtype: Optional[str] = None  # dtype of the node's (first float) result in the mode's run
-    local: Optional[Figure] = None
-    received: Optional[Figure] = None
+    local: Optional[ErrorFigure] = None
+    received: Optional[ErrorFigure] = None
     amplification: Optional[float] = None
     contribution: Optional[float] = None
     nonfinite: bool = False  # inf/NaN in the mode's run where the reference is finite
@@ -76,8 +69,8 @@ class ModeMeasure:
     mode: str
     how: str  # how the mode ran (native switch or emulation)
     nodes: Dict[str, NodeMeasure] = field(default_factory=dict)
-    output: Optional[Figure] = None
-    outputs: List[Optional[Figure]] = field(default_factory=list)  # a model with several float outputs: each one's
+    output: Optional[ErrorFigure] = None
+    outputs: List[Optional[ErrorFigure]] = field(default_factory=list)  # a model with several float outputs: each one's
     output_finite: Optional[bool] = None
     output_flips: Optional[int] = None  # integer outputs (labels): elements that changed
     output_units: Optional[int] = None
@@ -127,12 +120,6 @@ class ProbeResult:
         from preclint.probe.noise import within_noise
 
         return within_noise(self.noise_floor, measured)
-
-
-def _finite(value: Optional[float]) -> Optional[float]:
-    if value is None or not math.isfinite(value):
-        return None
-    return value
 
 
 def rounded(value: Optional[float], digits: int = 4) -> Optional[float]:
@@ -202,7 +189,7 @@ def m_note(measure: ModeMeasure, name: str) -> str:
     return "not reached in this mode's run"
 
 
-def _figure(figure: Optional[Figure]) -> Optional[Dict[str, Optional[float]]]:
+def _figure(figure: Optional[ErrorFigure]) -> Optional[Dict[str, Optional[float]]]:
     if figure is None:
         return None
     return {"rel_error": rounded(figure.rel_error), "max_abs_error": rounded(figure.max_abs_error)}

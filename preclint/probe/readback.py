@@ -8,13 +8,14 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from preclint.core.findings import ErrorFigure
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
-from preclint.measure.compare import OutputError, integer_pairs
+from preclint.measure.compare import OutputDifferences, Tolerance, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
 from preclint.probe.execute import tensors
-from preclint.probe.ledger import Figure, ModeMeasure, NodeMeasure, ToleranceCheck
+from preclint.probe.ledger import ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars
 from preclint.probe.sweep import NodeSlots, Sweep
@@ -33,8 +34,8 @@ class Pending:
     Scalars (``queue_figures`` fills it, ``finish`` reads it)."""
 
     swept: Sweep
-    outputs: OutputError
-    tolerance: Optional[Tuple[float, float]]  # (rtol, atol) the outputs are checked against
+    outputs: OutputDifferences
+    tolerance: Tolerance  # what the outputs are checked against
     ablate: bool  # the ablation runs after the read-back, on the sweep's error vectors
     contribution_slots: Dict[str, int] = field(default_factory=dict)
     norm_slot: Optional[int] = None  # ||E|| the contributions are divided by
@@ -46,16 +47,16 @@ class Pending:
     detections: Optional[DetectionComparison] = None  # the output's detection sets against the reference's
 
 
-def _output_figure(scalars, slots) -> Figure:
+def _output_figure(scalars, slots) -> ErrorFigure:
     (e2, einf), r2 = slots
     err, ref, max_abs = scalars[e2], scalars[r2], scalars[einf]
     if not (_finite(err) and _finite(max_abs)):
-        return Figure(float("inf"), float("inf"))
-    return Figure(err / ref if ref > 0 else 0.0, max_abs)
+        return ErrorFigure(float("inf"), float("inf"))
+    return ErrorFigure(err / ref if ref > 0 else 0.0, max_abs)
 
 
-def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputError,
-                  tolerance: Optional[Tuple[float, float]], plain: Any = None, ablate: bool = False) -> Pending:
+def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputDifferences,
+                  tolerance: Tolerance, plain: Any = None, ablate: bool = False) -> Pending:
     """Issue the work of the sweep's figures on the device, without waiting for it (``finish`` reads
     them); ``plain``: the output of the plain run, compared with the observed one."""
     obs = swept.observer
@@ -77,7 +78,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         if e is None:
             continue
         pending.out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
-    if tolerance is not None and pending.out_slots:
+    if tolerance.compares_values and pending.out_slots:
         pending.tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
     for o, r in integer_pairs(swept.output, obs.ref.output):
         changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
@@ -142,7 +143,7 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
         max_abs = max(scalars[s[0][1]] for s in out_slots)
         finite = _finite(sq_err) and _finite(max_abs)
         rel = (sq_err ** 0.5 / sq_ref ** 0.5 if sq_ref > 0 else 0.0) if finite else float("inf")
-        measure.output = Figure(rel, max_abs if finite else float("inf"))
+        measure.output = ErrorFigure(rel, max_abs if finite else float("inf"))
         measure.output_finite = finite
         if len(pending.output_slots) > 1:  # several outputs: each one's figure too, relative to its own values
             measure.outputs = [_output_figure(scalars, out_slots[k]) if k is not None else None
@@ -162,7 +163,7 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
             measure.notes.append("contributions not measured: a detector's boxes are compared by matching, "
                                  "not element by element")
     if tol_slots is not None:
-        rtol, atol = tolerance
+        rtol, atol = tolerance.bounds()
         failing, numel, min_atol, min_rtol = tol_slots
         measure.tolerance = ToleranceCheck(rtol, atol, int(scalars[failing]), numel, scalars[min_atol],
                                            scalars[min_rtol] if _finite(scalars[min_rtol]) else None)
@@ -189,19 +190,19 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
             max_abs = max(max_abs, scalars[ninf])
         if slots.received:
             finite = _finite(sq_e) and _finite(max_abs)
-            m.received = Figure((sq_e ** 0.5 / sq_r ** 0.5 if sq_r > 0 else 0.0) if finite else float("inf"),
+            m.received = ErrorFigure((sq_e ** 0.5 / sq_r ** 0.5 if sq_r > 0 else 0.0) if finite else float("inf"),
                                 max_abs if finite else float("inf"))
             m.nonfinite = not finite  # the same inf as the reference's counts as no error (difference())
             if m.nonfinite and measure.first_nonfinite is None:
                 measure.first_nonfinite = name
         if slots.local_zero:
-            m.local = Figure(0.0, 0.0)
+            m.local = ErrorFigure(0.0, 0.0)
         elif slots.local:
             sq_l = sum(scalars[n2] ** 2 for _, n2, _ in slots.local)
             sq_lr = sum((ref.norm(name, j) or 0.0) ** 2 for j, _, _ in slots.local)
             max_l = max(scalars[ninf] for _, _, ninf in slots.local)
             finite = _finite(sq_l) and _finite(max_l)
-            m.local = Figure((sq_l ** 0.5 / sq_lr ** 0.5 if sq_lr > 0 else 0.0) if finite else float("inf"),
+            m.local = ErrorFigure((sq_l ** 0.5 / sq_lr ** 0.5 if sq_lr > 0 else 0.0) if finite else float("inf"),
                              max_l if finite else float("inf"))
         if slots.flips:
             m.flips = int(sum(scalars[f] for f, _ in slots.flips))
@@ -254,7 +255,7 @@ def tf32_applied(node, m: NodeMeasure) -> Optional[bool]:
 
 def _tolerance_slots(errors, refs, tolerance, scalars: Scalars):
     """Elements failing |d| <= atol + rtol |ref|, and the smallest atol (at rtol) and rtol (at atol) that pass."""
-    rtol, atol = tolerance
+    rtol, atol = tolerance.bounds()
     failing = None
     min_atol = None
     min_rtol = None

@@ -14,10 +14,10 @@ from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
 from preclint.capture.calls import is_inplace_call
-from preclint.capture.observer import Observer
 from preclint.measure.detections import changed_decisions
 from preclint.measure.modes import ModeRun
 from preclint.measure.program import Program
+from preclint.measure.runners import ApplyMode
 from preclint.measure.rounding import REDUCED_FLOATS
 from preclint.probe.execute import Producers, invoke, tensors
 from preclint.probe.noise import RANDOM_OPS
@@ -80,16 +80,14 @@ class _Unmatched(Exception):
     pass
 
 
-class SweepObserver(Observer):
+class SweepObserver(ApplyMode):
     def __init__(self, run: ModeRun, ref: ReferenceStore, graph, inplace_semantics: bool, keep_errors: bool) -> None:
-        self.run = run
+        super().__init__(run, inplace_semantics)
         self.ref = ref
         self.graph = graph
-        self.inplace_semantics = inplace_semantics
         self.keep_errors = keep_errors
         self.error_dtype = error_dtype(run.device)
         self.producers = Producers()
-        self.pending: Optional[list] = None
         self.position = 0
         self.diverged_at: Optional[str] = None
         self.added: Dict[str, int] = {}  # ops a precision added to the reference's path, by name base
@@ -102,21 +100,11 @@ class SweepObserver(Observer):
         # that input (the float32 input is float64's exactly; a cast one is the same cast of it)
         self.entering = {id(t): t._version for t in _input_tensors(run.inputs) if t.is_floating_point()}
 
-    # ------------------------------------------------------------ observer protocol
-
-    def before(self, node, args, kwargs, callee):
-        inplace = self.inplace_semantics and is_inplace_call(callee, kwargs)
-        new_args, new_kwargs, decision = self.run.before(node, args, kwargs, callee, inplace=inplace)
-        self.pending = [node, args, kwargs, decision]
-        return new_args, new_kwargs
-
-    def rename(self, node, name) -> None:
-        if self.pending is not None and self.pending[0] is node:
-            self.pending[0] = name
+    # ------------------------------------------------------------ observer protocol (before, rename: ApplyMode)
 
     def __call__(self, node, args, kwargs, callee, output):
         pending = self.pending
-        if pending is not None and (pending[0] is node or pending[0] == node.name):
+        if self.pending_for(pending, node):
             self.pending = None
             orig_args, orig_kwargs, decision = pending[1], pending[2], pending[3]
         else:

@@ -19,6 +19,7 @@ import importlib
 _LAZY = {"CONFIDENCE": "preclint.core.tolerances", "MARGIN": "preclint.core.tolerances",
          "Difference": "preclint.testing.comparison", "assert_close": "preclint.testing.comparison",
          "OutputTolerance": "preclint.testing.tolerances", "Tolerance": "preclint.testing.tolerances",
+         "MeetableTolerance": "preclint.testing.tolerances", "OutputBound": "preclint.testing.tolerances",
          "output_under": "preclint.testing.tolerances", "tolerance": "preclint.testing.tolerances"}
 
 __all__ = sorted(_LAZY)

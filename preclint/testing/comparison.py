@@ -16,7 +16,7 @@ import torch
 
 from preclint.core.tolerances import MARGIN
 from preclint.testing.modes import not_deterministic_text, train_mode_effect
-from preclint.testing.tolerances import (PREDICTION_ONLY, OutputTolerance, Tolerance, as_inputs,
+from preclint.testing.tolerances import (PREDICTION_ONLY, OutputBound, MeetableTolerance, as_inputs,
                                          tolerance as meetable_tolerance)
 
 
@@ -40,7 +40,7 @@ class Difference:
 
 
 def assert_close(actual: Any, expected: Any, *, model: torch.nn.Module, inputs: Any, precision: str,
-                 probe: Optional[str] = None, tolerance: Optional[Tolerance] = None, **kwargs: Any) -> None:
+                 probe: Optional[str] = None, tolerance: Optional[MeetableTolerance] = None, **kwargs: Any) -> None:
     """Assert that ``actual`` (``model``'s outputs on ``inputs`` computed under ``precision``, or
     one of them) is close to ``expected`` (the same recorded in float32), with the tolerance the
     precision can meet (``preclint.testing.tolerance(model, inputs, precision, probe=probe)``, or
@@ -88,7 +88,7 @@ def assert_close(actual: Any, expected: Any, *, model: torch.nn.Module, inputs: 
             raise AssertionError(f"{failure}\n\n{explain(found, output, tol, model, inputs, probe)}") from None
 
 
-def difference(actual: torch.Tensor, expected: torch.Tensor, output: OutputTolerance) -> Difference:
+def difference(actual: torch.Tensor, expected: torch.Tensor, output: OutputBound) -> Difference:
     """How ``actual`` differs from ``expected``, against the tolerance of ``output``."""
     a = actual.detach().to("cpu", torch.float64)
     e = expected.detach().to("cpu", torch.float64)
@@ -103,7 +103,7 @@ def difference(actual: torch.Tensor, expected: torch.Tensor, output: OutputToler
                       max(need, 0.0), rms / output.sigma if output.sigma > 0 else math.inf)
 
 
-def explain(found: Difference, output: OutputTolerance, tol: Tolerance, model, inputs, probe: Optional[str]) -> str:
+def explain(found: Difference, output: OutputBound, tol: MeetableTolerance, model, inputs, probe: Optional[str]) -> str:
     """The lines that say why a comparison under ``tol.precision`` failed."""
     precision = tol.precision
     how = "measured" if output.measured else "predicted"
@@ -125,7 +125,7 @@ def explain(found: Difference, output: OutputTolerance, tol: Tolerance, model, i
     return "\n".join(lines)
 
 
-def carrying_layers(tol: Tolerance, model, inputs, probe: Optional[str], most: int = 3) -> List[Tuple[str, float]]:
+def carrying_layers(tol: MeetableTolerance, model, inputs, probe: Optional[str], most: int = 3) -> List[Tuple[str, float]]:
     """(module, share of the output error) of the layers that carry most of the precision's error:
     measured by the probe's ledger where the tolerance was measured, else predicted."""
     from preclint.api import check

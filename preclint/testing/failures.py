@@ -32,7 +32,7 @@ from preclint.core.tolerances import MARGIN
 from preclint.load.modelio import Inputs, output_leaves
 from preclint.testing import comparison as preclint_comparison
 from preclint.testing.comparison import carrying_layers, difference
-from preclint.testing.recording import Call, Recorder, Settings, settings_now
+from preclint.testing.recording import RecordedCall, Recorder, Settings, settings_now
 from preclint.testing.tolerances import as_inputs, tolerance
 
 TORCH_ASSERT_CLOSE = torch_comparison.assert_close.__code__
@@ -45,7 +45,7 @@ RANDOM = "not deterministic"  # dropout active: the compared runs are two random
 
 
 @dataclass(frozen=True)
-class Comparison:
+class FailedComparison:
     """A failed comparison: what was compared, with which tolerance (None: torch's default for the dtype)."""
 
     actual: Any
@@ -90,7 +90,7 @@ def infer_precision(settings: Settings, model: torch.nn.Module) -> Tuple[str, st
     return "fp32", f"float32 on {settings.device}, no TF32, no autocast: float32's own rounding"
 
 
-def comparison_of(error: BaseException, recorder: Recorder) -> Optional[Comparison]:
+def comparison_of(error: BaseException, recorder: Recorder) -> Optional[FailedComparison]:
     """The comparison that raised ``error``, or None where it is none this module reads (or one that
     preclint.testing.assert_close explained already)."""
     entries = []
@@ -103,18 +103,18 @@ def comparison_of(error: BaseException, recorder: Recorder) -> Optional[Comparis
     for entry in reversed(entries):
         if entry.tb_frame.f_code is TORCH_ASSERT_CLOSE:
             local = entry.tb_frame.f_locals
-            return Comparison(local.get("actual"), local.get("expected"), local.get("rtol"), local.get("atol"),
+            return FailedComparison(local.get("actual"), local.get("expected"), local.get("rtol"), local.get("atol"),
                               "torch.testing.assert_close")
     rejection = recorder.rejection
     if rejection is not None:
         for entry in entries:
             if entry.tb_frame is rejection.frame and _same_statement(rejection.frame.f_code.co_filename,
                                                                      entry.tb_lineno, rejection.line):
-                return Comparison(rejection.actual, rejection.expected, rejection.rtol, rejection.atol, "torch.allclose")
+                return FailedComparison(rejection.actual, rejection.expected, rejection.rtol, rejection.atol, "torch.allclose")
     return None
 
 
-def failed_values(error: BaseException, recorder: Recorder, most: int = 3) -> Tuple[Optional[Comparison], bool]:
+def failed_values(error: BaseException, recorder: Recorder, most: int = 3) -> Tuple[Optional[FailedComparison], bool]:
     """(the comparison of float values that failed, whether it is an earlier one than ``error``'s).
 
     ``error``'s own comparison where it compared float values outside its tolerance; else the one
@@ -159,7 +159,7 @@ def _float_leaves(value: Any) -> List[torch.Tensor]:
     return [t for _, t in output_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def returned(call: Call, actual: Any) -> bool:
+def returned(call: RecordedCall, actual: Any) -> bool:
     """Whether ``actual`` (its first float tensor) is one of the call's outputs: the tensor itself or
     the same values (moved to the CPU, cast)."""
     compared = _float_leaves(actual)
@@ -175,7 +175,7 @@ def returned(call: Call, actual: Any) -> bool:
 
 
 def subject_of(actual: Any, registered: List[Tuple[Any, Any, Optional[str]]],
-               calls: List[Call]) -> Tuple[Optional[Subject], str]:
+               calls: List[RecordedCall]) -> Tuple[Optional[Subject], str]:
     """The model that computed ``actual``, or (None, why not)."""
     producing = [call for call in reversed(calls) if returned(call, actual)]  # the latest first
     settings = producing[0].settings if producing else None
@@ -241,7 +241,7 @@ class Explainer:
         precision, why = infer_precision(settings, subject.model)
         return precision, f"inferred: {why}"
 
-    def _explain(self, found: Comparison, subject: Subject) -> Explanation:
+    def _explain(self, found: FailedComparison, subject: Subject) -> Explanation:
         precision, why = self.precision_of(subject)
         if precision not in MODES:
             raise UserError(f"unknown precision {precision!r} (known: {', '.join(MODES)})")
@@ -274,13 +274,13 @@ class Explainer:
         return Explanation("\n".join(parts), verdict + ": " + "; ".join(s.split(": ", 1)[1] for s in summaries))
 
     @staticmethod
-    def _test_tolerance(found: Comparison, a: torch.Tensor, e: torch.Tensor) -> Tuple[float, float]:
+    def _test_tolerance(found: FailedComparison, a: torch.Tensor, e: torch.Tensor) -> Tuple[float, float]:
         rtol, atol = found.rtol, found.atol
         if rtol is None or atol is None:  # torch's default for the dtypes compared
             rtol, atol = torch_comparison.default_tolerances(a, e)
         return float(rtol), float(atol)
 
-    def _one(self, found: Comparison, pair, output, tol, subject: Subject, *, precision: str, why: str,
+    def _one(self, found: FailedComparison, pair, output, tol, subject: Subject, *, precision: str, why: str,
              test_tolerance: Tuple[float, float], outside: int, train_mode=None) -> Tuple[str, str]:
         a, e = pair
         rtol, atol = test_tolerance
@@ -344,7 +344,7 @@ def not_deterministic(precision: str, why: str, effect) -> Explanation:
                        f"{RANDOM}: output under {precision}, dropout active in train mode")
 
 
-def _any_outside(found: Comparison) -> bool:
+def _any_outside(found: FailedComparison) -> bool:
     """Whether a float tensor of the comparison has elements outside the test's own tolerance."""
     for (_, a), (_, e) in zip(output_leaves(found.actual), output_leaves(found.expected)):
         if (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor) and e.is_floating_point()

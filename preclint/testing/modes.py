@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from preclint.measure.compare import LARGEST, relative_rms
+
 # modules whose train mode changes what they compute: named in the explanation
 BATCH_STATISTICS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.instancenorm._InstanceNorm)
 RANDOM = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
@@ -90,16 +92,11 @@ def _relative(a, b) -> float:
     structure or in which values are inf/NaN)."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
         return math.inf
-    sq_d = sq = 0.0
-    for x, y in zip(a, b):
-        if not torch.equal(torch.isfinite(x), torch.isfinite(y)):
-            return math.inf
-        finite = torch.isfinite(x)
-        sq_d += float((x[finite] - y[finite]).pow(2).sum())
-        sq += float(x[finite].pow(2).sum())
-    if sq_d == 0:
-        return 0.0
-    return math.sqrt(sq_d / sq) if sq > 0 else math.inf
+    found = relative_rms(b, a, nonfinite=LARGEST)
+    if found is None:
+        # nothing to compare agrees; outputs of zeros against other values have no scale: as far apart as can be
+        return math.inf if any(bool((x != y).any()) for x, y in zip(a, b)) else 0.0
+    return found
 
 
 @contextlib.contextmanager

@@ -107,7 +107,7 @@ def _tf32_capable(device: torch.device) -> bool:
 
 
 @dataclass(frozen=True)
-class Call:
+class RecordedCall:
     """One call of a top-level module in a test."""
 
     module: torch.nn.Module
@@ -153,7 +153,7 @@ class Recorder:
     active: Optional["Recorder"] = None
 
     def __init__(self, most: int = MOST_CALLS) -> None:
-        self.calls: Deque[Call] = collections.deque(maxlen=most)
+        self.calls: Deque[RecordedCall] = collections.deque(maxlen=most)
         self.rejection: Optional[Rejection] = None
         self._depth = 0
         self._pending: List[Settings] = []
@@ -192,11 +192,11 @@ class Recorder:
             settings = self._pending.pop()
             if settings is not None:
                 module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it compiled
-                self.calls.append(Call(module, Inputs(tuple(args), dict(kwargs or {})), output, settings))
+                self.calls.append(RecordedCall(module, Inputs(tuple(args), dict(kwargs or {})), output, settings))
 
     def note(self, model: torch.nn.Module, inputs: Inputs, output: Any, precision: str) -> None:
         """``output`` is ``model``'s on ``inputs`` computed by preclint under ``precision``."""
-        self.calls.append(Call(model, inputs, output, settings_now(model, inputs.args), precision))
+        self.calls.append(RecordedCall(model, inputs, output, settings_now(model, inputs.args), precision))
 
     def _wrap_allclose(self) -> None:
         original = torch.allclose

@@ -38,7 +38,7 @@ PREDICTION_ONLY = (rule_named("output-tolerance").code,)
 
 
 @dataclass(frozen=True)
-class OutputTolerance:
+class OutputBound:
     """The tolerance one output meets under a precision.
 
     ``name``: the output's place in what the model returns (``output``, ``output['out']``,
@@ -64,13 +64,13 @@ class OutputTolerance:
 
 
 @dataclass(frozen=True)
-class Tolerance:
+class MeetableTolerance:
     """The tolerance each float output of a model meets under ``precision`` (see the module's
     docstring for how it is chosen); ``rtol``/``atol``: the loosest of them, for one comparison of
     every output at once. Indexed by an output's name or position."""
 
     precision: str
-    outputs: Tuple[OutputTolerance, ...]
+    outputs: Tuple[OutputBound, ...]
     source: str  # "predicted by the error model", or where it was measured
     margin: float = MARGIN
     confidence: float = CONFIDENCE
@@ -96,7 +96,7 @@ class Tolerance:
         """``rtol`` and ``atol`` as ``torch.testing.assert_close`` takes them."""
         return {"rtol": self.rtol, "atol": self.atol}
 
-    def __getitem__(self, key: Union[int, str]) -> OutputTolerance:
+    def __getitem__(self, key: Union[int, str]) -> OutputBound:
         if isinstance(key, int):
             return self.outputs[key]
         for output in self.outputs:
@@ -104,13 +104,13 @@ class Tolerance:
                 return output
         raise KeyError(f"{key!r} is not an output of the model (its outputs: {', '.join(o.name for o in self.outputs)})")
 
-    def __iter__(self) -> Iterator[OutputTolerance]:
+    def __iter__(self) -> Iterator[OutputBound]:
         return iter(self.outputs)
 
     def __len__(self) -> int:
         return len(self.outputs)
 
-    def for_expected(self, expected: torch.Tensor) -> OutputTolerance:
+    def for_expected(self, expected: torch.Tensor) -> OutputBound:
         """The output an ``expected`` tensor is a recording of: the one of its shape whose float32
         values it is closest to."""
         same = [(o, ref) for o, ref in zip(self.outputs, self.reference) if tuple(o.shape) == tuple(expected.shape)]
@@ -130,13 +130,19 @@ class Tolerance:
         return "\n".join(lines)
 
 
+# the names docs/api.md gives users (``preclint.testing.Tolerance``, ``OutputTolerance``); the classes are named
+# for what they are, apart from measure.compare.Tolerance (what a run must meet) and the rule PCL001
+Tolerance = MeetableTolerance
+OutputTolerance = OutputBound
+
+
 def unit_roundoff(precision: str) -> float:
     """u of the format the precision rounds dot products' operands to."""
     return MODES[precision].dot_format.unit_roundoff
 
 
 def tolerance(model: torch.nn.Module, inputs: Any, precision: str, *, probe: Optional[str] = None,
-              margin: float = MARGIN, keep_mode: bool = False) -> Tolerance:
+              margin: float = MARGIN, keep_mode: bool = False) -> MeetableTolerance:
     """The rtol/atol a comparison of ``model``'s outputs on ``inputs`` under ``precision`` (against
     its float32 outputs) can meet, per float output: predicted by the error model, or with
     ``probe`` ("cpu": emulated; "cuda": on the GPU) measured. ``margin``: the factor on the error
@@ -173,7 +179,7 @@ def reference_outputs(model: torch.nn.Module, inputs: Any, *,
     return [n for n, _ in leaves], [t.detach().to("cpu", torch.float64) for _, t in leaves]
 
 
-def _predicted(model, inputs, precision: str, margin: float, outputs) -> Tolerance:
+def _predicted(model, inputs, precision: str, margin: float, outputs) -> MeetableTolerance:
     from preclint.api import check
 
     report = check(model, inputs, precisions=(precision,), select=PREDICTION_ONLY)
@@ -191,11 +197,11 @@ def _predicted(model, inputs, precision: str, margin: float, outputs) -> Toleran
         bound = meetable(row.rel_error * rms, ref.numel(), u, margin=margin)
         found.append(_output(name, ref, rms, bound, measured=False,
                              why=f"sigma = predicted relative error {row.rel_error:.2e} x RMS; " + bound.why))
-    return Tolerance(precision, tuple(found), "predicted by the error model", margin, CONFIDENCE,
+    return MeetableTolerance(precision, tuple(found), "predicted by the error model", margin, CONFIDENCE,
                      tuple(outputs[1]), report)
 
 
-def _measured(model, inputs, precision: str, margin: float, probe: str, outputs, *, keep_mode: bool = False) -> Tolerance:
+def _measured(model, inputs, precision: str, margin: float, probe: str, outputs, *, keep_mode: bool = False) -> MeetableTolerance:
     from preclint.load.modelio import output_leaves
     from preclint.measure.runners import run_reference
     from preclint.probe.device import select_device
@@ -219,11 +225,11 @@ def _measured(model, inputs, precision: str, margin: float, probe: str, outputs,
         bound = meetable(sigma, d.numel(), u, margin=margin, largest=largest)
         found.append(_output(name, ref32, _rms(ref32), bound, measured=True,
                              why=f"sigma = RMS error {where}; " + bound.why))
-    return Tolerance(precision, tuple(found), where, margin, CONFIDENCE, tuple(outputs[1]))
+    return MeetableTolerance(precision, tuple(found), where, margin, CONFIDENCE, tuple(outputs[1]))
 
 
-def _output(name: str, ref: torch.Tensor, rms: float, bound: Meetable, *, measured: bool, why: str) -> OutputTolerance:
-    return OutputTolerance(name, tuple(ref.shape), bound.rtol, bound.atol, bound.sigma, rms, bound.numel, bound.margin,
+def _output(name: str, ref: torch.Tensor, rms: float, bound: Meetable, *, measured: bool, why: str) -> OutputBound:
+    return OutputBound(name, tuple(ref.shape), bound.rtol, bound.atol, bound.sigma, rms, bound.numel, bound.margin,
                            measured, bound.largest, why)
 
 

@@ -185,3 +185,15 @@ def test_keyword_inputs_and_a_plan(tmp_path, monkeypatch):
     assert report.plan is not None and report.plan.precision == "fp16"
     assert "PCL001" in {f.code for f in report.findings}
     assert "plan" in repr(report)
+
+
+def test_an_output_row_reads_its_figures_from_the_predicted_and_measured_records():
+    from preclint.api import OutputError
+    from preclint.core.findings import ErrorFigure
+
+    row = OutputError("tf32", ErrorFigure(1e-3, 2e-3, finite=True), ErrorFigure(3e-3, 5e-3, 0.25, finite=False))
+    assert (row.rel_error, row.max_abs_error, row.finite) == (1e-3, 2e-3, True)
+    assert (row.measured_rel_error, row.measured_max_abs_error, row.measured_finite,
+            row.measured_flip_fraction) == (3e-3, 5e-3, False, 0.25)
+    unmeasured = OutputError("tf32", ErrorFigure(1e-3, 2e-3, finite=True))
+    assert unmeasured.measured_rel_error is None and unmeasured.measured_finite is None

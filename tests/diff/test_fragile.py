@@ -13,7 +13,7 @@ import torch
 
 from preclint.cli import main
 from preclint.diff.ledgers import Ledger, LayerRow, compare_ledgers
-from preclint.diff.parting import _relative
+from preclint.measure.compare import LARGEST, relative_rms
 from preclint.diff.weights import invalid_values
 from tests.paths import DATA
 
@@ -147,6 +147,10 @@ def test_an_infinite_error_is_the_largest_not_an_unknown_one(first):
                              "error is 0.001: B is the fragile one")
     both = compare_ledgers(_ledger(math.inf), _ledger(math.inf), ("A", "B"))
     assert both.sentence == "Both A's and B's fp16 outputs are inf/NaN" and both.ratio is None
+
+
+def _relative(outs, theirs):
+    return relative_rms(outs, theirs, nonfinite=LARGEST)  # how diff compares two settings' values
 
 
 def test_a_value_inf_in_one_run_only_is_an_infinite_difference():

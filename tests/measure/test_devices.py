@@ -20,8 +20,8 @@ def test_the_same_device_compares_its_other_kernels_and_each_run_against_float64
     cross = across_devices(model, inputs, cpu, cpu)
     assert "without oneDNN" in cross.kernels
     # two float32 runs that add in other orders differ by float32's own error, as each does from float64
-    assert 0 < cross.between.rel_rms < 1e-5
-    assert 0 < cross.device_vs_float64.rel_rms < 1e-5 and 0 < cross.reference_vs_float64.rel_rms < 1e-5
+    assert 0 < cross.between.figure.rel_error < 1e-5
+    assert 0 < cross.device_vs_float64.figure.rel_error < 1e-5 and 0 < cross.reference_vs_float64.figure.rel_error < 1e-5
     assert set(cross.as_dict()) == {"device", "reference_device", "kernels", "between", "device_vs_float64",
                                     "reference_vs_float64"}
 
@@ -29,14 +29,14 @@ def test_the_same_device_compares_its_other_kernels_and_each_run_against_float64
 def test_integer_outputs_and_detections_count_as_decisions():
     scores = torch.tensor([[0.5, 0.2], [0.1, 0.9]])
     same = compare_outputs({"labels": scores.argmax(-1)}, {"labels": scores.argmax(-1)})
-    assert same.flip_fraction == 0 and same.decisions == 2 and same.rel_rms is None
+    assert same.figure.flip_fraction == 0 and same.decisions == 2 and same.figure.rel_error is None
     flipped = compare_outputs(torch.tensor([1, 1]), torch.tensor([0, 1]))
-    assert flipped.flip_fraction == 0.5
+    assert flipped.figure.flip_fraction == 0.5
     boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
     run = [{"boxes": boxes[:1], "scores": torch.tensor([0.9]), "labels": torch.tensor([1])}]
     ref = [{"boxes": boxes, "scores": torch.tensor([0.9, 0.8]), "labels": torch.tensor([1, 1])}]
     detections = compare_outputs(run, ref)
-    assert detections.detections.lost == 1 and detections.flip_fraction == 0.5
+    assert detections.detections.lost == 1 and detections.figure.flip_fraction == 0.5
     assert "1 of 2 reference detections kept" in detections.describe()
 
 

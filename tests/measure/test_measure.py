@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from preclint.core.findings import ErrorFigure
 from preclint.core.numerics import MODES, autocast_policy
 from preclint.load.modelio import output_tensors
-from preclint.measure.compare import Comparison, NonFinite, Tolerance, compare
+from preclint.measure.compare import LARGEST, Comparison, NonFinite, Tolerance, compare, relative_rms
 from preclint.measure.copies import copy_to
 from preclint.measure.program import Program
 from preclint.measure.rounding import round_tf32, round_to
@@ -67,12 +68,29 @@ def test_class_scores_decide_their_argmax_under_a_flip_budget_only():
 
 def test_outputs_that_do_not_correspond_count_as_changed_decisions():
     other_count = compare([torch.zeros(2)], [torch.zeros(2), torch.zeros(2)])
-    assert other_count == Comparison(None, None, True, None, 1.0, 0, None, False)
+    assert other_count == Comparison(ErrorFigure(None, None, 1.0, finite=True), 0, None, False)
     boxes = compare([torch.zeros(3, 4)], [torch.zeros(5, 4, dtype=torch.float64)])  # another number of boxes
     assert boxes.flip_fraction == 1.0 and not boxes.meets
     zeros = compare([torch.zeros(2)], [torch.zeros(2, dtype=torch.float64)])
     assert zeros.rel_rms == 0.0  # an exact run against a reference of zeros
     assert compare([torch.ones(2)], [torch.zeros(2, dtype=torch.float64)]).rel_rms is None  # no scale
+
+
+def test_the_relative_error_is_the_norm_of_the_difference_over_the_norm_of_the_reference():
+    out, ref = [torch.tensor([3.0, 4.0]), torch.tensor([1, 2])], [torch.tensor([3.0, 0.0]), torch.tensor([1, 5])]
+    assert relative_rms(out, ref) == pytest.approx(4.0 / 3.0)  # the integer pair is a decision, left out
+    assert relative_rms([torch.ones(3)], [torch.ones(2)]) is None  # nothing corresponds
+    assert relative_rms([torch.zeros(2)], [torch.zeros(2)]) == 0.0  # exact against zeros
+    assert relative_rms([torch.ones(2)], [torch.zeros(2)]) is None  # no scale to be relative to
+
+
+def test_an_inf_has_no_size_as_an_error_and_is_the_largest_difference_between_two_runs():
+    inf, nan = float("inf"), float("nan")
+    same = [torch.tensor([inf, nan, 2.0])], [torch.tensor([inf, nan, 1.0])]
+    assert relative_rms(*same) is None
+    assert relative_rms(*same, nonfinite=LARGEST) == 1.0  # the same inf and NaN in both agree
+    assert relative_rms([torch.tensor([inf, 1.0])], [torch.tensor([-inf, 1.0])], nonfinite=LARGEST) == math.inf
+    assert relative_rms([torch.tensor([nan, 1.0])], [torch.tensor([1.0, 1.0])], nonfinite=LARGEST) == math.inf
 
 
 # ------------------------------------------------------------------------------ rounding

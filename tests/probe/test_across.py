@@ -42,8 +42,8 @@ def test_decisions_that_go_the_other_way_on_the_other_kernels_are_measured_and_n
     cross, across = result.cross_device, result.across
     assert "without oneDNN" in cross.kernels
     # the output is a mask: decisions, no values
-    assert cross.between.rel_rms is None and cross.between.decisions == 8 * 576
-    assert cross.between.flip_fraction > 0.1
+    assert cross.between.figure.rel_error is None and cross.between.decisions == 8 * 576
+    assert cross.between.figure.flip_fraction > 0.1
     (decision,) = [n.name for n in graph.nodes if n.kind == "compare"]
     measured = across.nodes[decision]
     assert measured.units == 8 * 576 and measured.flips > 0
@@ -115,7 +115,7 @@ def test_a_threshold_behind_a_reordered_ranking_is_not_counted_as_flips():
     (ranking,) = [n.name for n in graph.nodes if n.fn == "topk"]
     (threshold,) = [n.name for n in graph.nodes if n.kind == "compare"]
     # the near-tied scores rank otherwise on the other kernels: the output, a mask in rank order, differs
-    assert result.cross_device.between.flip_fraction > 0
+    assert result.cross_device.between.figure.flip_fraction > 0
     assert across.nodes[ranking].units == 1
     # but no width crossed the threshold: unit i there is another box than unit i here, not a flip
     measured = across.nodes[threshold]

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from preclint.core.errors import UserError
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
-from preclint.probe import ProbeOptions, measure_model, merge_into_report
+from preclint.probe import ProbeOptions, measure_model, merge_into_report, tolerance_of
 from preclint.measure.rounding import round_tf32
 from tests.helpers import check
 
@@ -23,10 +23,7 @@ CPU = ProbeOptions(device="cpu")
 
 def probe(model, inputs, modes=("tf32", "fp16", "bf16"), options=CPU, **check_options):
     report, graph, ctx = check(model, inputs, precisions=modes, **check_options)
-    tolerance = None
-    if ctx.rtol is not None or ctx.atol is not None:
-        tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0)
-    result = measure_model(model, inputs, graph, modes, options, tolerance)
+    result = measure_model(model, inputs, graph, modes, options, tolerance_of(ctx.rtol, ctx.atol))
     return report, graph, ctx, result
 
 

@@ -8,7 +8,7 @@ import torch
 
 from preclint.cli import main
 from preclint.config import Config
-from preclint.probe import ProbeOptions, measure_model, merge_into_report
+from preclint.probe import ProbeOptions, measure_model, merge_into_report, tolerance_of
 from preclint.rules import all_rules, graph_rules
 from tests.helpers import check_example
 from tests.paths import DATA
@@ -127,7 +127,7 @@ CASES = [
 def test_probe_rule_examples(rule, kind, example):
     report, graph, ctx = check_example(example)
     module, inputs = example.build()
-    tolerance = (ctx.rtol or 0.0, ctx.atol or 0.0) if ctx.rtol is not None or ctx.atol is not None else None
+    tolerance = tolerance_of(ctx.rtol, ctx.atol)
     backend = example.options.get("backend", "eager")
     result = measure_model(module, inputs, graph, ctx.modes, ProbeOptions(device="cpu", backend=backend), tolerance)
     merge_into_report(report, ctx, result, Config(precisions=ctx.modes))

@@ -163,3 +163,12 @@ def test_the_layers_of_failures_are_looked_up_once(stack, monkeypatch):
         with pytest.raises(AssertionError, match="The layers that carry tf32's error"):
             pt.assert_close(expected * 1.01, expected, model=model, inputs=x, precision="tf32", tolerance=measured)
     assert len(calls) == 1
+
+
+def test_the_names_the_docs_give_are_the_classes_named_for_what_they_are():
+    import preclint.testing
+    from preclint.measure.compare import Tolerance as RunTolerance
+
+    assert preclint.testing.Tolerance is preclint.testing.MeetableTolerance
+    assert preclint.testing.OutputTolerance is preclint.testing.OutputBound
+    assert preclint.testing.MeetableTolerance is not RunTolerance  # what a test can meet, not what a run must
