@@ -426,13 +426,29 @@ def passed_on(node: Node, rel: Dict[str, float]) -> float:
     return incoming
 
 
-def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
+# Ops that pick elements of their first operand at positions the others give.
+INDEXING_FNS = frozenset({"getitem", "index_select", "gather", "take", "masked_select"})
+
+
+def relative_errors(graph: Graph, prediction: ModePrediction, integers_exact: bool = False) -> Dict[str, float]:
     """Relative RMS error of every value: what arrives from its inputs as the op passes it on
     (``passed_on``), combined with its own rounding. The fallback for values no output gradient
-    reaches (detached scores, integer paths) and the error a node receives."""
+    reaches (detached scores, integer paths) and the error a node receives.
+
+    ``integers_exact``: an integer result (NMS's kept indices, a top-k's, labels) carries no relative
+    error of its own; what changes there are decisions, which flip_fraction predicts. Without it, the
+    indices pass on the largest error among what they were decided from, and a detector's boxes and
+    scores, both gathered by NMS's indices, each got the larger of the two. An indexing op passes on
+    its values' error, not its indices' (a top-k's node stands for its values and indices alike)."""
     rel: Dict[str, float] = {}
     for node in graph.nodes:
-        incoming = passed_on(node, rel)
+        if integers_exact and node.out is not None and not node.out.is_float:
+            rel[node.name] = 0.0
+            continue
+        if integers_exact and node.fn in INDEXING_FNS and node.inputs:
+            incoming = rel.get(node.inputs[0], 0.0)  # the values indexed, not the indices (a top-k's, NMS's)
+        else:
+            incoming = passed_on(node, rel)
         local = prediction.nodes[node.name].local
         own = local / node.out.rms if node.out is not None and node.out.rms > 0 else 0.0
         rel[node.name] = math.hypot(incoming, own)

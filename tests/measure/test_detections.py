@@ -93,7 +93,7 @@ def test_the_probe_reports_each_detection_output_by_its_matched_values():
 
     torch.manual_seed(0)
     model, inputs = BoxDetector().eval(), ([torch.rand(3, 32, 32)],)
-    _report, graph, _ctx = check(model, inputs, precisions=("bf16",))
+    _report, graph, ctx = check(model, inputs, precisions=("bf16",))
     measure = measure_model(model, inputs, graph, ("bf16",), ProbeOptions(device="cpu")).modes["bf16"]
     assert measure.detections.kept > 0
     boxes, scores = measure.outputs  # the labels are integers: decisions, not figures
@@ -101,3 +101,10 @@ def test_the_probe_reports_each_detection_output_by_its_matched_values():
     assert boxes.max_abs_error == measure.detections.box_max_abs_error
     assert scores.max_abs_error == measure.detections.score_max_abs_error
     assert 0 < scores.rel_error < 0.1 and 0 < boxes.rel_error < 0.1
+    # and predicted apart: the scores' error is the softmax's, not the boxes' (both are gathered by the
+    # same top-k and NMS indices, which passed the larger error of the two to each)
+    from preclint.predict.outputs import output_figures
+
+    predicted_boxes, predicted_scores = output_figures(graph, ctx.predictions["bf16"], graph.output_paths)
+    assert predicted_scores.rel_error > 5 * predicted_boxes.rel_error
+    assert 1 / 3 < predicted_scores.rel_error / scores.rel_error < 3
