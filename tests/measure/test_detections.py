@@ -1,5 +1,6 @@
 """Detections against a reference: a box another candidate replaced is a decision, counted among the
 flips and not as rounding error; a box under a pixel wide that rounding shifts has not moved."""
+import pytest
 import torch
 
 from preclint.measure.detections import compare_detections
@@ -84,6 +85,7 @@ def test_keypoints_that_jump_to_another_heatmap_cell_are_counted_apart_from_thei
     assert "1 of 3 moved to another heatmap cell" in changes.describe()
 
 
+@pytest.mark.slow
 def test_the_probe_reports_each_detection_output_by_its_matched_values():
     # boxes and scores each get their own measured figure, at their place among the outputs (they were
     # pooled into one figure, and the report's per-output rows read n/a)
