@@ -18,6 +18,12 @@ moved box is another candidate that won (another NMS winner, a top-k that chose 
 offset is a decision's, tens of pixels, and counted among the flips rather than as rounding error
 (counted as error, it made a random-init Faster R-CNN's TF32 error 5 times the prediction: issue 26;
 benchmarks/float32_floor.py tf32 measures it over the kept detections).
+
+Every float tensor of a set with one row per detection (masks, keypoints, keypoint scores beside the
+boxes and scores) is compared over the kept pairs too, each as an output of its own: a mask by its
+values and by its binarized IoU with the reference's; a keypoint by how far it moved, where one that
+moved by more than MOVED_PIXELS is another heatmap cell its argmax chose (a decision, counted apart,
+as a moved box is) and the others give the numeric error.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ KEPT_IOU = 0.9
 # A box whose corners all lie this close to the reference's has not moved, whatever its IoU: a box
 # under a pixel wide (random-init detectors clip many to the image's border) loses IoU to rounding.
 MOVED_PIXELS = 0.5
+# Where a mask probability becomes a pixel of the object (torchvision's and COCO's evaluation).
+MASK_THRESHOLD = 0.5
 
 
 @dataclass
@@ -49,6 +57,14 @@ class DetectionChanges:
     score_max_abs_error: Optional[float] = None  # over kept pairs
     box_max_abs_error: Optional[float] = None  # pixels, over kept pairs
     sets: int = 0  # detection sets compared (images)
+    # masks and keypoints of the kept detections (Mask R-CNN, Keypoint R-CNN), compared by matching too
+    masks: int = 0
+    masks_changed: int = 0  # binarized mask IoU below KEPT_IOU
+    mask_iou_min: Optional[float] = None
+    masks_repasted: int = 0  # pasted into a box that rounds to other pixels than the reference's
+    keypoints: int = 0
+    keypoints_moved: int = 0  # moved by more than MOVED_PIXELS: another heatmap cell won its argmax
+    keypoint_max_shift: Optional[float] = None  # pixels
 
     @property
     def changed(self) -> int:
@@ -63,11 +79,13 @@ class DetectionChanges:
         return self.changed / self.units if self.units else None
 
     def add(self, other: "DetectionChanges") -> None:
-        for key in ("reference", "measured", "kept", "moved", "relabelled", "lost", "added", "sets"):
+        for key in ("reference", "measured", "kept", "moved", "relabelled", "lost", "added", "sets", "masks",
+                    "masks_changed", "masks_repasted", "keypoints", "keypoints_moved"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
-        for key in ("score_max_abs_error", "box_max_abs_error"):
+        for key, pick in (("score_max_abs_error", max), ("box_max_abs_error", max), ("keypoint_max_shift", max),
+                          ("mask_iou_min", min)):
             a, b = getattr(self, key), getattr(other, key)
-            setattr(self, key, b if a is None else a if b is None else max(a, b))
+            setattr(self, key, b if a is None else a if b is None else pick(a, b))
 
     def as_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {k: getattr(self, k) for k in ("reference", "measured", "kept", "moved", "relabelled",
@@ -75,6 +93,12 @@ class DetectionChanges:
         out["flip_fraction"] = self.flip_fraction
         out["score_max_abs_error"] = self.score_max_abs_error
         out["box_max_abs_error"] = self.box_max_abs_error
+        if self.masks:
+            out.update(masks=self.masks, masks_changed=self.masks_changed, mask_iou_min=self.mask_iou_min,
+                       masks_repasted=self.masks_repasted)
+        if self.keypoints:
+            out.update(keypoints=self.keypoints, keypoints_moved=self.keypoints_moved,
+                       keypoint_max_shift=self.keypoint_max_shift)
         return out
 
     def describe(self) -> str:
@@ -91,7 +115,15 @@ class DetectionChanges:
             errors.append(f"scores by up to {self.score_max_abs_error:.3g}")
         if self.box_max_abs_error is not None:
             errors.append(f"kept boxes by up to {self.box_max_abs_error:.3g} px")
-        return text + (f"; {' and '.join(errors)}" if errors else "")
+        text += f"; {' and '.join(errors)}" if errors else ""
+        if self.masks:
+            text += (f"; of their masks (> {MASK_THRESHOLD}) {self.masks_changed} of {self.masks} changed shape "
+                     f"(IoU < {KEPT_IOU}), the least IoU {self.mask_iou_min:.3g}; {self.masks_repasted} pasted "
+                     "into a box rounded to other pixels")
+        if self.keypoints:
+            text += (f"; of their keypoints {self.keypoints_moved} of {self.keypoints} moved to another heatmap "
+                     f"cell (by up to {self.keypoint_max_shift:.3g} px)")
+        return text
 
 
 def is_detection_set(value) -> bool:
@@ -164,11 +196,14 @@ def match(boxes: torch.Tensor, reference: torch.Tensor, labels: Optional[torch.T
 
 @dataclass
 class DetectionComparison:
-    """A run's detection sets against the reference's: the changes, and the matched values' errors."""
+    """A run's detection sets against the reference's: the changes, and the matched values' errors,
+    per tensor of the run's sets (``by_tensor``: id of the run's tensor -> (error, reference values);
+    boxes, scores, masks, keypoints: whatever float tensor holds one row per detection)."""
 
     changes: DetectionChanges
-    errors: List[torch.Tensor] = field(default_factory=list)  # matched boxes and scores, run minus reference
+    errors: List[torch.Tensor] = field(default_factory=list)  # matched values, run minus reference
     references: List[torch.Tensor] = field(default_factory=list)  # the reference values of those
+    by_tensor: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def compare_detections(output, reference) -> Optional[DetectionComparison]:
@@ -178,10 +213,14 @@ def compare_detections(output, reference) -> Optional[DetectionComparison]:
         return None
     total = DetectionComparison(DetectionChanges())
     for run, ref in zip(runs, refs):
-        changes, errors, references = _compare_set(run, ref)
+        changes, matched = _compare_set(run, ref)
         total.changes.add(changes)
-        total.errors += errors
-        total.references += references
+        for key, (error, values) in matched.items():
+            if not error.numel():  # nothing of it kept: no figure, rather than an error of 0
+                continue
+            total.errors.append(error)
+            total.references.append(values)
+            total.by_tensor[id(run[key])] = (error, values)
     return total
 
 
@@ -204,23 +243,78 @@ def _compare_set(run: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]):
             changes.moved += 1
     changes.lost = len(ref_boxes) - len(pairs)
     changes.added = len(boxes) - len(pairs)
-    errors, references = [], []
-    if kept:
-        device = ref_boxes.device
-        run_index = torch.tensor([i for i, _ in kept], device=boxes.device)
-        ref_index = torch.tensor([j for _, j in kept], device=device)
-        for key in ("boxes", "scores"):
-            a, b = run.get(key), ref.get(key)
-            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
-                    and len(a) == len(boxes) and len(b) == len(ref_boxes)):
-                continue
-            r = b.detach()[ref_index].double()
-            e = a.detach()[run_index].to(device).double() - r
-            errors.append(e)
-            references.append(r)
-            largest = float(e.abs().max()) if e.numel() else None
+    matched: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+    if not kept:
+        return changes, matched
+    device = ref_boxes.device
+    run_index = torch.tensor([i for i, _ in kept], device=boxes.device)
+    ref_index = torch.tensor([j for _, j in kept], device=device)
+    pairs_of = {key: (a.detach()[run_index].to(device).double(), b.detach()[ref_index].double())
+                for key, a, b in per_detection_tensors(run, ref, len(boxes), len(ref_boxes))}
+    moved_points = None
+    if "keypoints" in pairs_of:
+        moved_points = _compare_keypoints(changes, *pairs_of["keypoints"])
+    if "masks" in pairs_of:
+        _compare_masks(changes, *pairs_of["masks"])
+    for key, (a, r) in pairs_of.items():
+        e = a - r
+        if moved_points is not None and key in ("keypoints", "keypoints_scores"):
+            # a keypoint is a heatmap's argmax: one that jumped to another cell is a decision, counted
+            # in keypoints_moved; the numeric error is the others'
+            e, r = e[~moved_points], r[~moved_points]
+        elif key == "masks":
+            # a mask is resized to its box rounded to whole pixels and pasted there (torchvision's
+            # paste_masks_in_image): where the two runs' boxes round to other pixels (a pixel inside one
+            # paste and outside the other's, exactly 0 there), every pixel of the mask is resampled
+            # otherwise; that rounding is a decision, counted in masks_repasted, and the numeric error
+            # is the other masks'
+            repasted = ((a == 0) != (r == 0)).flatten(1).any(dim=1)
+            changes.masks_repasted += int(repasted.sum())
+            e, r = e[~repasted], r[~repasted]
+        matched[key] = (e, r)
+        largest = float(e.abs().max()) if e.numel() else None
+        if key in ("boxes", "scores"):
             setattr(changes, "box_max_abs_error" if key == "boxes" else "score_max_abs_error", largest)
-    return changes, errors, references
+    return changes, matched
+
+
+def per_detection_tensors(run: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor], n: int, n_ref: int):
+    """(key, run's tensor, reference's) of each float tensor holding one row per detection in both."""
+    for key, a in run.items():
+        b = ref.get(key)
+        if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
+                and b.is_floating_point() and a.dim() >= 1 and len(a) == n and len(b) == n_ref
+                and a.shape[1:] == b.shape[1:]):
+            yield key, a, b
+
+
+def _compare_keypoints(changes: DetectionChanges, run: torch.Tensor, ref: torch.Tensor) -> Optional[torch.Tensor]:
+    """Keypoints (detections, K, 2 or 3: x, y[, visibility]) of the kept detections: how many moved by
+    more than MOVED_PIXELS and how far; the moved ones as a (detections, K) mask."""
+    if run.dim() != 3 or run.shape[-1] < 2:
+        return None
+    shift = (run[..., :2] - ref[..., :2]).norm(dim=-1)
+    moved = shift > MOVED_PIXELS
+    changes.keypoints += int(shift.numel())
+    changes.keypoints_moved += int(moved.sum())
+    if shift.numel():
+        changes.keypoint_max_shift = max(changes.keypoint_max_shift or 0.0, float(shift.max()))
+    return moved
+
+
+def _compare_masks(changes: DetectionChanges, run: torch.Tensor, ref: torch.Tensor) -> None:
+    """Masks (detections, ..., H, W) of the kept detections, as a test binarizes them (> MASK_THRESHOLD):
+    each pair's IoU; a mask whose IoU is below KEPT_IOU has changed shape."""
+    a = (run > MASK_THRESHOLD).flatten(1)
+    b = (ref > MASK_THRESHOLD).flatten(1)
+    inter = (a & b).sum(dim=1).double()
+    union = (a | b).sum(dim=1).double()
+    iou = torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(union))  # both empty: the same
+    changes.masks += int(iou.numel())
+    changes.masks_changed += int((iou < KEPT_IOU).sum())
+    if iou.numel():
+        changes.mask_iou_min = min(changes.mask_iou_min if changes.mask_iou_min is not None else 1.0,
+                                   float(iou.min()))
 
 
 def changed_decisions(kept: torch.Tensor, reference_kept: torch.Tensor, boxes: torch.Tensor,

@@ -33,12 +33,13 @@ from preclint.reference.analyses.recurrence import Recurrence
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.reference.analyses.stored_parameters import StoredParameters
 from preclint.reference.analyses.received_gains import ReceivedGains
+from preclint.reference.analyses.rounded_ties import RoundedTies, rounding_made_ties
 from preclint.reference.analyses.terms import Terms
 
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
-                         StoredParameters, Recurrence, AttentionRoundings, ExactRounding)
+                         StoredParameters, Recurrence, AttentionRoundings, ExactRounding, RoundedTies)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -152,11 +153,14 @@ def expected_flip_fraction(margins: List[float], sigma: float, compare: bool, ti
     A margin of exactly 0 is a tie in float32 (equal values: zeros after a ReLU, a padded or repeated
     input, equal scores): the values are computed alike and stay equal under any precision, so the
     tie-break decides it as before and it is not a flip (ties() counts them apart). ``ties_flip``:
-    against float64 (the fp32 mode) a tie in float32 is one float32's own rounding made, which float64
-    orders: a coin flip.
+    against float64 (the fp32 mode, or values whose ties float32's rounding made: rounded_ties.py) a
+    tie in float32 is one float32's own rounding made, which float64 orders: a coin flip, whatever
+    error the precision adds.
     """
-    if sigma <= 0 or not margins:
+    if not margins:
         return 0.0
+    if sigma <= 0:
+        return 0.5 * ties(margins) if ties_flip else 0.0
     spread = sigma * (1.0 if compare else math.sqrt(2.0))
     total = sum(0.5 * math.erfc(m / (spread * math.sqrt(2.0))) for m in margins if m > 0 or ties_flip)
     return total / len(margins)
@@ -456,13 +460,29 @@ def passed_on(node: Node, rel: Dict[str, float]) -> float:
     return incoming
 
 
-def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float]:
+# Ops that pick elements of their first operand at positions the others give.
+INDEXING_FNS = frozenset({"getitem", "index_select", "gather", "take", "masked_select"})
+
+
+def relative_errors(graph: Graph, prediction: ModePrediction, integers_exact: bool = False) -> Dict[str, float]:
     """Relative RMS error of every value: what arrives from its inputs as the op passes it on
     (``passed_on``), combined with its own rounding. The fallback for values no output gradient
-    reaches (detached scores, integer paths) and the error a node receives."""
+    reaches (detached scores, integer paths) and the error a node receives.
+
+    ``integers_exact``: an integer result (NMS's kept indices, a top-k's, labels) carries no relative
+    error of its own; what changes there are decisions, which flip_fraction predicts. Without it, the
+    indices pass on the largest error among what they were decided from, and a detector's boxes and
+    scores, both gathered by NMS's indices, each got the larger of the two. An indexing op passes on
+    its values' error, not its indices' (a top-k's node stands for its values and indices alike)."""
     rel: Dict[str, float] = {}
     for node in graph.nodes:
-        incoming = passed_on(node, rel)
+        if integers_exact and node.out is not None and not node.out.is_float:
+            rel[node.name] = 0.0
+            continue
+        if integers_exact and node.fn in INDEXING_FNS and node.inputs:
+            incoming = rel.get(node.inputs[0], 0.0)  # the values indexed, not the indices (a top-k's, NMS's)
+        else:
+            incoming = passed_on(node, rel)
         local = prediction.nodes[node.name].local
         own = local / node.out.rms if node.out is not None and node.out.rms > 0 else 0.0
         rel[node.name] = math.hypot(incoming, own)
@@ -472,11 +492,16 @@ def relative_errors(graph: Graph, prediction: ModePrediction) -> Dict[str, float
 
 def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
     fallback: Optional[Dict[str, float]] = None
+    collapsed: Dict[str, Optional[Node]] = {}
     for node in graph.nodes:
         decision = node.record(DecisionMargins)
         margins = decision or node.record(RoundingMargins)
         if margins is None:
             continue
+        # float32 ties are coin flips against float64 under the fp32 mode, and under every mode where
+        # float32's own rounding made them (a saturated softmax's scores): rounded_ties.py
+        ties_flip = prediction.mode.floor or (
+            decision is not None and rounding_made_ties(graph, node, deciding_input(node), collapsed) is not None)
         toward = node.record(DecisionGains)
         gains = toward.upstream if toward is not None else None
         if gains:
@@ -500,12 +525,12 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
             spread = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items() if n in roundings))
             apart = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in gap.items()
                                   if n in roundings and kernel_dependent(graph[n])))
-            p.flip_fraction = expected_flip_fraction(margins.values, spread, True, prediction.mode.floor)
+            p.flip_fraction = expected_flip_fraction(margins.values, spread, True, ties_flip)
             p.disagreement = expected_disagreement(margins.values, apart, True)
             continue
         # a comparison or a rounding moves one value against a fixed boundary; an order, two values
         compare = decision is None or node.kind == Kind.COMPARE
-        p.flip_fraction = expected_flip_fraction(margins.values, received, compare, prediction.mode.floor)
+        p.flip_fraction = expected_flip_fraction(margins.values, received, compare, ties_flip)
         p.disagreement = expected_disagreement(margins.values, between, compare)
 
 

@@ -55,7 +55,7 @@ def output_figures(graph: Graph, prediction: ModePrediction, paths: Sequence[str
     if not prediction.finite:
         return [OutputFigure(f"output{path}", None, None, False, rms=node.out.rms, numel=node.out.numel)
                 for path, node in produced]
-    forward = relative_errors(graph, prediction)
+    forward = relative_errors(graph, prediction, integers_exact=True)
     errors = [(forward.get(node.name) or 0.0) * node.out.rms for _, node in produced]
     numel = sum(node.out.numel for _, node in produced)
     carried = sum(e * e * node.out.numel for e, (_, node) in zip(errors, produced)) / numel if numel else 0.0

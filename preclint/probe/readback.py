@@ -12,6 +12,7 @@ from preclint.core.findings import ErrorFigure
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
+from preclint.load.modelio import output_tensors
 from preclint.measure.compare import OutputDifferences, Tolerance, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
 from preclint.probe.execute import tensors
@@ -47,6 +48,24 @@ class Pending:
     detections: Optional[DetectionComparison] = None  # the output's detection sets against the reference's
 
 
+def matched_in_place(output: Any, outputs: OutputDifferences, detections: DetectionComparison):
+    """The output differences with each detection tensor's matched error (and reference values) at its
+    place among the float outputs; matched values whose tensor is not found there follow at the end."""
+    errors, references = list(outputs.errors), list(outputs.references)
+    placed = set()
+    floats = [t for t in output_tensors(output) if t.is_floating_point()]
+    for position, t in enumerate(floats[:len(errors)]):
+        found = detections.by_tensor.get(id(t))
+        if found is not None and errors[position] is None:
+            errors[position], references[position] = found
+            placed.add(id(t))
+    for key, (error, values) in detections.by_tensor.items():
+        if key not in placed:
+            errors.append(error)
+            references.append(values)
+    return errors, references
+
+
 def _output_figure(scalars, slots) -> ErrorFigure:
     (e2, einf), r2 = slots
     err, ref, max_abs = scalars[e2], scalars[r2], scalars[einf]
@@ -68,10 +87,11 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         first = scalars.add_vector(values)
         pending.contribution_slots = {name: first + i for i, name in enumerate(names)}
         pending.norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in outputs.present())))
-    # detection sets: their matched boxes and scores count as output values (measure/detections.py)
+    # detection sets: their matched boxes, scores, masks and keypoints count as output values, each at
+    # its own output's place (measure/detections.py)
     pending.detections = compare_detections(swept.output, obs.ref.output)
     if pending.detections is not None:
-        errors, ref_outputs = errors + pending.detections.errors, ref_outputs + pending.detections.references
+        errors, ref_outputs = matched_in_place(swept.output, outputs, pending.detections)
     for i, (e, r) in enumerate(zip(errors, ref_outputs)):
         if i < len(outputs.errors):
             pending.output_slots.append(len(pending.out_slots) if e is not None else None)

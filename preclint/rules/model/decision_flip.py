@@ -1,10 +1,13 @@
 """PCL301 decision-flip."""
 from __future__ import annotations
 
+import math
+
 from preclint.core.findings import ErrorFigure, percent, sci
 from preclint.core.ir import Kind
 from preclint.core.numerics import MODES
 from preclint.reference.analyses.margins import DecisionMargins, deciding_input
+from preclint.reference.analyses.rounded_ties import RoundedTies, rounding_made_ties
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED, ties
 from preclint.predict.routing import routers
 from preclint.rules.base import Example, Rule
@@ -147,7 +150,8 @@ break ties in the sort.
         calls = f" ({len(nodes)} calls)" if len(nodes) > 1 else ""
         flips = ", ".join(f"{percent(per_mode[m][0] / units)} under {m}" for m in flagged)
         margins = [m for n in nodes for m in n.record(DecisionMargins).values]
-        smallest = min((m for m in margins if m > 0), default=0.0)
+        # (an NMS's boxes that no swap changes have margin inf: only ties may be left)
+        smallest = min((m for m in margins if 0 < m < math.inf), default=0.0)
         tied = round(sum(ties(n.record(DecisionMargins).values) * n.record(DecisionMargins).units for n in nodes))
         message = (
             f"{ctx.display(first.name)} ({what}{calls}) decides on margins as small as {sci(smallest)} while the "
@@ -165,7 +169,13 @@ break ties in the sort.
             )
         if first in routers(ctx.graph):
             message += " It routes tokens to experts: a flipped route sends a token through another expert."
-        if tied and not all(MODES[m].floor for m in flagged):  # against float64 (fp32) a float32 tie is a coin flip
+        collapsed = rounding_made_ties(ctx.graph, first, deciding_input(first))
+        if tied and collapsed is not None:
+            message += (f" {tied} of them are ties float32's own rounding made: {ctx.display(collapsed.name)} "
+                        f"({collapsed.fn}) rounds {collapsed.record(RoundedTies).rounded} results that float64 "
+                        "tells apart to equal float32 values (saturated scores), so against float64 the tie-break "
+                        "goes either way under every precision, float32 itself included; they are counted as flips.")
+        elif tied and not all(MODES[m].floor for m in flagged):  # against float64 (fp32) a float32 tie is a coin flip
             message += (f" {tied} of them are exact ties in float32 (margin 0: equal values, a property of the input "
                         "and the model, not of the precision), which the tie-break decides alike at every "
                         "precision; they are not counted as flips.")
