@@ -293,14 +293,24 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
 
 
 def _rounded_on_entry(graph: Graph, node: Node, mode: Mode, fmt: str) -> bool:
-    """Whether a cast model's float input counts the rounding of its cast: where no dot product reads it
-    (a conv or matmul that reads it counts that rounding as its operand's), as a KV cache the model
-    concatenates its new row to and returns."""
+    """Whether a cast model's float input counts the rounding of its cast: where, through ops that only
+    move values, it reaches an output or an op other than a dot product (a conv, matmul or RNN that
+    reads it counts that rounding as its operand's), as a KV cache the model concatenates its new row
+    to and returns."""
     if node.kind != Kind.INPUT or mode.autocast or mode.low is None or fmt != mode.low.name:
         return False
     if node.out is None or not node.out.is_float or not node.out.finite:
         return False
-    return not any(user.kind in DOT_PRODUCT_KINDS for user in graph.users(node.name))
+    frontier, seen = [node.name], set()
+    while frontier:
+        name = frontier.pop()
+        for user in graph.users(name):
+            if user.kind == Kind.SHAPE and user.name not in seen:
+                seen.add(user.name)
+                frontier.append(user.name)
+            elif user.kind not in DOT_PRODUCT_KINDS and user.kind != Kind.SHAPE:
+                return True  # (an output node, or arithmetic)
+    return False
 
 
 def stored_out_of_range(node: Node, mode: Mode, fmt: str):
