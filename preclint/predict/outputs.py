@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 from preclint.core.ir import Graph
 from preclint.core.numerics import gaussian_max_factor
 from preclint.predict.error_model import ModePrediction, relative_errors
+from preclint.reference.analyses.gains import Gains
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,12 @@ def output_figures(graph: Graph, prediction: ModePrediction, paths: Sequence[str
         errors = [(forward.get(node.name) or 0.0) * node.out.rms for _, node in produced]
         numel = sum(node.out.numel for _, node in produced)
         carried = sum(e * e * node.out.numel for e, (_, node) in zip(errors, produced)) / numel if numel else 0.0
-        # scaled so that the outputs' errors make the whole output's, which the gradients estimate
-        scale = prediction.output_error / math.sqrt(carried) if carried > 0 else 0.0
+        # scaled so that the outputs' errors make the whole output's, which the gradients estimate;
+        # without gradients the whole's figure is the largest relative error times the RMS of all
+        # outputs together, which a state of -1e30 beside the logits (RWKV's running max) made 1e26
+        # times the logits' RMS: each output keeps its own op-by-op figure then
+        have_gains = any(n.record(Gains) is not None for n in graph.nodes)
+        scale = 1.0 if not have_gains else prediction.output_error / math.sqrt(carried) if carried > 0 else 0.0
     figures = []
     for error, (path, node) in zip(errors, produced):
         absolute = error * scale
