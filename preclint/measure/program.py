@@ -23,6 +23,7 @@ from preclint.capture.observer import Observer
 from preclint.capture.recorder import capture_function_mode
 from preclint.core.errors import one_line
 from preclint.core.ir import Graph
+from preclint.load.modelio import Inputs
 
 
 class _Tracer(fx.Tracer):
@@ -68,6 +69,10 @@ class Program:
         only) maps node names to values not to recompute."""
         if self.stream is not None:
             observer = self.stream.observing(observer, root)
+        # each run on copies of the inputs: a forward that writes into one (a recurrent state stored
+        # in place, as transformers' RWKV does) would change what every later run reads, and writing
+        # into an input that requires grad fails where a copy of it does not
+        inputs = Inputs.of(inputs).map(lambda t: t.clone())
         try:
             if self.fx_graph is None:
                 self.recorded, output = capture_function_mode(root, inputs, observer, locate=False)

@@ -32,6 +32,7 @@ from preclint.reference.analyses.reach import Reach
 from preclint.reference.analyses.recurrence import Recurrence
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.reference.analyses.stored_parameters import StoredParameters
+from preclint.reference.analyses.output_gains import OutputGains
 from preclint.reference.analyses.received_gains import ReceivedGains
 from preclint.reference.analyses.rounded_ties import RoundedTies, rounding_made_ties
 from preclint.reference.analyses.terms import Terms
@@ -39,7 +40,8 @@ from preclint.reference.analyses.terms import Terms
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
-                         StoredParameters, Recurrence, AttentionRoundings, ExactRounding, RoundedTies)
+                         StoredParameters, Recurrence, AttentionRoundings, ExactRounding, RoundedTies,
+                         OutputGains)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -82,6 +84,9 @@ class ModePrediction:
     finite: bool = True
     contributions: Dict[str, float] = field(default_factory=dict)  # node -> share of output error variance
     layers: Dict[str, str] = field(default_factory=dict)  # node -> the first node of the layer it is a call of
+    # node that makes one of several outputs -> RMS absolute error of that output, from a pass of its own
+    # (OutputGains)
+    output_errors: Dict[str, float] = field(default_factory=dict)
 
     @property
     def rel_error(self) -> Optional[float]:
@@ -135,6 +140,8 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         total += terms["recurrence_to_output"]
     if "recurrence" in terms:  # the steps' roundings, as they reach this output of an RNN
         total += terms["recurrence"] ** 2 * gain_out
+    elif "recurrence_toward" in terms and gains is not None:
+        total += terms["recurrence_toward"] ** 2 * gain_out
     if "internal" in terms:  # a fused module's inner roundings, as they reach this output of it
         total += terms["internal"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
@@ -205,9 +212,10 @@ def ties(margins: List[float]) -> float:
 
 
 def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset(),
-                 cast_back: AbstractSet[str] = frozenset()) -> ModePrediction:
+                 cast_back: AbstractSet[str] = frozenset(), cast_inputs: bool = False) -> ModePrediction:
     """``float32``: nodes a mixed-precision plan computes in float32 (autocast off, float32 operands);
-    ``cast_back``: those of them whose result the plan stores back in the low format."""
+    ``cast_back``: those of them whose result the plan stores back in the low format; ``cast_inputs``: a
+    cast model's float inputs count the rounding of their cast (the plan counts it through ``cast_back``)."""
     prediction = ModePrediction(mode)
     formats: Dict[str, str] = {}
     roundings: Dict[str, Dict[str, float]] = {}
@@ -233,6 +241,9 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
             roundings[node.name]["result"] = result_rounding(node, mode.low.name, mode.low)
             prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
             prediction.nodes[node.name].overflow |= graph.ran_reference and reaching_absmax(node) > mode.low.max_finite
+        if cast_inputs and _rounded_on_entry(graph, node, mode, fmt):
+            roundings[node.name]["result"] = result_rounding(node, fmt, mode.low)
+            prediction.nodes[node.name].local = roundings[node.name]["result"] * node.out.rms
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
@@ -286,7 +297,29 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
 
     _predict_decisions(graph, prediction, roundings)
     _predict_received(graph, prediction, roundings)
+    _predict_outputs(graph, prediction, roundings)
     return prediction
+
+
+def _rounded_on_entry(graph: Graph, node: Node, mode: Mode, fmt: str) -> bool:
+    """Whether a cast model's float input counts the rounding of its cast: where, through ops that only
+    move values, it reaches an output or an op other than a dot product (a conv, matmul or RNN that
+    reads it counts that rounding as its operand's), as a KV cache the model concatenates its new row
+    to and returns."""
+    if node.kind != Kind.INPUT or mode.autocast or mode.low is None or fmt != mode.low.name:
+        return False
+    if node.out is None or not node.out.is_float or not node.out.finite:
+        return False
+    frontier, seen = [node.name], set()
+    while frontier:
+        name = frontier.pop()
+        for user in graph.users(name):
+            if user.kind == Kind.SHAPE and user.name not in seen:
+                seen.add(user.name)
+                frontier.append(user.name)
+            elif user.kind not in DOT_PRODUCT_KINDS and user.kind != Kind.SHAPE:
+                return True  # (an output node, or arithmetic)
+    return False
 
 
 def stored_out_of_range(node: Node, mode: Mode, fmt: str):
@@ -347,8 +380,9 @@ def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: D
             if index is None:
                 continue
             rel = record.relative(index, taker.out.rms, operand_u, state_u)
-            if record.to_output is None:
-                roundings[taker.name]["recurrence"] = rel
+            # (where the model's own gradients carry the steps' error to the output, the taker's share
+            # counts only toward other roots: a decision's input, one output of several)
+            roundings[taker.name]["recurrence" if record.to_output is None else "recurrence_toward"] = rel
             prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
             owners[taker.name] = node.name
         rounded.pop("operands", None)  # (the steps' operands and states include the boundary's)
@@ -415,6 +449,22 @@ def _predict_received(graph: Graph, prediction: ModePrediction, roundings: Dict[
             error = math.sqrt(sum(propagated_error(graph[n], roundings[n], g) for n, g in toward.leaving.items()
                                   if n in roundings and n != node.name))
             prediction.nodes[node.name].leaving = error / node.out.rms
+
+
+def _predict_outputs(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
+    """Each output's own error, from the gains toward it (OutputGains), bound as the whole output's is."""
+    for node in graph.nodes:
+        toward = node.record(OutputGains)
+        if toward is None or node.out is None:
+            continue
+        variance = changed = 0.0
+        for name, gains in toward.upstream.items():
+            if name not in roundings:
+                continue
+            variance += propagated_error(graph[name], roundings[name], gains)
+            beyond = {k: v for k, v in roundings[name].items() if k == "out_of_range"}
+            changed += propagated_error(graph[name], beyond, gains) if beyond else 0.0
+        prediction.output_errors[node.name] = min(math.sqrt(variance), max(SATURATION * node.out.rms, math.sqrt(changed)))
 
 
 def module_calls(graph: Graph) -> Dict[str, str]:
@@ -535,7 +585,9 @@ def _predict_decisions(graph: Graph, prediction: ModePrediction, roundings: Dict
 
 
 def predict(graph: Graph, modes: Iterable[str]) -> Dict[str, ModePrediction]:
-    return {name: predict_mode(graph, MODES[name]) for name in modes}
+    """Each mode's prediction as the model runs in it, a cast model's inputs cast with it (an input the
+    model returns as it came, a KV cache passed through, carries that rounding alone)."""
+    return {name: predict_mode(graph, MODES[name], cast_inputs=True) for name in modes}
 
 
 def relative(value: Optional[float], scale: Optional[float]) -> Optional[float]:

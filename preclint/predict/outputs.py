@@ -5,7 +5,10 @@ The whole output's error (error_model.predict_mode) weighs every element alike, 
 figure divides by the RMS of all outputs together: a logit scale of 14 beside unit-norm features
 made the features' error look five times smaller than it is. Each output's share of that error is
 apportioned by the error every value carries forward (``relative_errors``), so that the figures
-add up to the whole output's (their element-weighted mean square is its mean square).
+add up to the whole output's (their element-weighted mean square is its mean square). Where each
+output had a backward pass of its own (OutputGains: a model with a few outputs), its figure is the
+error the gradients toward it weigh, which an op-by-op apportioning misreads where ops move values
+(a cache that passes its input through with one new row).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import List, Optional, Sequence
 from preclint.core.ir import Graph
 from preclint.core.numerics import gaussian_max_factor
 from preclint.predict.error_model import ModePrediction, relative_errors
+from preclint.reference.analyses.gains import Gains
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,21 @@ def output_figures(graph: Graph, prediction: ModePrediction, paths: Sequence[str
     if not prediction.finite:
         return [OutputFigure(f"output{path}", None, None, False, rms=node.out.rms, numel=node.out.numel)
                 for path, node in produced]
-    forward = relative_errors(graph, prediction, integers_exact=True)
-    errors = [(forward.get(node.name) or 0.0) * node.out.rms for _, node in produced]
-    numel = sum(node.out.numel for _, node in produced)
-    carried = sum(e * e * node.out.numel for e, (_, node) in zip(errors, produced)) / numel if numel else 0.0
-    # scaled so that the outputs' errors make the whole output's, which the gradients estimate
-    scale = prediction.output_error / math.sqrt(carried) if carried > 0 else 0.0
+    if all(node.name in prediction.output_errors for _, node in produced):
+        # each output's own pass (OutputGains): its error as the gradients toward it weigh every rounding
+        errors = [prediction.output_errors[node.name] for _, node in produced]
+        scale = 1.0
+    else:
+        forward = relative_errors(graph, prediction, integers_exact=True)
+        errors = [(forward.get(node.name) or 0.0) * node.out.rms for _, node in produced]
+        numel = sum(node.out.numel for _, node in produced)
+        carried = sum(e * e * node.out.numel for e, (_, node) in zip(errors, produced)) / numel if numel else 0.0
+        # scaled so that the outputs' errors make the whole output's, which the gradients estimate;
+        # without gradients the whole's figure is the largest relative error times the RMS of all
+        # outputs together, which a state of -1e30 beside the logits (RWKV's running max) made 1e26
+        # times the logits' RMS: each output keeps its own op-by-op figure then
+        have_gains = any(n.record(Gains) is not None for n in graph.nodes)
+        scale = 1.0 if not have_gains else prediction.output_error / math.sqrt(carried) if carried > 0 else 0.0
     figures = []
     for error, (path, node) in zip(errors, produced):
         absolute = error * scale

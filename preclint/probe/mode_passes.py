@@ -49,14 +49,14 @@ class ModePasses:
                 # ||E|| stays on the device (no stall); finish() drops the contributions if it is 0 or inf
                 norm = torch.sqrt(sum(torch.sum(e * e) for e in present))
                 with clock(f"{mode}: contributions"), tf32_on_gpu(device, True):
-                    contributions = sens.contributions(swept.observer.errors, outputs.errors, norm)
+                    contributions = self._contributions(mode, swept, outputs, norm)
             plain = None
             if not run.emulated:
                 with clock(f"{mode}: plain run"):
                     plain = runner.run(run)
             with clock(f"{mode}: figures"):
                 pending = queue_figures(swept, contributions, outputs, setting.tolerance, plain,
-                                        ablate=setting.options.ablate and sens is not None)
+                                        ablate=setting.options.ablate and self.sens is not None)
             if self.shared.stream is not None and run.variant is not copies.model32:
                 self.shared.stream.forget(run.variant)
             if not pending.ablate:
@@ -73,6 +73,21 @@ class ModePasses:
                 return self.issue(mode)
             failed(measure, mode, device, exc)
             return measure, None
+
+    def _contributions(self, mode: str, swept, outputs, norm):
+        """The nodes' contributions from the run with gradients; ([], None) where its backward pass
+        fails, as where the forward wrote in place into a value autograd saved (a recurrent state stored
+        into its slot of a state tensor after a step read it): the mode's figures stand without them."""
+        try:
+            return self.sens.contributions(swept.observer.errors, outputs.errors, norm)
+        except RuntimeError as exc:
+            if out_of_memory(exc):
+                raise
+            self.sens.close()
+            self.sens = None
+            self.session.notes.append(f"contributions not measured from {mode} on: the backward pass of the run "
+                                      f"with gradients failed ({one_line(exc)})")
+            return [], None
 
     def _let_contributions_go(self, mode: str, device) -> None:
         self.sens.close()

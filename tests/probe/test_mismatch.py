@@ -97,14 +97,32 @@ class FirstToken(nn.Module):
         return {"tokens": y, "first": y[:, 0]}
 
 
-def test_one_output_far_from_its_prediction_gets_a_note_though_the_whole_is_predicted_well():
+def _cancelling_first_token():
     torch.manual_seed(0)
     model = FirstToken().eval()
     x = torch.randn(1, 64, 32)
     with torch.no_grad():  # the first token's outputs cancel: W x0 = -b + 1e-3 noise
         target = -model.fc.bias.double() + 1e-3 * torch.randn(32, dtype=torch.float64)
         x[0, 0] = torch.linalg.lstsq(model.fc.weight.double(), target.unsqueeze(1)).solution.squeeze(1).float()
-    report, _ = probed(model, (x,), ("fp16",))
+    return model, (x,)
+
+
+def test_an_output_whose_elements_cancel_is_predicted_from_a_pass_of_its_own():
+    """The pass toward output['first'] weighs its own cancellation: 0.30 measured, within 3x of the
+    prediction (the whole's relative error, 3.6e-4, apportioned op by op)."""
+    report, _ = probed(*_cancelling_first_token(), ("fp16",))
+    summary = report.summary["fp16"]
+    predicted = [o["rel_error"] for o in summary["outputs"]]
+    measured = [o["rel_error"] for o in summary["measured_output"]["outputs"]]
+    assert measured[1] > 0.1
+    assert all(1 / 3 < m / p < 3 for p, m in zip(predicted, measured))
+    assert not mismatch(report)
+
+
+def test_one_output_far_from_its_prediction_gets_a_note_though_the_whole_is_predicted_well(monkeypatch):
+    # (more outputs than get a pass of their own: they are apportioned op by op, and output['first'] misses)
+    monkeypatch.setattr("preclint.reference.analyses.output_gains.MAX_OUTPUT_PASSES", 1)
+    report, _ = probed(*_cancelling_first_token(), ("fp16",))
     (note,) = mismatch(report)
     assert note.startswith("probe: fp16 measured output['first'] with an error of ")
     assert "outputs together" not in note and "it is a part of output['tokens']" in note
