@@ -122,37 +122,7 @@ def example_inputs():
         cache = model(torch.randint(0, 128, (1, 8)), use_cache=True).past_key_values
     return {"input_ids": torch.randint(0, 128, (1, 1)), "past_key_values": cache, "use_cache": True}
 """,
-    "kv_decode_step": """\
-import torch
-from torch import nn
-import torch.nn.functional as F
-
-
-class DecodeStep(nn.Module):
-    def __init__(self, vocab=256, dim=64, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.embed = nn.Embedding(vocab, dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, token, past_k, past_v):
-        x = self.embed(token)
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-        k = torch.cat([past_k, k], dim=2)
-        v = torch.cat([past_v, v], dim=2)
-        y = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
-        return self.head(self.norm(x + y)), k, v
-
-
-torch.manual_seed(0)
-model = DecodeStep()
-example_inputs = (torch.randint(0, 256, (2, 1)), 3 * torch.randn(2, 4, 31, 16), 3 * torch.randn(2, 4, 31, 16))
-""",
+    "kv_decode_step": (ROOT / "tests" / "models" / "kv_decode_step.py").read_text(),
     "siglip": """\
 import torch
 from transformers import SiglipConfig, SiglipModel
@@ -260,51 +230,7 @@ ids = torch.randint(0, 120, (2, 24))
 ids[:, 1:17] = 127  # one image token a patch (16 patches of 8x8 in a 32x32 image)
 example_inputs = {"input_ids": ids, "pixel_values": torch.randn(2, 3, 32, 32)}
 """,
-    "dit_block": """\
-import torch
-from torch import nn
-
-
-class DiTBlock(nn.Module):
-    # adaLN-zero modulation as in DiT: the timestep embedding scales and shifts each sublayer
-    def __init__(self, width=64, heads=4):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
-        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.norm2 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width))
-        self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 6 * width))
-
-    def forward(self, x, c):
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(c).unsqueeze(1).chunk(6, dim=-1)
-        h = self.norm1(x) * (1 + scale1) + shift1
-        x = x + gate1 * self.attn(h, h, h, need_weights=False)[0]
-        h = self.norm2(x) * (1 + scale2) + shift2
-        return x + gate2 * self.mlp(h)
-
-
-class DiT(nn.Module):
-    def __init__(self, width=64, depth=2, patch=4):
-        super().__init__()
-        self.embed = nn.Conv2d(4, width, patch, stride=patch)
-        self.time = nn.Sequential(nn.Linear(1, width), nn.SiLU(), nn.Linear(width, width))
-        self.blocks = nn.ModuleList(DiTBlock(width) for _ in range(depth))
-        self.out = nn.Linear(width, patch * patch * 4)
-
-    def forward(self, latent, t):
-        x = self.embed(latent).flatten(2).transpose(1, 2)
-        c = self.time(t[:, None])
-        for block in self.blocks:
-            x = block(x, c)
-        return self.out(x)
-
-
-torch.manual_seed(0)
-model = DiT().eval()
-for block in model.blocks:  # trained DiTs have left adaLN-zero's zero start
-    nn.init.normal_(block.modulation[1].weight, std=0.05)
-example_inputs = (torch.randn(2, 4, 16, 16), torch.rand(2) * 1000)
-""",
+    "dit_block": (ROOT / "tests" / "models" / "dit_block.py").read_text(),
     "dlrm": """\
 import torch
 from torch import nn

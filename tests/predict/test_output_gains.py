@@ -6,32 +6,12 @@ on every row and the logits were predicted 12-14x under the CPU emulation's meas
 passed through a cast model were 7.5x under (the cast of the input cache was not counted)."""
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import preclint
+from tests.models.kv_decode_step import DecodeStep
 
 MODES = ("tf32", "fp16", "bf16", "fp16-full", "bf16-full")
-
-
-class DecodeStep(nn.Module):
-    def __init__(self, vocab=256, dim=64, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.embed = nn.Embedding(vocab, dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, token, past_k, past_v):
-        x = self.embed(token)
-        b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).chunk(3, dim=-1))
-        k = torch.cat([past_k, k], dim=2)
-        v = torch.cat([past_v, v], dim=2)
-        y = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
-        return self.head(self.norm(x + y)), k, v
 
 
 def _ratios(report, mode):
