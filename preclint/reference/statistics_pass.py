@@ -144,7 +144,9 @@ class ReferenceObserver(Observer):
         self.watched: Dict[str, _Watched] = {}  # node name -> its value as the node made it
         self.operands: Dict[str, List[_Watched]] = {}  # node name -> operand views / weights it rounds
         self.by_storage: Dict[Any, List[_Watched]] = {}  # what an in-place write may change
-        self.read: set = set()  # ids of values an op has read (kept alive by by_id)
+        # id of a value an op has read (kept alive by by_id) -> its version then: a value an in-place op
+        # wrote since (``out += identity`` before the ReLU) was not read as it is now
+        self.read: Dict[int, int] = {}
         self.view_origin: Dict[int, torch.Tensor] = {}  # id of an operand view -> the tensor it views
         self.producers: Dict[int, str] = {}  # id of a value the run made (kept alive by by_id) -> its node
         self.operand_sources: Dict[int, Optional[str]] = {}  # id of an operand view -> the node that made its value
@@ -208,7 +210,7 @@ class ReferenceObserver(Observer):
             return
         for entry in self.by_storage.get(_storage_key(target), ()):
             if entry.snapshot is None and not entry.changed:
-                if rectifies and entry.tensor is target and id(target) not in self.read:
+                if rectifies and entry.tensor is target and self.read.get(id(target)) != target._version:
                     self._rectify(entry)
                 else:
                     entry.snapshot = entry.tensor.detach().clone()
@@ -263,7 +265,8 @@ class ReferenceObserver(Observer):
             self._protect(args[0], rectifies=node.fn in _RECTIFIERS)
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor):
-                self.read.add(id(self.origin(v)))
+                read = self.origin(v)
+                self.read[id(read)] = read._version
         if isinstance(kwargs.get("out"), torch.Tensor):
             self._protect(kwargs["out"])
         if node.fn in _NO_GRADIENT_OPERANDS:
