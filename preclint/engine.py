@@ -520,7 +520,10 @@ class Session:
 
     @long_lived_frozen()
     def _check(self, loaded, placement) -> Tuple[Report, Graph, RuleContext]:
-        return check_graph(loaded, self.config, replace(self.options, placement=placement))
+        from preclint.capture.eager import compiled_code_eager
+
+        with compiled_code_eager():
+            return check_graph(loaded, self.config, replace(self.options, placement=placement))
 
     @contextlib.contextmanager
     def _model(self, target, inputs) -> Iterator[Any]:

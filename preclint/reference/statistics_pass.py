@@ -85,11 +85,12 @@ class _Watched:
     before a write that the observer sees coming, and a write it did not see leaves ``value()`` None
     rather than the wrong values."""
 
-    __slots__ = ("tensor", "version", "snapshot")
+    __slots__ = ("tensor", "version", "snapshot", "rectified")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
         self.snapshot: Optional[torch.Tensor] = None
+        self.rectified = False  # written by an in-place ReLU (see ReferenceObserver._rectify)
         if tensor.is_inference():
             # a tensor made in inference_mode has no version counter: nothing would tell a later
             # write, so its values are kept now and it counts as possibly changed (no gradient either)
@@ -117,6 +118,10 @@ _NO_GRADIENT_OPERANDS = {
 }
 
 
+# Ops that, written in place, zero the gradient wherever they change a value (see _rectify).
+_RECTIFIERS = frozenset({"relu", "relu_"})
+
+
 class ReferenceObserver(Observer):
     """The observer handed to capture: records statistics as each node runs.
 
@@ -140,6 +145,9 @@ class ReferenceObserver(Observer):
         self.watched: Dict[str, _Watched] = {}  # node name -> its value as the node made it
         self.operands: Dict[str, List[_Watched]] = {}  # node name -> operand views / weights it rounds
         self.by_storage: Dict[Any, List[_Watched]] = {}  # what an in-place write may change
+        # id of a value an op has read (kept alive by by_id) -> its version then: a value an in-place op
+        # wrote since (``out += identity`` before the ReLU) was not read as it is now
+        self.read: Dict[int, int] = {}
         self.view_origin: Dict[int, torch.Tensor] = {}  # id of an operand view -> the tensor it views
         self.producers: Dict[int, str] = {}  # id of a value the run made (kept alive by by_id) -> its node
         self.operand_sources: Dict[int, Optional[str]] = {}  # id of an operand view -> the node that made its value
@@ -198,13 +206,30 @@ class ReferenceObserver(Observer):
             self.by_storage.setdefault(key, []).append(entry)
         return entry
 
-    def _protect(self, target) -> None:
-        """Keep the values of every watched tensor that a write into ``target`` is about to change."""
+    def _protect(self, target, rectifies: bool = False) -> None:
+        """Keep the values of every watched tensor that a write into ``target`` is about to change;
+        with ``rectifies`` (an in-place ReLU), ``target``'s own entry keeps none (``_rectify``)."""
         if not isinstance(target, torch.Tensor):
             return
         for entry in self.by_storage.get(_storage_key(target), ()):
             if entry.snapshot is None and not entry.changed:
-                entry.snapshot = entry.tensor.detach().clone()
+                if rectifies and entry.tensor is target and self.read.get(id(target)) != target._version:
+                    self._rectify(entry)
+                else:
+                    entry.snapshot = entry.tensor.detach().clone()
+
+    @staticmethod
+    def _rectify(entry: _Watched) -> None:
+        """An in-place ReLU about to write ``entry``'s tensor, which no op read before: its values after
+        the write serve the backward passes as well as those before, so none are copied. The only
+        gradient that reaches the values before the write comes through the ReLU, which is zero wherever
+        it changed a value (where z <= 0), so grad * relu(z) == grad * z element for element (and the
+        value where grad != 0 is the same): the gains' sums, and the largest value reached, are
+        unchanged. A conv's output in a ResNet is rectified this way in every block, and copying it
+        held as much memory again as the activations themselves. (A root of a pass it is no longer:
+        ``rectified``.)"""
+        entry.version = entry.tensor._version + 1  # the write to come
+        entry.rectified = True
 
     def _on_value_grad(self, name: str, entry: _Watched, grad: Optional[torch.Tensor]) -> None:
         listeners = self._listeners
@@ -252,7 +277,11 @@ class ReferenceObserver(Observer):
         self.tied.note(node.fn, args, kwargs, callee)
         inplace = is_inplace_call(callee, kwargs)
         if inplace and args:
-            self._protect(args[0])
+            self._protect(args[0], rectifies=node.fn in _RECTIFIERS)
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor):
+                read = self.origin(v)
+                self.read[id(read)] = read._version
         if isinstance(kwargs.get("out"), torch.Tensor):
             self._protect(kwargs["out"])
         if node.fn in _NO_GRADIENT_OPERANDS:
@@ -465,6 +494,7 @@ class ReferenceObserver(Observer):
             self.watched.clear()
             self.operands.clear()
             self.by_storage.clear()
+            self.read.clear()
             self.view_origin.clear()
             self.by_id.clear()
             self.producers.clear()
@@ -544,7 +574,7 @@ class BackwardPasses:
         """The value of node ``name`` as a root of a backward pass; None where it has no gradient or the
         model overwrote it since (its gradient would be that of the new values)."""
         observer = self.observer
-        if name not in observer.values or observer.watched[name].changed:
+        if name not in observer.values or observer.watched[name].changed or observer.watched[name].rectified:
             return None
         return observer.values[name]
 

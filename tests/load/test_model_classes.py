@@ -133,6 +133,48 @@ def test_a_compiled_module_is_checked_through_the_module_it_compiles(tmp_path, c
     assert "_orig_mod" not in json.dumps(report)
 
 
+
+COMPILED_PARTS = """
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+
+
+    @torch.compile
+    def gate(x):
+        return F.gelu(x) * torch.sigmoid(x)
+
+
+    class Net(nn.Module):
+        def __init__(self, compiled: bool):
+            super().__init__()
+            self.compiled = compiled
+            self.first = nn.Linear(32, 64)
+            self.second = torch.compile(nn.Linear(64, 16)) if compiled else nn.Linear(64, 16)
+
+        def forward(self, x):
+            h = self.first(x)
+            return self.second(gate(h) if self.compiled else F.gelu(h) * torch.sigmoid(h))
+
+
+    model = Net(COMPILED).eval()
+    example_inputs = (torch.randn(4, 32),)
+"""
+
+
+def test_what_a_model_compiles_of_itself_runs_eagerly_under_the_check(tmp_path, capsys):
+    """A compiled layer and a compiled function inside the model: Dynamo compiles nothing (neither
+    them nor preclint's hooks), and the check predicts what it predicts for the uncompiled twin."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = check_json(capsys, write(tmp_path, "parts.py", COMPILED_PARTS.replace("COMPILED", "True")))
+    assert not counters["stats"]["calls_captured"] and not counters["frames"]["total"]
+    twin = check_json(capsys, write(tmp_path, "twin.py", COMPILED_PARTS.replace("COMPILED", "False")))
+    for mode in ("tf32", "fp16", "bf16"):
+        assert predicted(compiled, mode) == pytest.approx(predicted(twin, mode), rel=1e-6)
+
 LLAMA_DECODE = """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
