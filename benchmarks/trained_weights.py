@@ -498,7 +498,7 @@ def main(argv=None) -> int:
         for r in result["pairs"]:
             print(f"  {r['mode']:10s} {r['output']:14s} predicted {r['predicted']}  measured {r['measured']}", flush=True)
     held = [r["within_3x"] for result in results for r in result["pairs"] if r["within_3x"] is not None]
-    summary = {"pairs": len(held), "within_3x": sum(held), "device": args.device, "skipped": skipped, "preclint": os.path.dirname(os.path.dirname(preclint.__file__))}
+    summary = {"pairs": len(held), "within_3x": sum(held), "device": args.device, "skipped": skipped, "preclint": "PRECLINT_ROOT" if os.environ.get("PRECLINT_ROOT") else "this checkout"}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(stamp({"summary": summary, "models": results}), f, indent=1)
     print(f"{summary['within_3x']} of {summary['pairs']} pairs within 3x", flush=True)
