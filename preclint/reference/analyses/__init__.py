@@ -74,7 +74,7 @@ class GradientAnalysis(Analysis, GradientListener):
 
     def listen(self, passes) -> Optional[GradientListener]:
         """What hears the pass from the model's outputs for this analysis (``passes``:
-        reference.statistics_pass.BackwardPasses), called once, before that pass runs; None where the
+        reference.backward_passes.BackwardPasses), called once, before that pass runs; None where the
         analysis does not read it."""
         return None
 
