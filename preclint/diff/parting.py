@@ -32,14 +32,10 @@ from preclint.measure.program import Program
 from preclint.measure.runners import ApplyMode, runner_for
 from preclint.probe.execute import Producers, invoke, tensors
 from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
-from preclint.probe.sweep import decision_changes
+from preclint.probe.sweep import adds_no_rounding, decision_changes
 
 # nodes that compute nothing of their own: their difference is their operand's
 _NO_REPLAY = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE})
-# exact in every float format: with the result in the operand's dtype such a node changes nothing
-# itself (a replay would charge it the rounding of its operand, which the node that stored it owns)
-_EXACT = frozenset({"relu", "relu_", "relu6", "max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d",
-                    "adaptive_max_pool2d", "adaptive_max_pool3d", "dropout", "identity"})
 _PAIRED = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "median"})  # (values, indices)
 
 
@@ -246,7 +242,7 @@ class _Observer(ApplyMode):
                     units += int(changes[1])
             if units:
                 row.flips, row.units = flips, units
-        if node.fn in _EXACT and _keeps_dtype(args, kwargs, outs):
+        if adds_no_rounding(node.fn, args, kwargs, outs):
             row.contributed = 0.0
         elif self.replay and node.kind not in _NO_REPLAY and callee is not None and row.difference is not None:
             row.contributed, row.note = self._replayed(node, args, kwargs, callee, theirs)
@@ -275,12 +271,6 @@ class _Observer(ApplyMode):
         except Exception as exc:  # noqa: BLE001 - a node that cannot be called again alone: said, the rest measured
             return None, f"not replayed: {one_line(exc)}"
         return relative_rms(replayed, theirs, nonfinite=LARGEST), None
-
-
-def _keeps_dtype(args, kwargs, outs) -> bool:
-    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-    return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
-
 
 
 def _forced(node, output, theirs: List[torch.Tensor], args, kwargs):

@@ -118,7 +118,7 @@ class Planner:
 
     def _rounded_inputs(self, units) -> FrozenSet[str]:
         """A cast model's inputs are rounded to the low format on entry (the error model leaves that
-        rounding to the caller: predict's EXACT_FNS); the plan counts it, in the output error and in
+        rounding to the caller: predict/local.py's exact_result); the plan counts it, in the output error and in
         every decision downstream, since keeping ``<inputs>`` is how it is undone."""
         if self.mode.autocast or INPUTS_UNIT in units:
             return frozenset()

@@ -7,7 +7,8 @@ Local error (RMS, absolute) of a node, from docs/error-model.md:
   C_INPUT * u_in * RMS(sqrt(sum_k (a_k b_k)^2)), plus C_OUTPUT * u_out * RMS(y) when the result is
   stored in a reduced format; independent of the reduction length K;
 * any other op whose result is stored in a reduced format: C_OUTPUT * u_out * RMS(y), except ops
-  that only select or move values (relu, max-pool, reshapes), which are exact;
+  that only select or move values (relu, max-pool, reshapes) and clamps, where and masked_fill whose
+  constants the format holds, which are exact (core/exact_ops.py);
 * under the fp32 mode (``Mode.floor``: float32 against float64) every float32 result counts as
   stored in a reduced format, u = 2^-24; a dot product's operands are float32 already (the weights
   exactly, the activations as their producers rounded them), so its error is float32's
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Dict
 
+from preclint.core.exact_ops import exact_node
 from preclint.core.ir import DOT_PRODUCT_KINDS, Kind, Node
 from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, Format, Mode
 from preclint.predict.accumulation import accumulation_error, float32_accumulation, terms_rms
@@ -27,11 +29,6 @@ from preclint.predict.tf32 import tensor_core_tf32
 from preclint.reference.analyses.exact_rounding import ExactRounding
 from preclint.reference.analyses.gains import Gains
 
-# Ops whose result is one of their inputs' values (or a plain function of it with no rounding).
-EXACT_FNS = frozenset(
-    """relu relu6 hardtanh max_pool identity neg abs clamp clamp_min clamp_max clip maximum minimum where
-    masked_fill max min amax amin sign floor ceil round trunc dropout input output getitem""".split()
-)
 VALUE_FREE_KINDS = frozenset({Kind.SHAPE, Kind.DECISION, Kind.COMPARE, Kind.OUTPUT})
 
 # Arithmetic that maps whole numbers to whole numbers; exact in a format while they stay below its
@@ -48,6 +45,12 @@ def exact_integers(node: Node, fmt: str) -> bool:
         return False
     inputs_whole = all(s is None or not s.is_float or s.integer_valued or s.absmax == 0 for s in node.input_stats)
     return inputs_whole and out.absmax <= FORMATS[fmt].exact_integers_to
+
+
+def exact_result(node: Node, fmt: str) -> bool:
+    """Whether storing the node's result in ``fmt`` rounds nothing: an op exact in it (core/exact_ops.py),
+    or a value entering the graph (its rounding on entry is the caller's to count: plan/planner.py)."""
+    return node.kind == Kind.INPUT or exact_node(node, fmt)
 
 
 def result_rounding(node: Node, fmt: str, stored: Format) -> float:
@@ -125,7 +128,7 @@ def local_error(node: Node, mode: Mode, fmt: str) -> float:
         if stored is not None:
             rounding = math.hypot(rounding, C_OUTPUT * stored.unit_roundoff * out.rms)
         return rounding
-    if stored is None or node.fn in EXACT_FNS:
+    if stored is None or exact_result(node, fmt):
         return 0.0
     return result_rounding(node, fmt, stored) * out.rms
 
@@ -145,7 +148,7 @@ def rounding_terms(node: Node, mode: Mode, fmt: str) -> Dict[str, float]:
         terms["operands"] = operands / math.sqrt(2.0)
         if accumulation_error(node, fmt):  # an error of the sum itself, relative to its terms
             terms["accumulation"] = accumulation_error(node, fmt)
-    if stored is not None and node.fn not in EXACT_FNS and not (node.kind not in DOT_PRODUCT_KINDS
+    if stored is not None and not exact_result(node, fmt) and not (node.kind not in DOT_PRODUCT_KINDS
                                                                  and exact_integers(node, fmt)):
         terms["result"] = result_rounding(node, fmt, stored)
         gains = node.record(Gains)

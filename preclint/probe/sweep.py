@@ -11,9 +11,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.errors import one_line
+from preclint.core.exact_ops import exact_in_dtype
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
-from preclint.capture.calls import is_inplace_call
+from preclint.capture.calls import is_inplace_call, scalar_args
 from preclint.measure.detections import changed_decisions
 from preclint.measure.modes import ModeRun
 from preclint.measure.program import Program
@@ -36,13 +37,6 @@ def _name_base(fn: str) -> str:
 
 
 _NO_REPLAY_KINDS = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE, Kind.DECISION, Kind.COMPARE})
-
-# max(x, 0), min(max(x, 0), 6) and the largest value of a window are exact in every float format:
-# with its result in its input's dtype such an op adds no error, so it is not replayed (a replay
-# would show only the rounding of its input, which the node that produced the input owns).
-_EXACT_FNS = frozenset({"relu", "relu_", "relu6", "max_pool", "max_pool1d", "max_pool2d", "max_pool3d",
-                        "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"})
-
 
 
 class NodeSlots:
@@ -324,7 +318,7 @@ class SweepObserver(ApplyMode):
         if node.kind in _NO_REPLAY_KINDS:
             slots.local_zero = node.kind == Kind.SHAPE
             return
-        if node.fn in _EXACT_FNS and _keeps_dtype(args, kwargs, outs):
+        if adds_no_rounding(node.fn, args, kwargs, outs):
             slots.local_zero = True
             return
         inplace = is_inplace_call(callee, kwargs)
@@ -388,10 +382,15 @@ def _same_arithmetic(callee, exact_callee) -> bool:
     return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs))
 
 
-def _keeps_dtype(args, kwargs, outs: List[torch.Tensor]) -> bool:
-    """Whether every float result has the dtype of the (first) float operand."""
+def adds_no_rounding(fn: str, args, kwargs, outs: List[torch.Tensor]) -> bool:
+    """Whether an ``fn`` call adds no error of its own: an op exact in its operand's dtype
+    (core/exact_ops.py; its scalar constants held by that dtype) whose float results keep the dtype
+    of its (first) float operand. Such a call is not replayed: a replay would show only the rounding
+    of its operand, which the node that produced the operand owns."""
     first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-    return first is not None and all(t.dtype == first.dtype for t in outs if t.is_floating_point())
+    if first is None or any(t.dtype != first.dtype for t in outs if t.is_floating_point()):
+        return False
+    return exact_in_dtype(fn, scalar_args(args, kwargs, skip_first=True).values(), first.dtype)
 
 
 ORDER_DECISIONS = ("topk", "sort", "argsort", "msort")

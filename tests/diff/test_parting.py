@@ -95,3 +95,19 @@ def test_a_precision_against_float32_itself():
     assert graph[parting.first.name].module_path == "fc1"
     # float32 differs from fp16 by fp16's own error: a few units of its rounding, 2^-11
     assert 2 ** -13 < parting.output_difference < 2 ** -6
+
+
+def test_a_max_pool_module_contributes_nothing_and_is_not_replayed():
+    # the largest value of a window is exact in every format (core/exact_ops.py): under fp16 the pool
+    # changes nothing itself; a replay on float32 operands would charge it their rounding to float16,
+    # which the conv that stores them in float16 owns
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 4 * 4, 4)).eval()
+    inputs = (torch.randn(2, 3, 8, 8),)
+    graph = capture_graph(model, inputs)
+    parting = part(Setting("fp32", model, None), Setting("fp16", model, "fp16"), inputs, graph)
+    rows = {graph[n.name].module_path: n for n in parting.nodes}
+    assert rows["1"].difference > 2 ** -14  # it receives the conv's rounding
+    assert rows["1"].contributed == 0.0 and rows["1"].note is None
+    assert rows["0"].contributed > 2 ** -14
