@@ -104,12 +104,12 @@ def _additive_mask(attn_mask, key_padding_mask, is_causal, scores, batch, heads)
     total = None
     length, source = scores.shape[1], scores.shape[2]
     if attn_mask is None and is_causal:
-        attn_mask = torch.ones(length, source, dtype=torch.bool).triu(1)
+        attn_mask = torch.ones(length, source, dtype=torch.bool, device=scores.device).triu(1)
     for mask, per_batch in ((attn_mask, False), (key_padding_mask, True)):
         if mask is None:
             continue
         if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=scores.dtype).masked_fill(mask, float("-inf"))
+            mask = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill(mask, float("-inf"))
         mask = mask.to(scores.dtype)
         if per_batch:  # (batch, source): the same for every head and query
             mask = mask.view(batch, 1, 1, source).expand(batch, heads, 1, source).reshape(batch * heads, 1, source)
@@ -146,7 +146,10 @@ class AttentionAnalysis(GradientAnalysis):
         args = tuple(bound.get(n) for n in names[:3])
         if not analysable(module, args, call.kwargs):
             return []
-        record = _weighed(module, bound)
+        try:
+            record = _weighed(module, bound)
+        except Exception:  # noqa: BLE001 - a call the decomposition cannot follow keeps its boundary roundings
+            record = None
         if record is not None:
             node.put(record)
         return []
