@@ -318,6 +318,8 @@ def tf32_kernel(node, callee, args, kwargs) -> bool:
         return conv_uses_tf32(tuple(weight.shape), groups, transposed, _rows(out, channels_first=True))
     if node.kind == Kind.MATMUL and len(args) >= 2 and all(isinstance(a, torch.Tensor) for a in args[:2]):
         a, b = args[0], args[1]
+        if node.fn == "scaled_dot_product_attention" and a.dim() >= 2 and b.dim() >= 2:
+            return product_kernel(a.shape[-2], b.shape[-2], a.shape[-1]) != FLOAT32  # queries x keys
         return product_kernel(a.shape[-2] if a.dim() >= 2 else 1, b.shape[-1] if b.dim() >= 2 else 1,
                               a.shape[-1]) != FLOAT32
     if out is None and isinstance(x, torch.Tensor) and x.dim() >= 1:

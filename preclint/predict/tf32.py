@@ -35,6 +35,12 @@ def tf32_kernel(node: Node) -> str:
         return product_kernel(out.numel // max(1, shape[-1]), shape[-1], reduction)
     if node.kind == Kind.MATMUL and len(shape) >= 2 and node.fn in ("matmul", "mm", "bmm", "baddbmm"):
         return product_kernel(shape[-2], shape[-1], reduction)
+    stats = node.input_stats
+    if node.fn == "scaled_dot_product_attention" and len(stats) >= 2 and stats[0] is not None and stats[1] is not None \
+            and len(stats[0].shape) >= 2 and len(stats[1].shape) >= 2:
+        # the scores' product: queries x keys over the head dimension (a decode step's one query is a
+        # single row, as the emulation reads it: measure/modes.py)
+        return product_kernel(stats[0].shape[-2], stats[1].shape[-2], stats[0].shape[-1])
     return TF32
 
 

@@ -86,3 +86,31 @@ def test_kernel_classes_agree_between_prediction_and_emulation():
     assert not conv_uses_tf32((384, 3, 14, 14), 1, False, 256)
     assert conv_uses_tf32((64, 32, 3, 3), 1, False, 4608)  # the headline's assumption: TF32 where allowed
     assert not product_uses_tf32(1, (1000, 512)) and product_uses_tf32(8, (128, 9216))
+
+
+# a decode step: one query attends over a cache of 31 keys (scaled_dot_product_attention)
+DECODE_ATTENTION = """\
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+
+
+class Attend(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+model = Attend().eval()
+example_inputs = (torch.randn(2, 4, 1, 64), torch.randn(2, 4, 31, 64), torch.randn(2, 4, 31, 64))
+"""
+
+
+def test_one_query_attending_is_a_single_row_product_to_both(tmp_path, capsys):
+    # Before: the prediction assumed TF32 for every scaled_dot_product_attention (2.9e-4 in a Llama
+    # decode step) while the emulation ran its one query row in float32 and measured 1e-7.
+    path = tmp_path / "decode.py"
+    path.write_text(DECODE_ATTENTION)
+    doc = _json(capsys, "check", str(path), "--precision", "tf32", "--probe", "cpu")
+    tf32 = doc["summary"]["tf32"]
+    assert tf32["predicted_output"]["rel_error"] == 0
+    assert tf32["measured_output"]["rel_error"] < 1e-5
