@@ -247,8 +247,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     if not graph.ran_reference:
         prediction.output_error = None
         return prediction
-    owners = _recurrences(graph, mode, formats, roundings, prediction)
-    owners.update(_attentions(graph, mode, formats, roundings, prediction))
+    owners = _inner_roundings(graph, mode, formats, roundings, prediction)
     mark_poles(graph, prediction, roundings)
 
     # the output's own values where the run recorded them (every tensor of a nested output), else
@@ -355,65 +354,40 @@ def _out_of_range_parameters(node: Node, mode: Mode, fmt: str, terms: Dict[str, 
     p.local = math.hypot(p.local, consequence.rel_error * node.out.rms)
 
 
-def _recurrences(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: Dict[str, Dict[str, float]],
-                 prediction: ModePrediction) -> Dict[str, str]:
-    """The error an RNN's steps accumulate (Recurrence), put on the values the model takes from its
-    outputs (its getitem nodes, whose gains carry it on), in place of the RNN's boundary roundings; returns
-    each such value's RNN."""
+def _inner_roundings(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: Dict[str, Dict[str, float]],
+                     prediction: ModePrediction) -> Dict[str, str]:
+    """What a fused module rounds inside (an RNN's steps: Recurrence; attention's products:
+    AttentionRoundings), put on the values the model takes from its outputs (its getitem nodes, whose
+    gains carry it on), in place of the module's boundary roundings; returns each such value's module."""
     owners: Dict[str, str] = {}
     for node in graph.nodes:
-        record = node.record(Recurrence)
-        rounded = roundings.get(node.name, {})
-        if record is None or ("operands" not in rounded and "result" not in rounded):
-            continue
-        fmt = FORMATS.get(formats[node.name])
-        stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
-        operand_u = C_INPUT / math.sqrt(2.0) * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
-        state_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0
-        if fmt is None:
-            continue
-        if record.to_output is not None:  # the model's own gradients carried through the steps
-            rounded["recurrence_to_output"] = record.combined(record.to_output, operand_u, state_u)
-        for taker in _takers(graph, node):
-            index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
-                          and s.rms == taker.out.rms), None)
-            if index is None:
-                continue
-            rel = record.relative(index, taker.out.rms, operand_u, state_u)
-            # (where the model's own gradients carry the steps' error to the output, the taker's share
-            # counts only toward other roots: a decision's input, one output of several)
-            roundings[taker.name]["recurrence" if record.to_output is None else "recurrence_toward"] = rel
-            prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
-            owners[taker.name] = node.name
-        rounded.pop("operands", None)  # (the steps' operands and states include the boundary's)
-        rounded.pop("result", None)
-    return owners
-
-
-def _attentions(graph: Graph, mode: Mode, formats: Dict[str, str], roundings: Dict[str, Dict[str, float]],
-                prediction: ModePrediction) -> Dict[str, str]:
-    """The roundings inside a MultiheadAttention call (AttentionRoundings), put on the values the model
-    takes from its outputs in place of the call's boundary roundings; returns each such value's module."""
-    owners: Dict[str, str] = {}
-    for node in graph.nodes:
-        record = node.record(AttentionRoundings)
+        record = node.record(Recurrence) or node.record(AttentionRoundings)
         rounded = roundings.get(node.name, {})
         fmt = FORMATS.get(formats[node.name])
         if record is None or fmt is None or ("operands" not in rounded and "result" not in rounded):
             continue
         stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
         operand_u = C_INPUT / math.sqrt(2.0) * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
-        result_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0  # (TF32 keeps float32 scores)
+        # an RNN's states, attention's scores: stored in the format where the mode stores results there
+        # (TF32 keeps both in float32)
+        stored_u = C_OUTPUT * stored.unit_roundoff if stored is not None else 0.0
+        key = "internal"
+        if isinstance(record, Recurrence):
+            if record.to_output is not None:  # the model's own gradients carried through the steps
+                rounded["recurrence_to_output"] = record.combined(record.to_output, operand_u, stored_u)
+            # (where the model's own gradients carry the steps' error to the output, the taker's share
+            # counts only toward other roots: a decision's input, one output of several)
+            key = "recurrence" if record.to_output is None else "recurrence_toward"
         for taker in _takers(graph, node):
             index = next((i for i, s in enumerate(node.outputs) if s is not None and s.shape == taker.out.shape
                           and s.rms == taker.out.rms), None)
             if index is None:
                 continue
-            rel = record.relative(index, taker.out.rms, operand_u, result_u)
-            roundings[taker.name]["internal"] = rel
+            rel = record.relative(index, taker.out.rms, operand_u, stored_u)
+            roundings[taker.name][key] = rel
             prediction.nodes[taker.name].local = math.hypot(prediction.nodes[taker.name].local, rel * taker.out.rms)
             owners[taker.name] = node.name
-        rounded.pop("operands", None)  # (the inner operands include the boundary's)
+        rounded.pop("operands", None)  # (the inner operands and states include the boundary's)
         rounded.pop("result", None)
     return owners
 
