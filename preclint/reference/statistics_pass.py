@@ -262,14 +262,19 @@ class ReferenceObserver(Observer):
             self._failed(node, "operand views", exc)
             return args, kwargs
 
-    def _view_for_call(self, node: Node, weight: torch.Tensor) -> Tuple[torch.Tensor, _Watched]:
-        """A view of a tied weight for this call alone, hooked like an activation operand's view."""
-        view = weight.view_as(weight)
+    def _operand_view(self, node: Node, v: torch.Tensor, *, weight: bool,
+                      source: Optional[str]) -> Tuple[torch.Tensor, _Watched]:
+        """A view of operand ``v`` for this call alone, whose hook hears the gradient that flows through this
+        op only; ``source``: the node that made ``v`` (None for a weight); ``weight``: a conv's or linear's
+        weight, which the backward passes then ask for (computed in forward, or tied: no leaf of the
+        passes reaches its view otherwise)."""
+        view = v.view_as(v)
         entry = self._watch(view)
-        self.operand_sources[id(entry)] = None  # (a weight: no node made it)
+        self.operand_sources[id(entry)] = source
         self.handles.append(hook_gradient(view, partial(self._on_operand_grad, entry)))
-        self.view_origin[id(view)] = weight
-        if node.kind in (Kind.CONV, Kind.LINEAR):
+        # a view of a view has the root as its _base; remember which tensor this one stands for
+        self.view_origin[id(view)] = v
+        if weight and node.kind in (Kind.CONV, Kind.LINEAR):
             self.computed_weights.append(view)
         return view, entry
 
@@ -307,7 +312,7 @@ class ReferenceObserver(Observer):
         def as_view(v, position=None):
             if isinstance(v, torch.Tensor) and id(v) in chosen and v.is_floating_point() and v.requires_grad:
                 if v.is_leaf and node.kind in DOT_PRODUCT_KINDS and self.tied.tied(v):
-                    view, entry = self._view_for_call(node, v)
+                    view, entry = self._operand_view(node, v, weight=True, source=None)
                     views.append(entry)
                     return view
                 if v.is_leaf:  # a weight passed as an argument: hook the parameter itself
@@ -317,14 +322,9 @@ class ReferenceObserver(Observer):
                     # the op writes into it: a view of it would lose its history to the write (autograd
                     # routes the gradient around the view), so the op gets the tensor itself
                     return v
-                view = v.view_as(v)
-                entry = self._watch(view)
+                view, entry = self._operand_view(node, v, weight=position in (1, "weight"),
+                                                 source=self.producers.get(id(v)))
                 views.append(entry)
-                self.operand_sources[id(entry)] = self.producers.get(id(v))
-                self.handles.append(hook_gradient(view, partial(self._on_operand_grad, entry)))
-                # a view of a view has the root as its _base; remember which tensor this one stands for
-                self.view_origin[id(view)] = v
-                self.computed_weights += [view] if position in (1, "weight") and node.kind in (Kind.CONV, Kind.LINEAR) else []
                 return view
             return v
 
@@ -334,7 +334,7 @@ class ReferenceObserver(Observer):
         for weight in {id(t): t for t in wanted if id(t) not in operands}.values():
             if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf:
                 if node.kind in DOT_PRODUCT_KINDS and self.tied.tied(weight) and held_as(callee, weight):
-                    view, entry = self._view_for_call(node, weight)
+                    view, entry = self._operand_view(node, weight, weight=True, source=None)
                     self.tied.lend(callee, weight, view)  # (given back once the call ran, see __call__)
                     views.append(entry)
                     continue
