@@ -236,9 +236,12 @@ def gains_toward(passes, root: torch.Tensor) -> Dict[str, Tuple[float, float]]:
     return sums.gains(passes.operands, run.units, run.unknown)
 
 
-def input_gains(node: Node, operands: list, gains: Dict[int, float], passes) -> Tuple[float, Dict[str, float]]:
-    """The gains of rounding the ``operands`` of an op that is not a dot product (``gains``: per operand),
-    per output element (an operand reused by R outputs: its gain / R), in all and per input node."""
+def input_gains(node: Node, operands: list, gains: Dict[int, float], passes,
+                spread: bool = True) -> Tuple[float, Dict[str, float]]:
+    """The gains of rounding the ``operands`` of an op, in all and per input node (an operand no node
+    made, a weight, counts in all only). ``spread``: per output element, as for an op that is not a dot
+    product (an operand reused by R outputs: its gain / R); a dot product sums each activation element
+    into many outputs, as its gradient already does, so it passes ``spread=False``."""
     out_numel = node.out.numel if node.out is not None else 0
     total = 0.0
     by_input: Dict[str, float] = {}
@@ -247,25 +250,13 @@ def input_gains(node: Node, operands: list, gains: Dict[int, float], passes) -> 
         if gain is None:
             continue
         numel = operand.tensor.numel()
-        if numel and out_numel > numel:
+        if spread and numel and out_numel > numel:
             gain *= numel / out_numel
         total += gain
         source = passes.source(operand)
         if source is not None:
             by_input[source] = by_input.get(source, 0.0) + gain
     return total, by_input
-
-
-def activation_gains(operands: list, gains: Dict[int, float], passes) -> Dict[str, float]:
-    """The gains of rounding the activations a dot product reads (not its weights), per input node: a
-    dot product sums each activation element into many outputs, as its gradient already does (no
-    division by the outputs per element, unlike a broadcast)."""
-    by_input: Dict[str, float] = {}
-    for operand in operands:
-        source = passes.source(operand)
-        if source is not None and id(operand) in gains:
-            by_input[source] = by_input.get(source, 0.0) + gains[id(operand)]
-    return by_input
 
 
 class GainsAnalysis(GradientAnalysis):
@@ -299,7 +290,7 @@ class GainsAnalysis(GradientAnalysis):
                     record.operands = gain_operands
                     # (how a relative error arriving in its activations reaches the output: a trained
                     # head that cancels its terms amplifies it, one that averages damps it)
-                    record.by_input = activation_gains(passes.operands[name], per_operand, passes)
+                    record.by_input = input_gains(node, passes.operands[name], per_operand, passes, spread=False)[1]
                 elif name in inputs:
                     record.inputs, record.by_input = inputs[name]
             node.put(record)
