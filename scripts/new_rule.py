@@ -276,7 +276,7 @@ def scaffold_statistic(name: str, summary: str, directory: "pathlib.Path | None"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                      usage="%(prog)s CODE NAME SUMMARY [--source [--api API]]\n"
                                            "       %(prog)s --statistic NAME SUMMARY [--gradient]")
     parser.add_argument("words", nargs="+", metavar="CODE NAME SUMMARY",

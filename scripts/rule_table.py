@@ -132,7 +132,7 @@ def formats_page() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a page is stale")
     args = parser.parse_args(argv)
     if args.check:

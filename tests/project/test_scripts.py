@@ -192,3 +192,21 @@ def test_the_statistic_scaffold_refuses_a_malformed_or_taken_name(tmp_path):
     with pytest.raises(ValueError, match="summary"):
         new_rule.scaffold_statistic("fresh-name", "  ", directory=tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("script", ["new_rule.py", "rule_table.py"])
+def test_a_script_help_gives_its_first_paragraph_whole(script, capsys):
+    """--help is built from the module's first paragraph, which spans lines: cut at the first line it
+    stopped mid-sentence ("...documentation sections (Why it matters,")."""
+    module = _script(script[:-3])
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert " ".join(module.__doc__.split("\n\n")[0].split()) in text
+
+
+def test_the_package_ships_its_type_marker():
+    """PEP 561: without py.typed in the wheel, type checkers ignore the annotations of preclint.api."""
+    assert (ROOT / "preclint" / "py.typed").is_file()
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'preclint = ["py.typed"]' in pyproject.split("[tool.setuptools.package-data]")[1]
