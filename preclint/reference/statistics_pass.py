@@ -36,6 +36,7 @@ from preclint.reference.poison import PoisonTracker
 from preclint.reference.backward_passes import BackwardPasses, Pass, backward_for_hooks
 from preclint.reference.tied_weights import TiedWeights, held_as
 from preclint.reference.value_stats import tensor_stats
+from preclint.reference.analyses import direction_like
 from preclint.capture.trees import flatten
 
 
@@ -463,8 +464,7 @@ class ReferenceObserver(Observer):
         self._listeners, self._unknown = tuple(listeners), set()
         try:
             for _ in range(directions):
-                # drawn on the CPU whatever the device: the same directions, so the same gains, everywhere
-                vs = cotangents or [torch.randn(r.shape, generator=generator, dtype=r.dtype).to(r.device) for r in roots]
+                vs = cotangents or [direction_like(r, generator) for r in roots]
                 backward_for_hooks(roots, leaves, vs)
             unknown = frozenset(self._unknown)
         finally:

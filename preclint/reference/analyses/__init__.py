@@ -25,6 +25,15 @@ from typing import Any, ClassVar, Iterable, List, Optional, Sequence, Tuple, Typ
 from preclint.capture.observer import Call
 
 
+def direction_like(value, generator):
+    """A standard normal direction of ``value``'s shape, dtype and device. Drawn on the CPU whatever the
+    device (``generator`` is a CPU generator): the same directions, so the same gains, everywhere. A
+    direction left on the CPU for a value on a GPU failed the analysis, silently, on every GPU check."""
+    import torch
+
+    return torch.randn(value.shape, generator=generator, dtype=value.dtype).to(value.device)
+
+
 class Analysis:
     """One statistic: the record type it writes (``record``) and the record types it reads (``needs``)."""
 

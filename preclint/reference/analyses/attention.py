@@ -20,7 +20,7 @@ from typing import Dict, Optional
 
 from preclint.capture.observer import Call
 from preclint.core.ir import Node
-from preclint.reference.analyses import GradientAnalysis
+from preclint.reference.analyses import GradientAnalysis, direction_like
 
 PROBES = 2  # random directions per output of the module
 AGREE = 1e-6  # the decomposition must reproduce the module's float64 output to this relative RMS
@@ -180,7 +180,7 @@ def _weighed(module, bound: dict) -> Optional[AttentionRoundings]:
                 continue
             totals = {group: 0.0 for group in groups}
             for _ in range(PROBES):
-                direction = torch.randn(out.shape, generator=generator, dtype=out.dtype)
+                direction = direction_like(out, generator)
                 for group, values in groups.items():
                     grads = torch.autograd.grad(out, values, direction, retain_graph=True, allow_unused=True)
                     totals[group] += sum(float((g * v.detach()).pow(2).sum()) for g, v in zip(grads, values)

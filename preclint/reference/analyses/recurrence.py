@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 from preclint.capture.observer import Call
 from preclint.core.ir import Node
-from preclint.reference.analyses import GradientAnalysis, GradientListener
+from preclint.reference.analyses import GradientAnalysis, GradientListener, direction_like
 
 PROBES = 2  # random directions per output of the module
 
@@ -120,7 +120,7 @@ class RecurrenceAnalysis(GradientAnalysis, GradientListener):
                     continue
                 totals = [0.0, 0.0, 0.0, 0.0]
                 for _ in range(PROBES):
-                    v = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+                    v = direction_like(value, generator)
                     totals = [a + b for a, b in zip(totals, unrolled.sums({index: v}))]
                 units = value.numel() * PROBES
                 first, later, states, weights = (t / units for t in totals)
