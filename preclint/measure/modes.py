@@ -40,7 +40,8 @@ from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.core.kernels import FLOAT32, conv_kernel, product_kernel
 from preclint.measure.recurrent import RECURRENT_TYPES, run_steps, steppable, stored_in
 from preclint.load.modelio import Inputs
-from preclint.core.numerics import MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy, casting_region
+from preclint.core.numerics import (CUDNN_RNN_AUTOCAST, MODES, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_lowered, autocast_policy,
+                                    casting_region)
 from preclint.measure.backends import tf32
 from preclint.measure.copies import clone_module, detached_state
 from preclint.measure.rounding import LOW_DTYPES, REDUCED_FLOATS, round_tf32, round_to
@@ -167,7 +168,7 @@ class ModeRun:
         # regions, lowering to a region's own dtype
         here = autocast_format(node.autocast, self.mode)
         if here is not None:
-            at = LOW_DTYPES[here.name]
+            at = LOW_DTYPES[autocast_lowered(node.fn, here).name]  # (cuDNN's RNNs: float16)
             lowered = lambda t: _rounded_up(t, at)  # noqa: E731
             if policy == "lower" and node.kind in _EMULATED_KINDS:
                 # operands already in the format only widen: the op computes as the float32 model's
@@ -473,10 +474,11 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             # their float32 weights
             elsewhere = {n.module_path for n in (graph.nodes if graph is not None else ())
                          if n.target.startswith("nn.") and autocast_format(n.autocast, mode) != mode.low}
-            lower = {id(m) for path, m in model32.named_modules()
+            lower = {id(m): LOW_DTYPES[autocast_lowered(ops.classify_module(m)[1], mode.low).name]
+                     for path, m in model32.named_modules()
                      if ops.is_leaf_module(m) and autocast_policy(ops.classify_module(m)[1]) == "lower"
                      and path not in elsewhere and id(m) not in scaled}
-            variant = _variant(stream, model32, limited(lambda module, pname, t: round_to(t, low)
+            variant = _variant(stream, model32, limited(lambda module, pname, t: round_to(t, lower[id(module)])
                                                         if id(module) in lower and t.dtype == torch.float32 else None))
         else:
             variant = _variant(stream, model32, lambda module, pname, t: round_to(t, low) if t.dtype == torch.float32 else None)
@@ -484,7 +486,9 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             inputs = _cast_inputs(inputs32, low)
     if emulated and low is not None:
         elsewhere = elsewhere if mode.autocast else set()
-        _step_recurrences(model32, variant, low, lambda path, m: path not in elsewhere and (inside is None or id(m) in inside))
+        # (under autocast cuDNN's RNNs store their states in float16 whatever its dtype)
+        stored = LOW_DTYPES[CUDNN_RNN_AUTOCAST] if mode.autocast else low
+        _step_recurrences(model32, variant, stored, lambda path, m: path not in elsewhere and (inside is None or id(m) in inside))
     if mode.recipe is not None:  # the layers the recipe converts run as its scaled GEMMs
         backend = gemm_backend(mode.recipe, device, emulated)
         within = None if inside is None else {id(m) for path, m in variant.named_modules()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, Iterable, List, Optional
 
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node
-from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, MODES, Mode, gaussian_max_factor
+from preclint.core.numerics import C_INPUT, C_OUTPUT, DTYPE_FORMATS, FORMATS, MODES, Mode, gaussian_max_factor
 from preclint.predict.accumulation import terms_rms
 from preclint.predict.formats import input_formats, node_format
 from preclint.predict.local import local_error, result_rounding, rounding_terms
@@ -366,7 +366,8 @@ def _inner_roundings(graph: Graph, mode: Mode, formats: Dict[str, str], rounding
         fmt = FORMATS.get(formats[node.name])
         if record is None or fmt is None or ("operands" not in rounded and "result" not in rounded):
             continue
-        stored = mode.low if mode.low is not None and formats[node.name] == mode.low.name else None
+        # (the node's own storage format: cuDNN's RNNs store float16 states under bfloat16 autocast too)
+        stored = fmt if mode.low is not None and fmt.name != "fp32" and fmt.name in DTYPE_FORMATS.values() else None
         operand_u = C_INPUT / math.sqrt(2.0) * (stored or (mode.dot_format if "operands" in rounded else fmt)).unit_roundoff
         # an RNN's states, attention's scores: stored in the format where the mode stores results there
         # (TF32 keeps both in float32)

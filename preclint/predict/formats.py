@@ -7,8 +7,8 @@ import re
 from typing import Dict, Iterable, List, Optional
 
 from preclint.core.ir import Graph, Kind, Node
-from preclint.core.numerics import (DTYPE_FORMATS, FORMATS, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_policy,
-                                    casting_region)
+from preclint.core.numerics import (DTYPE_FORMATS, FORMATS, PROMOTING_BATCHNORMS, Mode, autocast_format, autocast_lowered,
+                                    autocast_policy, casting_region)
 
 
 def widest(formats: Iterable[str]) -> str:
@@ -51,7 +51,7 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
     if low is not None and node.kind not in (Kind.INPUT, Kind.CONSTANT):
         policy = autocast_policy(node.fn)
         if policy == "lower":
-            return low.name
+            return autocast_lowered(node.fn, low).name
         if policy == "fp32":
             return "fp32"
     cast_model = mode.low is not None and not mode.autocast
