@@ -30,7 +30,7 @@ from preclint.load.modelio import Inputs
 from preclint.measure.compare import LARGEST, compare, relative_rms
 from preclint.measure.program import Program
 from preclint.measure.runners import ApplyMode, runner_for
-from preclint.probe.execute import Producers, invoke, tensors
+from preclint.measure.execute import Producers, invoke, tensors
 from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
 from preclint.probe.sweep import adds_no_rounding, decision_changes
 

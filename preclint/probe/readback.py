@@ -15,7 +15,7 @@ from preclint.predict.accumulation import terms_rms
 from preclint.load.modelio import output_tensors
 from preclint.measure.compare import OutputDifferences, Tolerance, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
-from preclint.probe.execute import tensors
+from preclint.measure.execute import tensors
 from preclint.probe.ledger import ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars

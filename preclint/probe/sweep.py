@@ -20,7 +20,7 @@ from preclint.measure.modes import ModeRun
 from preclint.measure.program import Program
 from preclint.measure.runners import ApplyMode
 from preclint.measure.rounding import REDUCED_FLOATS
-from preclint.probe.execute import Producers, invoke, tensors
+from preclint.measure.execute import Producers, invoke, tensors
 from preclint.probe.noise import RANDOM_OPS
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars, difference, error_dtype
