@@ -30,9 +30,8 @@ from preclint.load.modelio import Inputs
 from preclint.measure.compare import LARGEST, compare, relative_rms
 from preclint.measure.program import Program
 from preclint.measure.runners import runner_for
-from preclint.measure.sweep import RecordedRun, Sweep
+from preclint.measure.sweep import RecordedRun, Sweep, adds_no_rounding, decision_changes
 from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
-from preclint.probe.sweep import adds_no_rounding, decision_changes
 
 # nodes that compute nothing of their own: their difference is their operand's
 _NO_REPLAY = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE})

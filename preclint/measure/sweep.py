@@ -12,15 +12,20 @@ Two passes are this walk with their own observation:
 * the probe's sweep (probe/sweep.py): first = the float64 run; received and local error per node;
 * diff's parting (diff/parting.py): first = setting A's run; difference and contributed per node.
 
-A walk with no first run records one (``RecordedRun``), for a later walk to follow.
+A walk with no first run records one (``RecordedRun``), for a later walk to follow. What both
+observations ask alike is here too: whether a call adds no rounding of its own (``adds_no_rounding``,
+from core/exact_ops.py's one table: such a node is not replayed) and how many units of a decision
+changed (``decision_changes``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from preclint.capture.calls import scalar_args
 from preclint.capture.trees import flatten
+from preclint.core.exact_ops import exact_in_dtype
 from preclint.core.ir import Kind
 from preclint.measure.execute import Producers, invoke, tensors
 from preclint.measure.runners import ApplyMode
@@ -147,3 +152,49 @@ class Sweep(ApplyMode):
         result as the mode stores it; ``prepared``: what ``run.before`` made of them already."""
         run_args, run_kwargs, decision = prepared if prepared is not None else self.run.before(node, args, kwargs, callee)
         return tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
+
+
+def adds_no_rounding(fn: str, args, kwargs, outs: List[torch.Tensor]) -> bool:
+    """Whether an ``fn`` call adds no error of its own: an op exact in its operand's dtype
+    (core/exact_ops.py; its scalar constants held by that dtype) whose float results keep the dtype
+    of its (first) float operand. Such a call is not replayed: a replay would show only the rounding
+    of its operand, which the node that produced the operand owns."""
+    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+    if first is None or any(t.dtype != first.dtype for t in outs if t.is_floating_point()):
+        return False
+    return exact_in_dtype(fn, scalar_args(args, kwargs, skip_first=True).values(), first.dtype)
+
+
+def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(units whose decision changed, units) for an integer/boolean result of a decision (None when the
+    two results cannot be compared unit by unit).
+
+    Units are what PCL301 counts: elements for thresholds and argmax, rows for top-k and sort
+    (a row changes when its index set or order does), and for variable-length results (NMS) the
+    union of the kept indices, of which the symmetric difference changed (the probe's sweep compares
+    an NMS by the boxes it kept where it knows them: detections.changed_decisions).
+    """
+    device = reference.device
+    value = value.to(device)
+    fn = node.fn
+    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1 and reference.dim() == 1:
+        a, b = value.long(), reference.long()
+        missing = (~torch.isin(b, a)).sum()
+        extra = (~torch.isin(a, b)).sum()
+        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
+    if value.shape != reference.shape:
+        # a mask or a ranking over another number of candidates: the units of the two runs do not
+        # correspond, so no count of flips would be a measurement
+        return None
+    if value.numel() == 0:
+        zero = torch.zeros((), device=device)
+        return zero, zero
+    dim = node.attrs.get("dim", -1)
+    if fn in ("topk", "sort", "argsort", "msort") and value.dim() > 0 and isinstance(dim, int):
+        a, b = value, reference
+        if fn == "topk":  # the set of the top k, whatever their order
+            a, b = a.sort(dim=dim).values, b.sort(dim=dim).values
+        changed = (a != b).any(dim=dim)
+        return changed.sum(), torch.as_tensor(changed.numel(), device=device)
+    changed = value != reference
+    return changed.sum(), torch.as_tensor(changed.numel(), device=device)

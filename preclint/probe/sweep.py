@@ -12,14 +12,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.errors import one_line
-from preclint.core.exact_ops import exact_in_dtype
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
-from preclint.capture.calls import is_inplace_call, scalar_args
+from preclint.capture.calls import is_inplace_call
 from preclint.measure.detections import changed_decisions
 from preclint.measure.modes import ModeRun
 from preclint.measure.program import Program
-from preclint.measure.sweep import Sweep
+from preclint.measure.sweep import Sweep, adds_no_rounding, decision_changes
 from preclint.measure.rounding import REDUCED_FLOATS
 from preclint.measure.execute import invoke, tensors
 from preclint.probe.noise import RANDOM_OPS
@@ -354,17 +353,6 @@ def _same_arithmetic(callee, exact_callee) -> bool:
     return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs))
 
 
-def adds_no_rounding(fn: str, args, kwargs, outs: List[torch.Tensor]) -> bool:
-    """Whether an ``fn`` call adds no error of its own: an op exact in its operand's dtype
-    (core/exact_ops.py; its scalar constants held by that dtype) whose float results keep the dtype
-    of its (first) float operand. Such a call is not replayed: a replay would show only the rounding
-    of its operand, which the node that produced the operand owns."""
-    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-    if first is None or any(t.dtype != first.dtype for t in outs if t.is_floating_point()):
-        return False
-    return exact_in_dtype(fn, scalar_args(args, kwargs, skip_first=True).values(), first.dtype)
-
-
 ORDER_DECISIONS = ("topk", "sort", "argsort", "msort")
 
 
@@ -379,41 +367,6 @@ def reordered(node, outs: List[torch.Tensor], refs: List[torch.Tensor]) -> bool:
             if bool((o.to(r.device) != r).any()):
                 return True
     return False
-
-
-def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """(units whose decision changed, units) for an integer/boolean result of a decision (None when the
-    two results cannot be compared unit by unit).
-
-    Units are what PCL301 counts: elements for thresholds and argmax, rows for top-k and sort
-    (a row changes when its index set or order does), and for variable-length results (NMS) the
-    union of the kept indices, of which the symmetric difference changed (the sweep compares an
-    NMS by the boxes it kept where it knows them: detections.changed_decisions).
-    """
-    device = reference.device
-    value = value.to(device)
-    fn = node.fn
-    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1 and reference.dim() == 1:
-        a, b = value.long(), reference.long()
-        missing = (~torch.isin(b, a)).sum()
-        extra = (~torch.isin(a, b)).sum()
-        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
-    if value.shape != reference.shape:
-        # a mask or a ranking over another number of candidates: the units of the two runs do not
-        # correspond, so no count of flips would be a measurement
-        return None
-    if value.numel() == 0:
-        zero = torch.zeros((), device=device)
-        return zero, zero
-    dim = node.attrs.get("dim", -1)
-    if fn in ("topk", "sort", "argsort", "msort") and value.dim() > 0 and isinstance(dim, int):
-        a, b = value, reference
-        if fn == "topk":  # the set of the top k, whatever their order
-            a, b = a.sort(dim=dim).values, b.sort(dim=dim).values
-        changed = (a != b).any(dim=dim)
-        return changed.sum(), torch.as_tensor(changed.numel(), device=device)
-    changed = value != reference
-    return changed.sum(), torch.as_tensor(changed.numel(), device=device)
 
 
 class Swept:
