@@ -1,5 +1,5 @@
-"""The ops that add no rounding error of their own: one table, read by the error model (predict/local.py),
-the probe's sweep (probe/sweep.py) and diff's parting (diff/parting.py).
+"""The ops that add no rounding error of their own: one table, read by the error model (predict/local.py)
+and by the walk the probe's sweep and diff's parting both take (measure/sweep.py, adds_no_rounding).
 
 An op is exact in a format when its result, stored in that format, is what it computes in real numbers
 from its operands as they are. Two classes:

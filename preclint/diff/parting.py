@@ -1,7 +1,8 @@
 """Where two runs part: the same inputs through two settings (two precisions, two checkpoints of one
 architecture, two devices), compared node by node along the model.
 
-The first run is recorded (every node's value); the second follows it: at each node its value
+The first run is recorded (every node's value); the second follows it, in the walk the probe's
+sweep takes too (measure/sweep.py's Sweep, whose first run there is float64): at each node its value
 against the first run's (``difference``), and the node replayed in the second setting on the first
 run's operands (``contributed``: what the node itself changes; the rest of the difference it
 ``inherited`` from the nodes before it, in quadrature). The first setting run a second time gives
@@ -23,16 +24,14 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from preclint.capture.calls import is_inplace_call
-from preclint.capture.trees import flatten
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.load.modelio import Inputs
 from preclint.measure.compare import LARGEST, compare, relative_rms
 from preclint.measure.program import Program
-from preclint.measure.runners import ApplyMode, runner_for
-from preclint.probe.execute import Producers, invoke, tensors
+from preclint.measure.runners import runner_for
+from preclint.measure.sweep import RecordedRun, Sweep, adds_no_rounding, decision_changes
 from preclint.probe.noise import DETERMINISTIC_BELOW, NOISE_MARGIN
-from preclint.probe.sweep import adds_no_rounding, decision_changes
 
 # nodes that compute nothing of their own: their difference is their operand's
 _NO_REPLAY = frozenset({Kind.INPUT, Kind.OUTPUT, Kind.CONSTANT, Kind.SHAPE})
@@ -166,69 +165,23 @@ def _r(value: Optional[float]) -> Optional[float]:
     return float(f"{value:.4g}") if value else 0.0
 
 
-class _Recorded:
-    """The first run: each node's outputs (by position in the run) and the run's output."""
+class _Follower(Sweep):
+    """Runs one setting; records it (``first`` None) or follows ``first`` (measure/sweep.py):
+    differences, replays on the first run's operands (``replay``), decisions forced to the first
+    run's (``force``)."""
 
-    def __init__(self) -> None:
-        self.names: List[str] = []
-        self.values: List[List[torch.Tensor]] = []
+    def __init__(self, run, first: Optional[RecordedRun], inplace_semantics: bool, replay: bool = False,
+                 force: Sequence[str] = ()) -> None:
+        super().__init__(run, first, inplace_semantics)
+        self.replays = replay
+        self.force = frozenset(force)
+        self.nodes: List[NodeParting] = []
         self.output: Any = None
 
+    def steer(self, node, output, theirs, args, kwargs):
+        return _forced(node, output, theirs, args, kwargs) if node.name in self.force else output
 
-class _Observer(ApplyMode):
-    """Runs one setting; records it (``first`` None) or follows ``first``: differences, replays on
-    the first run's operands (``replay``), decisions forced to the first run's (``force``)."""
-
-    def __init__(self, run, graph, inplace_semantics: bool, first: Optional[_Recorded] = None,
-                 replay: bool = False, force: Sequence[str] = ()) -> None:
-        super().__init__(run, inplace_semantics)
-        self.graph = graph
-        self.first = first
-        self.replay = replay
-        self.force = frozenset(force)
-        self.record = _Recorded()
-        self.producers = Producers()
-        self.nodes: List[NodeParting] = []
-        self.off_path: Optional[str] = None
-
-    def rename(self, node, name) -> None:
-        super().rename(node, name)
-        if self.record.names and self.record.names[-1] == node.name:
-            self.record.names[-1] = name
-            if self.nodes and self.nodes[-1].name == node.name:
-                self.nodes[-1].name = name
-
-    def __call__(self, node, args, kwargs, callee, output):
-        pending, self.pending = self.pending, None
-        if self.pending_for(pending, node):
-            args, kwargs, decision = pending[1], pending[2], pending[3]
-        else:
-            decision = None
-        output = self.run.entering(node, self.run.after(output, decision))
-        if node.kind == Kind.OUTPUT:
-            return output
-        position = len(self.record.names)
-        theirs = self._theirs(node, position)
-        if theirs is not None and node.name in self.force:
-            output = _forced(node, output, theirs, args, kwargs)
-        outs = tensors(output)
-        self.record.names.append(node.name)
-        self.record.values.append([t.detach() for t in outs])
-        if theirs is not None:
-            self.nodes.append(self._compare(node, args, kwargs, callee, outs, theirs))
-        self.producers.add(str(position), outs)
-        return output
-
-    def _theirs(self, node, position: int) -> Optional[List[torch.Tensor]]:
-        first = self.first
-        if first is None or self.off_path is not None:
-            return None
-        if position >= len(first.names) or first.names[position] != node.name:
-            self.off_path = node.name  # control flow left the first run's path: nothing after lines up
-            return None
-        return first.values[position]
-
-    def _compare(self, node, args, kwargs, callee, outs, theirs) -> NodeParting:
+    def observe(self, node, args, kwargs, callee, outs, theirs) -> None:
         row = NodeParting(node.name)
         row.difference = relative_rms(outs, theirs, nonfinite=LARGEST)
         if node.kind in (Kind.DECISION, Kind.COMPARE):
@@ -244,30 +197,19 @@ class _Observer(ApplyMode):
                 row.flips, row.units = flips, units
         if adds_no_rounding(node.fn, args, kwargs, outs):
             row.contributed = 0.0
-        elif self.replay and node.kind not in _NO_REPLAY and callee is not None and row.difference is not None:
+        elif self.replays and node.kind not in _NO_REPLAY and callee is not None and row.difference is not None:
             row.contributed, row.note = self._replayed(node, args, kwargs, callee, theirs)
         elif node.kind in _NO_REPLAY or callee is None:
             row.contributed = 0.0 if node.kind == Kind.SHAPE else row.difference
-        return row
+        self.nodes.append(row)
 
     def _replayed(self, node, args, kwargs, callee, theirs) -> Tuple[Optional[float], Optional[str]]:
         """The node in this setting on the first run's operands, against the first run's value."""
         if is_inplace_call(callee, kwargs):
             return None, "not replayed: it writes its operand in place"
-        flat, rebuild = flatten(args, kwargs)
-        operands = []
-        for v in flat:
-            if isinstance(v, torch.Tensor):
-                source = self.producers.get(v)
-                if source is not None:
-                    earlier = self.first.values[int(source[0])]
-                    if source[1] < len(earlier) and earlier[source[1]].shape == v.shape:
-                        v = earlier[source[1]].to(device=v.device, dtype=v.dtype)
-            operands.append(v)
+        ref_args, ref_kwargs = self.first_operands(args, kwargs)
         try:
-            ref_args, ref_kwargs = rebuild(operands)
-            run_args, run_kwargs, decision = self.run.before(node, ref_args, ref_kwargs, callee)
-            replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
+            replayed = self.replay(node, ref_args, ref_kwargs, callee)
         except Exception as exc:  # noqa: BLE001 - a node that cannot be called again alone: said, the rest measured
             return None, f"not replayed: {one_line(exc)}"
         return relative_rms(replayed, theirs, nonfinite=LARGEST), None
@@ -299,10 +241,12 @@ def _forced(node, output, theirs: List[torch.Tensor], args, kwargs):
     return output
 
 
-def _run(program: Program, run, graph, **observing) -> _Observer:
-    observer = _Observer(run, graph, inplace_semantics=not program.is_fx, **observing)
+def _run(program: Program, run, first: Optional[RecordedRun] = None, **observing) -> _Follower:
+    observer = _Follower(run, first, inplace_semantics=not program.is_fx, **observing)
     with torch.no_grad(), run.context():
-        observer.record.output = program.run(run.variant, run.inputs, observer)
+        observer.output = program.run(run.variant, run.inputs, observer)
+    if observer.record is not None:
+        observer.record.output = observer.output
     return observer
 
 
@@ -323,18 +267,18 @@ def part(first: Setting, second: Setting, inputs, graph, *, replay_decisions: bo
     program_one = Program(graph, first.model)
     program_two = Program(graph, second.model)
     run_one = prepare(first, inputs, graph)
-    recorded = _run(program_one, run_one, graph).record
-    again = _run(program_one, prepare(first, inputs, graph), graph, first=recorded)
+    recorded = _run(program_one, run_one).record
+    again = _run(program_one, prepare(first, inputs, graph), recorded)
     floors = {n.name: n.difference or 0.0 for n in again.nodes}
     run_two = prepare(second, inputs, graph)
-    followed = _run(program_two, run_two, graph, first=recorded, replay=True)
+    followed = _run(program_two, run_two, recorded, replay=True)
     for row in followed.nodes:
         row.floor = floors.get(row.name, 0.0)
     parting.nodes = followed.nodes
-    if followed.off_path is not None:
-        parting.notes.append(f"the second run left the first run's path at {followed.off_path} (another branch of the "
+    if followed.left_at is not None:
+        parting.notes.append(f"the second run left the first run's path at {followed.left_at} (another branch of the "
                              "model's control flow): nothing after it is compared")
-    full = parting.output_difference = _output_difference(followed.record.output, recorded.output)
+    full = parting.output_difference = _output_difference(followed.output, recorded.output)
     if not replay_decisions:
         return parting
     changed = [n for n in parting.nodes if n.flips]
@@ -350,15 +294,15 @@ def _replay(program, second: Setting, inputs, graph, recorded, rows: List[NodePa
     flips, units = sum(r.flips or 0 for r in rows), sum(r.units or 0 for r in rows)
     name = rows[0].name
     try:
-        forced = _run(program, prepare(second, inputs, graph), graph, first=recorded, force=[r.name for r in rows])
+        forced = _run(program, prepare(second, inputs, graph), recorded, force=[r.name for r in rows])
     except Exception as exc:  # noqa: BLE001 - one replay that fails leaves the others
         return Replay(name, flips, units, None, None, f"not replayed: {one_line(exc)}")
-    remaining = _output_difference(forced.record.output, recorded.output)
+    remaining = _output_difference(forced.output, recorded.output)
     explained = None
     if full and remaining is not None:
         if math.isinf(full):  # an inf/NaN difference: the choices explain it where forcing them removes it
             explained = 1.0 if math.isfinite(remaining) else None
         else:
             explained = 1.0 - (remaining / full) ** 2
-    note = None if forced.off_path is None else f"with the choices forced the run left the first run's path at {forced.off_path}"
+    note = None if forced.left_at is None else f"with the choices forced the run left the first run's path at {forced.left_at}"
     return Replay(name, flips, units, explained, remaining, note)

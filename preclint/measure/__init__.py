@@ -9,6 +9,9 @@ accuracy benchmark and the tests' oracle share.
 * detections.py: a detector's outputs, matched box by box;
 * copies.py: ``copy_to``, the copy of a model made where and as a run needs it (deepcopy refuses
   tensors with autograd history); program.py: a copy run op by op through the capture path;
+* sweep.py: one run followed node by node beside another (the probe's mode beside float64, diff's
+  setting B beside A): each node's value against the first run's, and the node replayed on the
+  first run's operands; execute.py: a node's call made again, and which node made a tensor;
 * rounding.py, backends.py: rounding to the reduced formats, and the TF32 switch.
 
 It needs no rules and no predictions: core <- load <- capture <- measure.

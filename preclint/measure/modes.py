@@ -172,7 +172,7 @@ class ModeRun:
             lowered = lambda t: _rounded_up(t, at)  # noqa: E731
             if policy == "lower" and node.kind in _EMULATED_KINDS:
                 # operands already in the format only widen: the op computes as the float32 model's
-                # does wherever its module's parameters are the float32 model's (sweep.py checks)
+                # does wherever its module's parameters are the float32 model's (probe/sweep.py checks)
                 widened = casting is None and _all_floats_in(args, kwargs, at)
                 return _map_floats(args, lowered), _map_floats(kwargs, lowered), Decision(at, target, widened)
             if policy == "fp32":  # torchvision's nms and roi_align too: autocast runs them in float32

@@ -129,7 +129,8 @@ class ApplyMode(Observer):
     """A prepared mode's arithmetic on each op of a run: ``before`` hands the op its operands as the
     mode has them and keeps, in ``pending``, the operands as they came and the mode's decision for
     the op's result, which ``__call__`` applies. The observers that run a mode build on it:
-    EmulatingObserver (nothing more), the probe's sweep and diff's parting (which measure besides)."""
+    EmulatingObserver (nothing more) and the walk beside a recorded run (sweep.py's Sweep), which
+    the probe's sweep and diff's parting measure with."""
 
     def __init__(self, run: ModeRun, inplace_semantics: bool) -> None:
         self.run = run

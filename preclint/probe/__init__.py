@@ -394,7 +394,7 @@ def _move(inputs, device, dtype):
 
 
 def _tensors(value) -> list:
-    from preclint.probe.execute import tensors
+    from preclint.measure.execute import tensors
 
     return tensors(value)
 

@@ -21,7 +21,7 @@ from preclint.core.ir import Kind
 from preclint.load.modelio import Inputs
 from preclint.capture.observer import Observer
 from preclint.measure.program import Program
-from preclint.probe.execute import tensors
+from preclint.measure.execute import tensors
 from preclint.probe.ledger import ModeMeasure
 from preclint.probe.readback import Pending
 from preclint.probe.reference_pass import ReferenceStore

@@ -31,7 +31,7 @@ import torch
 from preclint.core.errors import one_line
 from preclint.core.findings import sci
 from preclint.measure.program import Program
-from preclint.probe.execute import tensors
+from preclint.measure.execute import tensors
 from preclint.probe.reference_pass import WideningObserver
 
 # Two float64 runs closer than float32's rounding differ by the float64 kernels' own wobble (a GPU's

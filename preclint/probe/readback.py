@@ -15,11 +15,11 @@ from preclint.predict.accumulation import terms_rms
 from preclint.load.modelio import output_tensors
 from preclint.measure.compare import OutputDifferences, Tolerance, integer_pairs
 from preclint.measure.detections import DetectionComparison, compare_detections
-from preclint.probe.execute import tensors
+from preclint.measure.execute import tensors
 from preclint.probe.ledger import ModeMeasure, NodeMeasure, ToleranceCheck
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars
-from preclint.probe.sweep import NodeSlots, Sweep
+from preclint.probe.sweep import NodeSlots, Swept
 
 
 # A conv or matmul ran in TF32 when its local error is nearer (on a log scale) to TF32's size
@@ -34,7 +34,7 @@ class Pending:
     """A mode's figures issued on the device and not yet read back: where each sits in the sweep's
     Scalars (``queue_figures`` fills it, ``finish`` reads it)."""
 
-    swept: Sweep
+    swept: Swept
     outputs: OutputDifferences
     tolerance: Tolerance  # what the outputs are checked against
     ablate: bool  # the ablation runs after the read-back, on the sweep's error vectors
@@ -74,7 +74,7 @@ def _output_figure(scalars, slots) -> ErrorFigure:
     return ErrorFigure(err / ref if ref > 0 else 0.0, max_abs)
 
 
-def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputDifferences,
+def queue_figures(swept: Swept, contributions: Tuple[List[str], Optional[torch.Tensor]], outputs: OutputDifferences,
                   tolerance: Tolerance, plain: Any = None, ablate: bool = False) -> Pending:
     """Issue the work of the sweep's figures on the device, without waiting for it (``finish`` reads
     them); ``plain``: the output of the plain run, compared with the observed one."""
@@ -89,7 +89,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         pending.norm_slot = scalars.add(torch.sqrt(sum(torch.sum(e.double() * e.double()) for e in outputs.present())))
     # detection sets: their matched boxes, scores, masks and keypoints count as output values, each at
     # its own output's place (measure/detections.py)
-    pending.detections = compare_detections(swept.output, obs.ref.output)
+    pending.detections = compare_detections(swept.output, obs.first.output)
     if pending.detections is not None:
         errors, ref_outputs = matched_in_place(swept.output, outputs, pending.detections)
     for i, (e, r) in enumerate(zip(errors, ref_outputs)):
@@ -100,7 +100,7 @@ def queue_figures(swept: Sweep, contributions: Tuple[List[str], Optional[torch.T
         pending.out_slots.append((scalars.norms(e), scalars.norms(r)[0]))
     if tolerance.compares_values and pending.out_slots:
         pending.tol_slots = _tolerance_slots(errors, ref_outputs, tolerance, scalars)
-    for o, r in integer_pairs(swept.output, obs.ref.output):
+    for o, r in integer_pairs(swept.output, obs.first.output):
         changed = (o.to(r.device) != r) if o.shape == r.shape else torch.ones(max(o.numel(), r.numel()), dtype=torch.bool, device=r.device)
         pending.flip_slots.append((scalars.add(changed.sum()), changed.numel()))
     if plain is not None:

@@ -12,7 +12,7 @@ from preclint.core.ir import Kind
 from preclint.capture.calls import is_inplace_call
 from preclint.capture.observer import Observer
 from preclint.measure.program import Program
-from preclint.probe.execute import tensors
+from preclint.measure.execute import tensors
 from preclint.probe.scalars import Scalars
 from preclint.capture.trees import flatten
 

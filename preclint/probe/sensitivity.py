@@ -14,7 +14,7 @@ from preclint.core.ir import Kind
 from preclint.load.modelio import Inputs
 from preclint.capture.observer import Observer
 from preclint.measure.program import Program
-from preclint.probe.execute import tensors
+from preclint.measure.execute import tensors
 from preclint.reference.statistics_pass import carries_error, hook_gradient
 from preclint.capture.trees import flatten
 

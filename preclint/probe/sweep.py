@@ -1,6 +1,7 @@
 """One mode's sweep: the full run of the mode, observed and never altered (on a GPU the observed run
-is checked against the plain model afterwards). At each node the observer compares the value with
-the reference (received) and replays the node on reference inputs (local), keeping the local error
+is checked against the plain model afterwards), walked beside the float64 run by measure/sweep.py's
+Sweep, the walk diff's parting takes too. At each node the observer compares the value with the
+reference (received) and replays the node on reference inputs (local), keeping the local error
 vector for the contribution. Its figures are queued in the sweep's Scalars (readback.py reads them)."""
 from __future__ import annotations
 
@@ -11,16 +12,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.errors import one_line
-from preclint.core.exact_ops import exact_in_dtype
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
-from preclint.capture.calls import is_inplace_call, scalar_args
+from preclint.capture.calls import is_inplace_call
 from preclint.measure.detections import changed_decisions
 from preclint.measure.modes import ModeRun
 from preclint.measure.program import Program
-from preclint.measure.runners import ApplyMode
+from preclint.measure.sweep import Sweep, adds_no_rounding, decision_changes
 from preclint.measure.rounding import REDUCED_FLOATS
-from preclint.probe.execute import Producers, invoke, tensors
+from preclint.measure.execute import invoke, tensors
 from preclint.probe.noise import RANDOM_OPS
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars, difference, error_dtype
@@ -74,16 +74,16 @@ class _Unmatched(Exception):
     pass
 
 
-class SweepObserver(ApplyMode):
+class SweepObserver(Sweep):
+    """The walk (measure/sweep.py) of a mode's run beside the float64 run: each node's received error
+    (its value against the reference's), local error (the node replayed on the reference's operands),
+    and changed decisions."""
+
     def __init__(self, run: ModeRun, ref: ReferenceStore, graph, inplace_semantics: bool, keep_errors: bool) -> None:
-        super().__init__(run, inplace_semantics)
-        self.ref = ref
+        super().__init__(run, ref, inplace_semantics)
         self.graph = graph
         self.keep_errors = keep_errors
         self.error_dtype = error_dtype(run.device)
-        self.producers = Producers()
-        self.position = 0
-        self.diverged_at: Optional[str] = None
         self.added: Dict[str, int] = {}  # ops a precision added to the reference's path, by name base
         self.scalars = Scalars()
         self.slots: Dict[str, NodeSlots] = {}
@@ -94,57 +94,33 @@ class SweepObserver(ApplyMode):
         # that input (the float32 input is float64's exactly; a cast one is the same cast of it)
         self.entering = {id(t): t._version for t in _input_tensors(run.inputs) if t.is_floating_point()}
 
-    # ------------------------------------------------------------ observer protocol (before, rename: ApplyMode)
+    @property
+    def diverged_at(self) -> Optional[str]:
+        """The reference's node this run did not reach where control flow took another path."""
+        return self.missed
 
-    def __call__(self, node, args, kwargs, callee, output):
-        pending = self.pending
-        if self.pending_for(pending, node):
-            self.pending = None
-            orig_args, orig_kwargs, decision = pending[1], pending[2], pending[3]
-        else:
-            orig_args, orig_kwargs, decision = args, kwargs, None
-        output = self.run.entering(node, self.run.after(output, decision))
-        if node.kind == Kind.OUTPUT:
-            return output
-        outs = tensors(output)
-        node = self._as_in_reference(node)
-        aligned = self._aligned(node)
-        if not aligned and self.diverged_at is None:
-            if self._added_by_precision(node, orig_args, orig_kwargs, outs):
-                return output
-            # where the paths split: the reference's node this run did not reach
-            order = self.ref.order
-            self.diverged_at = order[self.position] if self.position < len(order) else node.name
-        if aligned:
-            slots = self.slots[node.name] = NodeSlots()
-            self._received(node.name, outs, slots)
-            reads_reordered = self._reads_reordered(orig_args, orig_kwargs)
-            if counts_flips(node, self.graph):
-                self._flips(node, outs, slots, orig_args, reads_reordered)
-            if reads_reordered or reordered(node, outs, self.ref.values[node.name]):
-                self.reordered.add(node.name)
-            slots.inputs = self._input_producers(orig_args, orig_kwargs)
-            self._local(node, orig_args, orig_kwargs, callee, outs, slots)
-        self.producers.add(node.name, outs)
-        return output
+    # ------------------------------------------------------------ the walk's questions (measure/sweep.py)
 
-    # ------------------------------------------------------------ helpers
+    def observe(self, node, args, kwargs, callee, outs, theirs) -> None:
+        slots = self.slots[node.name] = NodeSlots()
+        self._received(node.name, outs, slots)
+        reads_reordered = self._reads_reordered(args, kwargs)
+        if counts_flips(node, self.graph):
+            self._flips(node, outs, slots, args, reads_reordered)
+        if reads_reordered or reordered(node, outs, theirs):
+            self.reordered.add(node.name)
+        slots.inputs = self._input_producers(args, kwargs)
+        self._local(node, args, kwargs, callee, outs, slots)
 
-    def _aligned(self, node) -> bool:
-        if self.diverged_at is not None:
-            return False
-        order = self.ref.order
-        if self.position < len(order) and order[self.position] == node.name and self.ref.fns[node.name] == node.fn:
-            self.position += 1
-            return True
-        return False
+    def lines_up(self, node, name: str) -> bool:
+        return node.name == name and self.first.fns[name] == node.fn
 
-    def _added_by_precision(self, node, args, kwargs, outs: List[torch.Tensor]) -> bool:
+    def stays_on_path(self, node, args, kwargs, outs: List[torch.Tensor]) -> bool:
         """An op the reference did not run that keeps the value it is given (code that casts or
         clamps only when a value is not float32: T5's ``hidden_states.to(self.wo.weight.dtype)``) or
         only computes a condition: the run stays on the reference's path. Its result stands for its
         operand's reference value, and the names the recorder gives later ops of its kind are
-        counted as if it had not run (_as_in_reference)."""
+        counted as if it had not run (as_in_first)."""
         floats = [t for t in outs if t.is_floating_point() and t.dim() > 0]
         if floats and node.fn not in _VALUE_KEEPING:
             return False
@@ -158,9 +134,9 @@ class SweepObserver(ApplyMode):
         self.added[base] = self.added.get(base, 0) + 1
         return True
 
-    def _as_in_reference(self, node):
+    def as_in_first(self, node):
         """The node under the name the reference gave it: the recorder numbers ops by kind, so each op
-        a precision added (_added_by_precision) shifts the numbers of the later ones of its kind."""
+        a precision added (stays_on_path) shifts the numbers of the later ones of its kind."""
         base = _name_base(node.fn)
         shift = self.added.get(base)
         if not shift:
@@ -171,8 +147,25 @@ class SweepObserver(ApplyMode):
         number = int(number) - shift
         return dataclasses.replace(node, name=base if number == 0 else f"{base}_{number}")
 
+    def first_value(self, t: torch.Tensor) -> Optional[torch.Tensor]:
+        """The reference's value of ``t``: of the node output it is, or of the float32 model's tensor
+        it copies (a parameter the mode's copy holds)."""
+        if self.producers.get(t) is not None:
+            return super().first_value(t)
+        return self.run.reference_tensors.get(id(t))
+
+    def as_operand(self, v: torch.Tensor, value: torch.Tensor, copy: bool) -> torch.Tensor:
+        """The reference's value in the dtype ``v`` has in this mode's run; a shape that differs is
+        no replay at all (_Unmatched)."""
+        if value.shape != v.shape:
+            raise _Unmatched(f"an operand has shape {tuple(v.shape)} here and {tuple(value.shape)} in the reference")
+        dtype = self.run.low if id(v) in self.run.low_params else v.dtype
+        return value.to(dtype=dtype, copy=copy)
+
+    # ------------------------------------------------------------ helpers
+
     def _received(self, name: str, outs: List[torch.Tensor], slots: NodeSlots) -> None:
-        refs = self.ref.values[name]
+        refs = self.first.values[name]
         for j, (o, r) in enumerate(zip(outs, refs)):
             if not (o.is_floating_point() and r.is_floating_point()):
                 continue
@@ -181,7 +174,7 @@ class SweepObserver(ApplyMode):
             if o.shape != r.shape:
                 slots.note = f"output {j} has shape {tuple(o.shape)} here and {tuple(r.shape)} in the reference"
                 continue
-            d = difference(o, r, self.error_dtype, (name, j) in self.ref.nonfinite)
+            d = difference(o, r, self.error_dtype, (name, j) in self.first.nonfinite)
             n2, ninf = self.scalars.norms(d)
             slots.received.append((j, n2, ninf))
 
@@ -194,7 +187,7 @@ class SweepObserver(ApplyMode):
         return False
 
     def _flips(self, node, outs: List[torch.Tensor], slots: NodeSlots, args, reads_reordered: bool = False) -> None:
-        refs = self.ref.values[node.name]
+        refs = self.first.values[node.name]
         for o, r in zip(outs, refs):
             if o.is_floating_point() or r.is_floating_point():
                 continue
@@ -216,11 +209,11 @@ class SweepObserver(ApplyMode):
     def _nms_changes(self, node, kept: torch.Tensor, reference_kept: torch.Tensor, args):
         """An NMS's changed decisions by the boxes it kept (not their indices into its candidates)."""
         boxes = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        reference = self._reference_of(boxes) if boxes is not None else None
+        reference = self.first_value(boxes) if boxes is not None else None
         if reference is None or kept.dim() != 1 or reference_kept.dim() != 1 or boxes.dim() != 2:
             return None
         labels = args[2] if node.fn == "batched_nms" and len(args) > 2 and isinstance(args[2], torch.Tensor) else None
-        reference_labels = self._reference_of(labels) if labels is not None else None
+        reference_labels = self.first_value(labels) if labels is not None else None
         if labels is not None and (reference_labels is None or reference_labels.shape[0] != reference.shape[0]):
             labels = reference_labels = None
         return changed_decisions(kept, reference_kept, boxes, reference, labels, reference_labels)
@@ -233,28 +226,6 @@ class SweepObserver(ApplyMode):
                 if source is not None and source not in found:
                     found.append(source)
         return found
-
-    def _reference_of(self, t: torch.Tensor) -> Optional[torch.Tensor]:
-        source = self.producers.get(t)
-        if source is not None:
-            values = self.ref.values.get(source[0])
-            return values[source[1]] if values is not None and source[1] < len(values) else None
-        return self.run.reference_tensors.get(id(t))
-
-    def _reference_args(self, args, kwargs, copy: bool):
-        """The node's operands with reference values, each in the dtype it has in this mode's run."""
-        flat, rebuild = flatten(args, kwargs)
-        out = []
-        for v in flat:
-            if isinstance(v, torch.Tensor):
-                source = self._reference_of(v)
-                if source is not None:
-                    if source.shape != v.shape:
-                        raise _Unmatched(f"an operand has shape {tuple(v.shape)} here and {tuple(source.shape)} in the reference")
-                    dtype = self.run.low if id(v) in self.run.low_params else v.dtype
-                    v = source.to(dtype=dtype, copy=copy)
-            out.append(v)
-        return rebuild(out)
 
     def _exact_args(self, args, kwargs, ref_args, ref_kwargs):
         """Operands for the exact replay: rounded reference values in float32, parameters as the user's."""
@@ -308,9 +279,9 @@ class SweepObserver(ApplyMode):
             slots.local_from_received = True
             slots.local = list(slots.received)
             if self.keep_errors:
-                refs = self.ref.values[name]
+                refs = self.first.values[name]
                 self.errors[name] = [
-                    difference(o, refs[j], self.error_dtype, (name, j) in self.ref.nonfinite)
+                    difference(o, refs[j], self.error_dtype, (name, j) in self.first.nonfinite)
                     if o.is_floating_point() and o.shape == refs[j].shape else None
                     for j, o in enumerate(outs)
                 ]
@@ -323,7 +294,7 @@ class SweepObserver(ApplyMode):
             return
         inplace = is_inplace_call(callee, kwargs)
         try:
-            ref_args, ref_kwargs = self._reference_args(args, kwargs, copy=inplace)
+            ref_args, ref_kwargs = self.first_operands(args, kwargs, copy=inplace)
             run_args, run_kwargs, decision = self.run.before(node, ref_args, ref_kwargs, callee)
             reduced = any(isinstance(v, torch.Tensor) and v.dtype in REDUCED_FLOATS for v in flatten(ref_args, ref_kwargs)[0])
             exact_callee = self.run.originals.get(id(callee), callee) if isinstance(callee, torch.nn.Module) else callee
@@ -331,7 +302,7 @@ class SweepObserver(ApplyMode):
                 # every float operand is the reference's value already (the model's inputs, the
                 # float32 model's own parameters): the replay would repeat the run's own call
                 replayed = outs
-                exact = self._exact_replay(args, kwargs, ref_args, ref_kwargs, callee) if reduced else self.ref.values[name]
+                exact = self._exact_replay(args, kwargs, ref_args, ref_kwargs, callee) if reduced else self.first.values[name]
             elif reduced and not inplace and decision is not None and decision.widened_only \
                     and _same_arithmetic(callee, exact_callee):
                 # the mode's replay would compute what the exact one does, on the same float32 values
@@ -342,8 +313,8 @@ class SweepObserver(ApplyMode):
                 exact = tensors(value)
                 replayed = tensors(self.run.after(value, decision, replay=True))
             else:
-                replayed = tensors(self.run.after(invoke(callee, run_args, run_kwargs), decision, replay=True))
-                exact = self._exact_replay(args, kwargs, ref_args, ref_kwargs, callee) if reduced else self.ref.values[name]
+                replayed = self.replay(node, ref_args, ref_kwargs, callee, prepared=(run_args, run_kwargs, decision))
+                exact = self._exact_replay(args, kwargs, ref_args, ref_kwargs, callee) if reduced else self.first.values[name]
         except _Unmatched as exc:
             slots.note = f"local error not measured: {exc}"
             return
@@ -355,7 +326,7 @@ class SweepObserver(ApplyMode):
             if not (y.is_floating_point() and z.is_floating_point()) or y.shape != z.shape:
                 kept.append(None)
                 continue
-            e = difference(y, z, self.error_dtype, (name, j) in self.ref.nonfinite)
+            e = difference(y, z, self.error_dtype, (name, j) in self.first.nonfinite)
             n2, ninf = self.scalars.norms(e)
             slots.local.append((j, n2, ninf))
             kept.append(e if self.keep_errors else None)
@@ -382,17 +353,6 @@ def _same_arithmetic(callee, exact_callee) -> bool:
     return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs))
 
 
-def adds_no_rounding(fn: str, args, kwargs, outs: List[torch.Tensor]) -> bool:
-    """Whether an ``fn`` call adds no error of its own: an op exact in its operand's dtype
-    (core/exact_ops.py; its scalar constants held by that dtype) whose float results keep the dtype
-    of its (first) float operand. Such a call is not replayed: a replay would show only the rounding
-    of its operand, which the node that produced the operand owns."""
-    first = next((v for v in flatten(args, kwargs)[0] if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-    if first is None or any(t.dtype != first.dtype for t in outs if t.is_floating_point()):
-        return False
-    return exact_in_dtype(fn, scalar_args(args, kwargs, skip_first=True).values(), first.dtype)
-
-
 ORDER_DECISIONS = ("topk", "sort", "argsort", "msort")
 
 
@@ -409,42 +369,7 @@ def reordered(node, outs: List[torch.Tensor], refs: List[torch.Tensor]) -> bool:
     return False
 
 
-def decision_changes(node, value: torch.Tensor, reference: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """(units whose decision changed, units) for an integer/boolean result of a decision (None when the
-    two results cannot be compared unit by unit).
-
-    Units are what PCL301 counts: elements for thresholds and argmax, rows for top-k and sort
-    (a row changes when its index set or order does), and for variable-length results (NMS) the
-    union of the kept indices, of which the symmetric difference changed (the sweep compares an
-    NMS by the boxes it kept where it knows them: detections.changed_decisions).
-    """
-    device = reference.device
-    value = value.to(device)
-    fn = node.fn
-    if fn in ("nms", "batched_nms", "unique", "nonzero") and value.dim() == 1 and reference.dim() == 1:
-        a, b = value.long(), reference.long()
-        missing = (~torch.isin(b, a)).sum()
-        extra = (~torch.isin(a, b)).sum()
-        return missing + extra, torch.as_tensor(reference.numel(), device=device) + extra
-    if value.shape != reference.shape:
-        # a mask or a ranking over another number of candidates: the units of the two runs do not
-        # correspond, so no count of flips would be a measurement
-        return None
-    if value.numel() == 0:
-        zero = torch.zeros((), device=device)
-        return zero, zero
-    dim = node.attrs.get("dim", -1)
-    if fn in ("topk", "sort", "argsort", "msort") and value.dim() > 0 and isinstance(dim, int):
-        a, b = value, reference
-        if fn == "topk":  # the set of the top k, whatever their order
-            a, b = a.sort(dim=dim).values, b.sort(dim=dim).values
-        changed = (a != b).any(dim=dim)
-        return changed.sum(), torch.as_tensor(changed.numel(), device=device)
-    changed = value != reference
-    return changed.sum(), torch.as_tensor(changed.numel(), device=device)
-
-
-class Sweep:
+class Swept:
     """The products of one mode's sweep before they are read back."""
 
     def __init__(self, observer: SweepObserver, output: Any) -> None:
@@ -452,8 +377,8 @@ class Sweep:
         self.output = output
 
 
-def sweep(program: Program, run: ModeRun, ref: ReferenceStore, graph, keep_errors: bool) -> Sweep:
+def sweep(program: Program, run: ModeRun, ref: ReferenceStore, graph, keep_errors: bool) -> Swept:
     observer = SweepObserver(run, ref, graph, inplace_semantics=not program.is_fx, keep_errors=keep_errors)
     with torch.no_grad(), run.context():
         output = program.run(run.variant, run.inputs, observer)
-    return Sweep(observer, output)
+    return Swept(observer, output)

@@ -1,6 +1,7 @@
-"""What the probe's passes share to re-run a model node by node: the tensors of a value, a node's
-call made again, and which node produced a tensor. (A copy of the model is run through
-measure/program.py's Program; the copies are made by measure/copies.py.)
+"""What a run followed node by node needs to call a node again: the tensors of a value, a node's
+call made again, and which node produced a tensor. The probe's passes and the sweep (measure/sweep.py)
+share it. (A copy of the model is run through measure/program.py's Program; the copies are made by
+measure/copies.py.)
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def not_inplace(module: torch.nn.Module):
 
 
 class Producers:
-    """Which node produced a tensor, by identity: the recorder's bookkeeping, kept by the probe itself
+    """Which node produced a tensor, by identity: the recorder's bookkeeping, kept by the walk itself
     so that it also knows the index of the tensor among the node's outputs.
 
     Entries hold weak references, so an id reused by a later tensor is never mistaken for the old one.
