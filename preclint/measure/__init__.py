@@ -10,6 +10,8 @@ accuracy benchmark and the tests' oracle share.
 * copies.py: ``copy_to``, the copy of a model made where and as a run needs it (deepcopy refuses
   tensors with autograd history); program.py: a copy run op by op through the capture path;
 * rounding.py, backends.py: rounding to the reduced formats, and the TF32 switch.
+* compiled.py: a mode's copy run through a compiler; compilers/: the compilers, one module each
+  (Inductor), found by name.
 
 It needs no rules and no predictions: core <- load <- capture <- measure.
 """

@@ -33,7 +33,8 @@ from preclint.core.ir import Kind
 from preclint.predict.ordinary import FLOAT32_NOISE  # a compiled-vs-eager difference under it is reassociation
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import compare
-from preclint.measure.compiled import Compilation, CompiledRunner, backend_named, eager_dtypes
+from preclint.measure.compiled import Compilation, CompiledRunner, eager_dtypes
+from preclint.measure.compilers import backend_named
 from preclint.measure.compiled_graph import (CompiledNode, KeptSite, computed_dtypes, float_calls, foreign_dtypes,
                                              kept_float32_lost, reduced_user_casts)
 from preclint.measure.copies import copy_to
