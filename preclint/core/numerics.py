@@ -134,6 +134,18 @@ class Mode:
     # in bfloat16 (PCL109)
     unsupported: Tuple[str, ...] = ()
 
+    @property
+    def rounds_products_only(self) -> bool:
+        """Only the dot products round (their operands, to ``dot_format``, inside the kernel); every
+        value is stored in float32 (TF32: natively the cuDNN and cuBLAS switch, no cast and no autocast)."""
+        return self.low is None and not self.floor and self.recipe is None
+
+    @property
+    def kernel_choice_matters(self) -> bool:
+        """Whether a dot product's rounding depends on the kernel the backend picks for its shape: where
+        the rounding happens inside the kernel, a float32 kernel rounds nothing (core/kernels.py)."""
+        return self.rounds_products_only
+
 
 # ModelOpt's num_bits of E4M3 (exponent, mantissa bits). The layers a format has no kernels for in
 # the backends that deploy it (``unsupported``): TensorRT runs no NVFP4 convolution ("TensorRT does
