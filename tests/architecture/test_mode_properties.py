@@ -1,6 +1,6 @@
 """What the code asks of a precision mode is a property of the Mode (core/numerics.py), not a test of
-its name: ``mode == "tf32"`` in ten files was the question "does only the dot products' rounding
-change, inside the kernel the backend picks?" asked ten ways."""
+its name: ``mode == "tf32"`` in eleven modules was the question "does only the dot products' rounding
+change, inside the kernel the backend picks?" asked eighteen times."""
 from __future__ import annotations
 
 import ast
