@@ -198,9 +198,11 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     near_zero = near_zero_outputs(graph) if drift is None else []
     mark_drifted(findings, graph, drift, {kind: {rule.code for rule in rules if rule.size_drift == kind}
                                           for kind in ("vanishing", "exploding")})
-    cases = kernel_cases(graph, predictions["tf32"]) if "tf32" in predictions and errors_predicted else None
-    if cases is not None and cases.note(predictions["tf32"]):
-        notes.append(cases.note(predictions["tf32"]))
+    # the mode whose dot products round as the backend's kernel choices say (tf32), if one was asked for
+    kernel_bound = next((p for p in predictions.values() if p.mode.kernel_choice_matters), None)
+    cases = kernel_cases(graph, kernel_bound) if kernel_bound is not None and errors_predicted else None
+    if cases is not None and cases.note(kernel_bound):
+        notes.append(cases.note(kernel_bound))
     routes = routing_note(graph, predictions, ctx.display) if graph.ran_reference and errors_predicted else None
     if routes:
         notes.append(routes)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+
+from preclint.core.ir import Kind
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,20 @@ class Recipe:
 
 
 @dataclass(frozen=True)
+class Exports:
+    """How the tools that deploy a format name it, for a plan's exports (None: the tool has no such
+    format): torchao's recipe (``Float8LinearConfig.from_recipe_name``), ModelOpt's config (``mtq.*_CFG``)
+    and its quantizers' attributes (``{"weight": ..., "input": ...}``, as its *_CFG entries set them),
+    and Transformer Engine's recipe class."""
+
+    torchao: Optional[str] = None
+    modelopt: Optional[str] = None
+    # nested dicts, so left out of the hash (a Mode stays hashable) but compared
+    modelopt_quantizers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
+    transformer_engine: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Mode:
     """A precision a user targets.
 
@@ -110,27 +126,67 @@ class Mode:
     # tf32 only: the dot products whose kernel is the backend's choice (core/kernels.py) predicted in
     # float32 instead of TF32, for the prediction's second figure
     backend_float32: bool = False
+    # bits a value takes stored in the format, its share of the scales counted (None: not a storage
+    # format): ``preclint plan --formats`` lists formats cheapest first by it
+    bits_per_element: Optional[float] = None
+    exports: Exports = Exports()
+    # the kinds of layer (ir.Kind) the deployment backends run no kernel of in this format: they stay
+    # in bfloat16 (PCL109)
+    unsupported: Tuple[str, ...] = ()
+
+    @property
+    def rounds_products_only(self) -> bool:
+        """Only the dot products round (their operands, to ``dot_format``, inside the kernel); every
+        value is stored in float32 (TF32: natively the cuDNN and cuBLAS switch, no cast and no autocast)."""
+        return self.low is None and not self.floor and self.recipe is None
+
+    @property
+    def kernel_choice_matters(self) -> bool:
+        """Whether a dot product's rounding depends on the kernel the backend picks for its shape: where
+        the rounding happens inside the kernel, a float32 kernel rounds nothing (core/kernels.py)."""
+        return self.rounds_products_only
 
 
+# ModelOpt's num_bits of E4M3 (exponent, mantissa bits). The layers a format has no kernels for in
+# the backends that deploy it (``unsupported``): TensorRT runs no NVFP4 convolution ("TensorRT does
+# not support NVFP4 for convolution operations", NVIDIA/Model-Optimizer #362, research/peers-3.md
+# 1.1); torchao's MX and NVFP4 recipes convert nn.Linear only.
+_E4M3_BITS = (4, 3)
 MODES: Dict[str, Mode] = {
     m.name: m
     for m in (
         Mode("fp32", FP32, None, False, "fp32 model with TF32 off: float32's own rounding, against float64",
-             floor=True),
-        Mode("tf32", TF32, None, False, "fp32 model with TF32 convolutions and matmuls"),
-        Mode("fp16", FP16, FP16, True, "torch.autocast(dtype=torch.float16)"),
-        Mode("bf16", BF16, BF16, True, "torch.autocast(dtype=torch.bfloat16)"),
-        Mode("fp16-full", FP16, FP16, False, "the whole model cast to float16 (.half(), FP16 engines)"),
-        Mode("bf16-full", BF16, BF16, False, "the whole model cast to bfloat16"),
+             floor=True, bits_per_element=32.0),
+        Mode("tf32", TF32, None, False, "fp32 model with TF32 convolutions and matmuls", bits_per_element=32.0),
+        Mode("fp16", FP16, FP16, True, "torch.autocast(dtype=torch.float16)", bits_per_element=16.0),
+        Mode("bf16", BF16, BF16, True, "torch.autocast(dtype=torch.bfloat16)", bits_per_element=16.0),
+        Mode("fp16-full", FP16, FP16, False, "the whole model cast to float16 (.half(), FP16 engines)", bits_per_element=16.0),
+        Mode("bf16-full", BF16, BF16, False, "the whole model cast to bfloat16", bits_per_element=16.0),
         Mode("fp8", E4M3, BF16, True, "FP8 linear layers (torchao Float8Linear, tensorwise), bf16 autocast elsewhere",
-             Recipe("tensor", E4M3)),
+             Recipe("tensor", E4M3), bits_per_element=8.0,
+             exports=Exports("tensorwise", "FP8_DEFAULT_CFG",
+                             {"weight": {"num_bits": _E4M3_BITS, "axis": None},
+                              "input": {"num_bits": _E4M3_BITS, "axis": None}}, "Float8CurrentScaling")),
+        # a scale per row: a little above tensorwise's 8, so that the plan lists fp8 first
         Mode("fp8-rowwise", E4M3, BF16, True, "FP8 linear layers (torchao Float8Linear, rowwise), bf16 autocast "
-             "elsewhere", Recipe("row", E4M3, power_of_two=True)),
+             "elsewhere", Recipe("row", E4M3, power_of_two=True), bits_per_element=8.0 + 1e-3,
+             exports=Exports("rowwise", "FP8_PER_CHANNEL_PER_TOKEN_CFG",
+                             {"weight": {"num_bits": _E4M3_BITS, "axis": 0},
+                              "input": {"num_bits": _E4M3_BITS, "type": "dynamic", "block_sizes": {-1: None}}})),
         Mode("mxfp8", E4M3, BF16, True, "MXFP8 linear layers (E4M3, E8M0 scale per 32), bf16 autocast elsewhere",
-             Recipe("block", E4M3, block=32, scale="e8m0", amax_epsilon=0.0, multiple=16, hardware="emulated")),
+             Recipe("block", E4M3, block=32, scale="e8m0", amax_epsilon=0.0, multiple=16, hardware="emulated"),
+             bits_per_element=8 + 8 / 32,
+             exports=Exports(None, "MXFP8_DEFAULT_CFG",
+                             {side: {"num_bits": _E4M3_BITS, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}}
+                              for side in ("weight", "input")}, "MXFP8BlockScaling"),
+             unsupported=(Kind.CONV,)),
         Mode("nvfp4", E2M1, BF16, True, "NVFP4 linear layers (E2M1, E4M3 scale per 16, fp32 tensor scale), bf16 "
-             "autocast elsewhere", Recipe("block", E2M1, block=16, scale="e4m3", multiple=16,
-                                          hardware="emulated")),
+             "autocast elsewhere", Recipe("block", E2M1, block=16, scale="e4m3", multiple=16, hardware="emulated"),
+             bits_per_element=4 + 8 / 16,
+             exports=Exports(None, "NVFP4_DEFAULT_CFG",
+                             {side: {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": _E4M3_BITS},
+                                     "axis": None} for side in ("weight", "input")}, "NVFP4BlockScaling"),
+             unsupported=(Kind.CONV,)),
     )
 }
 # The modes whose dot products run as scaled GEMMs (the FP8 and block-scaled formats).

@@ -16,6 +16,7 @@ from typing import List, Tuple
 import torch
 from torch import nn
 
+from preclint.core.numerics import MODES
 from preclint.core.errors import UserError
 from preclint.load.modelio import Inputs
 
@@ -132,7 +133,7 @@ def modes_as_stored(modes, stored: str, label: str) -> Tuple[Tuple[str, ...], Li
     kept: List[str] = []
     replaced, dropped = [], []
     for mode in modes:
-        if mode in ("tf32", stored, own):
+        if MODES[mode].rounds_products_only or mode in (stored, own):
             if mode != own:
                 replaced.append(mode)
             mode = own

@@ -13,6 +13,8 @@ accuracy benchmark and the tests' oracle share.
   setting B beside A): each node's value against the first run's, and the node replayed on the
   first run's operands; execute.py: a node's call made again, and which node made a tensor;
 * rounding.py, backends.py: rounding to the reduced formats, and the TF32 switch.
+* compiled.py: a mode's copy run through a compiler; compilers/: the compilers, one module each
+  (Inductor), found by name.
 
 It needs no rules and no predictions: core <- load <- capture <- measure.
 """

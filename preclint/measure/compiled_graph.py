@@ -18,7 +18,7 @@ z], Original ATen: [aten.mul, aten.tanh]``). Both are read here into plain recor
   measured gap with and without ``emulate_precision_casts`` says what it did remove.
 
 The precision checks on a compiled graph (``kept_float32_lost``, ``foreign_dtypes``) read these
-records; measure/compiled.py captures them.
+records; the compiled backends (measure/compilers/) capture them.
 """
 from __future__ import annotations
 

@@ -113,14 +113,14 @@ class ModeRun:
         stack = contextlib.ExitStack()
         whole = self.only is None
         if self.sets_tf32 and (self.device.type == "cuda" or not self.emulated):
-            stack.enter_context(tf32(self.name == "tf32" and not self.emulated and whole))
+            stack.enter_context(tf32(self.mode.rounds_products_only and not self.emulated and whole))
         if whole and not self.emulated and self.mode.autocast and self.low is not None:
             stack.enter_context(torch.autocast(self.device.type, dtype=self.low))
         return stack
 
     def unit_context(self):
         """Entered around the module ``only`` names, natively: the switch a user flips for it."""
-        if self.name == "tf32":
+        if self.mode.rounds_products_only:
             return tf32(True)
         return torch.autocast(self.device.type, dtype=self.low)
 
@@ -130,7 +130,7 @@ class ModeRun:
         only native autocast needs switching off. Per node, anything more would show in the time."""
         if not self.emulated and self.mode.autocast:
             return _autocast_off(self.device.type)
-        if self.name == "tf32" and not self.emulated:
+        if self.mode.rounds_products_only and not self.emulated:
             return tf32(False)
         return contextlib.nullcontext()
 
@@ -153,7 +153,7 @@ class ModeRun:
             # parameters and stores a low-format result; dot products round their operands first
             fn = (lambda t: _rounded_up(t, low)) if node.kind in DOT_PRODUCT_KINDS else up
             return _map_floats(args, fn), _map_floats(kwargs, fn), Decision(low, target)
-        if self.name == "tf32":
+        if self.mode.rounds_products_only:
             if node.kind in DOT_PRODUCT_KINDS and tf32_kernel(node, callee, args, kwargs):
                 args, kwargs = _map_operands(node, callee, args, kwargs, round_tf32)
             return args, kwargs, None
@@ -394,7 +394,7 @@ def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
         kernels = "cuDNN and cuBLAS in IEEE float32" if device.type == "cuda" else f"{device.type}'s float32 kernels"
         return f"float32 as it runs on {device.type}, TF32 off ({kernels}), against float64"
     if emulated:
-        if name == "tf32":
+        if mode.rounds_products_only:
             return ("emulated: conv, linear and matmul operands rounded to TF32 (10 mantissa bits, nearest even), "
                     "float32 accumulation, wherever the prediction assumes a TF32 kernel: every one the backend may "
                     "choose, not depthwise convs, convs over <= 4 channels per group or single-row products, which an "
@@ -404,7 +404,7 @@ def describe_mode(name: str, device: torch.device, emulated: bool) -> str:
             return (f"emulated autocast({low}) with CUDA's op lists: listed ops round operands and parameters to {low}, "
                     f"accumulate in float32 and store {low}; other ops compute in float32 and store the promoted dtype")
         return f"emulated: parameters, buffers and inputs rounded to {low}; every op computes in float32 and stores {low}"
-    if name == "tf32":
+    if mode.rounds_products_only:
         return "TF32 on for cuDNN convolutions and cuBLAS matmuls"
     dtype = str(LOW_DTYPES[mode.low.name])
     if mode.autocast:
@@ -460,7 +460,7 @@ def build_mode_run(runner, model32: torch.nn.Module, inputs32: tuple, graph=None
             else:
                 variant = _variant(stream, model32, lambda module, pname, t: t.to(low) if t.is_floating_point() else None)
                 inputs = _cast_inputs(inputs32, low)
-        elif name == "tf32":
+        elif mode.rounds_products_only:
             uses = _tf32_modules(model32, graph)
 
             def to_tf32(module, pname, t):

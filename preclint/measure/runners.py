@@ -114,14 +114,21 @@ class EmulatedRunner(Runner):
             return program.run(prepared.variant, prepared.inputs, observer)
 
 
+def emulates_by_default(device) -> bool:
+    """Whether the modes are emulated on ``device`` unless asked otherwise: a mode is judged on a GPU's
+    kernels, and the CPU has no TF32 and other float16 kernels than a GPU's."""
+    return torch.device(device).type == "cpu"
+
+
 def runner_for(name: str, device, emulated: Optional[bool] = None) -> Runner:
-    """The runner of mode ``name`` on ``device``: emulated on the CPU (which has no TF32 and other
-    float16 kernels than a GPU's) unless ``emulated`` says otherwise. A mode that judges float32
-    itself (``Mode.floor``) has nothing to emulate: its float32 kernels run as they are, everywhere."""
+    """The runner of mode ``name`` on ``device``: emulated where the device's kernels are not the
+    ones a mode is judged on (``emulates_by_default``) unless ``emulated`` says otherwise. A mode that
+    judges float32 itself (``Mode.floor``) has nothing to emulate: its float32 kernels run as they
+    are, everywhere."""
     device = torch.device(device)
     if name in MODES and MODES[name].floor:
         return NativeRunner(name, device)
-    emulated = device.type == "cpu" if emulated is None else emulated
+    emulated = emulates_by_default(device) if emulated is None else emulated
     return EmulatedRunner(name, device) if emulated else NativeRunner(name, device)
 
 

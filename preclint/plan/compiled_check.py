@@ -22,7 +22,8 @@ def verify_compiled(plan, verifier, graph, backend: str) -> None:
     from preclint.core.findings import sci
     from preclint.load.modelio import output_tensors
     from preclint.measure.compare import compare
-    from preclint.measure.compiled import CompiledRunner, backend_named
+    from preclint.measure.compiled import CompiledRunner
+    from preclint.measure.compilers import backend_named
     from preclint.measure.copies import copy_to
     from preclint.policy import apply_policy, load_policy
     from preclint.probe.compiled import check_sites, kept_sites, module_sites

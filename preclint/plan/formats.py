@@ -19,27 +19,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from preclint.core.errors import UserError
 from preclint.core.numerics import MODES, SCALED_MODES
-from preclint.plan.scaled import MODELOPT_CONFIGS, TORCHAO_RECIPES, with_kept
+from preclint.plan.scaled import with_kept
 from preclint.predict.error_model import predict_mode
 from preclint.predict.scaled import converted
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.predict.flops import flops
 
-BF16 = "bf16"
-BITS = {"nvfp4": 4 + 8 / 16, "fp8": 8.0, "fp8-rowwise": 8.0 + 1e-3, "mxfp8": 8 + 8 / 32, BF16: 16.0}
-# ModelOpt's quantizer attributes of each format (its *_CFG entries), and Transformer Engine's recipes
-_E4M3 = (4, 3)
-MODELOPT_QUANTIZERS = {
-    "fp8": {"weight": {"num_bits": _E4M3, "axis": None}, "input": {"num_bits": _E4M3, "axis": None}},
-    "fp8-rowwise": {"weight": {"num_bits": _E4M3, "axis": 0},
-                    "input": {"num_bits": _E4M3, "type": "dynamic", "block_sizes": {-1: None}}},
-    "mxfp8": {side: {"num_bits": _E4M3, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}}
-              for side in ("weight", "input")},
-    "nvfp4": {side: {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": _E4M3}, "axis": None}
-              for side in ("weight", "input")},
-}
-TE_RECIPES = {"fp8": "Float8CurrentScaling", "fp8-rowwise": None, "mxfp8": "MXFP8BlockScaling",
-              "nvfp4": "NVFP4BlockScaling"}
+BF16 = "bf16"  # the format of the layers no scaled format takes (bf16 autocast)
 
 
 def parse_formats(text: str) -> List[str]:
@@ -51,7 +37,7 @@ def parse_formats(text: str) -> List[str]:
             raise UserError(f"unknown format {name!r} in --formats: choose from {', '.join(known)}")
     if not any(name in SCALED_MODES for name in names):
         raise UserError(f"--formats needs at least one scaled format ({', '.join(SCALED_MODES)}) besides bf16")
-    return sorted(dict.fromkeys(names), key=lambda name: BITS[name])
+    return sorted(dict.fromkeys(names), key=lambda name: MODES[name].bits_per_element)
 
 
 @dataclass
@@ -88,21 +74,21 @@ class FormatsPlan:
                     if fmt == BF16:
                         quant_cfg[f"{prefix}{path}.*"] = {"enable": False}
                     else:
-                        for side, attrs in MODELOPT_QUANTIZERS[fmt].items():
+                        for side, attrs in MODES[fmt].exports.modelopt_quantizers.items():
                             quant_cfg[f"{prefix}{path}.{side}_quantizer"] = attrs
         scaled = [f for f in used if f != BF16]
         torchao_lines = []
-        for fmt in (f for f in scaled if f in TORCHAO_RECIPES):
+        for fmt in (f for f in scaled if MODES[f].exports.torchao is not None):
             names = json.dumps(self.layers_in(fmt))
             torchao_lines.append(f"convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("
-                                 f"\"{TORCHAO_RECIPES[fmt]}\"), module_filter_fn=lambda module, fqn: fqn in {names})")
+                                 f"\"{MODES[fmt].exports.torchao}\"), module_filter_fn=lambda module, fqn: fqn in {names})")
         return {
             "preclint": {"formats": dict(self.assignment)},
             "torchao": {"fqns": {f: self.layers_in(f) for f in used},
                         "float8": "\n".join(torchao_lines) or None},
-            "modelopt": {"config": MODELOPT_CONFIGS[scaled[0]] if scaled else None, "quant_cfg": quant_cfg,
+            "modelopt": {"config": MODES[scaled[0]].exports.modelopt if scaled else None, "quant_cfg": quant_cfg,
                          "python": "quant_cfg.update(" + repr(quant_cfg) + ")"},
-            "transformer_engine": {"recipes": {f: TE_RECIPES[f] for f in scaled},
+            "transformer_engine": {"recipes": {f: MODES[f].exports.transformer_engine for f in scaled},
                                    "layers": {f: self.layers_in(f) for f in scaled},
                                    "outside_fp8_autocast": self.layers_in(BF16)},
         }

@@ -20,11 +20,6 @@ from preclint.predict.scaled import converted
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.predict.flops import flops
 
-# torchao's recipe names for the modes it runs (Float8LinearConfig.from_recipe_name)
-TORCHAO_RECIPES = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
-# ModelOpt's quantisation configs of the same formats (mtq.*_CFG)
-MODELOPT_CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "fp8-rowwise": "FP8_PER_CHANNEL_PER_TOKEN_CFG",
-                    "mxfp8": "MXFP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 MAX_STEPS = 512  # layers kept at most (a model whose every layer must stay is reported as such)
 
 
@@ -50,8 +45,9 @@ class ScaledPlan:
         """The plan in the forms the tools take."""
         keep = list(self.keep)
         names = json.dumps(keep)
+        tools = MODES[self.precision].exports  # the format as torchao, ModelOpt and Transformer Engine name it
         torchao = None
-        if self.precision in TORCHAO_RECIPES:
+        if tools.torchao is not None:
             torchao = {
                 "fqns_kept": keep,
                 "module_filter_fn": (
@@ -59,12 +55,12 @@ class ScaledPlan:
                     "def module_filter_fn(module, fqn):\n"
                     "    return fqn not in KEEP_IN_BF16\n"
                     "convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("
-                    f"\"{TORCHAO_RECIPES[self.precision]}\"), module_filter_fn=module_filter_fn)"),
+                    f"\"{tools.torchao}\"), module_filter_fn=module_filter_fn)"),
             }
         return {
             "preclint": {"scaling": {"keep": keep}},
             "torchao": torchao,
-            "modelopt": {"config": MODELOPT_CONFIGS[self.precision],
+            "modelopt": {"config": tools.modelopt,
                          "quant_cfg": {f"*{path}.*": {"enable": False} for path in keep}},
             "transformer_engine": {"outside_fp8_autocast": keep},
         }

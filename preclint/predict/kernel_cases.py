@@ -10,7 +10,6 @@ from typing import Dict, Optional
 from preclint.core.findings import sci
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph
 from preclint.core.kernels import BACKEND, FLOAT32, TF32
-from preclint.core.numerics import MODES
 from preclint.predict.error_model import ModePrediction, predict_mode
 from preclint.predict.tf32 import tf32_kernel
 
@@ -63,12 +62,12 @@ def kernel_cases(graph: Graph, headline: ModePrediction) -> Optional[KernelCases
     """The kernel classes of the graph's dot products under tf32, and the prediction with the
     backend's choices in float32 where there are any (None when the mode is not tf32 or there are no
     dot products)."""
-    if headline.mode.name != "tf32":
+    if not headline.mode.kernel_choice_matters:
         return None
     counts = Counter(tf32_kernel(n) for n in graph.nodes if n.kind in DOT_PRODUCT_KINDS and n.out is not None)
     if not counts:
         return None
     cases = KernelCases({k: counts.get(k, 0) for k in (TF32, BACKEND, FLOAT32)})
     if counts.get(BACKEND) and graph.ran_reference:
-        cases.float32_backend = predict_mode(graph, replace(MODES["tf32"], backend_float32=True))
+        cases.float32_backend = predict_mode(graph, replace(headline.mode, backend_float32=True))
     return cases

@@ -95,7 +95,7 @@ def rounds_operands(node: Node, mode: Mode, stored, fmt: str = "") -> bool:
         return False
     if stored is not None:
         return True
-    return mode.name == "tf32" and tensor_core_tf32(node, float32_backend=mode.backend_float32)
+    return mode.kernel_choice_matters and tensor_core_tf32(node, float32_backend=mode.backend_float32)
 
 
 def operand_rounding(node: Node, fmt: Format) -> float:

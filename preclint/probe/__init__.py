@@ -47,7 +47,7 @@ class ProbeOptions:
     # one block of the model on the device at a time (stream.py): None streams exactly when the
     # float64 and float32 copies would not fit the device
     stream: Optional[bool] = None
-    # "eager", or a compiled backend (measure/compiled.py) measured beside eager against the same
+    # "eager", or a compiled backend (measure/compilers/) measured beside eager against the same
     # float64 reference (probe/compiled.py)
     backend: str = "eager"
     bar: Any = field(default=None, compare=False, repr=False)  # a progress bar (preclint.core.progress) for the stages
@@ -107,6 +107,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     from preclint.measure.compare import Tolerance
     from preclint.measure.copies import copy_to
     from preclint.measure.program import Program
+    from preclint.measure.runners import emulates_by_default
 
     records_graph = graph is None
     if records_graph:
@@ -114,7 +115,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     elif not graph.ran_reference:
         raise UserError("--probe needs the reference pass that --no-run skips; drop --no-run")
     device = select_device(options.device)
-    emulated = device.type == "cpu" if options.emulate is None else options.emulate
+    emulated = emulates_by_default(device) if options.emulate is None else options.emulate
     env = environment(device, emulated)
     timings: Dict[str, float] = {}
     bar = options.bar

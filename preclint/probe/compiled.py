@@ -29,11 +29,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch._dynamo
 
+from preclint.core.numerics import MODES
 from preclint.core.ir import Kind
 from preclint.predict.ordinary import FLOAT32_NOISE  # a compiled-vs-eager difference under it is reassociation
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import compare
-from preclint.measure.compiled import Compilation, CompiledRunner, backend_named, eager_dtypes
+from preclint.measure.compiled import Compilation, CompiledRunner, eager_dtypes
+from preclint.measure.compilers import backend_named
 from preclint.measure.compiled_graph import (CompiledNode, KeptSite, computed_dtypes, float_calls, foreign_dtypes,
                                              kept_float32_lost, reduced_user_casts)
 from preclint.measure.copies import copy_to
@@ -196,7 +198,7 @@ def compare_backend(module32: torch.nn.Module, inputs32, graph, modes: Sequence[
     reference, reference_blocks = _reference(module32, inputs32, device, paths, result.notes)
     kept = kept_sites(graph)
     for mode in modes:
-        if device.type == "cpu" and mode == "tf32":
+        if device.type == "cpu" and MODES[mode].rounds_products_only:
             result.notes.append("tf32 not compiled: the CPU has no TF32")
             continue
         result.modes[mode] = _one_mode(mode, _Setting(device, chosen, module32, inputs32, reference, kept,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
+from preclint.core.numerics import MODES
 from preclint.core.findings import percent, sci
 from preclint.core.ir import DOT_PRODUCT_KINDS
 from preclint.predict.ordinary import FLOAT32_NOISE, ordinary_local
@@ -104,7 +105,7 @@ def _output_reason(ctx, mode: str, entry: Dict, measure, output: Optional[str], 
     within = _upstream(ctx.graph, producer) | {producer} if producer is not None else None
     if measure.diverged_at is not None or measure.first_nonfinite is not None:
         return _reason(ctx, measure, mode, 0.0, 0.0, entry)
-    if mode == "tf32" and over < 1:
+    if MODES[mode].kernel_choice_matters and over < 1:
         # the convs and matmuls this output is computed from; the model's figure with float32 kernels
         # is for the outputs together, not for this one
         return _float32_kernels(ctx, measure, 0.0, {}, within=within)
@@ -161,7 +162,7 @@ def _reason(ctx, measure, mode: str, predicted: float, measured: float, entry: D
                 "prediction does not model")
     if measure.first_nonfinite is not None:
         return f"values became inf/NaN at {ctx.display(measure.first_nonfinite)}"
-    if mode == "tf32" and measured < predicted:
+    if MODES[mode].kernel_choice_matters and measured < predicted:
         reason = _float32_kernels(ctx, measure, measured, entry)
         if reason:
             return reason

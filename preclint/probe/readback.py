@@ -10,7 +10,7 @@ import torch
 
 from preclint.core.findings import ErrorFigure
 from preclint.core.ir import DOT_PRODUCT_KINDS
-from preclint.core.numerics import C_INPUT
+from preclint.core.numerics import C_INPUT, MODES
 from preclint.predict.accumulation import terms_rms
 from preclint.load.modelio import output_tensors
 from preclint.measure.compare import OutputDifferences, Tolerance, integer_pairs
@@ -235,7 +235,8 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
                 explained += value
                 any_contribution = True
         node = graph.get(name)
-        if measure.mode == "tf32" and node is not None and node.kind in DOT_PRODUCT_KINDS and m.local is not None:
+        if (MODES[measure.mode].kernel_choice_matters and node is not None and node.kind in DOT_PRODUCT_KINDS
+                and m.local is not None):
             numel = node.out.numel if node.out is not None and node.out.numel else None
             if numel:
                 m.local_rms = (sum(scalars[n2] ** 2 for _, n2, _ in slots.local) / numel) ** 0.5

@@ -38,7 +38,7 @@ def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True
         outputs = output_figures(ctx.graph, p, ctx.graph.output_paths) if not degenerate else []
         if outputs:
             summary[mode]["outputs"] = [figure.as_dict() for figure in outputs]
-        second = cases.second_rel_error(p) if cases is not None and mode == "tf32" and not degenerate else None
+        second = cases.second_rel_error(p) if cases is not None and MODES[mode].kernel_choice_matters and not degenerate else None
         if second is not None:
             summary[mode]["if_float32_kernels"] = {"rel_error": second,
                                                    "max_abs_error": cases.float32_backend.max_abs_error}

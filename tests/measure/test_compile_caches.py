@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from preclint.measure import compile_caches
-from preclint.measure.compiled import InductorBackend
+from preclint.measure.compilers.inductor import InductorBackend
 
 
 class Tiny(nn.Module):

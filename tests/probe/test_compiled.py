@@ -122,10 +122,13 @@ def test_a_model_that_cannot_compile_is_measured_eagerly_with_one_note(monkeypat
 
 
 def test_the_command_lines_backends_are_the_measure_layers():
-    from preclint.measure.compiled import BACKEND_CHOICES
+    import pkgutil
+
+    from preclint.measure import compilers
     from preclint.probe import BACKEND_CHOICES as PROBE_BACKENDS
 
-    assert PROBE_BACKENDS == BACKEND_CHOICES
+    found = sorted(info.name for info in pkgutil.iter_modules(compilers.__path__) if not info.name.startswith("_"))
+    assert PROBE_BACKENDS == ("eager", *found) and "inductor" in found
 
 
 def test_backend_without_the_probe_is_one_line_and_exit_2(capsys):

@@ -3,14 +3,13 @@ of layer (NVFP4 on convolutions)."""
 from __future__ import annotations
 
 from preclint.core.findings import percent
-from preclint.core.ir import Kind
+from preclint.core.numerics import MODES
 from preclint.rules.base import Example, Rule
 from preclint.predict.flops import flop_shares
 
-# The layers a format has no kernels for in the backends that deploy it: TensorRT runs no NVFP4
-# convolution ("TensorRT does not support NVFP4 for convolution operations", NVIDIA/Model-Optimizer
-# #362, research/peers-3.md 1.1); torchao's MX and NVFP4 recipes convert nn.Linear only.
-UNSUPPORTED = {"nvfp4": (Kind.CONV,), "mxfp8": (Kind.CONV,)}
+# The formats with layers they cannot run (Mode.unsupported), cheapest first as the plan lists them
+LIMITED = tuple(sorted((name for name, mode in MODES.items() if mode.unsupported),
+                       key=lambda name: MODES[name].bits_per_element))
 MIN_SHARE = 0.10  # convolutions doing less than this share of the multiply-adds change little
 
 
@@ -34,7 +33,7 @@ class FormatUnsupportedLayer(Rule):
     name = "format-unsupported-layer"
     summary = "The model's convolutions hold most of its work, and NVFP4/MXFP8 run on its linear layers only."
     severity = "info"
-    precisions = tuple(UNSUPPORTED)
+    precisions = LIMITED
     needs = ()
     measured_as = "local"
     why = """
@@ -56,7 +55,7 @@ under nvfp4; or lower the convolutions to GEMMs (im2col) where the backend allow
     def check_graph(self, ctx):
         shares = flop_shares(ctx.graph)
         for mode in ctx.modes:
-            kinds = UNSUPPORTED[mode]
+            kinds = MODES[mode].unsupported
             layers = [n for n in ctx.graph.nodes if n.kind in kinds and n.name in shares]
             share = sum(shares[n.name] for n in layers)
             if not layers or share < MIN_SHARE:

@@ -254,7 +254,7 @@ float32.
         range are rounded: a stored result, or the operands a dot product rounds."""
         if node.kind in DOT_PRODUCT_KINDS:
             dot = mode.dot_format
-            if mode.name == "tf32" or fmt in ("fp16", "bf16"):
+            if mode.rounds_products_only or fmt in ("fp16", "bf16"):
                 for s in node.input_stats:
                     if whole_numbers(s) and s.absmax > dot.exact_integers_to:
                         yield dot.name, s.absmax, "operand"

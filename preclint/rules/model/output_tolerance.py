@@ -1,6 +1,7 @@
 """PCL001 output-tolerance: the output error against the tolerance a comparison of it uses."""
 from __future__ import annotations
 
+from preclint.core.numerics import MODES
 from preclint.core.findings import ErrorFigure, percent, sci
 from preclint.core.tolerances import failing_fraction, passing_atol
 from preclint.predict.error_model import PREDICTED_ERRORS_NEED
@@ -97,6 +98,6 @@ contribute most in fp32. For TF32, turn it off in tests that need fp32 agreement
             )
             fix = f"Compare with atol >= {sci(honest)} (rtol={sci(rtol)}) for {mode}"
             fix += f"; the layers contributing most are {layers}." if layers else "."
-            if mode == "tf32":
+            if MODES[mode].rounds_products_only:
                 fix += " " + TF32_NOTE + "."
             yield self.finding(None, message, fix=fix, predicted={mode: ctx.output_figure(mode)}, precisions=(mode,))
