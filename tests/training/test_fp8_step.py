@@ -119,3 +119,28 @@ def test_nvfp4_says_it_has_no_training_step():
     report, _graph, ctx = check(module, inputs, precisions=("fp8", "nvfp4"), train=step)
     assert list(ctx.training) == ["fp8"]
     assert any("no training step under nvfp4" in note for note in report.notes)
+
+
+def test_flushed_gradients_and_lost_updates_are_judged_under_a_scaled_recipe_and_confirmed():
+    from preclint.load.loader import LoadedModel
+    from preclint.probe.training import judge_training, measure_training
+
+    module, inputs, step = classifier(temperature=0.01)()
+    report, _graph, ctx = check(module, inputs, precisions=("fp8-rowwise",), train=step)
+    found = {f.code: f for f in report.findings if f.code in ("PCL601", "PCL602")}
+    assert set(found) == {"PCL601", "PCL602"}
+    assert "E4M3 gradient scales flush" in found["PCL601"].message and "--scaling keep=4" in found["PCL601"].fix
+    assert found["PCL602"].module == "4"
+    loaded = LoadedModel(module, inputs, "model", None, training=step)
+    measured = measure_training(loaded, ctx.training_reference, ["fp8-rowwise"], torch.device("cpu"), [])
+    judge_training(list(found.values()), measured, ctx.training)
+    assert [f.status for f in found.values()] == ["confirmed", "confirmed"]
+
+
+def test_a_recipe_that_flushes_a_head_but_few_weight_gradients_gets_no_step_finding():
+    module, inputs, step = classifier(temperature=0.01)()
+    report, _graph, ctx = check(module, inputs, precisions=("mxfp8",), train=step)
+    figures = ctx.training["mxfp8"]
+    assert figures.underflow_fraction < 0.01  # E8M0 scales per 32: the head's flushed values add up in dW
+    assert figures.lost_update_fraction - figures.float32_lost_update_fraction < 0.01
+    assert {f.code for f in report.findings} & TRAINING_CODES == {"PCL605"}
