@@ -20,6 +20,14 @@ format keeps: PCL605), and the MLP regression; the flushed share of the converte
 is compared too:
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --suite fp8 --out benchmarks/results/training_fp8_cpu.json
+
+``--suite scaled``: the fp8 suite's setups and the same models under ``nvfp4`` (NVIDIA's NVFP4 training
+recipe, emulated: E2M1 with E4M3 scales per 16, 16 x 16 weight tiles, stochastically rounded gradients,
+the random Hadamard transform of the weight gradient's operands), and the step rules judged against the
+measured step: PCL601 is expected where over 1% of the gradient elements flushed, PCL602 where over 1%
+more updates were lost than float32 storage loses (the predicted baseline), and found or not by the check:
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --suite scaled --out benchmarks/results/training_scaled_cpu.json
 """
 from __future__ import annotations
 
@@ -186,6 +194,28 @@ def fp8_setups() -> List[Dict[str, Any]]:
     return found
 
 
+def scaled_setups() -> List[Dict[str, Any]]:
+    """The FP8 setups and the same models under NVFP4 training."""
+    found = fp8_setups()
+    for model in ("classifier", "transformer128"):
+        found.append(dict(name=f"nvfp4/{model}/adam", model=model, optimizer="adam", lr=1e-3, mode="nvfp4", clean=True))
+        found.append(dict(name=f"nvfp4/{model}-logit-scale-100/adam", model=model, optimizer="adam", lr=1e-3,
+                          mode="nvfp4", logit_scale=100.0, expect="PCL605"))
+    found.append(dict(name="nvfp4/mlp-regression/sgd", model="mlp", optimizer="sgd", lr=1e-2, mode="nvfp4", clean=True))
+    return found
+
+
+def step_rules_expected(predicted, measured) -> List[str]:
+    """The step rules the measured step calls for: PCL601 over STEP_SHARE of the gradient elements flushed,
+    PCL602 over STEP_SHARE more updates lost than float32 storage loses."""
+    expected = []
+    if measured.underflow_fraction > BELOW:
+        expected.append("PCL601")
+    if measured.lost_update_fraction - (predicted.float32_lost_update_fraction or 0.0) > BELOW:
+        expected.append("PCL602")
+    return expected
+
+
 def agree(predicted: float, measured: float) -> bool:
     return (predicted < BELOW and measured < BELOW) or (measured / FACTOR <= predicted <= measured * FACTOR)
 
@@ -220,6 +250,9 @@ def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
         row["agree"] = row["agree"] and agree(*scaled["scaled_gradient_underflow_fraction"].values())
     if "expect" in setup:
         row["expected_finding"] = setup["expect"] in row["findings"]
+    row["step_rules"] = {"expected": step_rules_expected(predicted, seen),
+                         "found": [code for code in row["findings"] if code in ("PCL601", "PCL602")]}
+    row["float32_lost_update_fraction"] = predicted.float32_lost_update_fraction
     return row
 
 
@@ -253,15 +286,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=None, help="run the setups whose name holds this text")
-    parser.add_argument("--suite", default="mixed", choices=("mixed", "fp8"),
-                        help="mixed: fp16/bf16 autocast and -full (the default); fp8: the FP8 recipes")
+    parser.add_argument("--suite", default="mixed", choices=("mixed", "fp8", "scaled"),
+                        help="mixed: fp16/bf16 autocast and -full (the default); fp8: the FP8 recipes; scaled: "
+                             "the FP8 and NVFP4 recipes, with the step rules judged")
     parser.add_argument("--device", default="cpu", help="where each precision's step is measured (the prediction's "
                                                          "float64 step runs on the CPU)")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
     results: Dict[str, Any] = {}
-    for setup in (fp8_setups() if args.suite == "fp8" else setups()):
+    for setup in {"fp8": fp8_setups, "scaled": scaled_setups}.get(args.suite, setups)():
         if args.only and args.only not in setup["name"]:
             continue
         row = run_setup(setup, torch.device(args.device))
@@ -280,6 +314,10 @@ def main() -> None:
         "clean_recipes": sum(r["clean"] for r in rows),
         "clean_recipes_with_training_findings": sum(1 for r in rows if r["clean"] and r["findings"]),
         "misses": [name for name, r in results.items() if not (r["agree"] and r["nonfinite_agree"])],
+        # the step rules (PCL601, PCL602) found exactly where the measured step calls for them
+        "step_rules_agree": sum(1 for r in rows if r["step_rules"]["expected"] == r["step_rules"]["found"]),
+        "step_rules_expected": sum(len(r["step_rules"]["expected"]) for r in rows),
+        "step_rules_disagree": [name for name, r in results.items() if r["step_rules"]["expected"] != r["step_rules"]["found"]],
         "expected_findings": sum(1 for r in rows if "expected_finding" in r),
         "expected_findings_found": sum(1 for r in rows if r.get("expected_finding")),
         # the gradient's relative error, where both figures are finite and nonzero: the prediction is the

@@ -51,7 +51,9 @@ class Recipe:
     * ``power_of_two``: fp32 scales rounded down to a power of two (torchao's rowwise default);
     * ``amax_epsilon``: the floor of amax before the division (torchao's EPS; 0 leaves 448/0 = inf);
     * ``fast_accum``: ``use_fast_accum`` of the forward GEMM (torchao: True for the output GEMM);
-    * ``multiple``: the in and out features a converted nn.Linear must be multiples of.
+    * ``multiple``: the in and out features a converted nn.Linear must be multiples of;
+    * ``stochastic``: the scaled values rounded stochastically (to either neighbour on the element grid,
+      the nearer one the likelier, unbiased), as NVFP4 training rounds its gradients; else to nearest even.
     """
 
     granularity: str
@@ -64,6 +66,7 @@ class Recipe:
     multiple: int = 16
     hardware: str = "scaled_mm"  # what runs it on an H200: "scaled_mm" (real FP8), or "emulated"
     keep: Tuple[str, ...] = ()  # module paths (globs) that stay in bfloat16 (torchao's module_filter_fn)
+    stochastic: bool = False
 
     def keeps(self, path: str) -> bool:
         """Whether the layer at ``path`` stays in bfloat16 by the configuration."""

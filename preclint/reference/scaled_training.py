@@ -7,22 +7,38 @@ to 0 in the float64 backward: the gradients of everything before the layer see t
 layer's weight gradient is recomputed from the same arriving gradient quantised along M, as ``dW = g^T x``
 reads it, and its bias gradient from the arriving gradient unquantised. Only the flushes are modelled;
 the rounding to the element formats is the error model's (predict/training.py).
+
+Under ``nvfp4`` the gradients round stochastically: a value below the element's smallest subnormal s (after
+scaling) becomes 0 with probability 1 - |v|/s and s otherwise (its expectation kept), a draw made once here
+from a seeded generator (the run draws its own); and the weight gradient is the product of the arriving
+gradient and the input both rotated along M by the random Hadamard transform (measure/nvfp4_training.py),
+the gradient's flushes drawn on the rotated values.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict
 
 import torch
 
 from preclint.measure.grouped import quantise_along
-from preclint.measure.scaled_training import converted_paths, recipes
+from preclint.measure.scaled_training import converted_paths, recipes, weight_statistics
 from preclint.measure.scale_statistics import scale_statistics
 
 
-def _flushed(g: torch.Tensor, recipe, dim: int) -> torch.Tensor:
-    """``g`` (rows x N, float64) with the values ``recipe`` quantises to 0 along ``dim`` set to 0."""
-    q = quantise_along(g, recipe, dim).values
-    return torch.where((q == 0) & (g != 0), torch.zeros_like(g), g)
+def _flushed(g: torch.Tensor, recipe, dim: int, generator=None) -> torch.Tensor:
+    """``g`` (rows x N, float64) with the values ``recipe`` quantises to 0 along ``dim`` set to 0 (a
+    stochastic recipe: drawn from ``generator``, the survivors below the smallest subnormal raised to it)."""
+    if not recipe.stochastic:
+        q = quantise_along(g, recipe, dim).values
+        return torch.where((q == 0) & (g != 0), torch.zeros_like(g), g)
+    q = quantise_along(g, replace(recipe, stochastic=False), dim)
+    smallest = recipe.element.min_subnormal
+    scaled = q.scaled.abs().double()
+    below = (scaled < smallest) & (g != 0)
+    draw = torch.rand(g.shape, generator=generator, dtype=torch.float64)
+    raised = torch.copysign(smallest * g.abs() / scaled.clamp_min(1e-300), g)  # s / scale, scale = |scaled| / |g|
+    return torch.where(below, torch.where(draw < scaled / smallest, raised, torch.zeros_like(g)), g)
 
 
 class ScaledFlushes:
@@ -30,7 +46,9 @@ class ScaledFlushes:
     then ``weight_gradients`` to finish the flushed gradients; ``statistics`` per converted layer."""
 
     def __init__(self, request, backward, mode: str) -> None:
+        self.mode = mode
         self.forward_recipe, self.gradient_recipe = recipes(mode)
+        self.generator = torch.Generator().manual_seed(0)  # a stochastic recipe's flushes, drawn once
         self.backward = backward
         self.paths = [path for path in converted_paths(request.model, mode)
                       if path in backward.inputs and backward.outputs.get(path)]
@@ -42,7 +60,7 @@ class ScaledFlushes:
         def transform(grad: torch.Tensor) -> torch.Tensor:
             self.arriving[path] = grad.detach()
             g2 = grad.reshape(-1, grad.shape[-1])
-            return _flushed(g2, self.gradient_recipe, -1).reshape(grad.shape)
+            return _flushed(g2, self.gradient_recipe, -1, self.generator).reshape(grad.shape)
 
         return transform
 
@@ -56,13 +74,19 @@ class ScaledFlushes:
             x2 = self.backward.inputs[path].reshape(-1, module.in_features).double()
             weight = module.weight.detach().double()
             stats = {"input": scale_statistics(x2, self.forward_recipe),
-                     "weight": scale_statistics(weight, self.forward_recipe)}
+                     "weight": weight_statistics(weight, self.mode, self.forward_recipe)}
             if grad is not None:
                 g2 = grad.reshape(-1, module.out_features).double()
                 stats["grad_output"] = scale_statistics(g2, self.gradient_recipe)
+                g_wgrad, x_wgrad = g2, x2
+                if self.mode == "nvfp4":
+                    from preclint.measure.nvfp4_training import rotated
+
+                    g_wgrad, x_wgrad = rotated(g2), rotated(x2)
+                    stats["grad_output_wgrad"] = scale_statistics(g_wgrad, self.gradient_recipe, 0)
                 prefix = f"{path}." if path else ""
                 if prefix + "weight" in flushed:
-                    flushed[prefix + "weight"] = _flushed(g2, self.gradient_recipe, 0).t() @ x2
+                    flushed[prefix + "weight"] = _flushed(g_wgrad, self.gradient_recipe, 0, self.generator).t() @ x_wgrad
                 if module.bias is not None and prefix + "bias" in flushed:
                     flushed[prefix + "bias"] = g2.sum(dim=0)
             self.statistics[path] = stats

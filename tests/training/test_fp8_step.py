@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from preclint.core.numerics import E4M3, MODES, Recipe
+from preclint.core.numerics import E4M3, Recipe
 from preclint.measure.grouped import quantise_along
 from preclint.measure.scaled_training import TrainingScaledLinear, recipes
 from preclint.rules.model._training import classifier
@@ -107,18 +107,62 @@ def test_a_flushing_head_is_found_and_confirmed_by_the_probe():
     assert finding.status == "confirmed"
 
 
-def test_the_training_modes_include_the_scaled_recipes_that_train():
+def test_the_training_modes_include_the_scaled_recipes():
     from preclint.measure.training_step import TRAINING_MODES
 
-    assert {"fp8", "fp8-rowwise", "mxfp8"} <= set(TRAINING_MODES)
-    assert MODES["nvfp4"].recipe is not None and "nvfp4" not in TRAINING_MODES
+    assert {"fp8", "fp8-rowwise", "mxfp8", "nvfp4"} <= set(TRAINING_MODES)
 
 
-def test_nvfp4_says_it_has_no_training_step():
+def test_stochastic_rounding_lands_on_the_grid_and_keeps_the_expectation():
+    from preclint.core.numerics import E2M1
+    from preclint.measure.scaled import round_stochastic
+
+    generator = torch.Generator().manual_seed(0)
+    for value, neighbours in ((0.3, {0.0, 0.5}), (2.4, {2.0, 3.0}), (5.0, {4.0, 6.0}), (9.0, {6.0})):
+        drawn = round_stochastic(torch.full((100_000,), value), E2M1, generator)
+        assert set(drawn.unique().tolist()) == neighbours
+        assert float(drawn.mean()) == pytest.approx(min(value, 6.0), rel=0.01)
+
+
+def test_the_hadamard_transform_keeps_the_weight_gradient_and_spreads_an_outlier():
+    from preclint.measure.nvfp4_training import rotated
+
+    torch.manual_seed(0)
+    g, x = torch.randn(40, 24, dtype=torch.float64), torch.randn(40, 8, dtype=torch.float64)  # M = 40: padded to 48
+    assert torch.allclose(rotated(g).t() @ rotated(x), g.t() @ x, atol=1e-12)
+    spike = torch.zeros(16, 1, dtype=torch.float64)
+    spike[3] = 1.0
+    assert torch.allclose(rotated(spike).abs(), torch.full((16, 1), 0.25, dtype=torch.float64))
+
+
+def test_nvfp4_weights_share_a_scale_per_16_by_16_tile():
+    from preclint.measure.nvfp4_training import quantise_weight_2d
+
+    forward, _ = recipes("nvfp4")
+    w = torch.ones(32, 32) * 0.01
+    w[0, 0] = 6.0  # one large value: its tile's scale leaves 0.01 below E2M1's smallest step, the others keep it
+    q = quantise_weight_2d(w, forward)
+    assert float(q[1:16, 1:16].abs().max()) == 0.0
+    assert torch.allclose(q[16:, 16:], w[16:, 16:], rtol=0.07) and torch.allclose(q[:16, 16:], w[:16, 16:], rtol=0.07)
+
+
+def test_nvfp4_trains_and_its_predicted_flushes_match_an_emulated_step():
+    predicted, measured = _predicted_and_measured(classifier(temperature=0.01), "nvfp4")
+    for operand in ("grad_output", "grad_output_wgrad"):
+        guess = predicted.scaled["4"][operand]["underflow_fraction"]
+        seen = measured.scaled["4"][operand]["underflow_fraction"]
+        assert seen > 0.5 and seen / 3 <= guess <= seen * 3, (operand, guess, seen)
+    assert predicted.scaled["4"]["grad_output"]["element"] == "e2m1"
+    assert measured.underflow_fraction > 0.01
+    assert measured.underflow_fraction / 3 <= predicted.underflow_fraction <= measured.underflow_fraction * 3
+    assert measured.grad_rel_error / 3 <= predicted.grad_rel_error <= measured.grad_rel_error * 3
+
+
+def test_a_clean_nvfp4_recipe_gets_no_training_finding():
     module, inputs, step = classifier()()
-    report, _graph, ctx = check(module, inputs, precisions=("fp8", "nvfp4"), train=step)
-    assert list(ctx.training) == ["fp8"]
-    assert any("no training step under nvfp4" in note for note in report.notes)
+    report, _graph, ctx = check(module, inputs, precisions=("nvfp4",), train=step)
+    assert list(ctx.training) == ["nvfp4"]
+    assert not TRAINING_CODES & {f.code for f in report.findings}, [f.message for f in report.findings]
 
 
 def test_flushed_gradients_and_lost_updates_are_judged_under_a_scaled_recipe_and_confirmed():

@@ -10,6 +10,7 @@ from preclint.predict.ordinary import STEP_SHARE
 # the modes whose linear layers train as scaled GEMMs (measure/scaled_training.py), as rule precisions
 SCALED_TRAINING = ("fp8", "fp8-rowwise", "mxfp8", "nvfp4")
 STEP_PRECISIONS = ("fp16", "bf16", "fp16-full", "bf16-full") + SCALED_TRAINING
+STOCHASTIC_GRADIENTS = ("nvfp4",)  # the recipes whose gradients round stochastically
 
 
 def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: float = 1e-2, scaler: bool = False,
