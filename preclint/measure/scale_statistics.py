@@ -93,3 +93,22 @@ def gradient_totals(layers: Dict[str, Dict[str, dict]]) -> Dict[str, float]:
         return {"scaled_gradient_underflow_fraction": 0.0, "scaled_gradient_saturated_fraction": 0.0}
     return {"scaled_gradient_underflow_fraction": sum(g["underflow_fraction"] * g["nonzero"] for g in grads) / nonzero,
             "scaled_gradient_saturated_fraction": sum(g["saturated_fraction"] * g["nonzero"] for g in grads) / nonzero}
+
+
+def delayed_statistics(values: torch.Tensor, recipe, scale: float, read: Optional[torch.Tensor] = None) -> Dict[str, object]:
+    """``scale_statistics`` of ``values`` quantised with one given per-tensor ``scale`` (a delayed-scaling
+    recipe's, from earlier steps' amax): the flushes of ``read`` (the values the GEMM read; by default
+    ``values`` rounded at that scale), the values the scale pushes beyond the element's largest value."""
+    from preclint.measure.scaled import round_element
+
+    original = values.detach()
+    scaled = original.float() * scale
+    if read is None:
+        read = round_element(scaled, recipe.element) / scale
+    stats = scale_statistics(original, recipe, read=read)
+    nonzero = original != 0
+    count = int(nonzero.sum())
+    saturated = nonzero & (scaled.abs() > recipe.element.max_finite * (1 + 2.0**-20))
+    stats.update(tensor_scale=scale, scale=[scale] * 3, delayed=True,
+                 saturated_fraction=int(saturated.sum()) / count if count else 0.0)
+    return stats

@@ -13,6 +13,10 @@ scaling) becomes 0 with probability 1 - |v|/s and s otherwise (its expectation k
 from a seeded generator (the run draws its own); and the weight gradient is the product of the arriving
 gradient and the input both rotated along M by the random Hadamard transform (measure/nvfp4_training.py),
 the gradient's flushes drawn on the rotated values.
+
+Under a delayed-scaling recipe (``fp8`` with ``amax_history``) the step predicted is a run's first: every
+operand's scale is a fresh history's 1.0 (what a later step's would be needs the steps before it; ``--probe
+--steps N`` measures them).
 """
 from __future__ import annotations
 
@@ -23,10 +27,21 @@ import torch
 
 from preclint.measure.grouped import quantise_along
 from preclint.measure.scaled_training import converted_paths, recipes, weight_statistics
-from preclint.measure.scale_statistics import scale_statistics
+from preclint.measure.scale_statistics import delayed_statistics, scale_statistics
+from preclint.measure.scaled import round_element
+
+FIRST_SCALE = 1.0  # a delayed-scaling recipe's scale before any amax is recorded (Transformer Engine's)
 
 
 def _flushed(g: torch.Tensor, recipe, dim: int, generator=None) -> torch.Tensor:
+    """``g`` with the values the recipe makes 0 set to 0 (a delayed-scaling recipe: at its first step's scale)."""
+    if recipe.amax_history:
+        q = round_element(g.float() * FIRST_SCALE, recipe.element)
+        return torch.where((q == 0) & (g != 0), torch.zeros_like(g), g)
+    return _flushed_with(g, recipe, dim, generator)
+
+
+def _flushed_with(g: torch.Tensor, recipe, dim: int, generator=None) -> torch.Tensor:
     """``g`` (rows x N, float64) with the values ``recipe`` quantises to 0 along ``dim`` set to 0 (a
     stochastic recipe: drawn from ``generator``, the survivors below the smallest subnormal raised to it)."""
     if not recipe.stochastic:
@@ -64,6 +79,11 @@ class ScaledFlushes:
 
         return transform
 
+    def _statistics(self, values: torch.Tensor, recipe, weight: bool = False) -> dict:
+        if recipe.amax_history:
+            return delayed_statistics(values, recipe, FIRST_SCALE)
+        return weight_statistics(values, self.mode, recipe) if weight else scale_statistics(values, recipe)
+
     def weight_gradients(self, flushed: Dict[str, torch.Tensor]) -> None:
         """Each converted layer's weight and bias gradient in ``flushed`` (parameter -> gradient) as the
         layer's backward computes them from its arriving gradient; the layers' statistics."""
@@ -73,11 +93,11 @@ class ScaledFlushes:
             module = modules[path]
             x2 = self.backward.inputs[path].reshape(-1, module.in_features).double()
             weight = module.weight.detach().double()
-            stats = {"input": scale_statistics(x2, self.forward_recipe),
-                     "weight": weight_statistics(weight, self.mode, self.forward_recipe)}
+            stats = {"input": self._statistics(x2, self.forward_recipe),
+                     "weight": self._statistics(weight, self.forward_recipe, weight=True)}
             if grad is not None:
                 g2 = grad.reshape(-1, module.out_features).double()
-                stats["grad_output"] = scale_statistics(g2, self.gradient_recipe)
+                stats["grad_output"] = self._statistics(g2, self.gradient_recipe)
                 g_wgrad, x_wgrad = g2, x2
                 if self.mode == "nvfp4":
                     from preclint.measure.nvfp4_training import rotated

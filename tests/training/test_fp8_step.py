@@ -188,3 +188,38 @@ def test_a_recipe_that_flushes_a_head_but_few_weight_gradients_gets_no_step_find
     assert figures.underflow_fraction < 0.01  # E8M0 scales per 32: the head's flushed values add up in dW
     assert figures.lost_update_fraction - figures.float32_lost_update_fraction < 0.01
     assert {f.code for f in report.findings} & TRAINING_CODES == {"PCL605"}
+
+
+def test_a_delayed_scale_comes_from_the_amax_of_earlier_steps():
+    from dataclasses import replace as changed
+
+    from preclint.core.numerics import scaled_mode
+
+    assert scaled_mode("fp8", {"amax-history": "3"}).recipe.amax_history == 3
+    with pytest.raises(ValueError):
+        scaled_mode("fp8", {"amax-history": "-1"})
+    layer = TrainingScaledLinear(torch.nn.Linear(16, 16), "fp8")
+    layer.forward_recipe = changed(layer.forward_recipe, amax_history=2)
+    scales = [layer.delayed_scale("input", torch.tensor([amax])) for amax in (4.0, 2.0, 1.0, 0.5)]
+    assert scales == [1.0, 448.0 / 4.0, 448.0 / 4.0, 448.0 / 2.0]  # a fresh history's 1.0, then the last 2 steps' max
+
+
+def test_a_delayed_recipe_first_step_is_predicted_and_later_steps_measured():
+    from preclint.core.numerics import scaled_recipes
+    from preclint.load.modelio import Inputs
+    from preclint.measure.training_step import StepRequest
+    from preclint.measure.trajectory import trajectories
+    from preclint.rules.model._training import regression
+
+    build = regression(optimizer="adam", lr=1e-3)  # gradients near 1e-6: below E5M2's 7.6e-6 at a scale of 1.0
+    module, inputs, step = build()
+    report, _graph, ctx = check(module, inputs, precisions=("fp8",), train=step, scaling={"amax-history": 16})
+    assert {"PCL601", "PCL605"} <= {f.code for f in report.findings}
+    with scaled_recipes({"amax-history": 16}):
+        predicted, measured = _predicted_and_measured(build, "fp8")
+        path = trajectories(StepRequest(module, Inputs(inputs), step), ["fp8"], 3)["fp8"]
+    assert predicted.scaled_gradient_underflow == measured.scaled_gradient_underflow == 1.0
+    assert measured.underflow_fraction / 3 <= predicted.underflow_fraction <= measured.underflow_fraction * 3
+    assert path.scaled_gradient_underflow[0] == 1.0 and path.scaled_gradient_underflow[1:] == [0.0, 0.0]
+    _report, _graph, current = check(module, inputs, precisions=("fp8",), train=step)
+    assert current.training["fp8"].scaled_gradient_underflow == 0.0

@@ -87,14 +87,15 @@ def module_of_worst(parameters, key: str) -> str:
 
 def scaled_cause(figures):
     """Under a scaled mode, the converted layer whose output gradient the recipe flushes most, as
-    ``(path, its flushed share, the gradient's element format)``; None where the recipe flushes none."""
+    ``(path, its flushed share, the gradient's element format, whether its scale was a delayed one)``;
+    None where the recipe flushes none."""
     grads = [(path, stats["grad_output"]) for path, stats in figures.scaled.items() if "grad_output" in stats]
     if not grads:
         return None
     path, grad = max(grads, key=lambda item: (item[1]["underflow_fraction"], item[0]))
     if grad["underflow_fraction"] <= 0:
         return None
-    return path, grad["underflow_fraction"], grad["element"].upper()
+    return path, grad["underflow_fraction"], grad["element"].upper(), bool(grad.get("delayed"))
 
 
 def scaled_fix(cause) -> str:
@@ -102,5 +103,9 @@ def scaled_fix(cause) -> str:
     if cause is None:
         return "Keep the layers whose output gradients flush in bfloat16 (--scaling keep=PATH)."
     path = cause[0] or "the layer"
-    return (f"Keep {path} in bfloat16 (--scaling keep={path}; torchao's module_filter_fn, or outside Transformer "
+    keep = (f"Keep {path} in bfloat16 (--scaling keep={path}; torchao's module_filter_fn, or outside Transformer "
             "Engine's autocast), where its output gradient keeps bfloat16's range.")
+    if cause[3]:  # a delayed-scaling recipe's first step: its scale of 1.0 is the cause
+        return ("Scale from the current amax (Transformer Engine's Float8CurrentScaling, torchao's dynamic scaling), "
+                "or start the amax history from a calibration run. Or: " + keep)
+    return keep
