@@ -223,3 +223,11 @@ def test_a_delayed_recipe_first_step_is_predicted_and_later_steps_measured():
     assert path.scaled_gradient_underflow[0] == 1.0 and path.scaled_gradient_underflow[1:] == [0.0, 0.0]
     _report, _graph, current = check(module, inputs, precisions=("fp8",), train=step)
     assert current.training["fp8"].scaled_gradient_underflow == 0.0
+
+
+def test_a_forward_check_says_delayed_scaling_is_the_training_steps_only():
+    from preclint.rules.model._training import regression
+
+    module, inputs, _step = regression()()
+    report, _graph, _ctx = check(module, inputs, precisions=("fp8",), scaling={"amax-history": 16})
+    assert any("amax history 16) is modelled in --train's step only" in note for note in report.notes)
