@@ -20,6 +20,20 @@ format keeps: PCL605), and the MLP regression; the flushed share of the converte
 is compared too:
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --suite fp8 --out benchmarks/results/training_fp8_cpu.json
+
+``--suite scaled``: the fp8 suite's setups and the same models under ``nvfp4`` (NVIDIA's NVFP4 training
+recipe, emulated: E2M1 with E4M3 scales per 16, 16 x 16 weight tiles, stochastically rounded gradients,
+the random Hadamard transform of the weight gradient's operands), and the step rules judged against the
+measured step: PCL601 is expected where over 1% of the gradient elements flushed, PCL602 where over 1%
+more updates were lost than float32 storage loses (the predicted baseline), and found or not by the check:
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --suite scaled --out benchmarks/results/training_scaled_cpu.json
+
+``--suite delayed``: ``fp8`` with Transformer Engine's delayed scaling (``--scaling amax-history=1024``):
+the first step predicted and measured as above (a fresh amax history's scale of 1.0), and STEPS steps
+measured beside current scaling, the share of the converted layers' output gradient flushed at each:
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/training.py --suite delayed --out benchmarks/results/training_delayed_cpu.json
 """
 from __future__ import annotations
 
@@ -38,6 +52,7 @@ import torch  # noqa: E402
 
 from benchmarks.provenance import stamp  # noqa: E402
 from preclint.config import Config  # noqa: E402
+from preclint.core.numerics import scaled_recipes  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load.loader import LoadedModel  # noqa: E402
 from preclint.load.training import training_step_of  # noqa: E402
@@ -186,11 +201,80 @@ def fp8_setups() -> List[Dict[str, Any]]:
     return found
 
 
+def scaled_setups() -> List[Dict[str, Any]]:
+    """The FP8 setups and the same models under NVFP4 training."""
+    found = fp8_setups()
+    for model in ("classifier", "transformer128"):
+        found.append(dict(name=f"nvfp4/{model}/adam", model=model, optimizer="adam", lr=1e-3, mode="nvfp4", clean=True))
+        found.append(dict(name=f"nvfp4/{model}-logit-scale-100/adam", model=model, optimizer="adam", lr=1e-3,
+                          mode="nvfp4", logit_scale=100.0, expect="PCL605"))
+    found.append(dict(name="nvfp4/mlp-regression/sgd", model="mlp", optimizer="sgd", lr=1e-2, mode="nvfp4", clean=True))
+    return found
+
+
+DELAYED = {"amax-history": 1024}
+STEPS = 8
+
+
+def delayed_setups() -> List[Dict[str, Any]]:
+    """fp8 with delayed scaling: a regression whose gradients lie below E5M2's 7.6e-6 (loss weight 1e-3),
+    and three whose do not."""
+    return [dict(name="delayed/mlp-regression-loss-1e-3/adam", model="mlp", optimizer="adam", lr=1e-3, mode="fp8",
+                 loss_weight=1e-3, scaling=DELAYED, expect="PCL605", steps=STEPS),
+            dict(name="delayed/mlp-regression/sgd", model="mlp", optimizer="sgd", lr=1e-2, mode="fp8", scaling=DELAYED,
+                 clean=True, steps=STEPS),
+            dict(name="delayed/classifier/adam", model="classifier", optimizer="adam", lr=1e-3, mode="fp8",
+                 scaling=DELAYED, clean=True, steps=STEPS),
+            dict(name="delayed/transformer128/adam", model="transformer128", optimizer="adam", lr=1e-3, mode="fp8",
+                 scaling=DELAYED, clean=True, steps=STEPS)]
+
+
+def step_rules_expected(predicted, measured) -> List[str]:
+    """The step rules the measured step calls for: PCL601 over STEP_SHARE of the gradient elements flushed,
+    PCL602 over STEP_SHARE more updates lost than float32 storage loses."""
+    expected = []
+    if measured.underflow_fraction > BELOW:
+        expected.append("PCL601")
+    if measured.lost_update_fraction - (predicted.float32_lost_update_fraction or 0.0) > BELOW:
+        expected.append("PCL602")
+    return expected
+
+
 def agree(predicted: float, measured: float) -> bool:
     return (predicted < BELOW and measured < BELOW) or (measured / FACTOR <= predicted <= measured * FACTOR)
 
 
 def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+    with scaled_recipes(setup.get("scaling")):
+        row = _run_setup(setup, device)
+    if setup.get("steps"):
+        row["trajectory"] = _trajectories(setup, device)
+    return row
+
+
+def _trajectories(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+    """Each step's flushed share of the converted layers' output gradients, loss and parting step, under the
+    setup's scaling and under current scaling."""
+    from preclint.measure.training_step import StepRequest
+    from preclint.measure.trajectory import trajectories
+
+    found = {}
+    for label, scaling in (("delayed", setup.get("scaling")), ("current", None)):
+        module, inputs, targets, loss_fn = _model_of(setup)
+        step = training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=OPTIMIZERS[setup["optimizer"]](setup["lr"]))
+        with scaled_recipes(scaling):
+            path = trajectories(StepRequest(module, inputs, step, device=device), [setup["mode"]], setup["steps"])[setup["mode"]]
+        found[label] = {key: value for key, value in path.as_dict().items()
+                        if key in ("parts_at", "loss", "loss_float32", "scaled_gradient_underflow", "scaled_gradient_saturated")}
+    return found
+
+
+def _model_of(setup: Dict[str, Any]):
+    extra = {"logit_scale": setup["logit_scale"]} if "logit_scale" in setup else {}
+    return MODELS[setup["model"]](setup.get("loss_weight", 1.0), **extra)
+
+
+def _run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     extra = {"logit_scale": setup["logit_scale"]} if "logit_scale" in setup else {}
     module, inputs, targets, loss_fn = MODELS[setup["model"]](setup.get("loss_weight", 1.0), **extra)
     if setup.get("half"):
@@ -200,7 +284,7 @@ def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
                             scaler=torch.amp.GradScaler(device.type) if setup.get("scaler") else None)
     loaded = LoadedModel(module.eval(), inputs, setup["name"], None, training=step)
     started = time.perf_counter()
-    report, _graph, ctx = check_model(loaded, Config(precisions=(setup["mode"],)),
+    report, _graph, ctx = check_model(loaded, Config(precisions=(setup["mode"],), scaling=dict(setup.get("scaling") or {})),
                                       CheckOptions(modes=(setup["mode"],), train=True))
     notes: List[str] = []
     measured = measure_training(loaded, ctx.training_reference, list(ctx.training), device, notes)
@@ -220,6 +304,9 @@ def run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
         row["agree"] = row["agree"] and agree(*scaled["scaled_gradient_underflow_fraction"].values())
     if "expect" in setup:
         row["expected_finding"] = setup["expect"] in row["findings"]
+    row["step_rules"] = {"expected": step_rules_expected(predicted, seen),
+                         "found": [code for code in row["findings"] if code in ("PCL601", "PCL602")]}
+    row["float32_lost_update_fraction"] = predicted.float32_lost_update_fraction
     return row
 
 
@@ -253,15 +340,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=None, help="run the setups whose name holds this text")
-    parser.add_argument("--suite", default="mixed", choices=("mixed", "fp8"),
-                        help="mixed: fp16/bf16 autocast and -full (the default); fp8: the FP8 recipes")
+    parser.add_argument("--suite", default="mixed", choices=("mixed", "fp8", "scaled", "delayed"),
+                        help="mixed: fp16/bf16 autocast and -full (the default); fp8: the FP8 recipes; scaled: "
+                             "the FP8 and NVFP4 recipes, with the step rules judged")
     parser.add_argument("--device", default="cpu", help="where each precision's step is measured (the prediction's "
                                                          "float64 step runs on the CPU)")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
     results: Dict[str, Any] = {}
-    for setup in (fp8_setups() if args.suite == "fp8" else setups()):
+    for setup in {"fp8": fp8_setups, "scaled": scaled_setups, "delayed": delayed_setups}.get(args.suite, setups)():
         if args.only and args.only not in setup["name"]:
             continue
         row = run_setup(setup, torch.device(args.device))
@@ -280,6 +368,10 @@ def main() -> None:
         "clean_recipes": sum(r["clean"] for r in rows),
         "clean_recipes_with_training_findings": sum(1 for r in rows if r["clean"] and r["findings"]),
         "misses": [name for name, r in results.items() if not (r["agree"] and r["nonfinite_agree"])],
+        # the step rules (PCL601, PCL602) found exactly where the measured step calls for them
+        "step_rules_agree": sum(1 for r in rows if r["step_rules"]["expected"] == r["step_rules"]["found"]),
+        "step_rules_expected": sum(len(r["step_rules"]["expected"]) for r in rows),
+        "step_rules_disagree": [name for name, r in results.items() if r["step_rules"]["expected"] != r["step_rules"]["found"]],
         "expected_findings": sum(1 for r in rows if "expected_finding" in r),
         "expected_findings_found": sum(1 for r in rows if r.get("expected_finding")),
         # the gradient's relative error, where both figures are finite and nonzero: the prediction is the

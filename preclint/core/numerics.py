@@ -53,7 +53,12 @@ class Recipe:
     * ``power_of_two``: fp32 scales rounded down to a power of two (torchao's rowwise default);
     * ``amax_epsilon``: the floor of amax before the division (torchao's EPS; 0 leaves 448/0 = inf);
     * ``fast_accum``: ``use_fast_accum`` of the forward GEMM (torchao: True for the output GEMM);
-    * ``multiple``: the in and out features a converted nn.Linear must be multiples of.
+    * ``multiple``: the in and out features a converted nn.Linear must be multiples of;
+    * ``amax_history``: 0, current scaling (this step's amax); N > 0, Transformer Engine's DelayedScaling
+      in a training step: one scale per tensor, max / the largest amax of the last N steps, 1.0 on a first
+      step (a fresh history), margin 0;
+    * ``stochastic``: the scaled values rounded stochastically (to either neighbour on the element grid,
+      the nearer one the likelier, unbiased), as NVFP4 training rounds its gradients; else to nearest even.
     """
 
     granularity: str
@@ -66,6 +71,8 @@ class Recipe:
     multiple: int = 16
     hardware: str = "scaled_mm"  # what runs it on an H200: "scaled_mm" (real FP8), or "emulated"
     keep: Tuple[str, ...] = ()  # module paths (globs) that stay in bfloat16 (torchao's module_filter_fn)
+    stochastic: bool = False
+    amax_history: int = 0
 
     def keeps(self, path: str) -> bool:
         """Whether the layer at ``path`` stays in bfloat16 by the configuration."""
@@ -200,6 +207,8 @@ SCALING_OPTIONS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
     "amax-epsilon": ("amax_epsilon", SCALED_MODES, "a number >= 0"),
     "fast-accum": ("fast_accum", ("fp8", "fp8-rowwise"), "true or false"),
     "keep": ("keep", SCALED_MODES, "module paths (globs) kept in bfloat16"),
+    "amax-history": ("amax_history", ("fp8",), "a whole number >= 0 (0: current scaling; N: delayed scaling over "
+                     "N steps, training only)"),
 }
 
 
@@ -218,6 +227,12 @@ def scaling_value(option: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
         return value
+    if field_name == "amax_history":
+        number = value if isinstance(value, int) and not isinstance(value, bool) else \
+            int(value) if isinstance(value, str) and value.strip().isdigit() else -1
+        if number < 0:
+            raise ValueError(f"scaling {option} takes {takes}, not {value!r}")
+        return number
     if field_name == "amax_epsilon":
         try:
             number = float(value) if not isinstance(value, bool) else math.nan

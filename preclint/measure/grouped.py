@@ -4,6 +4,7 @@ for the input's gradient, along M for the weight's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ class Along:
     scale: torch.Tensor
 
 
-def quantise_along(t: torch.Tensor, recipe: Recipe, dim: int = -1) -> Along:
+def quantise_along(t: torch.Tensor, recipe: Recipe, dim: int = -1, generator: Optional[torch.Generator] = None) -> Along:
     """``t`` quantised by ``recipe`` with its groups (rows, blocks) running along ``dim`` (the GEMM's
     reduction); a block recipe pads that dimension with zeros to whole blocks (a zero adds nothing to amax)."""
     moved = t.detach().float().movedim(dim, -1)
@@ -32,7 +33,7 @@ def quantise_along(t: torch.Tensor, recipe: Recipe, dim: int = -1) -> Along:
     pad = (-width) % recipe.block if recipe.granularity == "block" else 0
     if pad:
         rows = F.pad(rows, (0, pad))
-    q = Quantised(rows, recipe)
+    q = Quantised(rows, recipe, generator)
 
     def back(values: torch.Tensor) -> torch.Tensor:
         return values.reshape(rows.shape)[:, :width].reshape(shape).movedim(-1, dim)

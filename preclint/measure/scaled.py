@@ -38,6 +38,21 @@ def round_element(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     return torch.copysign(q.clamp(max=fmt.max_finite), x)
 
 
+def round_stochastic(x: torch.Tensor, fmt: Format, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """float32 ``x`` rounded to ``fmt``'s grid stochastically: up to the next grid value with probability
+    (distance from the one below) / (the grid's step there), so that the expected result is ``x``
+    (saturating at the largest value); a value below the smallest subnormal becomes 0 or it."""
+    mantissa_bits = round(-torch.log2(torch.tensor(fmt.unit_roundoff)).item()) - 1
+    a = x.abs().clamp(max=fmt.max_finite)
+    min_exponent = int(torch.log2(torch.tensor(fmt.min_normal)).item())
+    exponent = torch.floor(torch.log2(a.clamp_min(fmt.min_subnormal / 4))).clamp_min(min_exponent)
+    quantum = torch.exp2(exponent - mantissa_bits)
+    below = torch.floor(a / quantum) * quantum
+    draw = torch.rand(a.shape, generator=generator, device=a.device) if generator is not None else torch.rand_like(a)
+    q = below + quantum * (draw < (a - below) / quantum)
+    return torch.copysign(q.clamp(max=fmt.max_finite), x)
+
+
 def _groups(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     """``x`` (..., K) viewed as the groups that share one scale: (groups, elements)."""
     if recipe.granularity == "tensor":
@@ -82,14 +97,17 @@ def encoding_scale(amax: torch.Tensor, recipe: Recipe, tensor_amax: Optional[tor
 class Quantised:
     """One operand quantised per a recipe, group by group (groups x elements, float32): the values,
     each group's amax (float64) and encoding scale, the scaled values before rounding, and the values
-    the GEMM reads (scaled, rounded to the element format, scaled back)."""
+    the GEMM reads (scaled, rounded to the element format, scaled back). A stochastic recipe draws its
+    rounding from ``generator``."""
 
-    def __init__(self, x: torch.Tensor, recipe: Recipe) -> None:
+    def __init__(self, x: torch.Tensor, recipe: Recipe, generator: Optional[torch.Generator] = None) -> None:
         self.groups = _groups(x.detach().float(), recipe)
         self.amax = self.groups.abs().amax(dim=1, keepdim=True).double()
         self.scale = encoding_scale(self.amax, recipe)
         self.scaled = self.groups * self.scale
-        self.values = round_element(self.scaled, recipe.element) / self.scale
+        rounded = round_stochastic(self.scaled, recipe.element, generator) if recipe.stochastic else \
+            round_element(self.scaled, recipe.element)
+        self.values = rounded / self.scale
 
 
 def quantise(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:

@@ -5,7 +5,7 @@ How each precision trains (the user's own model is never stepped):
 - ``float64``: the copy and every floating input and target in float64, no loss scaling: the reference.
 - ``fp16``/``bf16``: float32 weights and optimizer, the forward and backward under autocast.
 - ``fp16-full``/``bf16-full``: weights, gradients and optimizer state in that dtype, as ``model.half()``.
-- ``fp8``/``fp8-rowwise``/``mxfp8``: bfloat16 autocast with float32 weights and optimizer, and each linear
+- ``fp8``/``fp8-rowwise``/``mxfp8``/``nvfp4``: bfloat16 autocast with float32 weights and optimizer, and each linear
   layer the recipe converts running its forward and backward GEMMs on quantised operands, gradients in
   the recipe's gradient format (measure/scaled_training.py).
 
@@ -30,9 +30,10 @@ from preclint.measure.scaled_training import SCALED_TRAINING_MODES
 
 STEP_DTYPES = {"float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                "fp16-full": torch.float16, "bf16-full": torch.bfloat16,
-               "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16, "mxfp8": torch.bfloat16}
-TRAINING_MODES = ("fp32", "fp16", "bf16", "fp16-full", "bf16-full", "fp8", "fp8-rowwise", "mxfp8")
-AUTOCAST_MODES = ("fp16", "bf16", "fp8", "fp8-rowwise", "mxfp8")  # the scaled ones: bfloat16 outside their GEMMs
+               "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16, "mxfp8": torch.bfloat16,
+               "nvfp4": torch.bfloat16}
+TRAINING_MODES = ("fp32", "fp16", "bf16", "fp16-full", "bf16-full") + SCALED_TRAINING_MODES
+AUTOCAST_MODES = ("fp16", "bf16") + SCALED_TRAINING_MODES  # the scaled ones: bfloat16 outside their GEMMs
 MAX_SKIPS = 24  # 65536 halved 24 times is below 1/256: a scale that needs more is not a scale problem
 
 

@@ -7,7 +7,10 @@ copy, and after each step its loss and weights are compared with float32's.
   movement from its start) over RMS(float32's movement): how differently the weights moved (1: the mode's
   weights did not move where float32's did), the rounding of the starting weights left out;
 - ``parts_at``: the first step whose loss differs from float32's by more than PART of it, or is not
-  finite (None: it follows float32 for all N steps).
+  finite (None: it follows float32 for all N steps);
+- under a scaled mode, ``scaled_gradient_underflow`` / ``scaled_gradient_saturated``: at each step, the
+  share of the converted layers' output-gradient values the recipe flushed / saturated (a delayed-scaling
+  recipe's scales come from earlier steps: the first step's 1.0, a stale amax after the loss moves).
 
 A GradScaler's settings drive a scale that halves on a step with inf/NaN gradients (the step skipped) and
 doubles after ``growth_interval`` good steps, as GradScaler does.
@@ -82,11 +85,28 @@ class Trajectory:
     weight_drift: List[Optional[float]] = field(default_factory=list)
     skipped_steps: int = 0
     parts_at: Optional[int] = None  # 1-based
+    scaled_gradient_underflow: List[float] = field(default_factory=list)
+    scaled_gradient_saturated: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"steps": len(self.loss), "parts_at": self.parts_at, "skipped_steps": self.skipped_steps,
-                "loss": self.loss, "loss_float32": self.loss_float32, "loss_float64": self.loss_float64,
-                "weight_drift": self.weight_drift}
+        out = {"steps": len(self.loss), "parts_at": self.parts_at, "skipped_steps": self.skipped_steps,
+               "loss": self.loss, "loss_float32": self.loss_float32, "loss_float64": self.loss_float64,
+               "weight_drift": self.weight_drift}
+        if self.scaled_gradient_underflow:
+            out.update(scaled_gradient_underflow=self.scaled_gradient_underflow,
+                       scaled_gradient_saturated=self.scaled_gradient_saturated)
+        return out
+
+    def record_scaled(self, model: torch.nn.Module) -> None:
+        """The step's flushed and saturated shares of the converted layers' output gradients."""
+        from preclint.measure.scale_statistics import gradient_totals
+        from preclint.measure.scaled_training import recorded_statistics
+
+        layers = recorded_statistics(model)
+        if layers:
+            totals = gradient_totals(layers)
+            self.scaled_gradient_underflow.append(totals["scaled_gradient_underflow_fraction"])
+            self.scaled_gradient_saturated.append(totals["scaled_gradient_saturated_fraction"])
 
 
 def trajectories(request: StepRequest, modes, steps: int) -> dict:
@@ -108,6 +128,7 @@ def trajectories(request: StepRequest, modes, steps: int) -> dict:
                                   for w, s, m in zip(runner.weights(), runner.start, moved32)))
             path.weight_drift.append(apart / moved if moved and math.isfinite(apart) else (None if not math.isfinite(apart) else 0.0))
             path.skipped_steps = runner.skipped
+            path.record_scaled(runner.model)
             if path.parts_at is None and (not math.isfinite(loss) or abs(loss - loss32) > PART * abs(loss32)):
                 path.parts_at = index
     return found

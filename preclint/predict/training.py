@@ -301,11 +301,10 @@ def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[floa
                      f"checked as written ({', '.join(chosen)})")
     untrained = [mode for mode in modes if mode in MODES and MODES[mode].recipe is not None and mode not in TRAINING_MODES]
     if untrained:
-        notes.append(f"--train: no training step under {', '.join(untrained)} (NVFP4 training's stochastic rounding and "
-                     "Hadamard transforms of the gradients are not emulated)")
+        notes.append(f"--train: no training step under {', '.join(untrained)}")
     if not chosen:
         notes.append("--train: none of the checked precisions is one a training step runs in (fp16, bf16, fp16-full, "
-                     "bf16-full, fp8, fp8-rowwise, mxfp8); no training figures")
+                     "bf16-full, fp8, fp8-rowwise, mxfp8, nvfp4); no training figures")
         return None, {}, notes
     request = StepRequest(loaded.module, loaded.inputs, loaded.training, seed=seed)
     reference = reference_step(request, chosen)

@@ -11,7 +11,7 @@ Beside the float64 step's gradients, updates and optimizer state, it records per
   0 (a float64 backward from the same forward, the flush applied at each such module output and at each
   low-precision weight gradient): only underflow is modelled, the rounding is the error model's;
 - the optimizer's float64 step taken on those flushed gradients: the update each weight would get;
-- under a scaled mode (fp8, fp8-rowwise, mxfp8), also the flushes of each converted linear layer's
+- under a scaled mode (fp8, fp8-rowwise, mxfp8, nvfp4), also the flushes of each converted linear layer's
   quantised output gradient and the scale statistics of its operands (reference/scaled_training.py).
 """
 from __future__ import annotations

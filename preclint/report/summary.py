@@ -92,6 +92,8 @@ def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[str]:
         if recipe is None or not graph.ran_reference:
             continue
         layers = {n.module_path: converted(n, MODES[mode]) for n in graph.nodes if n.record(ScaledOperands) is not None}
+        delayed = (f"; delayed scaling (amax history {recipe.amax_history}) is modelled in --train's step only, the "
+                   "forward's figures scale from the current amax" if recipe.amax_history else "")
         notes.append(f"{mode}: {sum(layers.values())} of {len(layers)} nn.Linear layers run as scaled GEMMs "
-                     f"({recipe.describe()}); the rest of the model under bfloat16 autocast")
+                     f"({recipe.describe()}); the rest of the model under bfloat16 autocast{delayed}")
     return notes

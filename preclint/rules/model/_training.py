@@ -7,6 +7,11 @@ from typing import List
 from preclint.core.findings import percent
 from preclint.predict.ordinary import STEP_SHARE
 
+# the modes whose linear layers train as scaled GEMMs (measure/scaled_training.py), as rule precisions
+SCALED_TRAINING = ("fp8", "fp8-rowwise", "mxfp8", "nvfp4")
+STEP_PRECISIONS = ("fp16", "bf16", "fp16-full", "bf16-full") + SCALED_TRAINING
+STOCHASTIC_GRADIENTS = ("nvfp4",)  # the recipes whose gradients round stochastically
+
 
 def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: float = 1e-2, scaler: bool = False,
                dtype=None, eps: float = 1e-8):
@@ -78,3 +83,29 @@ def worst(parameters, key: str, limit: int = 3) -> List[str]:
 def module_of_worst(parameters, key: str) -> str:
     rows = sorted(parameters, key=lambda p: (-getattr(p, key), p.parameter))
     return rows[0].module if rows else ""
+
+
+def scaled_cause(figures):
+    """Under a scaled mode, the converted layer whose output gradient the recipe flushes most, as
+    ``(path, its flushed share, the gradient's element format, whether its scale was a delayed one)``;
+    None where the recipe flushes none."""
+    grads = [(path, stats["grad_output"]) for path, stats in figures.scaled.items() if "grad_output" in stats]
+    if not grads:
+        return None
+    path, grad = max(grads, key=lambda item: (item[1]["underflow_fraction"], item[0]))
+    if grad["underflow_fraction"] <= 0:
+        return None
+    return path, grad["underflow_fraction"], grad["element"].upper(), bool(grad.get("delayed"))
+
+
+def scaled_fix(cause) -> str:
+    """The fix of a training finding a scaled recipe causes: the layer whose gradient it flushes kept in bfloat16."""
+    if cause is None:
+        return "Keep the layers whose output gradients flush in bfloat16 (--scaling keep=PATH)."
+    path = cause[0] or "the layer"
+    keep = (f"Keep {path} in bfloat16 (--scaling keep={path}; torchao's module_filter_fn, or outside Transformer "
+            "Engine's autocast), where its output gradient keeps bfloat16's range.")
+    if cause[3]:  # a delayed-scaling recipe's first step: its scale of 1.0 is the cause
+        return ("Scale from the current amax (Transformer Engine's Float8CurrentScaling, torchao's dynamic scaling), "
+                "or start the amax history from a calibration run. Or: " + keep)
+    return keep

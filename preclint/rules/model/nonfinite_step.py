@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._training import module_of_worst, regression
+from preclint.rules.model._training import STEP_PRECISIONS, module_of_worst, regression
 
 
 class NonfiniteStep(Rule):
@@ -10,7 +10,7 @@ class NonfiniteStep(Rule):
     name = "nonfinite-step"
     summary = "A training step makes weights inf or NaN: a gradient that overflows, or an update that divides by 0."
     severity = "error"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    precisions = STEP_PRECISIONS
     needs = ()
     measured_as = "training"
     training_figure = "nonfinite_updates"
@@ -19,7 +19,9 @@ One inf or NaN in a weight spreads through every later step: the loss turns NaN 
 Without a GradScaler nothing skips such a step. The causes preclint predicts from one float64 step: a
 gradient above float16's 65504 (a large loss, a loss summed over many elements), and an Adam-family
 update that divides by a second moment and an eps that both store 0 in float16. It names the first
-module whose output's gradient is not finite.
+module whose output's gradient is not finite. Under an FP8 or NVFP4 training recipe the same figure is
+judged: the scaled GEMMs saturate rather than overflow, so a non-finite weight there comes from the
+bfloat16 rest of the step or the loss.
 """
     example = """
 model = Net().half()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from preclint.rules.base import Example, Rule
-from preclint.rules.model._training import regression
+from preclint.rules.model._training import STEP_PRECISIONS, regression
 
 
 class OptimizerStateHazard(Rule):
@@ -10,7 +10,7 @@ class OptimizerStateHazard(Rule):
     name = "optimizer-state-hazard"
     summary = "The optimizer's eps or state rounds to 0, to a subnormal, or overflows in the dtype it is kept in."
     severity = "warning"
-    precisions = ("fp16", "bf16", "fp16-full", "bf16-full")
+    precisions = STEP_PRECISIONS
     needs = ()
     measured_as = "training"
     why = """
@@ -18,7 +18,8 @@ Optimizers keep their state in the parameters' dtype. With `model.half()`, Adam'
 float16 (below 3e-8), and a second moment `(1 - beta2) * g^2` under 3e-8 (any gradient under 5e-6)
 stores 0: the update `m / (sqrt(v) + eps)` divides by zero and the weight becomes inf or NaN. A second
 moment above 65504 (gradients above 8000) overflows. preclint reads eps from the optimizer's
-hyperparameters and the state's ranges from a float64 step, and says which elements are lost.
+hyperparameters and the state's ranges from a float64 step, and says which elements are lost. FP8 and
+NVFP4 training recipes keep the state in float32, as autocast does; it is judged there the same way.
 """
     example = """
 model = Net().half()
