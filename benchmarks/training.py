@@ -282,8 +282,8 @@ def main() -> None:
         "misses": [name for name, r in results.items() if not (r["agree"] and r["nonfinite_agree"])],
         "expected_findings": sum(1 for r in rows if "expected_finding" in r),
         "expected_findings_found": sum(1 for r in rows if r.get("expected_finding")),
-        # the gradient's relative error, where both figures are finite and nonzero: the prediction is the
-        # rounding floor and misses the error of masks (ReLU) whose forward rounding flips them
+        # the gradient's relative error, where both figures are finite and nonzero: the rounding floor and
+        # the masks (ReLU) the forward's rounding flips (reference/kinks.py)
         "grad_rel_error_compared": len(compared := [r["grad_rel_error"] for r in rows if _comparable(r["grad_rel_error"])]),
         "grad_rel_error_within_3x": sum(1 for g in compared if g["measured"] / FACTOR <= g["predicted"] <= g["measured"] * FACTOR),
         "grad_rel_error_median_ratio": sorted(g["predicted"] / g["measured"] for g in compared)[len(compared) // 2]
