@@ -38,6 +38,7 @@ measured beside current scaling, the share of the converted layers' output gradi
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -331,6 +332,64 @@ def _scaled_rows(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[st
             "scaled_layers": layers}
 
 
+class _Mask(torch.nn.Module):
+    """A ReLU that records its float64 input's signs, compares a low-precision input's with them, or
+    applies the float64 signs in place of its own (the masks forced equal)."""
+
+    def __init__(self, store: Dict[Any, Any], index: int, how: str) -> None:
+        super().__init__()
+        self.store, self.index, self.how = store, index, how
+
+    def __deepcopy__(self, memo):  # the copies a step makes share the store
+        return _Mask(self.store, self.index, self.how)
+
+    def forward(self, x):
+        if self.how == "record":
+            self.store[self.index] = x.detach().double() > 0
+        elif self.how == "compare":
+            self.store["flips", self.index] = float(((x.detach().double() > 0) != self.store[self.index]).double().mean())
+        else:
+            return x * self.store[self.index].to(x.dtype)
+        return torch.relu(x)
+
+
+def mask_attribution(model: str, dtype: torch.dtype) -> Dict[str, Any]:
+    """One autocast step's gradient against float64's: the share of ReLU inputs whose sign the low-precision
+    forward flips, the gradient's relative error, and that error with the float64 masks forced on."""
+    module, (x,), y, loss_fn = MODELS[model]()
+    module.train()
+    store: Dict[Any, Any] = {}
+    relus = [name for name, m in module.named_modules() if isinstance(m, torch.nn.ReLU)]
+
+    def set_masks(how):
+        for i, name in enumerate(relus):
+            parent, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(parent) if parent else module, leaf, _Mask(store, i, how))
+
+    def gradients(low):
+        copied = copy.deepcopy(module)
+        if low is None:
+            copied = copied.double()
+            loss = loss_fn(copied(x.double()), y.double() if y.is_floating_point() else y)
+        else:
+            with torch.autocast("cpu", dtype=low):
+                loss = loss_fn(copied(x), y)
+        return [g.double() for g in torch.autograd.grad(loss, list(copied.parameters()))]
+
+    def error(found, reference):
+        return math.sqrt(sum(float((a - b).pow(2).sum()) for a, b in zip(found, reference))
+                         / sum(float(b.pow(2).sum()) for b in reference))
+
+    set_masks("record")
+    reference = gradients(None)
+    set_masks("compare")
+    plain = gradients(dtype)
+    flips = [store["flips", i] for i in range(len(relus))]
+    set_masks("force")
+    return {"relu_flip_fraction": flips, "grad_rel_error": error(plain, reference),
+            "masks_forced_grad_rel_error": error(gradients(dtype), reference)}
+
+
 def _comparable(figure: Dict[str, Any]) -> bool:
     return all(isinstance(figure[k], float) and math.isfinite(figure[k]) and figure[k] > 0
                for k in ("predicted", "measured"))
@@ -374,17 +433,25 @@ def main() -> None:
         "step_rules_disagree": [name for name, r in results.items() if r["step_rules"]["expected"] != r["step_rules"]["found"]],
         "expected_findings": sum(1 for r in rows if "expected_finding" in r),
         "expected_findings_found": sum(1 for r in rows if r.get("expected_finding")),
-        # the gradient's relative error, where both figures are finite and nonzero: the prediction is the
-        # rounding floor and misses the error of masks (ReLU) whose forward rounding flips them
+        # the gradient's relative error, where both figures are finite and nonzero: the rounding floor and
+        # the masks (ReLU) the forward's rounding flips (reference/kinks.py)
         "grad_rel_error_compared": len(compared := [r["grad_rel_error"] for r in rows if _comparable(r["grad_rel_error"])]),
         "grad_rel_error_within_3x": sum(1 for g in compared if g["measured"] / FACTOR <= g["predicted"] <= g["measured"] * FACTOR),
         "grad_rel_error_median_ratio": sorted(g["predicted"] / g["measured"] for g in compared)[len(compared) // 2]
         if compared else None,
     }
     print(json.dumps(summary, indent=1))
+    # where the gradient error beyond the rounding floor comes from: the ReLU masks the forward flips
+    masks = {} if args.suite == "fp8" or args.only else {
+        f"{model}/{mode}": mask_attribution(model, dtype) for model in ("mlp", "cnn")
+        for mode, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))}
+    for name, figures in masks.items():
+        print(f"{name:12s} ReLU inputs flipped {figures['relu_flip_fraction']} gradient error "
+              f"{figures['grad_rel_error']:.2e}, masks forced {figures['masks_forced_grad_rel_error']:.2e}")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump(stamp({"summary": summary, "setups": results}), handle, indent=1, sort_keys=False)
+            json.dump(stamp({"summary": summary, "setups": results, **({"mask_attribution": masks} if masks else {})}),
+                      handle, indent=1, sort_keys=False)
             handle.write("\n")
 
 

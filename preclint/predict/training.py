@@ -8,7 +8,8 @@ Per parameter:
   computed from);
 - ``grad_rel_error``: RMS error of the gradient over its RMS: the flushes' error, in quadrature with the
   rounding of each low-precision backward GEMM on its way from the loss (C_INPUT * u per GEMM, the error
-  model's per-format figure, NUMERICS.md) and the forward's predicted output error (predict/error_model.py);
+  model's per-format figure, NUMERICS.md), the forward's predicted output error (predict/error_model.py) and
+  the error of the ReLU-like masks the forward's rounding flips (reference/kinks.py);
 - ``lost_update_fraction``: of the weights the float64 step moves, those the precision leaves unchanged: the
   optimizer's update from the flushed gradients is 0, or under half a spacing of the weight in its storage
   dtype (float32 under autocast, the low dtype under ``-full``);
@@ -167,8 +168,9 @@ def _predict_mode(reference: TrainingReference, stats: ModeStatistics, forward_e
         rounding = C_INPUT * u * math.sqrt(1 + after) if name in stats.low_grad_params or after else 0.0
         if storage != torch.float32:
             rounding = math.hypot(rounding, u / math.sqrt(3))  # the gradient stored in the low dtype
-        error = math.sqrt(relative_error(flushed_grad, g64) ** 2 + rounding ** 2 + (forward_error or 0.0) ** 2) \
-            if nonzero else 0.0
+        masks = stats.mask_errors.get(name, 0.0)
+        error = math.sqrt(relative_error(flushed_grad, g64) ** 2 + rounding ** 2 + (forward_error or 0.0) ** 2
+                          + masks ** 2) if nonzero else 0.0
         update64 = reference.update(name)
         update = stats.flushed_updates.get(name, update64)
         moved = update64 != 0

@@ -12,7 +12,9 @@ Beside the float64 step's gradients, updates and optimizer state, it records per
   low-precision weight gradient): only underflow is modelled, the rounding is the error model's;
 - the optimizer's float64 step taken on those flushed gradients: the update each weight would get;
 - under a scaled mode (fp8, fp8-rowwise, mxfp8, nvfp4), also the flushes of each converted linear layer's
-  quantised output gradient and the scale statistics of its operands (reference/scaled_training.py).
+  quantised output gradient and the scale statistics of its operands (reference/scaled_training.py);
+- each parameter's gradient error from the ReLU-like kinks the mode's forward rounding crosses
+  (reference/kinks.py).
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ class ModeStatistics:
     flushed_state: Dict[str, Dict[str, torch.Tensor]]  # parameter -> that optimizer's state tensors after it
     # scaled modes: each converted linear layer's operand statistics (measure/scale_statistics.py)
     scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)
+    # parameter -> its gradient's error from kinks the forward's rounding crosses, relative to its norm
+    mask_errors: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,7 +80,23 @@ def reference_step(request: StepRequest, modes) -> TrainingReference:
     reference.module_order = backward.order
     for mode in modes:
         reference.modes[mode] = _mode_statistics(request, backward, reference, mode)
+    _add_mask_errors(request, reference)
     return reference
+
+
+def _add_mask_errors(request: StepRequest, reference: TrainingReference) -> None:
+    from preclint.core.numerics import MODES
+    from preclint.reference.kinks import mask_errors
+
+    units = {mode: MODES[mode].dot_format.unit_roundoff for mode in reference.modes if mode in MODES}
+    grads = {name: p.grad for name, p in reference.step.parameters.items() if p.grad is not None}
+    try:
+        found = mask_errors(request, units, grads)
+    except Exception as error:  # noqa: BLE001 - a forward the recording cannot follow: the floor alone
+        reference.notes.append(f"--train: the gradient error of ReLU-like masks was not predicted ({type(error).__name__})")
+        return
+    for mode, errors in found.items():
+        reference.modes[mode].mask_errors = errors
 
 
 class _Backward:
