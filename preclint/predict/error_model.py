@@ -221,7 +221,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     roundings: Dict[str, Dict[str, float]] = {}
     for node in graph.nodes:
         inputs = [graph[n] for n in node.inputs if graph.get(n) is not None]
-        fmt = node_format(node, mode, input_formats(graph, node, mode, formats))
+        fmt = node_format(node, mode, input_formats(graph, node, mode, formats), formats.get(node.attrs.get("dtype_of", "")))
         if node.name in float32 and fmt in FORMATS:
             fmt = "fp32"
         formats[node.name] = fmt
