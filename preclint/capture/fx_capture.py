@@ -167,9 +167,24 @@ def _fx_ir_node(gm: fx.GraphModule, node: fx.Node) -> Node:
     attrs = call_attrs(fn, kind, args, kwargs)
     if inplace:
         attrs["inplace"] = True
+    source = _dtype_source(kind, args, kwargs)
+    if source is not None:
+        attrs["dtype_of"] = source
     return Node(node.name, kind, display_target(node.target, node.op), fn=fn, module_path=owner_path,
                 module_type=owner_type, location=location, stack=frames, inputs=inputs, attrs=attrs,
                 scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"), autocast=region)
+
+
+def _dtype_source(kind: Kind, args, kwargs) -> Optional[str]:
+    """The node whose dtype a cast or a new tensor takes (``boxes.to(deltas.dtype)``: FX passes it a
+    ``getattr(deltas, "dtype")`` node): the format follows that value's under a mode, not float32."""
+    if kind not in (Kind.CAST, Kind.CONSTANT):
+        return None
+    for a in (*args, *kwargs.values()):
+        if (isinstance(a, fx.Node) and a.op == "call_function" and a.target is getattr and len(a.args) == 2
+                and a.args[1] == "dtype" and isinstance(a.args[0], fx.Node)):
+            return a.args[0].name
+    return None
 
 
 def _weight_owner(gm: fx.GraphModule, node: fx.Node, path: str, type_name: str) -> Tuple[str, str]:

@@ -86,6 +86,8 @@ class _Recorder(TorchFunctionMode):
         self.leaf_depth = 0
         self.busy = False
         self.counts: Dict[str, int] = {}
+        # the last ``x.dtype`` read since an op was recorded: (dtype, the node that made x); see _dtype_source
+        self.dtype_read: Optional[Tuple[torch.dtype, str]] = None
         self.handles = []
         for m in root.modules():
             self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
@@ -142,11 +144,24 @@ class _Recorder(TorchFunctionMode):
                     return True
         return False
 
+    def _dtype_source(self, kind: Kind, args, kwargs) -> Optional[str]:
+        """The node whose dtype a cast or a new tensor takes (``boxes.to(deltas.dtype)``,
+        ``torch.zeros(n, dtype=x.dtype)``): the tensor whose ``.dtype`` was read right before the call,
+        with no op recorded in between (Python reads the argument just before it calls). The reference
+        run reads float32 there; under autocast ``deltas`` is float16 and so is the cast (torchvision's
+        box decoding computes its boxes in the deltas' dtype), which a fixed dtype would hide."""
+        if kind not in (Kind.CAST, Kind.CONSTANT) or self.dtype_read is None:
+            return None
+        dtype, made_by = self.dtype_read
+        given = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.dtype)]
+        return made_by if given and given[0] == dtype else None
+
     def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
         with _Unrecorded(self):
             set_reduction_length(node, args, kwargs, callee)
             output = self.observer(node, args, kwargs, callee, output)
         self.nodes.append(node)
+        self.dtype_read = None
         for v in leaves(output):
             if isinstance(v, torch.Tensor):
                 self.producer[id(v)] = (node.name, v)
@@ -220,6 +235,10 @@ class _Recorder(TorchFunctionMode):
         with _Unrecorded(self):
             args, kwargs = self.observer.before(pending, args, kwargs, func)
         output = func(*args, **kwargs)
+        if prop == "dtype" and args and isinstance(args[0], torch.Tensor):
+            made_by = self.producer.get(id(self.origin(args[0])))
+            self.dtype_read = (output, made_by[0]) if made_by is not None else None
+            return output
         flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
         inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
@@ -232,6 +251,9 @@ class _Recorder(TorchFunctionMode):
             attrs["inplace"] = True
         if kind == Kind.ELEMENTWISE and self._reads_float_constant((args, kwargs)):
             attrs["float_constant"] = True
+        source = self._dtype_source(kind, args, kwargs)
+        if source is not None:
+            attrs["dtype_of"] = source
         if prop:
             target = f"Tensor.{prop}"
         elif is_method:

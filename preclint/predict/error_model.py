@@ -35,13 +35,14 @@ from preclint.reference.analyses.stored_parameters import StoredParameters
 from preclint.reference.analyses.output_gains import OutputGains
 from preclint.reference.analyses.received_gains import ReceivedGains
 from preclint.reference.analyses.rounded_ties import RoundedTies, rounding_made_ties
+from preclint.reference.analyses.sampled_inputs import SampledInputs
 from preclint.reference.analyses.terms import Terms
 
 # The records the error figures read (local, received and output errors, contributions, flips):
 # computed wherever errors are predicted, whatever the rules selected read themselves.
 PREDICTED_ERRORS_NEED = (Terms, Contraction, Gains, Reach, DecisionMargins, RoundingMargins, DecisionGains,
                          StoredParameters, Recurrence, AttentionRoundings, ExactRounding, RoundedTies,
-                         OutputGains)
+                         OutputGains, SampledInputs)
 
 
 def errors_need(modes: Iterable[str]) -> tuple:
@@ -142,6 +143,8 @@ def propagated_error(node: Node, terms: Dict[str, float], gains: Optional[tuple]
         total += terms["recurrence"] ** 2 * gain_out
     elif "recurrence_toward" in terms and gains is not None:
         total += terms["recurrence_toward"] ** 2 * gain_out
+    if "sampled" in terms:  # the error of positions it samples at, which its backward does not carry
+        total += terms["sampled"] ** 2 * gain_out
     if "internal" in terms:  # a fused module's inner roundings, as they reach this output of it
         total += terms["internal"] ** 2 * gain_out
     if "result_to_output" in terms and gains is None:
@@ -221,7 +224,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
     roundings: Dict[str, Dict[str, float]] = {}
     for node in graph.nodes:
         inputs = [graph[n] for n in node.inputs if graph.get(n) is not None]
-        fmt = node_format(node, mode, input_formats(graph, node, mode, formats))
+        fmt = node_format(node, mode, input_formats(graph, node, mode, formats), formats.get(node.attrs.get("dtype_of", "")))
         if node.name in float32 and fmt in FORMATS:
             fmt = "fp32"
         formats[node.name] = fmt
@@ -249,6 +252,7 @@ def predict_mode(graph: Graph, mode: Mode, float32: AbstractSet[str] = frozenset
         return prediction
     owners = _inner_roundings(graph, mode, formats, roundings, prediction)
     mark_poles(graph, prediction, roundings)
+    _sampled_positions(graph, prediction, roundings)
 
     # the output's own values where the run recorded them (every tensor of a nested output), else
     # the first value of each node it returns
@@ -391,6 +395,23 @@ def _inner_roundings(graph: Graph, mode: Mode, formats: Dict[str, str], rounding
         rounded.pop("operands", None)  # (the inner operands and states include the boundary's)
         rounded.pop("result", None)
     return owners
+
+
+def _sampled_positions(graph: Graph, prediction: ModePrediction, roundings: Dict[str, Dict[str, float]]) -> None:
+    """The error of the positions an op samples at (RoIAlign's boxes: SampledInputs), as an error of
+    its result, where no gradient carries it: the error the positions arrive with, op by op, times
+    the factor the op multiplies it by."""
+    nodes = [n for n in graph.nodes if n.record(SampledInputs) is not None and n.out is not None and n.out.rms > 0]
+    rel = relative_errors(graph, prediction, integers_exact=True) if nodes else {}
+    for node in nodes:
+        gains = node.record(Gains)
+        carried = gains.by_input if gains is not None else {}
+        square = sum((factor * rel.get(name, 0.0)) ** 2 for name, factor in node.record(SampledInputs).factors.items()
+                     if not carried.get(name))
+        if square > 0 and node.name in roundings:
+            roundings[node.name]["sampled"] = math.sqrt(square)
+            local = prediction.nodes[node.name].local
+            prediction.nodes[node.name].local = math.hypot(local, math.sqrt(square) * node.out.rms)
 
 
 def _takers(graph: Graph, node: Node) -> List[Node]:

@@ -33,10 +33,11 @@ def fx_tensor_constant(node: Node) -> bool:
             and not node.attrs.get("view_of"))
 
 
-def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
+def node_format(node: Node, mode: Mode, input_formats: List[str], dtype_of: Optional[str] = None) -> str:
     """The format the node's result is stored in under ``mode``, from the formats of its inputs and
     the autocast state at the node: the mode's, or the one the model's code set around it
-    (``Node.autocast``: ``torch.autocast(enabled=False)``, a region with its own dtype)."""
+    (``Node.autocast``: ``torch.autocast(enabled=False)``, a region with its own dtype). ``dtype_of``:
+    the format of the value whose dtype a cast or a new tensor takes (``attrs["dtype_of"]``)."""
     out = node.out
     if out is not None and not out.is_float:
         return "int"
@@ -59,6 +60,9 @@ def node_format(node: Node, mode: Mode, input_formats: List[str]) -> str:
         return mode.low.name  # model.to(dtype): parameters, buffers and inputs are cast
     if node.kind == Kind.INPUT or node.fn == "parameter":
         return "fp32"
+    if dtype_of in FORMATS:
+        if node.kind == Kind.CAST or (node.kind == Kind.CONSTANT and "dtype" in node.attrs):
+            return dtype_of  # made in another value's dtype, which is the mode's where that value is
     if node.kind == Kind.CONSTANT:
         # a tensor the forward creates keeps the dtype it is created with: float32 unless made like
         # another tensor or given a dtype

@@ -26,7 +26,7 @@ from preclint.core.numerics import C_INPUT, C_OUTPUT, FORMATS, Format, Mode
 from preclint.predict.accumulation import accumulation_error, float32_accumulation, terms_rms
 from preclint.predict.scaled import scaled_operand_rounding
 from preclint.predict.tf32 import tensor_core_tf32
-from preclint.reference.analyses.exact_rounding import ExactRounding
+from preclint.reference.analyses.exact_rounding import measured_rounding
 from preclint.reference.analyses.gains import Gains
 
 VALUE_FREE_KINDS = frozenset({Kind.SHAPE, Kind.DECISION, Kind.COMPARE, Kind.OUTPUT})
@@ -60,9 +60,9 @@ def result_rounding(node: Node, fmt: str, stored: Format) -> float:
     far below it become 0 (vanishing activations of deep random-init nets: a relative error of 1)."""
     # (a dot product's accumulation scales with its terms, not its result: rounds_operands adds it)
     accumulation = accumulation_error(node, fmt) if node.kind not in DOT_PRODUCT_KINDS else 0.0
-    exact = node.record(ExactRounding)
-    rounding = exact.relative.get(fmt) if exact is not None else None
-    # (a probability's rounding is measured: saturated ones round by far less than C_OUTPUT u)
+    # (a probability's rounding is measured: saturated ones round by far less than C_OUTPUT u; so is
+    # that of values on the format's grid, whole pixels)
+    rounding = measured_rounding(node, fmt, stored.unit_roundoff)
     relative = math.hypot(C_OUTPUT * stored.unit_roundoff if rounding is None else rounding, accumulation)
     rms = node.out.rms if node.out is not None else 0.0
     if stored.min_subnormal and rms > 0 and rms < stored.min_normal:

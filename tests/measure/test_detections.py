@@ -103,10 +103,13 @@ def test_the_probe_reports_each_detection_output_by_its_matched_values():
     assert boxes.max_abs_error == measure.detections.box_max_abs_error
     assert scores.max_abs_error == measure.detections.score_max_abs_error
     assert 0 < scores.rel_error < 0.1 and 0 < boxes.rel_error < 0.1
-    # and predicted apart: the scores' error is the softmax's, not the boxes' (both are gathered by the
-    # same top-k and NMS indices, which passed the larger error of the two to each)
+    # and predicted apart, each within 3x of its own: the scores' error is the softmax's, not the boxes'
+    # (both are gathered by the same top-k and NMS indices, which passed the larger error of the two to
+    # each); the boxes' is their bfloat16 rounding, the anchors being made in the head's dtype
+    # (``.to(like.dtype)``), which a float32 cast predicted 5x and more under
     from preclint.predict.outputs import output_figures
 
     predicted_boxes, predicted_scores = output_figures(graph, ctx.predictions["bf16"], graph.output_paths)
-    assert predicted_scores.rel_error > 5 * predicted_boxes.rel_error
+    assert abs(predicted_scores.rel_error - predicted_boxes.rel_error) > 0.5 * predicted_scores.rel_error
     assert 1 / 3 < predicted_scores.rel_error / scores.rel_error < 3
+    assert 1 / 3 < predicted_boxes.rel_error / boxes.rel_error < 3
