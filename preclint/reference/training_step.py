@@ -23,6 +23,7 @@ import torch
 
 from preclint.measure.training_step import (AUTOCAST_MODES, SCALED_TRAINING_MODES, STEP_DTYPES, StepRequest, StepRun,
                                             autocast_for, loss_of, prepared, run_step)
+from preclint.core.notes import Note
 from preclint.load.modelio import output_tensors
 from preclint.training.statistics import Magnitudes, flush_threshold, flushes, magnitudes, overflows
 
@@ -56,7 +57,7 @@ class TrainingReference:
     module_order: List[str]  # module paths in the order their forward finished
     optimizer: Dict[str, object]  # the first group's hyperparameters and the optimizer's class name
     modes: Dict[str, ModeStatistics] = field(default_factory=dict)
-    notes: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
 
     def update(self, name: str) -> torch.Tensor:
         p = self.step.parameters[name]

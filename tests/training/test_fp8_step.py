@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from preclint.core.notes import texts
 from preclint.core.numerics import E4M3, MODES, Recipe
 from preclint.measure.grouped import quantise_along
 from preclint.measure.scaled_training import TrainingScaledLinear, recipes
@@ -118,4 +119,4 @@ def test_nvfp4_says_it_has_no_training_step():
     module, inputs, step = classifier()()
     report, _graph, ctx = check(module, inputs, precisions=("fp8", "nvfp4"), train=step)
     assert list(ctx.training) == ["fp8"]
-    assert any("no training step under nvfp4" in note for note in report.notes)
+    assert any("no training step under nvfp4" in note for note in texts(report.notes))
