@@ -115,6 +115,7 @@ def measure(name: str, device: str, size: str, attribute: bool) -> dict:
     from preclint.engine import CheckOptions, check_model
     from preclint.load.loader import LoadedModel
     from preclint.probe import ProbeOptions, measure_model, merge_into_report
+    from preclint.core.notes import texts
     from preclint.probe.compiled import compare_backend
     from preclint.probe.device import synchronize
 
@@ -138,7 +139,7 @@ def measure(name: str, device: str, size: str, attribute: bool) -> dict:
     out = {"model": name, "size": size, "probe_seconds": round(probe_seconds, 2),
            "compiled_seconds": round(compiled_seconds, 2),
            "probe_with_compiled_over_probe": round((probe_seconds + compiled_seconds) / probe_seconds, 2),
-           "notes": compared.notes, "modes": {},
+           "notes": texts(compared.notes), "modes": {},
            "pcl901": [f.message for f in report.findings if f.code == "PCL901"]}
     for mode, m in compared.modes.items():
         entry = m.to_json()

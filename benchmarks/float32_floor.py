@@ -114,6 +114,7 @@ def _check_and_probe(model, inputs, device: str, reference: str):
 
 
 def detector(device: str, reference: str, size: int, images: int) -> Dict[str, Any]:
+    from preclint.core.notes import texts
     from preclint.reference.analyses.margins import DecisionMargins
 
     model = build_detector(size)
@@ -128,7 +129,7 @@ def detector(device: str, reference: str, size: int, images: int) -> Dict[str, A
         prediction = ctx.predictions["fp32"]
         across = result.across
         if across is None:
-            raise SystemExit("the probe measured nothing across devices: " + "; ".join(result.notes))
+            raise SystemExit("the probe measured nothing across devices: " + "; ".join(texts(result.notes)))
         rows = []
         uncounted = {}  # decisions the probe could not count unit by unit, with why
         for node in graph.nodes:

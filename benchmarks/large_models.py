@@ -44,6 +44,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.provenance import stamp  # noqa: E402
+from preclint.core.notes import texts  # noqa: E402
 from preclint.config import Config  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
 from preclint.load.loader import LoadedModel  # noqa: E402
@@ -268,7 +269,7 @@ def run(args) -> Dict[str, Any]:
         "streamed": result.environment.get("streamed"), "stages_s": typical["stages_s"],
         "runs": [{k: v for k, v in r.items() if k != "stages_s"} for r in runs],
         "errors": {mode: m.error for mode, m in result.modes.items() if m.error},
-        "notes": list(result.notes),  # (a mode measured without contributions says so here)
+        "notes": texts(result.notes),  # (a mode measured without contributions says so here)
         "output_rel_error": {mode: m.output.rel_error if m.output else None for mode, m in result.modes.items()},
     }
     ledger = digest(result)

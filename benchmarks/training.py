@@ -52,6 +52,7 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from benchmarks.provenance import stamp  # noqa: E402
+from preclint.core.notes import Note, texts  # noqa: E402
 from preclint.config import Config  # noqa: E402
 from preclint.core.numerics import scaled_recipes  # noqa: E402
 from preclint.engine import CheckOptions, check_model  # noqa: E402
@@ -287,13 +288,13 @@ def _run_setup(setup: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     started = time.perf_counter()
     report, _graph, ctx = check_model(loaded, Config(precisions=(setup["mode"],), scaling=dict(setup.get("scaling") or {})),
                                       CheckOptions(modes=(setup["mode"],), train=True))
-    notes: List[str] = []
+    notes: List[Note] = []
     measured = measure_training(loaded, ctx.training_reference, list(ctx.training), device, notes)
     (mode,) = list(ctx.training)
     predicted, seen = ctx.training[mode], measured[mode]
     row = {"mode": mode, "seconds": round(time.perf_counter() - started, 2),
            "findings": sorted({f.code for f in report.findings if f.code in TRAINING_CODES}),
-           "clean": bool(setup.get("clean")), "notes": notes}
+           "clean": bool(setup.get("clean")), "notes": texts(notes)}
     for key in FIGURES + ("nonfinite_updates", "grad_rel_error"):
         row[key] = {"predicted": getattr(predicted, key), "measured": getattr(seen, key)}
     row["agree"] = all(agree(row[key]["predicted"], row[key]["measured"]) for key in FIGURES)

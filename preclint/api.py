@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 
 from preclint.core.errors import UserError
 from preclint.core.findings import ErrorFigure
+from preclint.core.notes import texts
 from preclint.core.numerics import DEFAULT_MODES
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class Report:
 
     @property
     def notes(self) -> List[str]:
-        return list(self.document.notes) + list(self.document.caveats)
+        return texts(self.document.notes) + list(self.document.caveats)
 
     @property
     def ledger(self) -> Optional[List[Dict[str, Any]]]:

@@ -25,6 +25,7 @@ from preclint.core.errors import UserError
 from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
 from preclint.core.ir import Graph
+from preclint.core.notes import Note
 from preclint.core.numerics import MODES
 from preclint.locations.attach import attach_source_locations, model_location, model_name, relativize
 from preclint.report import Report
@@ -125,8 +126,8 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
             graph, observer, output = run(with_gradients=False)
         except ModelRunError as plain:  # it fails as users run it too: that failure is the one to show
             raise UserError(f"{loaded.name} failed on its example inputs ({_describe_inputs(loaded.inputs)}): {plain}") from plain
-        graph.notes.append(f"error propagation estimated without gradients: the model fails when its values require "
-                           f"gradients ({exc})")
+        graph.notes.append(Note("reference", f"error propagation estimated without gradients: the model fails when "
+                                             f"its values require gradients ({exc})"))
     if inspect.isgenerator(output) or inspect.iscoroutine(output) or inspect.isasyncgen(output):
         if hasattr(output, "close"):
             output.close()  # its body never ran (and a coroutine would warn that it was never awaited)
@@ -188,10 +189,12 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     # (under --no-run the summary is what it always was: figures from the graph alone, with a note)
     errors_predicted = graph.computed(PREDICTED_ERRORS_NEED) or not graph.ran_reference
     if not graph.ran_reference:
-        notes.append("--no-run: no reference pass; rules used the graph and the weights only, and output errors are not predicted")
+        notes.append(Note("reference", "--no-run: no reference pass; rules used the graph and the weights only, and "
+                                       "output errors are not predicted"))
     elif not errors_predicted:
-        notes.append("the selected rules read no error estimate, so the statistics it needs were not computed and "
-                     "output errors are not predicted (check without --select, or with --probe, for them)")
+        notes.append(Note("prediction", "the selected rules read no error estimate, so the statistics it needs were not "
+                                        "computed and output errors are not predicted (check without --select, or "
+                                        "with --probe, for them)"))
     degenerate = degenerate_outputs(graph) if graph.ran_reference else []
     drift = scale_drift(graph)
     # said once: a drift over the network already explains outputs near zero
@@ -201,11 +204,12 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     # the mode whose dot products round as the backend's kernel choices say (tf32), if one was asked for
     kernel_bound = next((p for p in predictions.values() if p.mode.kernel_choice_matters), None)
     cases = kernel_cases(graph, kernel_bound) if kernel_bound is not None and errors_predicted else None
-    if cases is not None and cases.note(kernel_bound):
-        notes.append(cases.note(kernel_bound))
+    assumed = cases.note(kernel_bound) if cases is not None else None
+    if assumed:
+        notes.append(Note("prediction", assumed))
     routes = routing_note(graph, predictions, ctx.display) if graph.ran_reference and errors_predicted else None
     if routes:
-        notes.append(routes)
+        notes.append(Note("prediction", routes))
     report = Report(
         findings=findings,
         model=loaded.name,
@@ -226,7 +230,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
     return report, graph, ctx
 
 
-def _predict_training(loaded, ctx: RuleContext, options: CheckOptions) -> List[str]:
+def _predict_training(loaded, ctx: RuleContext, options: CheckOptions) -> List[Note]:
     """The training step's predicted figures, into ``ctx`` (the rules and the probe read them); the notes."""
     from preclint.predict.training import predict_step
 
@@ -435,7 +439,7 @@ class Session:
             if guarded is not None and self.warn is not None:
                 for warning in guarded.warnings:
                     self.warn(warning)
-        report.notes.extend(f"warning at {warning}" for warning in guarded.user_warnings)
+        report.notes.extend(Note("warning", f"warning at {warning}") for warning in guarded.user_warnings)
         locate(report, loaded, graph)
         files = [target] if isinstance(target, str) else [loaded.source_path] if loaded.source_path else []
         # the model's file gets the source rules too, as --source-only checks it (once a session)
@@ -495,10 +499,11 @@ class Session:
         report, graph, ctx = self._check(loaded, None)
         if mismatch is not None:
             return report, graph, ctx, None, _unplaced_note(device, mismatch)
-        report.notes = list(report.notes) + [f"the reference statistics were computed on the CPU: {device} ran out of memory"]
+        report.notes = list(report.notes) + [Note("reference", "the reference statistics were computed on the CPU: "
+                                                               f"{device} ran out of memory")]
         return report, graph, ctx, None, None
 
-    def _probe(self, loaded, report, ctx, placement, part, unplaced: Optional[str]) -> None:
+    def _probe(self, loaded, report, ctx, placement, part, unplaced: Optional[Note]) -> None:
         """The probe's measurements merged into ``report``; where the model cannot run on the probe's
         device, one note that says why, and the check's findings and predictions as they are."""
         from preclint.probe import probe_report
@@ -549,7 +554,7 @@ class Session:
             yield loaded
 
 
-def _unplaced_note(device, reason: str) -> str:
+def _unplaced_note(device, reason: str) -> Note:
     if "backend" in reason:  # an op with no kernel there: int8 quantized layers on a GPU
         why = "an op it runs has no kernel there"
         fix = "`--probe cpu` measures it where its ops run"
@@ -557,7 +562,8 @@ def _unplaced_note(device, reason: str) -> str:
         why = ("it makes or holds a tensor on another device in its forward (a torch.tensor(..., device=...) or "
                ".to(...) of its own)")
         fix = "`--probe cpu` measures it there, or make the tensor on the input's device (x.device)"
-    return f"probe: not run: the model cannot run on {device} ({reason}); {why}. The check above ran on the CPU; {fix}"
+    return Note("probe", f"probe: not run: the model cannot run on {device} ({reason}); {why}. The check above ran on "
+                         f"the CPU; {fix}")
 
 
 def _model_file(target) -> Optional[str]:

@@ -23,6 +23,7 @@ from preclint.capture.observer import Observer
 from preclint.capture.recorder import capture_function_mode
 from preclint.core.errors import UserError, one_line
 from preclint.core.ir import Graph
+from preclint.core.notes import Note
 from preclint.load.modelio import Inputs
 
 
@@ -52,14 +53,14 @@ def capture(
 
 
 def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph, Any]:
-    notes: List[str] = []
+    notes: List[Note] = []
     if force != "function-mode" and Inputs.of(inputs).holds_objects():
         # torch.fx would pass such an input as one opaque value and record its methods (a cache's
         # update) as single calls: the ops inside them are seen by recording a run
         if force == "fx":
             raise UserError(f"torch.fx cannot trace {name}: an input is an object that holds tensors (a cache)")
-        notes.append("an input is an object that holds tensors (a cache), which torch.fx cannot see into; recorded "
-                     "the ops of one run instead")
+        notes.append(Note("capture", "an input is an object that holds tensors (a cache), which torch.fx cannot see "
+                                     "into; recorded the ops of one run instead"))
         force = "function-mode"
     if force != "function-mode":
         try:
@@ -77,9 +78,11 @@ def _capture(module, inputs, name, observer, source_path, force) -> Tuple[Graph,
                 # eagerly): the eager run decides, with an observer that forgets the partial run
                 if not observer.reset():
                     raise
-                notes.append(f"running the graph torch.fx traced failed ({exc}); recorded the ops of one run instead")
+                notes.append(Note("capture", f"running the graph torch.fx traced failed ({exc}); recorded the ops of one "
+                                             "run instead"))
             else:
-                notes.append(f"torch.fx could not trace the model ({one_line(exc)}); recorded the ops of one run instead")
+                notes.append(Note("capture", f"torch.fx could not trace the model ({one_line(exc)}); recorded the ops of "
+                                             "one run instead"))
     if observer is None:
         raise UserError(
             f"torch.fx cannot trace {name} and --no-run forbids recording a run; drop --no-run to capture it"
@@ -98,15 +101,16 @@ def _python_state(module) -> dict:
             if isinstance(value, _SCALARS)}
 
 
-def _state_changed_notes(name: str, before: dict, after: dict) -> List[str]:
+def _state_changed_notes(name: str, before: dict, after: dict) -> List[Note]:
     changed = [(key, before.get(key), value) for key, value in after.items() if before.get(key, value) != value]
     if not changed:
         return []
     (path, attr), old, new = changed[0]
     more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
-    return [f"{name}'s forward changes its own attributes ({'.'.join(filter(None, (path, attr)))}: {old!r} -> {new!r}{more}): "
-            "torch.fx traced the values of one call, so the graph checked and probed gives the same output on every "
-            "run while the model may not: it is not deterministic from call to call"]
+    return [Note("capture", f"{name}'s forward changes its own attributes ({'.'.join(filter(None, (path, attr)))}: "
+                            f"{old!r} -> {new!r}{more}): torch.fx traced the values of one call, so the graph checked "
+                            "and probed gives the same output on every run while the model may not: it is not "
+                            "deterministic from call to call")]
 
 
 def _is_model_error(exc: BaseException) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar
 
 from preclint.core.findings import Location
+from preclint.core.notes import Note
 
 
 class Kind:
@@ -133,7 +134,7 @@ class Graph:
     capture: str  # "fx" or "function-mode" (the fallback), see capture.py
     source_path: Optional[str] = None  # the model file, for locations
     ran_reference: bool = False  # False with --no-run: rules must not rely on statistics
-    notes: List[str] = field(default_factory=list)  # why a fallback was used, etc.
+    notes: List[Note] = field(default_factory=list)  # why a fallback was used, etc.
     first_nonfinite: Optional[str] = None  # the first node whose fp32 reference value is inf or NaN
     param_stats: Dict[str, TensorStats] = field(default_factory=dict)  # qualified name -> stats
     module_attrs: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # module path -> attributes rules need

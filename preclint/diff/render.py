@@ -59,7 +59,7 @@ def to_dict(result: DiffResult) -> dict:
         "checkpoints": {s.label: s.facts.as_dict() for s in result.sides} if result.against is None else
         {result.sides[0].label: result.sides[0].facts.as_dict()},
         "parting": result.parting.as_dict(result.module_of) if result.parting is not None else None,
-        "notes": list(result.notes) + [n for s in result.sides for n in s.report.notes],
+        "notes": list(result.notes) + [n.text for s in result.sides for n in s.report.notes],
     }
     return doc
 
@@ -85,7 +85,7 @@ def render_console(result: DiffResult) -> str:
         out += ["", "weights:"] + [f"  {stored_sentence(s.label, s.facts)}." for s in result.sides]
     if result.parting is not None:
         out += [""] + _parting_lines(result)
-    notes = list(result.notes) + [n for s in result.sides for n in s.report.notes]
+    notes = list(result.notes) + [n.text for s in result.sides for n in s.report.notes]
     if result.parting is not None:
         notes += result.parting.notes
     if notes:

@@ -10,11 +10,12 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.input_specs import InputSpec
 from preclint.load.modelio import Inputs
 
 
-def drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, notes: List[str]) -> Inputs:
+def drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, notes: List[Note]) -> Inputs:
     """Random inputs of the given shapes, dtypes and values.
 
     Floats are drawn from [0, 1), as torchvision's own model tests do. Integer inputs given no
@@ -34,8 +35,8 @@ def drawn_inputs(module: nn.Module, specs: Sequence[InputSpec], seed: int, notes
                 described.append(f"{_spec_label(specs, i)} below {count}, the rows of {weight} that it indexes")
             else:
                 described.append(f"{_spec_label(specs, i)} from {{0, 1}} (it indexes no table)")
-        notes.append("integer inputs drawn at random: " + "; ".join(described)
-                     + "; --input NAME=SHAPE:DTYPE:VALUES sets them")
+        notes.append(Note("load", "integer inputs drawn at random: " + "; ".join(described)
+                          + "; --input NAME=SHAPE:DTYPE:VALUES sets them"))
     return _draw(specs, seed, {i: count for i, (count, _) in rows.items()})
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.available_memory import format_bytes
 from preclint.load.input_specs import physical_memory
 from preclint.load.messages import located, quote
@@ -179,7 +180,7 @@ def _shown_key(key: Any) -> str:
 
 
 
-def check_call_fits(module: nn.Module, call: Inputs, label: str) -> List[str]:
+def check_call_fits(module: nn.Module, call: Inputs, label: str) -> List[Note]:
     """Fail early, in the user's words, when the inputs cannot bind to the model's forward(); a
     note for keywords that only ``**kwargs`` takes and that look like a misspelt parameter."""
     forward = f"{type(module).__name__}.forward()"
@@ -201,7 +202,7 @@ def check_call_fits(module: nn.Module, call: Inputs, label: str) -> List[str]:
     except TypeError as exc:
         raise UserError(f"{label}: {forward} does not take the example inputs ({call.describe()}): {exc}") from None
     return [
-        f"{name} is not a parameter of {forward}{hint}; it went to **{gathered[0]}"
+        Note("load", f"{name} is not a parameter of {forward}{hint}; it went to **{gathered[0]}")
         for name in unknown
         if (hint := _did_you_mean(name, named, cutoff=0.8))
     ]

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.messages import located, quote
 
 BATCH_ATTR = "example_batch"
@@ -119,7 +120,7 @@ def _split(found: Any) -> Tuple[List[Any], List[Any]]:
     return [found], []
 
 
-def configured_optimizer(module: Any, label: str) -> Tuple[Optional[Callable], List[str]]:
+def configured_optimizer(module: Any, label: str) -> Tuple[Optional[Callable], List[Note]]:
     """(a factory of the optimizer ``module.configure_optimizers()`` returns, notes); (None, []) without the method."""
     configure = getattr(module, "configure_optimizers", None)
     if not callable(configure):
@@ -136,14 +137,15 @@ def configured_optimizer(module: Any, label: str) -> Tuple[Optional[Callable], L
     optimizer = optimizers[0]
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise UserError(f"{label}: configure_optimizers() gave a {type(optimizer).__name__}, not a torch.optim.Optimizer")
-    notes = []
+    notes: List[Note] = []
     if len(optimizers) > 1:
-        notes.append(f"{label}: configure_optimizers() gives {len(optimizers)} optimizers; the training step uses "
-                     f"the first, {type(optimizer).__name__}")
+        notes.append(Note("training", f"{label}: configure_optimizers() gives {len(optimizers)} optimizers; the "
+                                      f"training step uses the first, {type(optimizer).__name__}"))
     factory, lr_note = grouped_factory(optimizer, module, label)
     if schedulers or lr_note:
-        notes.append(f"{label}: the step runs at the learning rate {type(optimizer).__name__}'s groups have after "
-                     f"configure_optimizers() ({lr_note or _rates(optimizer)}), the first step's")
+        notes.append(Note("training", f"{label}: the step runs at the learning rate {type(optimizer).__name__}'s "
+                                      f"groups have after configure_optimizers() ({lr_note or _rates(optimizer)}), the "
+                                      "first step's"))
     return factory, notes
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from preclint.load.checkpoints import meta_tensors
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.build import build_named_model, find_model, require_initialised
 from preclint.load.downloads import downloads_refused
 from preclint.load.drawn_inputs import drawn_inputs
@@ -45,7 +46,7 @@ class LoadedModel:
     name: str  # display name: "path/model.py:Net" or "torchvision.models:resnet50"
     source_path: Optional[str]  # absolute path of the file the model was defined/loaded from
     kwargs: dict = field(default_factory=dict)  # keyword example inputs, in the same forms
-    notes: list = field(default_factory=list)  # for the report: how generated inputs were drawn
+    notes: List[Note] = field(default_factory=list)  # for the report: how the model and its inputs were loaded
     training: Optional[TrainingStep] = None  # --train: the loss, targets, optimizer and scaler of one step
     # the reduced format the model is stored in ("bf16", "fp16"), checked as a float32 copy; "" for float32
     stored: str = ""
@@ -112,7 +113,7 @@ def load_model(
                                 "give the weights with --weights FILE (safetensors or a torch.save state dict)")
             load_weights(module, weights)
             weights = None
-        notes: List[str] = list(class_notes)
+        notes: List[Note] = list(class_notes)
         if specs is not None:
             call = drawn_inputs(module, specs, seed, notes)
         else:

@@ -18,12 +18,13 @@ from torch import nn
 
 from preclint.core.numerics import MODES
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.modelio import Inputs
 
 __all__ = ["unwrap_compiled", "from_torchscript", "is_torchscript", "as_float32", "modes_as_stored", "stored_low_format", "quantized_notes"]
 
 
-def unwrap_compiled(module: nn.Module, label: str) -> Tuple[nn.Module, List[str]]:
+def unwrap_compiled(module: nn.Module, label: str) -> Tuple[nn.Module, List[Note]]:
     """The module a ``torch.compile``d one wraps (nested wrappers too), and the note that says so."""
     wrapped = module
     while hasattr(wrapped, "_orig_mod") and isinstance(getattr(wrapped, "_orig_mod"), nn.Module) \
@@ -31,9 +32,9 @@ def unwrap_compiled(module: nn.Module, label: str) -> Tuple[nn.Module, List[str]
         wrapped = wrapped._orig_mod
     if wrapped is module:
         return module, []
-    return wrapped, [f"{label} is a torch.compile'd module: checked the module it compiles ({type(wrapped).__name__}) "
-                     "eagerly, outside Dynamo; compiled kernels can fuse and reorder what eager runs "
-                     "(`--backend inductor` measures them)"]
+    return wrapped, [Note("load", f"{label} is a torch.compile'd module: checked the module it compiles "
+                                  f"({type(wrapped).__name__}) eagerly, outside Dynamo; compiled kernels can fuse and "
+                                  "reorder what eager runs (`--backend inductor` measures them)")]
 
 
 def is_quantized_module(module) -> bool:
@@ -46,7 +47,7 @@ def is_torchscript(module) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
-def from_torchscript(module: nn.Module, call: Inputs, label: str) -> Tuple[nn.Module, List[str]]:
+def from_torchscript(module: nn.Module, call: Inputs, label: str) -> Tuple[nn.Module, List[Note]]:
     """An FX GraphModule that runs what the TorchScript ``module`` runs on ``call``, and the note
     that says so; a UserError naming what to pass instead where its graph does not convert."""
     if not is_torchscript(module):
@@ -65,9 +66,9 @@ def from_torchscript(module: nn.Module, call: Inputs, label: str) -> Tuple[nn.Mo
                         f"converter could not turn its graph into one preclint reads ({type(exc).__name__}: "
                         f"{reason[:200]}); check the eager nn.Module it was made from instead (its class, with "
                         "the state dict through --weights)") from exc
-    return graph_module, [f"{label} is a TorchScript module ({kind}): checked its graph, converted to aten ops by "
-                          "torch's TorchScript converter (findings name those ops and the submodules whose weights "
-                          "they read); the probe runs the converted graph"]
+    return graph_module, [Note("load", f"{label} is a TorchScript module ({kind}): checked its graph, converted to "
+                                       "aten ops by torch's TorchScript converter (findings name those ops and the "
+                                       "submodules whose weights they read); the probe runs the converted graph")]
 
 
 def _plain_graph_module(exported: nn.Module) -> torch.fx.GraphModule:
@@ -100,17 +101,17 @@ def stored_low_format(module: nn.Module) -> Tuple[str, int, int]:
     return "", len(low), len(dtypes)
 
 
-def as_float32(module: nn.Module, call: Inputs, label: str, in_place: bool) -> Tuple[nn.Module, Inputs, str, List[str]]:
+def as_float32(module: nn.Module, call: Inputs, label: str, in_place: bool) -> Tuple[nn.Module, Inputs, str, List[Note]]:
     """A model stored in bfloat16 or float16 as a float32 copy (its values exactly), and its inputs
     of that dtype in float32, so that the mode that casts it back (bf16-full) is how it runs; the
     format it is stored in ("" for a float32 model, returned as it is) and the notes."""
     stored, low, total = stored_low_format(module)
     if not stored:
-        notes = []
+        notes: List[Note] = []
         if low:
-            notes.append(f"{label}: {low} of its {total} floating parameters and buffers are stored in a reduced dtype "
-                         "and the rest in float32; the predicted figures treat every one as float32 (the model as if "
-                         "stored in float32), while the probe measures it as it is")
+            notes.append(Note("load", f"{label}: {low} of its {total} floating parameters and buffers are stored in a "
+                                      "reduced dtype and the rest in float32; the predicted figures treat every one as "
+                                      "float32 (the model as if stored in float32), while the probe measures it as it is"))
         return module, call, "", notes
     low_dtype = next(d for d, fmt in _LOW_DTYPES.items() if fmt == stored)
     if not in_place:
@@ -120,7 +121,7 @@ def as_float32(module: nn.Module, call: Inputs, label: str, in_place: bool) -> T
     return module, call, stored, []
 
 
-def modes_as_stored(modes, stored: str, label: str) -> Tuple[Tuple[str, ...], List[str]]:
+def modes_as_stored(modes, stored: str, label: str) -> Tuple[Tuple[str, ...], List[Note]]:
     """The modes that make sense for a model stored in ``stored`` (bf16 or fp16), from those asked
     for: the mode that casts it to its own dtype is how it runs, and stands for TF32 and autocast to
     that dtype (neither changes a model that runs in it); autocast to the other reduced dtype is not
@@ -153,10 +154,10 @@ def modes_as_stored(modes, stored: str, label: str) -> Tuple[Tuple[str, ...], Li
                  f"({other}-full predicts casting the whole model)")
     if "fp32" in kept:
         note += "; fp32 is the model cast up to float32"
-    return tuple(kept), [note]
+    return tuple(kept), [Note("load", note)]
 
 
-def quantized_notes(module: nn.Module, label: str) -> List[str]:
+def quantized_notes(module: nn.Module, label: str) -> List[Note]:
     """What of a quantized model (torch.ao: ``quantize_dynamic``, static int8 modules) runs in int8
     and what in float, and the int8 layers' own weight rounding (from each layer's scale), which no
     precision mode changes and the predicted figures leave out."""
@@ -173,12 +174,12 @@ def quantized_notes(module: nn.Module, label: str) -> List[str]:
     kinds = sorted({f"{'dynamic ' if 'dynamic' in type(m).__module__ else ''}{type(m).__name__}" for _, m in layers})
     float_part = (f"{len(floats)} layer{'s' if len(floats) != 1 else ''} with float weights ({', '.join(floats[:6])}"
                   f"{', ...' if len(floats) > 6 else ''})" if floats else "no layer with float weights")
-    return [f"{label} is quantized: {len(layers)} layer{'s' if len(layers) != 1 else ''} run in int8 ({', '.join(kinds)}), "
-            f"and {float_part} and the ops between run in float. The precision modes change only the float part, "
-            f"which is what the figures predict; the int8 layers' own error is not in them: their weights' rounding, "
-            f"relative to each weight's RMS (a step of the layer's scale, scale/sqrt(12)): {shown}; the 8-bit "
-            "quantization of their inputs at each call adds more (not modelled). Compare with the float model for "
-            "the quantization error itself"]
+    return [Note("load", f"{label} is quantized: {len(layers)} layer{'s' if len(layers) != 1 else ''} run in int8 "
+                         f"({', '.join(kinds)}), and {float_part} and the ops between run in float. The precision "
+                         "modes change only the float part, which is what the figures predict; the int8 layers' own "
+                         "error is not in them: their weights' rounding, relative to each weight's RMS (a step of the "
+                         f"layer's scale, scale/sqrt(12)): {shown}; the 8-bit quantization of their inputs at each "
+                         "call adds more (not modelled). Compare with the float model for the quantization error itself")]
 
 
 def _weight_rounding(weight) -> "float | None":

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import torch
+
+from preclint.core.notes import Note
 from torch.utils._pytree import tree_flatten, tree_map
 
 __all__ = ["Inputs", "describe_value", "output_leaves", "output_tensors", "output_notes"]
@@ -213,13 +215,13 @@ def tensor_output_paths(output: Any) -> Tuple[str, ...]:
     return tuple(path for path, leaf in output_leaves(output) if isinstance(leaf, torch.Tensor))
 
 
-def output_notes(output: Any) -> List[str]:
+def output_notes(output: Any) -> List[Note]:
     """What the report says about outputs that nothing compares: values that are not tensors, and a
     model without a floating-point output tensor (whose rounding no output error can show)."""
     leaves = list(output_leaves(output))
     others = [(path, leaf) for path, leaf in leaves if not isinstance(leaf, torch.Tensor)]
     tensors = [leaf for _, leaf in leaves if isinstance(leaf, torch.Tensor)]
-    notes = []
+    notes: List[Note] = []
     if not any(t.is_floating_point() or t.is_complex() for t in tensors):
         if tensors:
             returned = f"only {len(tensors)} integer or bool tensor{'s' if len(tensors) > 1 else ''}"
@@ -227,10 +229,10 @@ def output_notes(output: Any) -> List[str]:
         else:
             returned = "no tensor" if not others else f"{_kinds(others)} and no tensor"
             consequence = "there is no output error to predict or measure"
-        notes.append(f"the model returns {returned}: {consequence}")
+        notes.append(Note("load", f"the model returns {returned}: {consequence}"))
     elif others:
         shown = ", ".join(f"output{path} ({_kind(leaf)})" for path, leaf in others[:_MAX_LISTED])
-        notes.append(f"outputs that are not tensors were not compared: {shown}{_more(len(others))}")
+        notes.append(Note("load", f"outputs that are not tensors were not compared: {shown}{_more(len(others))}"))
     return notes
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.lightning_step import (BATCH_IDX, configured_optimizer, example_batch, is_lightning_module,
                                           steps_itself)
 from preclint.load.messages import located, quote
@@ -44,7 +45,7 @@ class TrainingStep:
     targets: Any = None
     scaler: Optional[Dict[str, Any]] = None  # init_scale, growth_factor, backoff_factor, growth_interval
     label: str = "the training step"
-    notes: list = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
     batch: Any = None  # a Lightning module's example batch: the loss is training_step(batch, 0)
     scaled_modes: Optional[tuple] = None  # the precisions the scaler scales (None: all; Lightning's: fp16)
     scaler_given: bool = False  # a scaler was given (a disabled one has no settings)
@@ -147,7 +148,7 @@ def training_step_from_code(namespace: Any, label: str, file_path: Optional[str]
             raise UserError(f"{located(label, file_path, exc.__traceback__)}: {TARGETS_ATTR}() failed: {quote(exc)}") from None
     make_optimizer = getattr(namespace, OPTIMIZER_FACTORY_ATTR, None)
     optimizer = getattr(namespace, OPTIMIZER_ATTR, None)
-    notes: list = []
+    notes: List[Note] = []
     if make_optimizer is None and optimizer is None:
         make_optimizer, notes = configured_optimizer(module, label)
     step = training_step_of(loss_fn=getattr(namespace, LOSS_ATTR, None), targets=targets,
@@ -191,5 +192,6 @@ def lightning_scaler(step: TrainingStep, label: str) -> None:
     step.scaled_modes = ("fp16",)
     if not step.scaler_given:
         step.scaler = dict(LIGHTNING_SCALER)
-        step.notes.append(f"{label}: fp16 is checked as Lightning's precision=\"16-mixed\" runs it, with a GradScaler "
-                          f"at init_scale={LIGHTNING_SCALER['init_scale']:g} (give `{SCALER_ATTR} = ...` for another)")
+        step.notes.append(Note("training", f"{label}: fp16 is checked as Lightning's precision=\"16-mixed\" runs it, "
+                                           f"with a GradScaler at init_scale={LIGHTNING_SCALER['init_scale']:g} (give "
+                                           f"`{SCALER_ATTR} = ...` for another)"))

@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.load.modelio import Inputs
 from preclint.measure.copies import copy_to
 from preclint.measure.scaled_training import SCALED_TRAINING_MODES
@@ -60,7 +61,7 @@ class StepRun:
     first_nonfinite_forward: Optional[str] = None  # module path ("" is the model itself)
     first_nonfinite_backward: Optional[str] = None  # module whose output's gradient was first inf/NaN
     optimizer: Optional[torch.optim.Optimizer] = None
-    notes: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
     scaled: Dict[str, Dict[str, dict]] = field(default_factory=dict)  # scaled modes: each converted layer's operands
 
 
@@ -184,7 +185,7 @@ def run_step(request: StepRequest, mode: str) -> StepRun:
             return run
         if skipped >= MAX_SKIPS:  # every scale overflows: the step is as GradScaler leaves it, not taken
             run.skipped = skipped
-            run.notes.append(f"GradScaler skipped {skipped} steps and still found inf/NaN gradients")
+            run.notes.append(Note("training", f"GradScaler skipped {skipped} steps and still found inf/NaN gradients"))
             return run
         skipped += 1
         scale *= scaler.get("backoff_factor", 0.5)

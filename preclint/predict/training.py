@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from preclint.core.notes import Note
 from preclint.core.numerics import C_INPUT, MODES
 from preclint.reference.training_step import ModeStatistics, TrainingReference
 from preclint.measure.training_step import STEP_DTYPES, storage_dtype
@@ -297,16 +298,16 @@ def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[floa
     from preclint.reference.training_step import reference_step
 
     chosen = training_modes(modes, loaded.module)
-    notes = []
+    notes: List[Note] = []
     if chosen and set(chosen) - set(modes):
-        notes.append(f"the model's weights are {_dtype(next(loaded.module.parameters()).dtype)}: its training step is "
-                     f"checked as written ({', '.join(chosen)})")
+        notes.append(Note("training", f"the model's weights are {_dtype(next(loaded.module.parameters()).dtype)}: its "
+                                      f"training step is checked as written ({', '.join(chosen)})"))
     untrained = [mode for mode in modes if mode in MODES and MODES[mode].recipe is not None and mode not in TRAINING_MODES]
     if untrained:
-        notes.append(f"--train: no training step under {', '.join(untrained)}")
+        notes.append(Note("training", f"--train: no training step under {', '.join(untrained)}"))
     if not chosen:
-        notes.append("--train: none of the checked precisions is one a training step runs in (fp16, bf16, fp16-full, "
-                     "bf16-full, fp8, fp8-rowwise, mxfp8, nvfp4); no training figures")
+        notes.append(Note("training", "--train: none of the checked precisions is one a training step runs in (fp16, "
+                                      "bf16, fp16-full, bf16-full, fp8, fp8-rowwise, mxfp8, nvfp4); no training figures"))
         return None, {}, notes
     request = StepRequest(loaded.module, loaded.inputs, loaded.training, seed=seed)
     reference = reference_step(request, chosen)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import UserError, one_line
+from preclint.core.notes import Note
 from preclint.capture.heap import long_lived_frozen
 
 from preclint.core.choices import PROBE_BACKEND_CHOICES as BACKEND_CHOICES
@@ -122,7 +123,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     clock = _Clock(device, timings, sync=options.sync_stages, bar=bar)
     if bar is not None:  # setup, reference (twice), sensitivity, read back; per mode sweep, contributions, figures, read back
         bar.set_total(5 + len(modes) * (4 + (not emulated) + options.ablate) + (options.reference_device is not None))
-    notes: List[str] = []
+    notes: List[Note] = []
     stream = None
     try:
         with clock("setup"):
@@ -149,7 +150,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
                             "try a smaller --input-shape, or --probe cpu") from exc
         raise UserError(f"{name} cannot be moved to {device} for the probe: {one_line(exc)}") from exc
     if program.note:
-        notes.append(program.note)
+        notes.append(Note("capture", program.note))
 
     setting = ProbeSetting(graph, tuple(modes), options, tolerance or Tolerance(), name, device, emulated)
     copies = DeviceCopies(program, stream, model32, model64, inputs32, inputs64)
@@ -211,7 +212,7 @@ class ProbeSession:
     reports and the notes it adds; ``measure`` runs the passes over the copies."""
 
     def __init__(self, setting: ProbeSetting, copies: DeviceCopies, clock: _Clock, env: Dict[str, Any],
-                 notes: List[str], records_graph: bool = False) -> None:
+                 notes: List[Note], records_graph: bool = False) -> None:
         self.setting = setting
         self.copies = copies
         self.clock = clock
@@ -254,7 +255,8 @@ class ProbeSession:
                     ref = reference_pass(program, model32, inputs32, keep_float64=False)
             except Exception:
                 raise UserError(_failure(name, "in float64", device, cause)) from cause
-            notes.append(f"the reference ran in float32 (TF32 off): {name} cannot run in float64 ({one_line(cause)})")
+            notes.append(Note("reference", f"the reference ran in float32 (TF32 off): {name} cannot run in float64 "
+                                           f"({one_line(cause)})"))
             env["reference"]["dtype"] = "float32"
             reference_copy = (model32, inputs32)
         with clock("reference: again"), tf32_on_gpu(device, False):  # the noise floor (noise.py)
@@ -282,7 +284,7 @@ class ProbeSession:
                     continue
                 cause = exc.cause if isinstance(exc, RunFailed) else exc
                 reason = "out of memory" if is_out_of_memory(cause) else one_line(cause)
-                notes.append(f"contributions not measured: the run with gradients failed ({reason})")
+                notes.append(Note("probe", f"contributions not measured: the run with gradients failed ({reason})"))
                 autocast = None
 
         try:
@@ -298,8 +300,8 @@ class ProbeSession:
                             "there is nothing to measure reduced precision against")
         if ref.downcasts:
             shown = ", ".join(ref.downcasts[:3]) + (f" and {len(ref.downcasts) - 3} more" if len(ref.downcasts) > 3 else "")
-            notes.append(f"the model computes some values below float64 even in the reference run ({shown}): "
-                         "the reference there is as precise as the model makes it")
+            notes.append(Note("reference", f"the model computes some values below float64 even in the reference run "
+                                           f"({shown}): the reference there is as precise as the model makes it"))
 
         from preclint.probe.ledger import ProbeResult
         from preclint.measure.modes import SharedCopies

@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from preclint.core.ir import Kind
+from preclint.core.notes import Note
 from preclint.load.modelio import Inputs
 from preclint.capture.observer import Observer
 from preclint.measure.program import Program
@@ -77,7 +78,7 @@ def ablate(copies, graph, ref: ReferenceStore, pending: Pending, measure: ModeMe
     total = [e for e in output_error if e is not None]
     norm_sq = sum(float(torch.sum(e * e)) for e in total)
     if not total or not math.isfinite(norm_sq) or norm_sq == 0:
-        measure.notes.append("ablation skipped: the output error is zero or not finite")
+        measure.notes.append(Note("probe", "ablation skipped: the output error is zero or not finite"))
         return
     ref_floats = [t for t in tensors(ref.output) if t.is_floating_point()]
     with torch.no_grad():

@@ -15,11 +15,12 @@ against float64 on its own device.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from preclint.core.errors import one_line
+from preclint.core.notes import Note
 from preclint.probe.ledger import ModeMeasure
 
 # the mode whose float32 runs are compared: the one that judges float32 itself
@@ -42,7 +43,7 @@ def measure_across(session, result) -> None:
         if setting.device.type == "cuda":
             torch.cuda.empty_cache()
         reason = "out of memory" if is_out_of_memory(exc) else one_line(exc)
-        session.notes.append(f"float32 on {target} not compared with {setting.device}: {reason}")
+        session.notes.append(Note("device", f"float32 on {target} not compared with {setting.device}: {reason}"))
         return
     session.env["reference_device"] = result.cross_device.as_dict()
 
@@ -94,7 +95,7 @@ FLOOR_ADVICE = ("these decisions flip at float32's own level; no precision setti
                 "tolerance on decisions (match detections, compare scores) or sort ties")
 
 
-def across_notes(result, ctx) -> list:
+def across_notes(result, ctx) -> List[Note]:
     """The report's notes on float32 across devices: the outputs (here against there, each against
     float64) and each decision that went the other way on the other device, with what the fp32 mode
     predicts for it (``ctx``: the check's RuleContext, its predictions)."""
@@ -103,9 +104,9 @@ def across_notes(result, ctx) -> list:
     cross, across = result.cross_device, result.across
     if cross is None:
         return []
-    notes = [f"probe: float32 across devices, {cross.kernels}: {cross.between.describe()}; against float64: "
-             f"{cross.device} {cross.device_vs_float64.describe()}; the reference ({cross.reference_device}) "
-             f"{cross.reference_vs_float64.describe()}"]
+    notes = [Note("device", f"probe: float32 across devices, {cross.kernels}: {cross.between.describe()}; against "
+                            f"float64: {cross.device} {cross.device_vs_float64.describe()}; the reference "
+                            f"({cross.reference_device}) {cross.reference_vs_float64.describe()}")]
     prediction = ctx.predictions.get(FLOOR_MODE) if ctx.predictions else None
     flipped = bool(cross.between.figure.flip_fraction)
     for name, m in (across.nodes.items() if across is not None else ()):
@@ -117,15 +118,16 @@ def across_notes(result, ctx) -> list:
         node = ctx.graph.get(name)
         what = f" ({node.fn})" if node is not None else ""
         if m.flips or expected:
-            notes.append(f"probe: float32 on {cross.device} against {cross.reference_device}: {ctx.display(name)}{what} "
-                         f"decided {m.flips} of {m.units} the other way{expected}")
+            notes.append(Note("device", f"probe: float32 on {cross.device} against {cross.reference_device}: "
+                                        f"{ctx.display(name)}{what} decided {m.flips} of {m.units} the other way{expected}"))
         flipped = flipped or bool(m.flips)
     if across is not None and across.output is not None:
-        notes.append(f"probe: float32 on {cross.device} against {cross.reference_device}, node by node: the output "
-                     f"differs by {sci(across.output.rel_error)} relative RMS"
-                     + (f"; control flow parted at {ctx.display(across.diverged_at)}" if across.diverged_at else ""))
+        notes.append(Note("device", f"probe: float32 on {cross.device} against {cross.reference_device}, node by node: "
+                                    f"the output differs by {sci(across.output.rel_error)} relative RMS"
+                                    + (f"; control flow parted at {ctx.display(across.diverged_at)}"
+                                       if across.diverged_at else "")))
     if flipped:
-        notes.append(f"probe: {FLOOR_ADVICE} (TF32 off on both devices: this is no TF32 problem)")
+        notes.append(Note("device", f"probe: {FLOOR_ADVICE} (TF32 off on both devices: this is no TF32 problem)"))
     return notes
 
 

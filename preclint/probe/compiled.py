@@ -31,6 +31,7 @@ import torch._dynamo
 
 from preclint.core.numerics import MODES
 from preclint.core.ir import Kind
+from preclint.core.notes import Note
 from preclint.predict.ordinary import FLOAT32_NOISE  # a compiled-vs-eager difference under it is reassociation
 from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import compare
@@ -111,7 +112,7 @@ class BackendComparison:
     backend: str
     device: str
     modes: Dict[str, CompiledMode] = field(default_factory=dict)
-    notes: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
     seconds: float = 0.0
 
     def to_json(self) -> Dict[str, Any]:
@@ -191,7 +192,7 @@ def compare_backend(module32: torch.nn.Module, inputs32, graph, modes: Sequence[
     result = BackendComparison(backend, str(device))
     reason = chosen.unavailable(device)
     if reason is not None:
-        result.notes.append(f"not compiled with {backend}: {reason}; the figures are eager's")
+        result.notes.append(Note("compiled", f"not compiled with {backend}: {reason}; the figures are eager's"))
         return result
     inputs32 = Inputs.of(inputs32)
     paths, left = model_blocks(module32) if attribute else ([], 0)
@@ -199,7 +200,7 @@ def compare_backend(module32: torch.nn.Module, inputs32, graph, modes: Sequence[
     kept = kept_sites(graph)
     for mode in modes:
         if device.type == "cpu" and MODES[mode].rounds_products_only:
-            result.notes.append("tf32 not compiled: the CPU has no TF32")
+            result.notes.append(Note("compiled", "tf32 not compiled: the CPU has no TF32"))
             continue
         result.modes[mode] = _one_mode(mode, _Setting(device, chosen, module32, inputs32, reference, kept,
                                                       (paths, left, reference_blocks)))
@@ -207,13 +208,13 @@ def compare_backend(module32: torch.nn.Module, inputs32, graph, modes: Sequence[
     failed = {m: c.compilation.error for m, c in result.modes.items() if c.compilation is not None and c.compilation.error}
     if failed:
         error = next(iter(failed.values()))
-        result.notes.append(f"the model could not be compiled with {backend} ({error}): "
-                            f"{', '.join(failed)} measured eagerly only")
+        result.notes.append(Note("compiled", f"the model could not be compiled with {backend} ({error}): "
+                                             f"{', '.join(failed)} measured eagerly only"))
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _reference(module32, inputs32, device, paths, notes: List[str]):
+def _reference(module32, inputs32, device, paths, notes: List[Note]):
     """(the float64 reference's outputs, its blocks' values); a model that casts its own values to
     float32 and then refuses them beside float64 ones is run in float32 (TF32 off), as the probe does."""
     from preclint.measure.backends import tf32
@@ -228,7 +229,8 @@ def _reference(module32, inputs32, device, paths, notes: List[str]):
     except Exception as exc:  # noqa: BLE001 - float32 is still 2^13 times finer than the modes compared
         from preclint.core.errors import one_line
 
-        notes.append(f"the reference ran in float32 (TF32 off): the model cannot run in float64 ({one_line(exc)})")
+        notes.append(Note("reference", f"the reference ran in float32 (TF32 off): the model cannot run in float64 "
+                                       f"({one_line(exc)})"))
         outputs.clear()
         switch = tf32(False) if device.type == "cuda" else contextlib.nullcontext()
         with torch.no_grad(), switch:
@@ -311,14 +313,14 @@ def _differs(value: Optional[float]) -> bool:
     return value is not None and math.isfinite(value) and value > FLOAT32_NOISE
 
 
-def backend_notes(result: BackendComparison) -> List[str]:
+def backend_notes(result: BackendComparison) -> List[Note]:
     """The comparison's lines for the report's notes."""
     from preclint.core.findings import sci
 
-    notes = [f"compiled: {n}" for n in result.notes]
+    notes = [n.prefixed("compiled: ") for n in result.notes]
     for mode, m in result.modes.items():
         if m.error is not None:
-            notes.append(f"compiled: {mode} could not be run: {m.error}")
+            notes.append(Note("compiled", f"compiled: {mode} could not be run: {m.error}"))
             continue
         comp = m.compilation
         if comp is None or comp.error is not None:
@@ -328,13 +330,14 @@ def backend_notes(result: BackendComparison) -> List[str]:
                 f"break(s), {comp.recompiles} recompilation(s), first call {comp.seconds:.1f} s")
         if breaks:
             line += f" (first: {sorted(comp.graph_breaks)[0][:120]})"
-        notes.append(line)
+        notes.append(Note("compiled", line))
         if m.emulated_casts is not None:
-            notes.append(f"compiled: {mode} with emulate_precision_casts: output error {sci(m.emulated_casts)} "
-                         f"(eager {sci(m.eager)}, compiled {sci(m.compiled)})")
+            notes.append(Note("compiled", f"compiled: {mode} with emulate_precision_casts: output error "
+                                          f"{sci(m.emulated_casts)} (eager {sci(m.eager)}, compiled {sci(m.compiled)})"))
         held = [k for k in m.kept if k.compiled_ops and not k.offending]
         if held:
-            notes.append(f"compiled: {mode}: {len(held)} float32 decision(s) of the code hold in the compiled graph")
+            notes.append(Note("compiled", f"compiled: {mode}: {len(held)} float32 decision(s) of the code hold in the "
+                                          "compiled graph"))
         for figure in sorted((b for b in m.blocks if b.part is not None), key=lambda b: -abs(b.part))[:3]:
             text = (f"compiled: {mode}: block {figure.path} holds {figure.part:.0%} of the compiled-vs-eager gap "
                     f"(local error eager {sci(figure.local_eager)}, compiled {sci(figure.local_compiled)}; "
@@ -346,13 +349,14 @@ def backend_notes(result: BackendComparison) -> List[str]:
                 text += f"; fused: {'; '.join(figure.fused[:3])}"
             if figure.elided:
                 text += f"; roundings kept in float32: {', '.join(figure.elided[:4])}"
-            notes.append(text)
+            notes.append(Note("compiled", text))
         parts = [b.part for b in m.blocks if b.part is not None]
         if parts:
-            notes.append(f"compiled: {mode}: the {len(parts)} blocks compiled one at a time hold {sum(parts):.0%} of the "
-                         "gap together; the rest is the model's own forward between them, or their interplay")
+            notes.append(Note("compiled", f"compiled: {mode}: the {len(parts)} blocks compiled one at a time hold "
+                                          f"{sum(parts):.0%} of the gap together; the rest is the model's own forward "
+                                          "between them, or their interplay"))
         if m.blocks_left:
-            notes.append(f"compiled: {mode}: {m.blocks_left} more block(s) not attributed")
+            notes.append(Note("compiled", f"compiled: {mode}: {m.blocks_left} more block(s) not attributed"))
     return notes
 
 
@@ -363,7 +367,8 @@ def measure_compiled(result, session, streamed: bool) -> None:
     backend = setting.options.backend
     if streamed:
         result.backend = BackendComparison(backend, str(setting.device),
-                                           notes=[f"not compiled with {backend}: the model is streamed through the device"])
+                                           notes=[Note("compiled", f"not compiled with {backend}: the model is streamed "
+                                                                   "through the device")])
         return
     with session.clock(f"compiled ({backend})"):
         result.backend = compare_backend(copies.model32, copies.inputs32, setting.graph, setting.modes,

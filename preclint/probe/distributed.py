@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import one_line
 from preclint.core.launch import launch_ranks, launched
+from preclint.core.notes import Note
 from preclint.probe import measure_model
 
 if TYPE_CHECKING:
@@ -290,7 +291,7 @@ class Gathering(_Exchanging):
         if missing:
             local = measure_model(module, inputs, graph, missing, options, tolerance, name=name)
         result = combine(adopted, local, modes)
-        result.notes.extend(f"{reason}: measured by rank 0" for reason in reasons)
+        result.notes.extend(Note("probe", f"{reason}: measured by rank 0") for reason in reasons)
         result.environment["ranks"] = self.exchange.ranks.world
         return result
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from preclint.core.findings import ErrorFigure
+from preclint.core.notes import Note
 
 
 @dataclass
@@ -85,7 +86,7 @@ class ModeMeasure:
     # (top-k, sort) that ranked near-ties otherwise, and what gathers by it (probe/sweep.py, reordered)
     reordered: List[str] = field(default_factory=list)
     error: Optional[str] = None  # "could not measure": why
-    notes: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
 
     @property
     def measured(self) -> bool:
@@ -98,7 +99,7 @@ class ProbeResult:
     modes: Dict[str, ModeMeasure]
     order: List[str]  # node names in execution order
     timings: Dict[str, float] = field(default_factory=dict)  # seconds per stage (benchmarks; not in reports)
-    notes: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
     reference_nonfinite: List[str] = field(default_factory=list)  # nodes inf/NaN already in float64
     graph: Any = None  # the graph the probe recorded itself, where it was given none (distributed.py)
     # relative RMS between two reference runs of a model that is not deterministic, else None (noise.py)

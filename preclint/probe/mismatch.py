@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 from preclint.core.numerics import MODES
 from preclint.core.findings import percent, sci
 from preclint.core.ir import DOT_PRODUCT_KINDS
+from preclint.core.notes import Note
 from preclint.predict.ordinary import FLOAT32_NOISE, ordinary_local
 
 # The error model's predictions land within this factor of the measured errors (issue 26's target,
@@ -32,11 +33,11 @@ def _clamped(x: float) -> float:
     return max(x, FLOAT32_NOISE)
 
 
-def mismatch_notes(report, ctx, result) -> List[str]:
+def mismatch_notes(report, ctx, result) -> List[Note]:
     """The notes, one per mode of ``result`` whose measured output error and ``report``'s predicted
     one (its summary) lie more than FACTOR apart; for a model of several outputs, one per output
     (each judged on its own: a large output predicted well never hides a small one predicted badly)."""
-    notes = []
+    notes: List[Note] = []
     for mode, measure in result.modes.items():
         entry = report.summary.get(mode) or {}
         predicted = (entry.get("predicted_output") or {}).get("rel_error")
@@ -55,8 +56,8 @@ def mismatch_notes(report, ctx, result) -> List[str]:
         text = (f"probe: {mode} measured an output error of {sci(measured)} against {sci(predicted)} predicted "
                 f"({_how(over)})")
         reason = _reason(ctx, measure, mode, predicted, measured, entry)
-        notes.append(text + (f"; likeliest reason: {reason}" if reason else "") + ". The measured figure is this "
-                     "model's on this device.")
+        notes.append(Note("mismatch", text + (f"; likeliest reason: {reason}" if reason else "")
+                          + ". The measured figure is this model's on this device."))
     return notes
 
 
@@ -64,7 +65,7 @@ def _how(over: float) -> str:
     return f"{over:.1f}x the prediction" if over > 1 else f"{1 / over:.1f}x below the prediction"
 
 
-def _output_notes(ctx, mode: str, entry: Dict, measure) -> Optional[List[str]]:
+def _output_notes(ctx, mode: str, entry: Dict, measure) -> Optional[List[Note]]:
     """A model of several outputs: one note per output whose own figures lie more than FACTOR apart,
     with why where the graph shows it (a slice of another value, the ops it is computed from); None
     where the outputs have no figures of their own (one output, or outputs the graph does not tell
@@ -73,7 +74,7 @@ def _output_notes(ctx, mode: str, entry: Dict, measure) -> Optional[List[str]]:
     measured = (entry.get("measured_output") or {}).get("outputs") or []
     if len(predicted) < 2 or len(predicted) != len(measured):
         return None
-    notes = []
+    notes: List[Note] = []
     for figure, m in zip(predicted, measured):
         p_err, m_err = (figure or {}).get("rel_error"), (m or {}).get("rel_error")
         if p_err is None or m_err is None or not (math.isfinite(p_err) and math.isfinite(m_err)):
@@ -83,8 +84,8 @@ def _output_notes(ctx, mode: str, entry: Dict, measure) -> Optional[List[str]]:
             continue
         text = f"probe: {mode} measured {figure.get('output')} with an error of {sci(m_err)} against {sci(p_err)} predicted ({_how(over)})"
         reason = _output_reason(ctx, mode, entry, measure, figure.get("output"), predicted, over=over)
-        notes.append(text + (f"; likeliest reason: {reason}" if reason else "")
-                     + ". The measured figure is this output's on this device.")
+        notes.append(Note("mismatch", text + (f"; likeliest reason: {reason}" if reason else "")
+                          + ". The measured figure is this output's on this device."))
     return notes
 
 

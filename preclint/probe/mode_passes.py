@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preclint.core.errors import one_line
+from preclint.core.notes import Note
 from preclint.measure.program import RunFailed
 from preclint.probe.device import is_out_of_memory, release, tf32_on_gpu
 
@@ -85,17 +86,17 @@ class ModePasses:
                 raise
             self.sens.close()
             self.sens = None
-            self.session.notes.append(f"contributions not measured from {mode} on: the backward pass of the run "
-                                      f"with gradients failed ({one_line(exc)})")
+            self.session.notes.append(Note("probe", f"contributions not measured from {mode} on: the backward pass of "
+                                                    f"the run with gradients failed ({one_line(exc)})"))
             return [], None
 
     def _let_contributions_go(self, mode: str, device) -> None:
         self.sens.close()
         self.sens = None
         release(device)
-        self.session.notes.append(
-            f"contributions not measured from {mode} on: out of memory on {device} with the run with gradients "
-            "kept, so it was let go and the modes measured without it")
+        self.session.notes.append(Note(
+            "probe", f"contributions not measured from {mode} on: out of memory on {device} with the run with "
+            "gradients kept, so it was let go and the modes measured without it"))
 
     def finish(self, measure, pending) -> None:
         """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""

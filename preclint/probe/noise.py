@@ -24,12 +24,13 @@ float64 runs do: this check does not see that).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
 from preclint.core.errors import one_line
 from preclint.core.findings import sci
+from preclint.core.notes import Note
 from preclint.measure.program import Program
 from preclint.measure.execute import tensors
 from preclint.probe.reference_pass import WideningObserver
@@ -143,7 +144,7 @@ def rerun(program: Program, model, inputs, known: Optional[tuple] = None) -> Any
         program.recorded = recorded
 
 
-def settle_floor(first: Any, again: Any, name: str, env: dict, notes: list) -> Optional[float]:
+def settle_floor(first: Any, again: Any, name: str, env: dict, notes: List[Note]) -> Optional[float]:
     """The noise floor of the reference output ``first`` and its rerun ``again`` (an exception where
     the rerun failed): None for a deterministic model; otherwise the floor, put in the reference's
     environment and said in one of ``notes``."""
@@ -151,13 +152,14 @@ def settle_floor(first: Any, again: Any, name: str, env: dict, notes: list) -> O
     if again is first:  # not run again: the same by construction (replays_alike)
         return None
     if isinstance(again, BaseException):
-        notes.append(f"whether {name} is deterministic is not known: its second {reference} run failed ({one_line(again)})")
+        notes.append(Note("noise", f"whether {name} is deterministic is not known: its second {reference} run failed "
+                                   f"({one_line(again)})"))
         return None
     floor = floor_of(run_to_run(first, again))
     if floor is not None:
         env["reference"]["deterministic"] = False
         env["reference"]["run_to_run_rel_rms"] = floor if math.isfinite(floor) else None
-        notes.append(describe(name, floor, reference))
+        notes.append(Note("noise", describe(name, floor, reference)))
     return floor
 
 

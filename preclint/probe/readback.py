@@ -10,6 +10,7 @@ import torch
 
 from preclint.core.findings import ErrorFigure
 from preclint.core.ir import DOT_PRODUCT_KINDS
+from preclint.core.notes import Note
 from preclint.core.numerics import C_INPUT, MODES
 from preclint.predict.accumulation import terms_rms
 from preclint.load.modelio import output_tensors
@@ -180,8 +181,8 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
         if measure.output_finite is None:
             measure.output_finite = True
         if not contributions:
-            measure.notes.append("contributions not measured: a detector's boxes are compared by matching, "
-                                 "not element by element")
+            measure.notes.append(Note("probe", "contributions not measured: a detector's boxes are compared by "
+                                               "matching, not element by element"))
     if tol_slots is not None:
         rtol, atol = tolerance.bounds()
         failing, numel, min_atol, min_rtol = tol_slots
@@ -191,7 +192,7 @@ def finish(measure: ModeMeasure, pending: Pending, ref: ReferenceStore, graph) -
     # every node
     contributions_valid = contributions and _finite(scalars[norm_slot]) and scalars[norm_slot] > 0
     if contributions and not contributions_valid:
-        measure.notes.append("contributions not measured: the output error is zero or not finite")
+        measure.notes.append(Note("probe", "contributions not measured: the output error is zero or not finite"))
     explained = 0.0
     any_contribution = False
     received_rel: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (squared error norm, squared ref norm)

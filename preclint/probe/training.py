@@ -14,6 +14,7 @@ from typing import Dict, List
 import torch
 
 from preclint.core.errors import one_line
+from preclint.core.notes import Note
 from preclint.measure.training_step import StepRequest, run_step
 from preclint.predict.ordinary import STEP_SHARE
 from preclint.predict.training import ParameterFigures, TrainingFigures, totals
@@ -26,7 +27,7 @@ def probe_device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def measure_training(loaded, reference, modes, device: torch.device, notes: List[str]) -> Dict[str, TrainingFigures]:
+def measure_training(loaded, reference, modes, device: torch.device, notes: List[Note]) -> Dict[str, TrainingFigures]:
     """Each of ``modes``' step measured against ``reference`` (reference/training_step.py TrainingReference)."""
     request = StepRequest(loaded.module, loaded.inputs, loaded.training, device=device)
     measured = {}
@@ -34,7 +35,7 @@ def measure_training(loaded, reference, modes, device: torch.device, notes: List
         try:
             run = run_step(request, mode)
         except RuntimeError as exc:  # a kernel the device lacks in that dtype
-            notes.append(f"the {mode} training step could not run on {device}: {one_line(exc)}")
+            notes.append(Note("training", f"the {mode} training step could not run on {device}: {one_line(exc)}"))
             continue
         measured[mode] = compare_step(run, reference)
     return measured
@@ -65,7 +66,7 @@ def measure_training_into(report, loaded, ctx, device_choice: str, steps: int = 
     ``steps``, each precision's trajectory over that many steps beside float32's (measure/trajectory.py)."""
     if ctx.training_reference is None:
         return
-    notes: List[str] = []
+    notes: List[Note] = []
     measured = measure_training(loaded, ctx.training_reference, list(ctx.training), probe_device(device_choice), notes)
     for mode, figures in measured.items():
         report.summary[mode]["training"]["measured"] = figures.as_dict()

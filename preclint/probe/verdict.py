@@ -26,6 +26,7 @@ import math
 from typing import Dict, List, Optional, Set
 
 from preclint.core.findings import ErrorFigure, Finding, percent, sci
+from preclint.core.notes import Note
 from preclint.reference.analyses.margins import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
 
@@ -210,7 +211,8 @@ def summary_entries(result: ProbeResult, degenerate: bool = False) -> Dict[str, 
     return entries
 
 
-def probe_notes(result: ProbeResult, display) -> List[str]:
+def probe_notes(result: ProbeResult, display) -> List[Note]:
+    """The probe's notes for the report: where it ran, then its own and each mode's, each with ``probe: ``."""
     env = result.environment
     if env.get("emulated"):
         where = f"emulated on {env.get('cpu') or env['device']} ({env.get('threads', '?')} threads)" \
@@ -218,28 +220,30 @@ def probe_notes(result: ProbeResult, display) -> List[str]:
     else:
         where = f"measured on {env.get('gpu', env['device'])} (CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')})"
     reference = env.get("reference", {}).get("dtype", "float64")
-    notes = [f"probe: {where}, torch {env['torch']}, against a {reference} reference on the same device"]
-    notes += [f"probe: {n}" for n in result.notes]
+    notes = [Note("probe", f"probe: {where}, torch {env['torch']}, against a {reference} reference on the same device")]
+    notes += [n.prefixed("probe: ") for n in result.notes]
     for mode, measure in result.modes.items():
         if measure.error is not None:
-            notes.append(f"probe: {mode} could not be measured: {measure.error}")
+            notes.append(Note("probe", f"probe: {mode} could not be measured: {measure.error}"))
             continue
         if measure.detections is not None:
-            notes.append(f"probe: {mode} detections against the {reference} reference: {measure.detections.describe()}")
+            notes.append(Note("probe", f"probe: {mode} detections against the {reference} reference: "
+                                       f"{measure.detections.describe()}"))
         if measure.first_nonfinite is not None:
-            notes.append(f"probe: under {mode} the values first become inf/NaN at {display(measure.first_nonfinite)}")
+            notes.append(Note("probe", f"probe: under {mode} the values first become inf/NaN at "
+                                       f"{display(measure.first_nonfinite)}"))
         if measure.diverged_at is not None:
-            notes.append(f"probe: under {mode} control flow left the reference's path at {display(measure.diverged_at)}; "
-                         "later nodes are not compared")
+            notes.append(Note("probe", f"probe: under {mode} control flow left the reference's path at "
+                                       f"{display(measure.diverged_at)}; later nodes are not compared"))
         if measure.observer_delta is not None and measure.observer_delta != 0:
-            notes.append(f"probe: under {mode} the observed run differs from the plain model by up to "
-                         f"{sci(measure.observer_delta)} (kernel nondeterminism)")
+            notes.append(Note("noise", f"probe: under {mode} the observed run differs from the plain model by up to "
+                                       f"{sci(measure.observer_delta)} (kernel nondeterminism)"))
         if measure.agreement is not None:
             a = measure.agreement
             text = (f"probe: {mode} contributions against one-node-at-a-time runs over {a['nodes']} nodes: "
                     f"correlation {sci(a['correlation'])}, largest difference {sci(a['max_abs_difference'])}")
             if "major_nodes" in a:
                 text += f", {percent(a['major_within_2x'])} of the {a['major_nodes']} nodes above 5% within 2x"
-            notes.append(text)
-        notes += [f"probe: {mode}: {n}" for n in measure.notes]
+            notes.append(Note("probe", text))
+        notes += [n.prefixed(f"probe: {mode}: ") for n in measure.notes]
     return notes

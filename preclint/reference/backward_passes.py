@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 import torch
 
 from preclint.core.ir import Graph
+from preclint.core.notes import Note
 from preclint.load.modelio import output_tensors
 
 if TYPE_CHECKING:
@@ -66,9 +67,9 @@ class BackwardPasses:
             self._main = self.run(self.roots, listeners, seed=0, probes=max(1, min(4, math.ceil(64 / n_out))))
             unknown = self._main.unknown
             if unknown:
-                self.graph.notes.append(
-                    f"{len(unknown)} value(s) were overwritten in place where preclint could not "
-                    f"see it (first: {sorted(unknown)[0]}); their error propagation is not estimated")
+                self.graph.notes.append(Note(
+                    "reference", f"{len(unknown)} value(s) were overwritten in place where preclint could not "
+                    f"see it (first: {sorted(unknown)[0]}); their error propagation is not estimated"))
         return self._main
 
     def root(self, name: str) -> Optional[torch.Tensor]:

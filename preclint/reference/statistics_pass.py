@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 from preclint.capture.calls import is_inplace_call
 from preclint.core.errors import one_line
 from preclint.core.ir import DOT_PRODUCT_KINDS, Graph, Kind, Node, TensorStats
+from preclint.core.notes import Note
 from preclint.load.modelio import output_tensors
 from preclint.core.numerics import FP16
 from preclint.capture.observer import Call, Observer
@@ -486,7 +487,8 @@ class ReferenceObserver(Observer):
         finally:
             if self.failures:
                 shown = "; ".join(self.failures[:2]) + (f" and {len(self.failures) - 2} more" if len(self.failures) > 2 else "")
-                graph.notes.append(f"statistics of {len(self.failures)} node(s) could not be recorded ({shown})")
+                graph.notes.append(Note("reference", f"statistics of {len(self.failures)} node(s) could not be recorded "
+                                                     f"({shown})"))
             for h in self.handles:
                 h.remove()
             self.handles.clear()
@@ -512,7 +514,8 @@ class ReferenceObserver(Observer):
                 analysis.finish(graph, passes)
         except Exception as exc:  # noqa: BLE001 - an op without a derivative: predictions fall back to no amplification
             text = str(exc).strip().splitlines()
-            graph.notes.append(f"error propagation estimated without gradients ({text[0] if text else type(exc).__name__})")
+            graph.notes.append(Note("reference", "error propagation estimated without gradients "
+                                                 f"({text[0] if text else type(exc).__name__})"))
 
 
 def param_stats(module: torch.nn.Module) -> Dict[str, TensorStats]:

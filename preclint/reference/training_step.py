@@ -25,6 +25,7 @@ import torch
 
 from preclint.measure.training_step import (AUTOCAST_MODES, SCALED_TRAINING_MODES, STEP_DTYPES, StepRequest, StepRun,
                                             autocast_for, loss_of, prepared, run_step)
+from preclint.core.notes import Note
 from preclint.load.modelio import output_tensors
 from preclint.training.statistics import Magnitudes, flush_threshold, flushes, magnitudes, overflows
 
@@ -60,7 +61,7 @@ class TrainingReference:
     module_order: List[str]  # module paths in the order their forward finished
     optimizer: Dict[str, object]  # the first group's hyperparameters and the optimizer's class name
     modes: Dict[str, ModeStatistics] = field(default_factory=dict)
-    notes: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
 
     def update(self, name: str) -> torch.Tensor:
         p = self.step.parameters[name]
@@ -93,7 +94,8 @@ def _add_mask_errors(request: StepRequest, reference: TrainingReference) -> None
     try:
         found = mask_errors(request, units, grads)
     except Exception as error:  # noqa: BLE001 - a forward the recording cannot follow: the floor alone
-        reference.notes.append(f"--train: the gradient error of ReLU-like masks was not predicted ({type(error).__name__})")
+        reference.notes.append(Note("training", "--train: the gradient error of ReLU-like masks was not predicted "
+                                                f"({type(error).__name__})"))
         return
     for mode, errors in found.items():
         reference.modes[mode].mask_errors = errors

@@ -133,16 +133,16 @@ def _ledger_row(row, m) -> list:
         f"{row['op']} in {row['module']}" if row["module"] else row["op"]))
     location = row.get("location")
     where = f"{location['path'].rsplit('/', 1)[-1]}:{location['line']}" if location else ""
-    notes = []
+    flags = []
     if m.get("tf32_applied") is not None:
-        notes.append("TF32" if m["tf32_applied"] else "fp32 kernel")
+        flags.append("TF32" if m["tf32_applied"] else "fp32 kernel")
     if m.get("nonfinite"):
-        notes.append("inf/NaN")
+        flags.append("inf/NaN")
     if m.get("flips") is not None:
-        notes.append(f"flips {m['flips']}/{m['units']}")
+        flags.append(f"flips {m['flips']}/{m['units']}")
     cells = [name, where, m.get("dtype") or "", sci((m.get("local") or {}).get("rel_error")),
              sci((m.get("received") or {}).get("rel_error")) if not m.get("nonfinite") else "inf/NaN",
-             sci(m.get("amplification")), _share(m.get("contribution")), ", ".join(notes)]
+             sci(m.get("amplification")), _share(m.get("contribution")), ", ".join(flags)]
     return [Text(visible(cell)) for cell in cells]  # a Table parses str cells as markup
 
 
@@ -257,7 +257,7 @@ def render(report: Report, color: bool = False, width: int = 110) -> str:
     for caveat in report.caveats:
         console.print(Text(f"warning: {visible(caveat)}", style="yellow"))
     for note in report.notes:
-        console.print(Text(f"note: {visible(note)}", style="dim"))
+        console.print(Text(f"note: {visible(note.text)}", style="dim"))
     standing = [f for f in findings if not is_refuted(f)]
     counts = {s: sum(1 for f in standing if f.severity == s) for s in ("error", "warning", "info")}
     total = len(findings)

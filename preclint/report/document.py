@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preclint.core.findings import Finding, Location
+from preclint.core.notes import Note
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Report:
     capture: Optional[str] = None
     precisions: Tuple[str, ...] = ()
     summary: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    notes: List[str] = field(default_factory=list)  # e.g. "--no-run: no statistics"
+    notes: List[Note] = field(default_factory=list)  # e.g. Note("reference", "--no-run: no reference pass; ...")
     # what makes the result vacuous (a degenerate output): every format shows these, the terse ones too
     caveats: List[str] = field(default_factory=list)
     files: List[str] = field(default_factory=list)  # files checked (source rules)

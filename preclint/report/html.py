@@ -222,7 +222,7 @@ def _report_section(report: Report, anchor: str, plan: Optional[PlanSection]) ->
         out.append("<p>No findings.</p>")
     out += [_finding_card(f, f"{anchor}-f{i}", f"{anchor}-f{i}" in on_chart) for i, f in enumerate(findings)]
     if report.notes:
-        out.append("<h2>Notes</h2><ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in report.notes) + "</ul>")
+        out.append("<h2>Notes</h2><ul class='notes'>" + "".join(f"<li>{_e(n.text)}</li>" for n in report.notes) + "</ul>")
     out.append(f"<script type='application/json' class='report-data'>{_script_json(data)}</script></section>")
     return "\n".join(out)
 

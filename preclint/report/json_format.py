@@ -6,6 +6,7 @@ import math
 from typing import Sequence
 
 from preclint import __version__
+from preclint.core.notes import texts
 from preclint.report.document import Report, top_ledger
 
 
@@ -78,7 +79,7 @@ def to_dict(report: Report) -> dict:
     if report.caveats:
         doc["caveats"] = list(report.caveats)
     if report.notes:
-        doc["notes"] = list(report.notes)
+        doc["notes"] = texts(report.notes)
     if report.files:
         doc["files"] = list(report.files)
     if report.environment is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from preclint.core.ir import Graph
+from preclint.core.notes import Note
 from preclint.core.numerics import MODES
 from preclint.locations.attach import display_location
 from preclint.predict.outputs import output_figures
@@ -81,12 +82,12 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
     return rows
 
 
-def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[str]:
+def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[Note]:
     """One note per scaled mode checked: its recipe, and the linear layers it converts (once per module)."""
     from preclint.predict.scaled import converted
     from preclint.reference.analyses.scaled_operands import ScaledOperands
 
-    notes = []
+    notes: List[Note] = []
     for mode in modes:
         recipe = MODES[mode].recipe
         if recipe is None or not graph.ran_reference:
@@ -94,6 +95,7 @@ def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[str]:
         layers = {n.module_path: converted(n, MODES[mode]) for n in graph.nodes if n.record(ScaledOperands) is not None}
         delayed = (f"; delayed scaling (amax history {recipe.amax_history}) is modelled in --train's step only, the "
                    "forward's figures scale from the current amax" if recipe.amax_history else "")
-        notes.append(f"{mode}: {sum(layers.values())} of {len(layers)} nn.Linear layers run as scaled GEMMs "
-                     f"({recipe.describe()}); the rest of the model under bfloat16 autocast{delayed}")
+        notes.append(Note("prediction", f"{mode}: {sum(layers.values())} of {len(layers)} nn.Linear layers run as "
+                                        f"scaled GEMMs ({recipe.describe()}); the rest of the model under bfloat16 "
+                                        f"autocast{delayed}"))
     return notes

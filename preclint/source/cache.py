@@ -41,6 +41,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.core.findings import SEVERITIES, Finding, Location
+from preclint.core.notes import Note
 from preclint.core.numerics import BF16, FP16, FP32, MODES, TF32
 from preclint.rules import installed_pack_rules
 from preclint.source.suppress import Directive
@@ -264,7 +265,7 @@ class Cache:
         self.entries: Dict[str, list] = entries or {}
         self.hits = 0
         self.misses = 0
-        self.notes: List[str] = []
+        self.notes: List[Note] = []
         self.mismatched = 0  # entries whose positions lie outside their file
         self._changed = False
 
@@ -288,10 +289,10 @@ class Cache:
                 data = directory.read(cache.name, MAX_SIZE)
         except NotOurs as exc:
             cache.directory = None
-            cache.notes.append(f"cache: {exc}; the cache is not used in this run (remove it to use it again)")
+            cache.notes.append(Note("cache", f"cache: {exc}; the cache is not used in this run (remove it to use it again)"))
             return cache
         except TooLarge as exc:
-            cache.notes.append(f"cache: {exc}; it is ignored and rewritten")
+            cache.notes.append(Note("cache", f"cache: {exc}; it is ignored and rewritten"))
             return cache
         except OSError:  # no cache directory to be had (a read-only home): a run without a cache
             cache.directory = None
@@ -301,8 +302,8 @@ class Cache:
         try:
             cache.entries = decode_document(data, settings, cache.names)
         except Invalid as exc:
-            cache.notes.append(f"cache: {cache.filename} does not hold what preclint writes ({exc}); "
-                               "it is ignored and rewritten")
+            cache.notes.append(Note("cache", f"cache: {cache.filename} does not hold what preclint writes ({exc}); "
+                                             "it is ignored and rewritten"))
         return cache
 
     def get(self, filename: str, printed: str, digest: str,
@@ -341,9 +342,9 @@ class Cache:
     def save(self) -> None:
         """Write the cache; a cache that cannot be written is no error (a read-only home, a full disk)."""
         if self.mismatched:
-            self.notes.append(f"cache: {self.mismatched} entr{'ies' if self.mismatched != 1 else 'y'} in "
-                              f"{self.filename} point outside their files (not what preclint writes); "
-                              "those files were checked again")
+            self.notes.append(Note("cache", f"cache: {self.mismatched} entr{'ies' if self.mismatched != 1 else 'y'} in "
+                                            f"{self.filename} point outside their files (not what preclint writes); "
+                                            "those files were checked again"))
         if not self._changed or self.directory is None:
             return
         from preclint.text.safe_io import NotOurs, PrivateDirectory
@@ -353,6 +354,6 @@ class Cache:
             with PrivateDirectory(*self.directory) as directory:
                 directory.write(self.name, data)
         except NotOurs as exc:
-            self.notes.append(f"cache: {exc}; the cache was not written")
+            self.notes.append(Note("cache", f"cache: {exc}; the cache was not written"))
         except OSError:
             pass

@@ -12,29 +12,30 @@ from preclint.config import Config
 from preclint.core.errors import UserError
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.core.findings import Finding
+from preclint.core.notes import Note
 from preclint.report.output import write_report
 from preclint.text.paths import display_path
 
 
 def apply_baseline(
     findings: List[Finding], baseline: Optional[str] = None, write_baseline: Optional[str] = None
-) -> Tuple[List[Finding], List[str]]:
+) -> Tuple[List[Finding], List[Note]]:
     """(findings to report, notes for the report) after ``--baseline`` / ``--write-baseline``."""
     from preclint.source.baseline import filter_baseline, write_baseline as write
 
-    notes: List[str] = []
+    notes: List[Note] = []
     if write_baseline:
         count = write(findings, write_baseline)
-        notes.append(f"baseline: wrote {count} finding{'s' if count != 1 else ''} to {write_baseline}")
+        notes.append(Note("baseline", f"baseline: wrote {count} finding{'s' if count != 1 else ''} to {write_baseline}"))
     if baseline:
         before = len(findings)
         findings, stale = filter_baseline(findings, baseline)
-        notes.append(f"baseline: {before - len(findings)} known finding(s) hidden by {baseline}")
+        notes.append(Note("baseline", f"baseline: {before - len(findings)} known finding(s) hidden by {baseline}"))
         if stale:
-            notes.append(
-                f"baseline: {stale} record(s) in {baseline} match nothing any more (fixed?); "
+            notes.append(Note(
+                "baseline", f"baseline: {stale} record(s) in {baseline} match nothing any more (fixed?); "
                 "refresh it with --write-baseline"
-            )
+            ))
     return findings, notes
 
 
@@ -160,15 +161,15 @@ def run_source_only(
             from preclint.source.fix import MAX_ROUNDS
 
             first, more = result.unfinished[0], len(result.unfinished) - 1
-            notes.append(f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left after "
-                         f"{MAX_ROUNDS} rounds of fixing; run again to apply them")
+            notes.append(Note("source", f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left "
+                                        f"after {MAX_ROUNDS} rounds of fixing; run again to apply them"))
         if diff:
             write_report(log_lines(visible_text(unified_diff(run, result, header_path=diff_path))), out, fmt="diff")
             n = len(result.texts)
             err.write(f"{result.total} fix{'es' if result.total != 1 else ''} in {n} file{'s' if n != 1 else ''} would be applied.\n")
             return EXIT_OK if not result.texts or exit_zero else EXIT_FINDINGS
         written = write_fixes(run, result, tell=lambda line: err.write(line + "\n"))
-        notes += written.skipped
+        notes += [Note("source", line) for line in written.skipped]
         fixed = sum(result.counts[path] for path in written.fixed)
         if fixed:
             err.write(f"Fixed {fixed} finding{'s' if fixed != 1 else ''}.\n")
@@ -176,7 +177,7 @@ def run_source_only(
         unwritable = len(written.failed)
     if config.output_format != "full":  # the full report prints its notes itself
         for note in notes:
-            err.write(console_line(f"warning: {note}") + "\n")
+            err.write(console_line(f"warning: {note.text}") + "\n")
     findings, baseline_notes = apply_baseline(run.findings, baseline, write_baseline)
     report = Report(findings=findings, files=list(run.files), notes=notes + baseline_notes)
     write_report(render(report, config.output_format, color=color), out, fmt=config.output_format)
@@ -187,14 +188,14 @@ def run_source_only(
     return exit_code(findings, config.fail_on, exit_zero)
 
 
-def nothing_checked(paths: Sequence[str], notes: Sequence[str]) -> str:
+def nothing_checked(paths: Sequence[str], notes: Sequence[Note]) -> str:
     """The error of a run that read no file: it must not pass as "No findings." (a named directory
     its configuration excludes, ``exclude = ["*.py"]``, an empty directory). Files that the
     configuration leaves out of a run that named them (``--force-exclude``, pre-commit's hook) were
     the user's choice, said in a note: that run passes, as Ruff's does."""
     shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
     if notes:  # what was there could not be read (a FIFO, a dangling link, a directory not listed)
-        why = notes[0] + (f"; {len(notes) - 1} more skipped" if len(notes) > 1 else "")
+        why = notes[0].text + (f"; {len(notes) - 1} more skipped" if len(notes) > 1 else "")
     else:
         why = ("there is none, or the configuration's exclude, .gitignore or the default excludes (build/, .venv/, ...) "
                "leave out every one")

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from preclint.config import Config
 from preclint.core.findings import Finding
+from preclint.core.notes import Note
 from preclint.source.collector import collector_paused
 from preclint.text.discover import discover
 from preclint.text.guard import MAX_DEPTH, run_with_deep_stack
@@ -35,7 +36,7 @@ class SourceRun:
     files: List[str] = field(default_factory=list)  # every file checked, as printed
     sources: Dict[str, SourceFile] = field(default_factory=dict)  # files that were read, by printed path
     codes: List[str] = field(default_factory=list)  # the codes whose rules ran
-    notes: List[str] = field(default_factory=list)  # what was skipped, and why
+    notes: List[Note] = field(default_factory=list)  # what was skipped, and why
     excluded: List[str] = field(default_factory=list)  # files named but left out by --force-exclude
     filenames: Dict[str, str] = field(default_factory=dict)  # printed path -> the path it was read from
     roots: List[str] = field(default_factory=list)  # real paths of what the run was given: fixes stay inside
@@ -277,7 +278,7 @@ def check_paths(
         try:
             source = SourceFile.read(filename, shown)
         except NotRegularFile:
-            run.notes.append(f"{shown}: not a regular file; skipped")
+            run.notes.append(Note("source", f"{shown}: not a regular file; skipped"))
             continue
         except OSError as exc:  # reported, as a file nobody checked must not pass silently
             run.files.append(shown)

@@ -28,6 +28,7 @@ import stat
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from preclint.core.errors import UserError
+from preclint.core.notes import Note
 from preclint.text.globs import GlobSet
 from preclint.text.paths import glob_match
 from preclint.text.safe_io import read_regular_or_none
@@ -226,7 +227,7 @@ def _force_excluded(path: str, patterns: Sequence[str], root: str) -> bool:
 class Walk:
     """The candidate files of the directories walked, and the notes about what was skipped."""
 
-    def __init__(self, exclude: Sequence[str], root: str, notes: List[str]):
+    def __init__(self, exclude: Sequence[str], root: str, notes: List[Note]):
         self.exclude = exclude
         self.root = root
         self.notes = notes
@@ -241,7 +242,7 @@ class Walk:
             try:
                 entries = sorted(os.scandir(directory), key=lambda e: e.name)
             except OSError as exc:
-                self.notes.append(f"{directory}: cannot list the directory ({exc.strerror or exc}); skipped")
+                self.notes.append(Note("source", f"{directory}: cannot list the directory ({exc.strerror or exc}); skipped"))
                 continue
             subdirs = []
             for entry in entries:
@@ -261,7 +262,7 @@ class Walk:
                 if kind is None:
                     found.append((path, link))
                 else:
-                    self.notes.append(f"{path}: {kind}; skipped")
+                    self.notes.append(Note("source", f"{path}: {kind}; skipped"))
             stack.extend((d, rules) for d in reversed(subdirs))
         return found
 
@@ -285,7 +286,7 @@ def discover(
     paths: Sequence[str],
     exclude: Sequence[str] = (),
     root: Optional[str] = None,
-    notes: Optional[List[str]] = None,
+    notes: Optional[List[Note]] = None,
     *,
     force_exclude: bool = False,
     excluded: Optional[List[str]] = None,
@@ -312,7 +313,7 @@ def discover(
             if kind == "a dangling symlink":
                 raise UserError(f"{given}: a dangling symlink")
             if kind is not None:
-                notes.append(f"{given}: {kind}; skipped")
+                notes.append(Note("source", f"{given}: {kind}; skipped"))
                 continue
             candidates.append((given, os.path.islink(given)))
     chosen: Dict[Tuple[int, int], Tuple[str, bool]] = {}

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torchvision
 
+from preclint.core.notes import texts
 from preclint.core.ir import Kind
 from preclint.reference.analyses.margins import DecisionMargins
 from tests.helpers import check, codes
@@ -86,7 +87,7 @@ def test_detector_falls_back_to_function_mode_capture():
         weights=None, weights_backbone=None, box_score_thresh=0.0).eval()
     report, graph, _ = check(model, ([torch.rand(3, 320, 320)],))
     assert graph.capture == "function-mode"
-    assert any("torch.fx could not trace" in note for note in report.notes)
+    assert any("torch.fx could not trace" in note for note in texts(report.notes))
     kinds = {n.kind for n in graph.nodes}
     assert {Kind.CONV, Kind.BATCHNORM, Kind.DECISION, Kind.COMPARE} <= kinds
     # the same module paths as FX would give

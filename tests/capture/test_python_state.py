@@ -3,6 +3,7 @@ call, while torch.fx bakes one call's values into the graph as constants: the re
 import torch
 from torch import nn
 
+from preclint.core.notes import texts
 from preclint.capture.graph import capture
 
 
@@ -20,10 +21,10 @@ class Counts(nn.Module):
 def test_a_forward_that_counts_its_calls_is_said_not_deterministic():
     graph, _ = capture(Counts(), (torch.randn(2, 4),), "Counts")
     assert graph.capture == "fx"
-    (note,) = [n for n in graph.notes if "changes its own attributes" in n]
+    (note,) = [n for n in texts(graph.notes) if "changes its own attributes" in n]
     assert "calls: 0 -> 1" in note and "not deterministic" in note
 
 
 def test_a_forward_that_changes_nothing_gets_no_such_note():
     graph, _ = capture(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),), "Plain")
-    assert not [n for n in graph.notes if "changes its own attributes" in n]
+    assert not [n for n in texts(graph.notes) if "changes its own attributes" in n]

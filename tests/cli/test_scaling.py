@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from preclint.core.notes import texts
 from preclint.config import Config, load_config
 from preclint.core.errors import UserError
 from preclint.core.numerics import E4M3, E5M2, MODES, scaled_mode, scaled_recipes
@@ -66,7 +67,7 @@ def test_a_session_keeps_the_layers_the_options_name():
         report = session.check(model, (x,))
     kept = report.summary["fp8"]["predicted_output"]["rel_error"]
     assert kept == pytest.approx(report.summary["bf16"]["predicted_output"]["rel_error"]) and kept < converted / 3
-    assert any(note.startswith("fp8: 0 of 2 nn.Linear layers run as scaled GEMMs") for note in report.notes)
+    assert any(note.startswith("fp8: 0 of 2 nn.Linear layers run as scaled GEMMs") for note in texts(report.notes))
 
 
 def _mlp(scale: float = 1.0):

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 
+from preclint.core.notes import texts
 from preclint.cli import main
 from preclint.config import Config
 from preclint.core.errors import UserError
@@ -191,6 +192,6 @@ def test_a_reference_pass_out_of_memory_on_the_device_runs_on_the_cpu(tmp_path, 
 
     monkeypatch.setattr(preclint.engine, "check_graph", short_of_memory)
     report = Session(Config(), probe=ProbeOptions(device="cpu")).check(model_file(tmp_path))
-    assert "the reference statistics were computed on the CPU: cpu ran out of memory" in report.notes
+    assert "the reference statistics were computed on the CPU: cpu ran out of memory" in texts(report.notes)
     assert "statistics_on" not in report.environment["reference"]
     assert any(f.code == "PCL101" and f.status == "confirmed" for f in report.findings)

@@ -210,13 +210,13 @@ def test_every_form_of_configure_optimizers_rebuilds_the_groups(form):
     decayed, undecayed = rebuilt.param_groups
     assert [id(p) for p in decayed["params"]] == [id(copies[0]), id(copies[2])] and decayed["weight_decay"] == 0.1
     assert undecayed["weight_decay"] == 0.0 and undecayed["eps"] == 1e-6 and undecayed["lr"] == 1e-3
-    assert any("lr=0.001" in note for note in notes) == (form not in ("optimizer", "list"))  # a scheduler is said
+    assert any("lr=0.001" in note.text for note in notes) == (form not in ("optimizer", "list"))  # a scheduler is said
 
 
 def test_a_warmup_from_zero_is_checked_at_the_base_learning_rate():
     make, notes = configured_optimizer(_Configured(lambda o, s: ([o], [s]), warmup=True), "m.py")
     assert all(group["lr"] == 1e-3 for group in make(list(_Configured(None).parameters())).param_groups)
-    assert "base lr=0.001" in notes[0]
+    assert "base lr=0.001" in notes[0].text and notes[0].kind == "training"
 
 
 @pytest.mark.slow  # importing lightning takes seconds

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from preclint.core.notes import texts
 from preclint.reference.analyses.gains import Gains
 from preclint.probe import ProbeOptions, measure_model, merge_into_report
 from preclint.report.json_format import to_dict
@@ -97,7 +98,7 @@ def test_gains_of_values_written_in_place_are_those_of_the_values_as_made():
     for cls in (_WritesIntoBase, _OutOfPlace):
         torch.manual_seed(0)
         _, graph, _ = check(cls(), (torch.randn(4, 8),))
-        assert not any("without gradients" in n for n in graph.notes), graph.notes
+        assert not any("without gradients" in n for n in texts(graph.notes)), texts(graph.notes)
         gains.append({n.module_path or n.fn: (n.record(Gains).out, n.record(Gains).operands)
                       for n in graph.nodes if n.fn in ("linear", "add", "setitem")})
     in_place, out_of_place = gains
@@ -132,7 +133,7 @@ def test_running_statistics_read_as_values_reach_batch_norm_without_gradient(nor
     model = nn.Sequential(nn.Conv2d(3, 8, 3), norm(8), nn.Conv2d(8, 4, 1)).eval()
     _, graph, _ = check(model, (torch.rand(1, 3, 16, 16),))  # raised: not differentiable w.r.t. running_mean
     assert graph.capture == "fx"
-    assert not any("without gradients" in n for n in graph.notes), graph.notes
+    assert not any("without gradients" in n for n in texts(graph.notes)), texts(graph.notes)
     bn = next(n for n in graph.nodes if n.fn == "batch_norm")
     assert bn.record(Gains) is not None and bn.record(Gains).out > 0
 
@@ -154,7 +155,7 @@ def test_a_model_that_fails_with_gradients_is_checked_without_them():
     torch.manual_seed(0)
     report, graph, _ = check(_NumpyInTheMiddle(), (torch.randn(2, 4),))
     assert graph.ran_reference
-    assert any("without gradients" in n and "numpy" in n for n in graph.notes), graph.notes
+    assert any("without gradients" in n and "numpy" in n for n in texts(graph.notes)), texts(graph.notes)
     assert graph.nodes[-1].kind == "output"
 
 
@@ -209,7 +210,7 @@ class _ShiftsWindows(nn.Module):
 def test_the_traced_graph_hands_lists_to_the_code_it_calls_as_lists():
     torch.manual_seed(0)
     _, graph, _ = check(_ShiftsWindows(), (torch.randn(2, 4),))  # raised: 'immutable_list' does not support mutation
-    assert graph.capture == "fx" and not graph.notes
+    assert graph.capture == "fx" and not texts(graph.notes)
 
 
 # ------------------------------------------------------------------ function mode: whose op is it
@@ -351,5 +352,5 @@ def test_a_model_that_refuses_float64_is_measured_against_float32():
     torch.manual_seed(0)
     report, _, result = probe(_Float32Only().eval(), (torch.randn(2, 4),))
     assert result.environment["reference"]["dtype"] == "float32"
-    assert any("reference ran in float32" in n for n in report.notes)
+    assert any("reference ran in float32" in n for n in texts(report.notes))
     assert result.modes["bf16"].output.rel_error > 1e-4  # bfloat16's error, far above float32's

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from preclint.core.notes import texts
 from preclint.config import Config
 from preclint.engine import CheckOptions, check_model
 from preclint.core.ir import Kind
@@ -117,7 +118,7 @@ def test_every_floating_output_counts_whatever_holds_it(capture):
     figures = {}
     for kind in ("tuple", "dict", "dataclass", "detections"):
         report, graph = run_check(fixed_model(kind), (x,), capture=capture, probe=True)
-        assert not [note for note in report.notes if "output" in note], report.notes
+        assert not [note for note in texts(report.notes) if "output" in note], texts(report.notes)
         summary = report.summary["fp16"]
         figures[kind] = (summary["predicted_output"]["rel_error"], summary["measured_output"]["rel_error"])
     # a dataclass once counted only its first field (FX) or none (function mode): a 100x smaller output
@@ -151,7 +152,7 @@ class Returns(nn.Module):
 ])
 def test_outputs_nothing_compares_are_noted(value, note):
     report, _ = run_check(Returns(value), (torch.randn(2, 4),))
-    assert note in report.notes
+    assert note in texts(report.notes)
     predicted = report.summary["fp16"]["predicted_output"]["rel_error"]
     assert (predicted is not None) == (value == "mixed")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from preclint.core.notes import texts
 from preclint.core.errors import UserError
 from preclint.load.input_specs import parse_input, parse_shape
 from preclint.load.loader import LoadedModel, load_model
@@ -575,7 +576,7 @@ def test_example_inputs_mistakes_are_one_line(in_tmp, example_inputs, message):
 def test_a_misspelt_keyword_that_kwargs_swallows_is_noted(in_tmp):
     loaded = load_with(in_tmp, f"example_inputs = dict(input_ids={ids(1, 6)}, decoder_input_ids={ids(1, 4)}, "
                                "attention_mak=torch.ones(1, 6))")
-    assert loaded.notes == ["attention_mak is not a parameter of Seq2Seq.forward() (did you mean "
+    assert texts(loaded.notes) == ["attention_mak is not a parameter of Seq2Seq.forward() (did you mean "
                             "'attention_mask'?); it went to **kwargs"]
 
 
@@ -639,7 +640,7 @@ def test_drawn_inputs_follow_their_values_and_default_dtype(in_tmp):
     assert scale.dtype == torch.float32 and -3 <= scale.min() and scale.max() < -1
     assert set(labels.unique().tolist()) == {5, 6, 7}
     assert mask.dtype == torch.bool and bool(mask.all())
-    assert loaded.notes == []  # nothing drawn that the user did not describe
+    assert texts(loaded.notes) == []  # nothing drawn that the user did not describe
     again = load_model("model.py", inputs=["2x64", "scale=2x64:float32:-3..-1", "labels=2x64:int64:5..8",
                                            "mask=2x64:bool:1"], input_dtype="float64")
     assert torch.equal(again.args[0], x) and torch.equal(again.kwargs["labels"], labels)
@@ -672,7 +673,7 @@ def test_token_ids_stay_below_the_rows_of_the_embedding_that_reads_them(in_tmp):
     assert 0 <= words.min() and words.max() < 300 and words.max() >= 100  # the whole vocabulary, not a corner
     assert set(types.unique().tolist()) == {0, 1}
     assert set(mask.unique().tolist()) == {0, 1}  # it indexes no table
-    assert loaded.notes == [
+    assert texts(loaded.notes) == [
         "integer inputs drawn at random: input_ids below 300, the rows of words.weight that it indexes; "
         "token_type_ids below 2, the rows of types.weight that it indexes; attention_mask from {0, 1} "
         "(it indexes no table); --input NAME=SHAPE:DTYPE:VALUES sets them"]
@@ -680,7 +681,7 @@ def test_token_ids_stay_below_the_rows_of_the_embedding_that_reads_them(in_tmp):
     # positional inputs from --input-shape get the same treatment
     positional = load_model("model.py:Encoder", input_shapes=[(1, 16), (1, 16), (1, 16)], input_dtype="int64")
     assert positional.args[0].max() >= 2 and positional.args[1].max() <= 1
-    assert "input 0 below 300" in positional.notes[0]
+    assert "input 0 below 300" in texts(positional.notes)[0]
 
 
 def test_token_ids_stay_below_the_rows_of_a_table_indexed_without_an_embedding(in_tmp):
@@ -699,7 +700,7 @@ def test_token_ids_stay_below_the_rows_of_a_table_indexed_without_an_embedding(i
     """)
     loaded = load_model("model.py", inputs=["ids=1x64:int64", "slots=64:int64"])
     assert 2 <= loaded.kwargs["ids"].max() < 40 and 2 <= loaded.kwargs["slots"].max() < 7
-    assert "ids below 40, the rows of codes that it indexes; slots below 7, the rows of bias" in loaded.notes[0]
+    assert "ids below 40, the rows of codes that it indexes; slots below 7, the rows of bias" in texts(loaded.notes)[0]
 
 
 def test_a_model_that_fails_on_zeros_still_loads(in_tmp):
@@ -718,4 +719,4 @@ def test_a_model_that_fails_on_zeros_still_loads(in_tmp):
     """)
     loaded = load_model("model.py", inputs=["ids=1x32:int64"])
     assert set(loaded.kwargs["ids"].unique().tolist()) == {0, 1}
-    assert "ids from {0, 1}" in loaded.notes[0]
+    assert "ids from {0, 1}" in texts(loaded.notes)[0]

@@ -284,8 +284,9 @@ def test_the_modes_of_a_stored_model():
     from preclint.load.model_classes import modes_as_stored
 
     assert modes_as_stored(("tf32", "fp16", "bf16"), "", "m") == (("tf32", "fp16", "bf16"), [])
-    modes, (note,) = modes_as_stored(("tf32", "fp16", "bf16"), "bf16", "m")
-    assert modes == ("bf16-full",)
+    modes, (stored,) = modes_as_stored(("tf32", "fp16", "bf16"), "bf16", "m")
+    assert modes == ("bf16-full",) and stored.kind == "load"
+    note = stored.text
     assert "tf32 and bf16 change nothing" in note and "fp16 autocast of a bfloat16 model" in note
     assert modes_as_stored(("fp16",), "bf16", "m")[0] == ("bf16-full",)
     assert modes_as_stored(("fp32", "tf32", "bf16-full", "fp8"), "fp16", "m")[0] == ("fp32", "fp16-full", "bf16-full", "fp8")
@@ -331,7 +332,8 @@ def test_a_model_partly_in_a_reduced_dtype_is_named_so_and_left_as_it_is():
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8).to(torch.bfloat16), torch.nn.LayerNorm(8))
     call = Inputs((torch.randn(2, 8, dtype=torch.bfloat16),))
-    module, same_call, stored, (note,) = as_float32(model, call, "m.py", in_place=True)
-    assert module is model and same_call is call and stored == ""
+    module, same_call, stored, (mixed,) = as_float32(model, call, "m.py", in_place=True)
+    assert module is model and same_call is call and stored == "" and mixed.kind == "load"
+    note = mixed.text
     assert model[0].weight.dtype == torch.bfloat16
     assert note.startswith("m.py: 2 of its 4 floating parameters") and "the probe measures it as it is" in note

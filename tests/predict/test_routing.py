@@ -2,6 +2,7 @@
 import torch
 from torch import nn
 
+from preclint.core.notes import texts
 from tests.helpers import check
 
 
@@ -35,12 +36,12 @@ class TopFive(nn.Module):
 def test_the_router_of_a_mixture_of_experts_gets_its_flip_rate():
     torch.manual_seed(0)
     report, _, _ = check(SparseMoE().eval(), (torch.randn(64, 32),), precisions=("bf16",))
-    note = next((n for n in report.notes if n.startswith("mixture of experts")), None)
-    assert note is not None, report.notes
+    note = next((n for n in texts(report.notes) if n.startswith("mixture of experts")), None)
+    assert note is not None, texts(report.notes)
     assert "1 router (top-2 of 8 experts)" in note and "another expert" in note and "under bf16" in note
 
 
 def test_a_classifiers_top_five_is_not_a_router():
     torch.manual_seed(0)
     report, _, _ = check(TopFive().eval(), (torch.randn(4, 32),), precisions=("bf16",))
-    assert not any(n.startswith("mixture of experts") for n in report.notes)
+    assert not any(n.startswith("mixture of experts") for n in texts(report.notes))

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 
+from preclint.core.notes import texts
 from preclint.cli import main
 from preclint.measure.compiled_graph import foreign_dtypes
 from preclint.probe.compiled import FLOAT32_NOISE, compare_backend
@@ -118,7 +119,7 @@ def test_a_model_that_cannot_compile_is_measured_eagerly_with_one_note(monkeypat
     m = compared.modes["bf16"]
     assert m.compilation.error == "RuntimeError: the compiler failed"
     assert m.eager is not None and m.compiled is None
-    assert len(compared.notes) == 1 and "measured eagerly only" in compared.notes[0]
+    assert len(compared.notes) == 1 and "measured eagerly only" in texts(compared.notes)[0]
 
 
 def test_the_command_lines_backends_are_the_measure_layers():

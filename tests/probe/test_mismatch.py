@@ -35,7 +35,7 @@ def probed(model, inputs, modes, change=None):
 
 
 def mismatch(report):
-    return [n for n in report.notes if "predicted (" in n]
+    return [n.text for n in report.notes if n.kind == "mismatch"]
 
 
 @pytest.mark.slow

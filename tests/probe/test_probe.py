@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from preclint.core.notes import texts
 from preclint.core.errors import UserError
 from preclint.core.numerics import C_INPUT
 from preclint.predict.accumulation import terms_rms
@@ -355,7 +356,7 @@ def test_contributions_fall_back_to_float32_when_the_model_fails_under_autocast(
     _r, _g, _c, result = probe(model, inputs, modes=("fp16",))
     assert calls == [torch.bfloat16, None]
     assert result.modes["fp16"].explained is not None
-    assert not any("contributions not measured" in note for note in result.notes)
+    assert not any("contributions not measured" in note for note in texts(result.notes))
     assert "autocast" not in result.environment["contributions"]
 
 
@@ -580,7 +581,7 @@ def test_a_token_id_model_runs_once_for_its_gradients(monkeypatch):
     _r, _g, _c, result = probe(Tokens().eval(), (torch.randint(0, 32, (2, 6)),), modes=("fp16",))
     assert runs.count(sensitivity_module.Sensitivity.__name__) == 1
     assert result.modes["fp16"].explained is not None
-    assert not any("contributions not measured" in note for note in result.notes)
+    assert not any("contributions not measured" in note for note in texts(result.notes))
 
 
 def test_a_mode_out_of_memory_with_the_gradients_kept_is_measured_without_them(monkeypatch):
@@ -605,7 +606,7 @@ def test_a_mode_out_of_memory_with_the_gradients_kept_is_measured_without_them(m
         measured = result.modes[mode]
         assert measured.error is None and measured.output is not None and measured.nodes
         assert measured.explained is None
-    assert any(note.startswith("contributions not measured from fp16 on: out of memory") for note in result.notes)
+    assert any(note.startswith("contributions not measured from fp16 on: out of memory") for note in texts(result.notes))
 
 
 def test_a_mode_that_does_not_fit_even_without_the_gradients_fails_alone(monkeypatch):

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from preclint.core.notes import Note
 from preclint import __version__
 from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import render_reports
@@ -64,7 +65,7 @@ def checked() -> "Report":  # noqa: F821 - the Report of preclint.report
     return Report(
         findings=[overflow, refuted, tolerance, finding(fixable=True), finding("PCL504", 1, 1)],
         model="pkg/m.py", capture="fx", precisions=("fp16", "bf16"), summary=summary,
-        notes=["the reference ran in float64 on the CPU"], caveats=["output[1] is constant: its error says nothing"],
+        notes=[Note("reference", "the reference ran in float64 on the CPU")], caveats=["output[1] is constant: its error says nothing"],
         files=["pkg/m.py"], tolerance={"rtol": 1e-3, "atol": 1e-5},
         environment={"device": "cpu", "torch": "2.x", "emulated": True}, ledger=ledger, profile=profile, ledger_top=5,
     )

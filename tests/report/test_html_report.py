@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from preclint.core.notes import Note
 from preclint.cli import main
 from preclint.core.findings import ErrorFigure, Finding, Location
 from preclint.report import FORMATS, Report, render
@@ -121,7 +122,7 @@ def large_report(nodes: int = 6000) -> Report:
                    "measured_output": {"rel_error": 2e-3, "max_abs_error": 2e-2, "finite": m != "fp16"}} for m in modes}
     return Report(findings=[hot], model="model.py:Big", capture="fx", precisions=modes, summary=summary,
                   tolerance={"rtol": 1e-3, "atol": 1e-5}, environment={"torch": "2.x", "flags": {"f": True}},
-                  profile=profile, ledger=ledger, notes=["probe: emulated"])
+                  profile=profile, ledger=ledger, notes=[Note("probe", "probe: emulated")])
 
 
 @pytest.mark.slow

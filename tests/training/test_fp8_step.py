@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from preclint.core.notes import texts
 from preclint.core.numerics import E4M3, Recipe
 from preclint.measure.grouped import quantise_along
 from preclint.measure.scaled_training import TrainingScaledLinear, recipes
@@ -230,4 +231,4 @@ def test_a_forward_check_says_delayed_scaling_is_the_training_steps_only():
 
     module, inputs, _step = regression()()
     report, _graph, _ctx = check(module, inputs, precisions=("fp8",), scaling={"amax-history": 16})
-    assert any("amax history 16) is modelled in --train's step only" in note for note in report.notes)
+    assert any("amax history 16) is modelled in --train's step only" in note for note in texts(report.notes))
