@@ -2,7 +2,8 @@
 and one the converter refuses), a model stored in bfloat16, an int8 ``quantize_dynamic`` model, a
 ``torch.compile``d model (beside its eager twin), a transformers decode step with a ``DynamicCache``, a
 hand-written KV-cache decode step, SigLIP's several outputs, and an FNO that builds a CPU tensor in its
-forward. Each is checked by the CLI in a subprocess with ``--probe DEVICE``; with ``--before DIR`` also
+forward; then the further families (``--models more``) and hand-written loops that store their state in place
+(``--models state``). Each is checked by the CLI in a subprocess with ``--probe DEVICE``; with ``--before DIR`` also
 by the preclint of another checkout (``git archive`` of main), to show what changed.
 
     python benchmarks/model_classes.py --device cpu --before /tmp/before --out benchmarks/results/model_classes_cpu.json
@@ -359,6 +360,70 @@ example_inputs = (torch.randn(4, 20, 8), adjacency, torch.randn(4, 20, 20, 4))
 }
 MODELS.update(MORE_MODELS)
 
+_CELL = """\
+import torch
+from torch import nn
+
+STEPS, WIDTH = 12, 16
+
+
+class Cell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, WIDTH)
+        self.rec = nn.Linear(WIDTH, WIDTH)
+        self.head = nn.Linear(WIDTH, 4)
+
+    def step(self, x, h):
+        return torch.tanh(self.inp(x) + self.rec(h))
+
+
+"""
+# Hand-written recurrences that store their state in place and return it (the pattern of RWKV's state):
+# one tensor overwritten every step (torch.fx traces it), a slot per step read back by the next, and a
+# state the caller passes.
+STATE_MODELS: Dict[str, str] = {
+    "state_copy": _CELL + """\
+class Net(Cell):
+    def forward(self, x):
+        state = x.new_zeros(x.shape[0], WIDTH)
+        for i in range(STEPS):
+            state.copy_(self.step(x[:, i], state))
+        return self.head(state), state
+
+
+torch.manual_seed(0)
+model = Net().eval()
+example_inputs = (torch.randn(4, STEPS, 8),)
+""",
+    "state_slots": _CELL + """\
+class Net(Cell):
+    def forward(self, x):
+        states = torch.zeros(x.shape[0], STEPS + 1, WIDTH)
+        for i in range(STEPS):
+            states[:, i + 1] = self.step(x[:, i], states[:, i])
+        return self.head(states[:, -1]), states
+
+
+torch.manual_seed(0)
+model = Net().eval()
+example_inputs = (torch.randn(4, STEPS, 8),)
+""",
+    "state_given": _CELL + """\
+class Net(Cell):
+    def forward(self, x, state):
+        for i in range(STEPS):
+            state[:, 0] = self.step(x[:, i], state[:, 0])
+        return self.head(state[:, 0]), state
+
+
+torch.manual_seed(0)
+model = Net().eval()
+example_inputs = (torch.randn(4, STEPS, 8), torch.zeros(4, 1, WIDTH))
+""",
+}
+MODELS.update(STATE_MODELS)
+
 # Notes that say what class a model is, or what the probe could not do: the lines this benchmark is about.
 CLASS_NOTES = ("TorchScript", "torch.compile", "stored in", "is quantized", "object that holds tensors",
                "probe: not run", "measured output", "measured an output")
@@ -441,13 +506,14 @@ def _accuracy(models: Dict) -> Dict:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", default="all", help="comma-separated names, 'all' (default) or 'more' (the "
-                        "families beyond the model classes)")
+    parser.add_argument("--models", default="all", help="comma-separated names, 'all' (default), 'more' (the "
+                        "families beyond the model classes) or 'state' (loops that store their state in place)")
     parser.add_argument("--before", help="another checkout's root: its preclint checks each model too")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    names = {"all": list(MODELS), "more": list(MORE_MODELS)}.get(args.models) or args.models.split(",")
+    names = {"all": list(MODELS), "more": list(MORE_MODELS), "state": list(STATE_MODELS)}.get(args.models) \
+        or args.models.split(",")
     result: Dict = {"device": args.device, "models": {}}
     for name in names:
         entry: Dict = {}

@@ -106,7 +106,8 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
         with torch.set_grad_enabled(with_gradients), task(doing) as bar:
             if observer is not None:
                 observer.on_node = bar.advance
-            graph, output = capture(module, inputs, loaded.name, observer, loaded.source_path, options.capture)
+            with observer.saving() if observer is not None else contextlib.nullcontext():
+                graph, output = capture(module, inputs, loaded.name, observer, loaded.source_path, options.capture)
             if observer is not None:
                 bar.describe("reference pass: gradients" if with_gradients else "reference pass: statistics")
                 observer.finish(graph, output)

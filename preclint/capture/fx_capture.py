@@ -74,7 +74,46 @@ def trace_fx(module: torch.nn.Module, inputs: Any = None) -> fx.GraphModule:
             graph = tracer.trace(module, concrete_args=constants or None)
     if constants:
         _drop_constant_placeholders(graph, module)
+    _follow_writes(graph, tracer.root)
     return fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def _follow_writes(graph: fx.Graph, root: torch.nn.Module) -> None:
+    """Make every later reader of a tensor an op writes in place (``state.copy_(h)``,
+    ``cache.index_put_(...)``, ``y.mul_(2)``, ``ReLU(inplace=True)``) read that op instead.
+
+    FX records such a call as a node whose result nothing need use: the model goes on reading the
+    target's node, and returns it. The runner runs an in-place op out of place (FxRunner), so those
+    readers got the values from before the write, and in the IR the output was the node that made
+    the tensor (a ``new_zeros``): a recurrent state written step by step was predicted without error.
+    Every in-place op returns its target, so reading the op is reading the tensor as it then is."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        target = _written(node, root)
+        if target is None:
+            continue
+        for user in list(target.users):
+            if order[user] > order[node]:
+                user.replace_input_with(target, node)
+
+
+def _written(node: fx.Node, root: torch.nn.Module) -> Optional[fx.Node]:
+    """The node whose tensor ``node`` writes in place (its first argument, or ``out=``); None otherwise."""
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return out
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if first is None:
+        return None
+    if node.op == "call_module":
+        inplace = getattr(root.get_submodule(node.target), "inplace", None) is True
+    elif node.op in ("call_method", "call_function"):
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        inplace = (node.kwargs.get("inplace") is True or node.target in ops.INPLACE_OPERATORS
+                   or (name.endswith("_") and not name.startswith("_")))
+    else:
+        inplace = False
+    return first if inplace else None
 
 
 def _constant_arguments(module: torch.nn.Module, inputs: Inputs) -> Dict[str, Any]:

@@ -169,9 +169,10 @@ class _Recorder(TorchFunctionMode):
             self.producer[id(inplace_target)] = (node.name, inplace_target)
         return output
 
-    def add_input(self, name: str, value) -> None:
+    def add_input(self, name: str, value) -> Any:
+        """Record an input; returns what the model is to get for it (the observer may hand it a copy)."""
         node = Node(name, Kind.INPUT, f"input:{name}", fn="input")
-        self._publish(node, (), {}, None, value)
+        return self._publish(node, (), {}, None, value)
 
     def _path(self, module) -> str:
         """The module's path; a module held in several places, as the running module calls it."""
@@ -280,9 +281,15 @@ def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observ
     inputs = Inputs.of(inputs)
     recorder = _Recorder(module, observer, locate)
     try:
+        given: Dict[int, Any] = {}
         for name, value in inputs.named():
             # an object that holds tensors (a KV cache) is its tensors, which the ops read
-            recorder.add_input(recorder._unique(name), output_tensors(value) if leaves(value) == [value] else value)
+            got = recorder.add_input(recorder._unique(name), output_tensors(value) if leaves(value) == [value] else value)
+            got = output_tensors(got)
+            if isinstance(value, torch.Tensor) and len(got) == 1 and got[0] is not value:
+                given[id(value)] = got[0]
+        if given:
+            inputs = inputs.map(lambda t: given.get(id(t), t))
         try:
             with recorder, autocast_regions.recording():
                 output = inputs.call(module)

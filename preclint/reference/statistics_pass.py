@@ -19,6 +19,7 @@ them only when one is among the analyses run.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -35,6 +36,7 @@ from preclint.core.numerics import FP16
 from preclint.capture.observer import Call, Observer
 from preclint.reference.poison import PoisonTracker
 from preclint.reference.backward_passes import BackwardPasses, Pass, backward_for_hooks
+from preclint.reference.saved_values import SavedValues
 from preclint.reference.tied_weights import TiedWeights, held_as
 from preclint.reference.value_stats import tensor_stats
 from preclint.reference.analyses import direction_like
@@ -147,6 +149,7 @@ class ReferenceObserver(Observer):
         self.watched: Dict[str, _Watched] = {}  # node name -> its value as the node made it
         self.operands: Dict[str, List[_Watched]] = {}  # node name -> operand views / weights it rounds
         self.by_storage: Dict[Any, List[_Watched]] = {}  # what an in-place write may change
+        self.saved = SavedValues()  # what autograd saved, kept from in-place writes (saved_values.py)
         # id of a value an op has read (kept alive by by_id) -> its version then: a value an in-place op
         # wrote since (``out += identity`` before the ReLU) was not read as it is now
         self.read: Dict[int, int] = {}
@@ -163,6 +166,7 @@ class ReferenceObserver(Observer):
         self.tied = TiedWeights()  # a weight two readers share gets a view per dot product (tied_weights.py)
         self.constant_names: set = set()  # nodes whose value is a constant, rounded with known errors
         self.input_names: List[str] = []
+        self.input_leaves: Dict[str, torch.Tensor] = {}  # input name -> the leaf its copy was made from
         self.failures: List[str] = []  # "node: error" of statistics that could not be computed
         self.poison = PoisonTracker(self.origin)  # integer elements computed from inf or NaN
         self.large: set = set()  # nodes with values beyond float16's range (analyses/reach.py)
@@ -173,10 +177,16 @@ class ReferenceObserver(Observer):
         self.tied.give_back()
         for h in self.handles:
             h.remove()
-        on_node = self.on_node
+        on_node, saved = self.on_node, self.saved
         self.__init__(self.analyses, self.with_sensitivity)
         self.on_node = on_node
+        self.saved = saved  # (the run that follows saves through it: saving() holds its hooks)
+        saved.clear()
         return True
+
+    def saving(self):
+        """The context the model runs in: autograd saves its values through ``saved`` (saved_values.py)."""
+        return self.saved.saving() if self.with_sensitivity else contextlib.nullcontext()
 
     def _intended_infinity(self, node: Node, outputs: List[torch.Tensor]) -> bool:
         """Infinities a model puts there on purpose: a fill with an infinite constant (a -inf mask),
@@ -213,6 +223,7 @@ class ReferenceObserver(Observer):
         with ``rectifies`` (an in-place ReLU), ``target``'s own entry keeps none (``_rectify``)."""
         if not isinstance(target, torch.Tensor):
             return
+        self.saved.protect(target)
         for entry in self.by_storage.get(_storage_key(target), ()):
             if entry.snapshot is None and not entry.changed:
                 if rectifies and entry.tensor is target and self.read.get(id(target)) != target._version:
@@ -404,6 +415,11 @@ class ReferenceObserver(Observer):
             self.constant_names.add(node.name)
         elif node.fn == "parameter":
             self.constant_names.add(node.name)
+        elif (node.kind == Kind.INPUT and len(outputs) == 1 and outputs[0].is_leaf and outputs[0].requires_grad
+              and isinstance(output, (torch.Tensor, list))):
+            # (the function-mode recorder hands an input over as a list of its one tensor)
+            outputs = [self._input_copy(node.name, outputs[0])]
+            output = outputs[0] if isinstance(output, torch.Tensor) else outputs
         if outputs and outputs[0].is_floating_point() and outputs[0].requires_grad:
             value = outputs[0]
             self.values[node.name] = value
@@ -426,6 +442,18 @@ class ReferenceObserver(Observer):
                 if node is not None and name not in self.masked and any(s.is_float and not s.finite for s in node.outputs):
                     return True
         return False
+
+    def _input_copy(self, name: str, leaf: torch.Tensor) -> torch.Tensor:
+        """The model gets a copy of an input that requires gradients, which it may write in place (a
+        recurrent state the caller passes, stored into step by step, as transformers' RWKV stores its
+        own); autograd refuses a write into the leaf itself, and the whole pass went without gradients.
+        The backward passes still reach back to the leaf (``input_leaves``)."""
+        self.input_leaves[name] = leaf
+        with torch.enable_grad():
+            copy = leaf.clone()
+        self.by_id[id(copy)] = self.by_id.get(id(leaf), (tensor_stats(leaf), leaf))
+        self.producers[id(copy)] = name
+        return copy
 
     def _as_leaf(self, value: torch.Tensor) -> torch.Tensor:
         """A float value made from constants (a position table from arange, a buffer) has no gradient,
@@ -458,7 +486,7 @@ class ReferenceObserver(Observer):
                     weights[id(entry.tensor)] = entry.tensor
         # Asking only for the inputs' and weights' gradients keeps memory flat; the hooks still see
         # every value on the way. Models without float inputs (token ids) ask for all values instead.
-        leaves = [self.values[n] for n in self.input_names] or list(self.values.values())
+        leaves = [self.input_leaves.get(n, self.values[n]) for n in self.input_names] or list(self.values.values())
         leaves = leaves + list(weights.values()) + self.constant_leaves + self.computed_weights
         generator = torch.Generator().manual_seed(seed)
         directions = probes if cotangents is None else 1
@@ -502,7 +530,9 @@ class ReferenceObserver(Observer):
             self.producers.clear()
             self.operand_sources.clear()
             self.constant_leaves.clear()
+            self.input_leaves.clear()
             self.computed_weights.clear()
+            self.saved.clear()
 
     def _backward_passes(self, graph: Graph, output: Any) -> None:
         passes = BackwardPasses(self, graph, output)
