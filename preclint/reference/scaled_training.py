@@ -51,7 +51,7 @@ def _flushed_with(g: torch.Tensor, recipe, dim: int, generator=None) -> torch.Te
     smallest = recipe.element.min_subnormal
     scaled = q.scaled.abs().double()
     below = (scaled < smallest) & (g != 0)
-    draw = torch.rand(g.shape, generator=generator, dtype=torch.float64)
+    draw = torch.rand(g.shape, generator=generator, dtype=torch.float64).to(g.device)  # (a CPU generator)
     raised = torch.copysign(smallest * g.abs() / scaled.clamp_min(1e-300), g)  # s / scale, scale = |scaled| / |g|
     return torch.where(below, torch.where(draw < scaled / smallest, raised, torch.zeros_like(g)), g)
 
