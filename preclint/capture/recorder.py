@@ -3,9 +3,10 @@ torchvision's detectors): the model runs once under a TorchFunctionMode plus mod
 each leaf-module call and each torch function or tensor method called outside leaf modules."""
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -300,3 +301,15 @@ def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observ
         return recorder.nodes, output
     finally:
         recorder.close()
+
+
+@contextlib.contextmanager
+def unseen() -> Iterator[None]:
+    """What preclint computes within is no op of the model's: hidden from an eager recording of the run
+    (a TorchFunctionMode: the modes are popped for the while) and from autograd."""
+    with contextlib.ExitStack() as stack:
+        while torch.overrides._get_current_function_mode_stack():
+            stack.enter_context(torch.overrides._pop_mode_temporarily())
+        stack.enter_context(torch._C.DisableTorchFunction())
+        stack.enter_context(torch.no_grad())
+        yield

@@ -29,6 +29,7 @@ from torch import nn
 from preclint.core.ir import Kind
 from preclint.load.modelio import output_tensors as tensors
 from preclint.capture.trees import leaves
+from preclint.capture.recorder import unseen
 
 # A container of layers (not of single ops) is split into its layers; any other module is split into
 # its children while it holds more than this share of the model's bytes (a wrapper around the model).
@@ -181,7 +182,7 @@ class WeightStream:
 
     def _key(self, t: torch.Tensor) -> Optional[_Entry]:
         try:
-            with _unseen():
+            with unseen():
                 return self._entries.get(_storage_id(t))
         except (RuntimeError, NotImplementedError, TypeError):  # tensors without storage
             return None
@@ -233,7 +234,7 @@ class WeightStream:
     def _empty(self, key) -> None:
         self._filled.remove(key)
         self._active.pop(key, None)
-        with _unseen():
+        with unseen():
             for entry in self._copy_blocks.get(key, ()):
                 entry.holders -= 1
                 if entry.holders == 0 and entry not in self._pinned:
@@ -241,7 +242,7 @@ class WeightStream:
 
     def _fill(self, entry: _Entry) -> None:
         # unseen by an eager recording of the run (its TorchFunctionMode), and by autograd
-        with _unseen():
+        with unseen():
             storage = entry.tensor.untyped_storage()
             if storage.nbytes() == entry.nbytes:
                 return  # still filled: pinned, or held by another copy's block
@@ -257,7 +258,7 @@ class WeightStream:
         for key in list(self._filled):
             self._empty(key)
         pinned, self._pinned = self._pinned, []
-        with _unseen():
+        with unseen():
             for entry in pinned:
                 if entry.holders == 0:
                     self._release(entry)
@@ -323,9 +324,9 @@ class WeightStream:
                 # detached: a saved output kept as itself would hold its own grad_fn, a cycle through
                 # autograd's C++ that no collection frees (with the stream and every copy it reaches)
                 # when the graph is not freed by a backward pass; autograd restores the history on unpack
-                with _unseen():
+                with unseen():
                     return t.detach()
-        with _unseen():
+        with unseen():
             return _Saved(entry, t.size(), t.stride(), t.storage_offset(), t.dtype)
 
     def _cast_of(self, t: torch.Tensor) -> Optional[_Entry]:
@@ -344,7 +345,7 @@ class WeightStream:
         if not isinstance(saved, _Saved):
             return saved
         self.remade += saved.entry.nbytes
-        with _unseen():
+        with unseen():
             value = saved.entry.make().to(saved.dtype)
             return value.reshape(-1).as_strided(saved.size, saved.stride, saved.offset)
 
@@ -402,17 +403,6 @@ class _FillingObserver:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-
-@contextlib.contextmanager
-def _unseen() -> Iterator[None]:
-    """What the stream computes is no op of the model's: hidden from an eager recording of the run
-    (a TorchFunctionMode: the modes are popped for the while) and from autograd."""
-    with contextlib.ExitStack() as stack:
-        while torch.overrides._get_current_function_mode_stack():
-            stack.enter_context(torch.overrides._pop_mode_temporarily())
-        stack.enter_context(torch._C.DisableTorchFunction())
-        stack.enter_context(torch.no_grad())
-        yield
 
 
 def _storage_id(t: torch.Tensor) -> int:

@@ -17,6 +17,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from preclint.capture.recorder import unseen
+
 
 class _Saved:
     """One tensor autograd saved: detached (a saved output kept with its history would hold its own
@@ -45,7 +47,7 @@ class SavedValues:
         key = _storage_key(target)
         for saved in self.by_storage.get(key, ()) if key is not None else ():
             if saved.snapshot is None and saved.value._version == saved.version:
-                with _unseen():
+                with unseen():
                     saved.snapshot = saved.value.clone()
 
     def clear(self) -> None:
@@ -54,7 +56,7 @@ class SavedValues:
     def _pack(self, t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or t.is_inference():
             return t  # (no version counter to tell a write by)
-        with _unseen():
+        with unseen():
             saved = _Saved(t.detach())
         key = _storage_key(t)
         if key is not None:
@@ -80,14 +82,3 @@ def _storage_key(t: torch.Tensor) -> Optional[Tuple[int, Any]]:
     except (RuntimeError, NotImplementedError, TypeError):  # tensors without storage (subclasses, meta)
         return None
 
-
-@contextlib.contextmanager
-def _unseen() -> Iterator[None]:
-    """What is computed here is no op of the model's: hidden from an eager recording of the run (a
-    TorchFunctionMode, popped for the while) and from autograd."""
-    with contextlib.ExitStack() as stack:
-        while torch.overrides._get_current_function_mode_stack():
-            stack.enter_context(torch.overrides._pop_mode_temporarily())
-        stack.enter_context(torch._C.DisableTorchFunction())
-        stack.enter_context(torch.no_grad())
-        yield
