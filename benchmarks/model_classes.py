@@ -360,67 +360,13 @@ example_inputs = (torch.randn(4, 20, 8), adjacency, torch.randn(4, 20, 20, 4))
 }
 MODELS.update(MORE_MODELS)
 
-_CELL = """\
-import torch
-from torch import nn
-
-STEPS, WIDTH = 12, 16
-
-
-class Cell(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(8, WIDTH)
-        self.rec = nn.Linear(WIDTH, WIDTH)
-        self.head = nn.Linear(WIDTH, 4)
-
-    def step(self, x, h):
-        return torch.tanh(self.inp(x) + self.rec(h))
-
-
-"""
 # Hand-written recurrences that store their state in place and return it (the pattern of RWKV's state):
 # one tensor overwritten every step (torch.fx traces it), a slot per step read back by the next, and a
-# state the caller passes.
+# state the caller passes (tests/models/state_in_place.py, which the tests read too).
+_STATE_LOOPS = (ROOT / "tests" / "models" / "state_in_place.py").read_text()
 STATE_MODELS: Dict[str, str] = {
-    "state_copy": _CELL + """\
-class Net(Cell):
-    def forward(self, x):
-        state = x.new_zeros(x.shape[0], WIDTH)
-        for i in range(STEPS):
-            state.copy_(self.step(x[:, i], state))
-        return self.head(state), state
-
-
-torch.manual_seed(0)
-model = Net().eval()
-example_inputs = (torch.randn(4, STEPS, 8),)
-""",
-    "state_slots": _CELL + """\
-class Net(Cell):
-    def forward(self, x):
-        states = torch.zeros(x.shape[0], STEPS + 1, WIDTH)
-        for i in range(STEPS):
-            states[:, i + 1] = self.step(x[:, i], states[:, i])
-        return self.head(states[:, -1]), states
-
-
-torch.manual_seed(0)
-model = Net().eval()
-example_inputs = (torch.randn(4, STEPS, 8),)
-""",
-    "state_given": _CELL + """\
-class Net(Cell):
-    def forward(self, x, state):
-        for i in range(STEPS):
-            state[:, 0] = self.step(x[:, i], state[:, 0])
-        return self.head(state[:, 0]), state
-
-
-torch.manual_seed(0)
-model = Net().eval()
-example_inputs = (torch.randn(4, STEPS, 8), torch.zeros(4, 1, WIDTH))
-""",
+    f"state_{name}": _STATE_LOOPS + f"\nmodel, example_inputs = build({name!r})\n"
+    for name in ("copy", "slots", "given")
 }
 MODELS.update(STATE_MODELS)
 
