@@ -186,7 +186,7 @@ class _Recorder(TorchFunctionMode):
                     return True
         return False
 
-    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None, in_mode: bool = False):
+    def _publish(self, node: Node, args, kwargs, callee, output, *, inplace_target=None, in_mode: bool = False):
         """Hand ``node`` to the observer and note what it produced; ``in_mode``: called from
         ``__torch_function__``, where torch has taken this mode off its stack already."""
         if in_mode:
