@@ -12,6 +12,11 @@ Here, on a Llama-shaped model from benchmarks/large_models.py, the least of ``--
 * ``module_hooks``: and a forward pre- and post-hook on every module that do nothing;
 * ``recorder``: capture's recorder with an observer that does nothing (``locate=False``, as the
   probe's passes run it; ``recorder_located``: as the check's capture, finding each op's line);
+* ``tape_replay``: the floor of replaying one recording instead of recording again: the calls the
+  recorder saw (each leaf module and top-level function, with its arguments, the tensors among them
+  looked up by the op that made them) run again in order, without the model's Python, no observer
+  and no check that the recording still holds (``replay_floor_saves_per_pass_us``: recorder minus
+  this, per op);
 * each stage of one probe of the model (its ``stages_s``, the second of two probes).
 
 Each figure also per recorded op (microseconds): what torch's dispatch to Python costs
@@ -37,6 +42,7 @@ from benchmarks.large_models import MODES, SIZES, build, probe, sync  # noqa: E4
 from benchmarks.provenance import stamp  # noqa: E402
 from preclint.capture.observer import Observer  # noqa: E402
 from preclint.capture.recorder import capture_function_mode  # noqa: E402
+from preclint.capture.trees import flatten, leaves  # noqa: E402
 
 
 class _NothingObserved(Observer):
@@ -47,6 +53,46 @@ class _NothingObserved(Observer):
 class _CallsOnly(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
+
+
+class _Tape(Observer):
+    """Each call of one recorded run, as the recorder hands it over: (node, args, kwargs, callee, output)."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def __call__(self, node, args, kwargs, callee, output):
+        self.calls.append((node, args, kwargs, callee, output))
+        return output
+
+
+def tape_of(model, ids) -> Callable[[], None]:
+    """A replay of one recorded run of ``model`` on ``ids``: its calls again, each tensor argument
+    taken from the output of the call that made it in this replay (parameters, buffers and inputs
+    as they are)."""
+    tape = _Tape()
+    capture_function_mode(model, (ids,), tape, locate=False)
+    made = {}  # id(tensor) -> (call, output index)
+    program = []
+    for i, (node, args, kwargs, callee, output) in enumerate(tape.calls):
+        outs = leaves(output)
+        if node.kind != "input":
+            flat, rebuild = flatten(args, kwargs)
+            refs = [made.get(id(v)) if isinstance(v, torch.Tensor) else None for v in flat]
+            program.append((i, callee, [None if r is not None else v for r, v in zip(refs, flat)], refs, rebuild))
+        for j, t in enumerate(outs):
+            if isinstance(t, torch.Tensor):
+                made[id(t)] = (i, j)
+    first = tape.calls[0][0].kind == "input"
+    del tape
+
+    def replay():
+        env = {0: [ids]} if first else {}
+        for i, callee, flat, refs, rebuild in program:
+            args, kwargs = rebuild([env[r[0]][r[1]] if r is not None else v for r, v in zip(refs, flat)])
+            env[i] = leaves(callee(*args, **kwargs))
+
+    return replay
 
 
 def least(run: Callable[[], None], device, repeat: int) -> float:
@@ -89,6 +135,7 @@ def measure(size: str, device: torch.device, repeat: int) -> Dict[str, object]:
             "module_hooks": least(module_hooks, device, repeat),
             "recorder": least(lambda: capture_function_mode(model, (ids,), _NothingObserved(), locate=False), device, repeat),
             "recorder_located": least(lambda: capture_function_mode(model, (ids,), _NothingObserved()), device, repeat),
+            "tape_replay": least(tape_of(model, ids), device, repeat),
         }
         ops = len(capture_function_mode(model, (ids,), _NothingObserved(), locate=False)[0])
     for _ in range(2):  # the second probe: the first pays for what it loads
@@ -101,6 +148,7 @@ def measure(size: str, device: torch.device, repeat: int) -> Dict[str, object]:
         "dispatch_per_op_us": per_op["function_mode"] - per_op["forward"],
         "hooks_per_op_us": per_op["module_hooks"] - per_op["function_mode"],
         "recorder_own_per_op_us": per_op["recorder"] - per_op["module_hooks"],
+        "replay_floor_saves_per_pass_us": per_op["recorder"] - per_op["tape_replay"],
         "check_s": check_s, "probe_s": probe_s, "stages_s": stages,
         "stages_per_op_us": {name: 1e6 * s / ops for name, s in stages.items()},
     }

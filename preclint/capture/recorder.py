@@ -43,6 +43,30 @@ def _property_name(func) -> Optional[str]:
     return name if isinstance(name, str) else None
 
 
+_NO_SELF = object()  # a frame not looked at yet (_Recorder._self_of)
+
+
+class _CalleeFacts:
+    """What the recorder reads of a function or method from the callee alone (its op name, kind, whether
+    it writes in place, whether it is a Tensor method, how a report names it), once per callee and
+    pass: a Llama's forward calls a few dozen callees some thousands of times."""
+
+    __slots__ = ("fn", "inplace", "kind", "prop", "target")
+
+    def __init__(self, func) -> None:
+        self.prop = prop = _property_name(func)
+        self.fn, self.inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
+        self.kind = ops.classify_function(self.fn)
+        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
+            getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
+        if prop:
+            self.target = f"Tensor.{prop}"
+        elif is_method:
+            self.target = f"Tensor.{getattr(func, '__name__', self.fn)}"
+        else:
+            self.target = display_target(func, "call_function")
+
+
 class _Unrecorded:
     """The observer's own work, which the recorder passes on unrecorded (``busy``). In a module's
     hooks the recorder is the running function mode, and every op the observer runs would come back
@@ -89,6 +113,11 @@ class _Recorder(TorchFunctionMode):
         self.counts: Dict[str, int] = {}
         # the last ``x.dtype`` read since an op was recorded: (dtype, the node that made x); see _dtype_source
         self.dtype_read: Optional[Tuple[torch.dtype, str]] = None
+        self.bases: Dict[str, str] = {}  # an op's name base as the name makes it (re.sub per op, once)
+        self.callees: Dict[Any, _CalleeFacts] = {}
+        self.classes: Dict[type, Tuple[bool, str, str]] = {}
+        self.owners: Dict[Any, Any] = {}  # frame -> its self (_self_of)
+        self.params: Dict[Tuple[int, str], Tuple[str, ...]] = {}  # (module, path) -> what it holds itself
         self.handles = []
         for m in root.modules():
             self.handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
@@ -97,6 +126,18 @@ class _Recorder(TorchFunctionMode):
     def close(self) -> None:
         for h in self.handles:
             h.remove()
+        self.owners.clear()
+
+    def _self_of(self, frame):
+        """The ``self`` of a running method's frame. Reading ``f_locals`` copies every local of the
+        frame; a method makes many ops in a row, so the last few frames' answers are kept (the frames
+        with them: a frame held cannot be mistaken for a later one at its address)."""
+        owner = self.owners.get(frame, _NO_SELF)
+        if owner is _NO_SELF:
+            if len(self.owners) >= 8:
+                self.owners.clear()
+            owner = self.owners[frame] = frame.f_locals.get("self")
+        return owner
 
     def _calling_module(self) -> Tuple[str, str]:
         """(path, class) of the module whose method makes the running call: the innermost frame
@@ -107,7 +148,7 @@ class _Recorder(TorchFunctionMode):
         while frame is not None:
             code = frame.f_code
             if code.co_argcount and code.co_varnames[0] == "self":
-                owner = frame.f_locals.get("self")
+                owner = self._self_of(frame)
                 path = self.paths.get(id(owner))
                 if path is not None:
                     if id(owner) in self.shared:  # the place of this call: the innermost running one
@@ -118,7 +159,10 @@ class _Recorder(TorchFunctionMode):
         return self.module_stack[-1] if self.module_stack else ("", "")
 
     def _unique(self, base: str) -> str:
-        base = re.sub(r"\W", "_", base) or "op"
+        clean = self.bases.get(base)
+        if clean is None:
+            clean = self.bases[base] = re.sub(r"\W", "_", base) or "op"
+        base = clean
         n = self.counts.get(base, 0)
         self.counts[base] = n + 1
         return base if n == 0 else f"{base}_{n}"
@@ -157,10 +201,20 @@ class _Recorder(TorchFunctionMode):
         given = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.dtype)]
         return made_by if given and given[0] == dtype else None
 
-    def _publish(self, node: Node, args, kwargs, callee, output, inplace_target=None):
-        with _Unrecorded(self):
-            set_reduction_length(node, args, kwargs, callee)
-            output = self.observer(node, args, kwargs, callee, output)
+    def _publish(self, node: Node, args, kwargs, callee, output, *, inplace_target=None, in_mode: bool = False):
+        """Hand ``node`` to the observer and note what it produced; ``in_mode``: called from
+        ``__torch_function__``, where torch has taken this mode off its stack already."""
+        if in_mode:
+            self.busy = True
+            try:
+                set_reduction_length(node, args, kwargs, callee)
+                output = self.observer(node, args, kwargs, callee, output)
+            finally:
+                self.busy = False
+        else:
+            with _Unrecorded(self):
+                set_reduction_length(node, args, kwargs, callee)
+                output = self.observer(node, args, kwargs, callee, output)
         self.nodes.append(node)
         self.dtype_read = None
         for v in leaves(output):
@@ -182,22 +236,38 @@ class _Recorder(TorchFunctionMode):
             return call_site_path(self.root, self.module_stack[-1][0] if self.module_stack else "", module, path)
         return path
 
+    def _module_class(self, module) -> Tuple[bool, str, str]:
+        """(whether a leaf, kind, fn) of a module, by its class: read once per class and pass."""
+        cls = type(module)
+        found = self.classes.get(cls)
+        if found is None:
+            leaf = ops.is_leaf_module(module)
+            found = self.classes[cls] = (leaf, *ops.classify_module(module)) if leaf else (False, "", "")
+        return found
+
+    def _params(self, module, path: str) -> Tuple[str, ...]:
+        """The parameters and buffers ``module`` holds itself, by name: read once per module and pass."""
+        key = (id(module), path)
+        found = self.params.get(key)
+        if found is None:
+            found = self.params[key] = direct_params(module, path)
+        return found
+
     def _pre_hook(self, module, args, kwargs):
         if self.busy:
             return None
-        path = self._path(module)
-        if self.leaf_depth == 0 and ops.is_leaf_module(module):
-            kind, fn = ops.classify_module(module)
+        if self.leaf_depth > 0:
+            self.leaf_depth += 1
+            return None
+        leaf, kind, fn = self._module_class(module)
+        if leaf:
             probe = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
             with _Unrecorded(self):
                 args, kwargs = self.observer.before(probe, args, kwargs, module)
             module._preclint_inputs = (args, kwargs, probe)
             self.leaf_depth += 1
             return args, kwargs
-        elif self.leaf_depth > 0:
-            self.leaf_depth += 1
-        else:
-            self.module_stack.append((path, type(module).__name__))
+        self.module_stack.append((self._path(module), type(module).__name__))
         return None
 
     def _post_hook(self, module, args, kwargs, output):
@@ -210,13 +280,13 @@ class _Recorder(TorchFunctionMode):
             self.leaf_depth = 0
             args, kwargs, probe = module.__dict__.pop("_preclint_inputs", (args, kwargs, None))
             path = self._path(module)
-            kind, fn = ops.classify_module(module)
+            _, kind, fn = self._module_class(module)
             attrs = ops.module_attrs(module)
             frames = model_frames_on_stack() if self.locate else ()
             node = Node(self._unique(path.replace(".", "_") or fn), kind, f"nn.{type(module).__name__}", fn=fn,
                         module_path=path, module_type=type(module).__name__, location=frames[0] if frames else None,
                         stack=frames,
-                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=direct_params(module, path),
+                        inputs=self._inputs((args, kwargs)), attrs=attrs, params=self._params(module, path),
                         groups=attrs.get("groups"), scalars={k: float(v) for k, v in attrs.items() if k == "eps"},
                         autocast=autocast_regions.current())
             self.observer.rename(probe, node.name)
@@ -230,24 +300,35 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.busy or self.leaf_depth > 0:
             return func(*args, **kwargs)
-        prop = _property_name(func)
-        fn, inplace = ops.function_name(_PROPERTY_OPS.get(prop, prop) if prop else func)
-        kind = ops.classify_function(fn)
+        try:
+            facts = self.callees.get(func)
+        except TypeError:  # an unhashable callee: read afresh
+            facts = None
+        if facts is None:
+            facts = _CalleeFacts(func)
+            try:
+                self.callees[func] = facts
+            except TypeError:
+                pass
+        fn, kind = facts.fn, facts.kind
         pending = Node("", kind, "", fn=fn, autocast=autocast_regions.current())
-        with _Unrecorded(self):
+        # torch took this mode off its stack while it runs (the observer's ops are not seen again):
+        # only the flag is _Unrecorded's to set here
+        self.busy = True
+        try:
             args, kwargs = self.observer.before(pending, args, kwargs, func)
+        finally:
+            self.busy = False
         output = func(*args, **kwargs)
-        if prop == "dtype" and args and isinstance(args[0], torch.Tensor):
+        if facts.prop == "dtype" and args and isinstance(args[0], torch.Tensor):
             made_by = self.producer.get(id(self.origin(args[0])))
             self.dtype_read = (output, made_by[0]) if made_by is not None else None
             return output
         flat_out = [v for v in leaves(output) if isinstance(v, torch.Tensor)]
-        inplace = inplace or fn in ("setitem",) or kwargs.get("inplace") is True
+        inplace = facts.inplace or fn in ("setitem",) or kwargs.get("inplace") is True
         if not flat_out and not inplace:
             return output
         owner_path, owner_type = self._calling_module()
-        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or (
-            getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")))
         attrs = call_attrs(fn, kind, args, kwargs)
         if inplace:
             attrs["inplace"] = True
@@ -256,23 +337,17 @@ class _Recorder(TorchFunctionMode):
         source = self._dtype_source(kind, args, kwargs)
         if source is not None:
             attrs["dtype_of"] = source
-        if prop:
-            target = f"Tensor.{prop}"
-        elif is_method:
-            target = f"Tensor.{getattr(func, '__name__', fn)}"
-        else:
-            target = display_target(func, "call_function")
         frames = model_frames_on_stack() if self.locate else ()
-        node = Node(self._unique(fn), kind, target, fn=fn, module_path=owner_path, module_type=owner_type,
+        node = Node(self._unique(fn), kind, facts.target, fn=fn, module_path=owner_path, module_type=owner_type,
                     location=frames[0] if frames else None, stack=frames, inputs=self._inputs((args, kwargs)), attrs=attrs,
                     scalars=scalar_args(args, kwargs, skip_first=True), groups=attrs.get("groups"),
                     autocast=pending.autocast)
         self.observer.rename(pending, node.name)
         target_tensor = args[0] if inplace and args and isinstance(args[0], torch.Tensor) else None
         if not flat_out and target_tensor is not None:
-            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor)
+            self._publish(node, args, kwargs, func, target_tensor, inplace_target=target_tensor, in_mode=True)
             return output
-        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor)
+        return self._publish(node, args, kwargs, func, output, inplace_target=target_tensor, in_mode=True)
 
 
 def capture_function_mode(module: torch.nn.Module, inputs: Any, observer: Observer,
