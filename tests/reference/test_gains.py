@@ -240,3 +240,55 @@ def test_a_gradient_or_values_that_differ_get_their_own_product(monkeypatch, cha
     assert len(made) == 2
     product = (grad * value).reshape(-1)
     assert sums.out["x"] == float(product.dot(product))
+
+
+# ---------------------------------------------------------------- one leaf read by several calls
+
+class _Cell(torch.nn.Module):
+    """One Linear called at every step of a loop (a recurrent cell's input projection), reading its
+    weights each time and a step of the input: the weight is rounded once, the same cast at every call."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[1], 6)
+        for i in range(x.shape[0]):
+            h = torch.tanh(self.lin(x[i]) + h)
+        return h
+
+
+def test_a_weight_read_at_every_step_is_one_rounding_not_one_per_call():
+    """Each call's operand gain is its own activation's, plus its part of the weight's: the weight's error
+    reaches the output through the sum of the calls' gradients (one rounding, coherent over the calls),
+    not once per call with the whole gradient (which charged a 4-step loop 4 times the weight's gain)."""
+    x = torch.randn(4, 5, 8)
+    cell = _Cell()
+    _, graph, _ = check(cell, (x,), precisions=("bf16",))
+    gains = [n.record(Gains).operands for n in graph.nodes if n.kind == Kind.LINEAR]
+    # the same sums from plain autograd, along the directions the reference pass draws (seed 0, as many
+    # as make 64 output elements): each call gets views of its own weight and activation
+    w, b = cell.lin.weight.detach(), cell.lin.bias.detach()
+    views, steps = [], []
+    h = torch.zeros(5, 6)
+    for i in range(4):
+        wi, xi = w.clone().requires_grad_(), x[i].clone().requires_grad_()
+        views.append(wi)
+        steps.append(xi)
+        h = torch.tanh(torch.nn.functional.linear(xi, wi, b) + h)
+    generator = torch.Generator().manual_seed(0)
+    probes = math.ceil(64 / h.numel())
+    activations, coherent = torch.zeros(4, dtype=torch.float64), 0.0
+    for _ in range(probes):
+        v = torch.randn(h.shape, generator=generator)
+        grads = torch.autograd.grad(h, views + steps, v, retain_graph=True)
+        for i in range(4):
+            activations[i] += float((grads[4 + i] * x[i]).pow(2).sum())
+        coherent += float((sum(grads[:4]) * w).pow(2).sum())
+    units = probes * h.numel()
+    expected = [float(a) / units + coherent / units / 4 for a in activations]
+    assert len(gains) == 4
+    for got, want in zip(gains, expected):
+        assert math.isclose(got, want, rel_tol=1e-4)

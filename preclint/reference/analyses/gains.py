@@ -184,13 +184,31 @@ class GainSums(GradientListener):
             acc[key] = acc.get(key, 0.0) + total
         self.queued = []
 
+    def per_operand(self, operands: Dict[str, list]) -> Dict[int, float]:
+        """The sums per watched operand (id of its entry among ``operands``' lists), a leaf that several
+        calls read sharing one sum among them.
+
+        A leaf (a module's weight, called at every step of a loop) is hooked as it is, once per call that
+        reads it, and each hook hears the leaf's whole gradient: the sum of every call's. Rounded, it is
+        one rounding (the same cast at every call), whose error reaches the output through that sum: its
+        gain is one ||G w||^2, not one per call. Each of the k calls gets 1/k of it; counted per call, a
+        cell's weights in a 12-step loop were charged 12 times their gain."""
+        self.resolve()
+        readers: Dict[int, int] = {}
+        for entries in operands.values():
+            for e in entries:
+                if e.tensor.is_leaf:
+                    readers[id(e.tensor)] = readers.get(id(e.tensor), 0) + 1
+        return {id(e): self.operands[id(e)] / (readers[id(e.tensor)] if e.tensor.is_leaf else 1)
+                for entries in operands.values() for e in entries if id(e) in self.operands}
+
     def gains(self, operands: Dict[str, list], units: int, unknown: frozenset) -> Dict[str, Tuple[float, float]]:
         """Per node, (sum_j (g_j y_j)^2, sum over its ``operands`` of sum_k (g_k a_k)^2) / ``units``; none
         for the values in ``unknown``, overwritten where the reference pass could not see it."""
-        self.resolve()
         scale = 1.0 / units
-        per_node = {name: sum(self.operands.get(id(e), 0.0) for e in entries) for name, entries in operands.items()
-                    if any(id(e) in self.operands for e in entries)}
+        per_operand = self.per_operand(operands)
+        per_node = {name: sum(per_operand.get(id(e), 0.0) for e in entries) for name, entries in operands.items()
+                    if any(id(e) in per_operand for e in entries)}
         # (in the order the pass met them, not a set's: sums over these gains then add up in the same
         # order in every process, and a report is the same figure for figure on every run)
         names = [n for n in dict.fromkeys([*self.out, *per_node]) if n not in unknown]
@@ -277,7 +295,7 @@ class GainsAnalysis(GradientAnalysis):
         gains = sums.gains(passes.operands, run.units, run.unknown)
         scale = 1.0 / run.units
         exact = {n: {fmt: v * scale for fmt, v in per.items()} for n, per in sums.exact.items()}
-        per_operand = {key: v * scale for key, v in sums.operands.items()}
+        per_operand = {key: v * scale for key, v in sums.per_operand(passes.operands).items()}
         inputs = {name: input_gains(graph[name], entries, per_operand, passes) for name, entries in passes.operands.items()
                   if graph.get(name) is not None and graph[name].kind not in DOT_PRODUCT_KINDS}
         for name, (gain_out, gain_operands) in gains.items():
