@@ -78,7 +78,10 @@ def parse_recipe(spec: Any) -> Optional[LayerRecipe]:
         if key not in SCALING_OPTIONS or mode not in SCALING_OPTIONS[key][1] or not value:
             raise ValueError(f"preclint.watch: recipe={spec!r}: {word!r} is not a scaling option of {mode}")
         options[key] = value
-    forward = scaled_mode(mode, options).recipe
+    try:
+        forward = scaled_mode(mode, options).recipe
+    except ValueError as error:
+        raise ValueError(f"preclint.watch: recipe={spec!r}: {error}") from None
     return LayerRecipe(mode, forward, GRADIENT_ELEMENTS[mode], stochastic_gradient=mode == "nvfp4")
 
 
