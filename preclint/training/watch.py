@@ -32,7 +32,8 @@ class Watch:
     """The monitor (``preclint.watch(...)`` makes one): a context manager, or ``start()``/``close()``."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None,
-                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None, recipe: Any = None) -> None:
+                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None, *,
+                 recipe: Any = None) -> None:
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"preclint.watch: every={every!r}; give a whole number of steps, 1 or more")
         self.model, self.scaler, self.every, self.path, self.scaled = model, scaler, every, path, scaled

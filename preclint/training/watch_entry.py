@@ -20,7 +20,7 @@ class _Entry:
     transformers and Lightning are optional). docs/training.md, "Watching a training run"."""
 
     def __call__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None,
-                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None,
+                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None, *,
                  recipe: Any = None) -> Watch:
         return Watch(model, optimizer, scaler=scaler, every=every, path=path, scaled=scaled, recipe=recipe)
 

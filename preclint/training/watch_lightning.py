@@ -66,7 +66,7 @@ def lightning_callback() -> type:
         callback.watch.records, "p.html")`` draws the charts."""
 
         def __init__(self, every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None,
-                     summary: bool = True, recipe: Any = None) -> None:
+                     summary: bool = True, *, recipe: Any = None) -> None:
             if not isinstance(every, int) or every < 1:
                 raise ValueError(f"preclint.watch.LightningCallback: every={every!r}; give a whole number of steps, "
                                  "1 or more")

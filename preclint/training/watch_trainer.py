@@ -26,7 +26,7 @@ def trainer_callback() -> type:
         """Watches a Trainer's run (preclint.watch's arguments, less the model and optimizer)."""
 
         def __init__(self, every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None,
-                     scaler: Any = None, summary: bool = True, recipe: Any = None) -> None:
+                     scaler: Any = None, summary: bool = True, *, recipe: Any = None) -> None:
             self.every, self.path, self.scaled, self.scaler, self.print = every, path, scaled, scaler, summary
             self.recipe = recipe
             self.watch: Optional[Watch] = None
