@@ -165,35 +165,37 @@ def delayed_figures(t: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, hi
 class AmaxHistory:
     """Every step's amax of each operand of the layers under delayed scaling (hooks on those layers only,
     installed for the whole run), the scale the recipe draws from it, and the steps whose amax jumped beyond
-    the history's scale. ``sampled`` (a callable: operand figures for this step's record, or None) is how a
-    sampled step's recorder receives the figures."""
+    the history's scale. A step only queues its amaxes (one reduction a tensor, left on its device); the
+    scales and jumps of the steps between records are worked out when a record is written, and a sampled
+    step's scale when it runs. ``sampled`` (a callable taking an operand's figures for this step's record,
+    or None) is how a sampled step's recorder receives them."""
 
     def __init__(self, model: torch.nn.Module, recipes: Dict[str, LayerRecipe], step) -> None:
         self.recipes = {path: r for path, r in recipes.items() if r.delayed}
         self._step = step  # a callable: the optimizer step now running
         self.sampled = None
-        self._rings: Dict[Tuple[str, str], Tuple[torch.Tensor, List[int]]] = {}
-        self.events: List[Tuple[int, str, str, torch.Tensor]] = []  # (step, layer, operand, [jump, amax, history])
+        self._past: Dict[Tuple[str, str], List[float]] = {}  # the last N amaxes read, oldest first
+        self._queued: Dict[Tuple[str, str], List[Tuple[int, torch.Tensor]]] = {}  # (step, amax) not read yet
         modules = dict(model.named_modules())
         self._handles = [modules[path].register_forward_hook(self._after_forward(path)) for path in self.recipes
                          if path in modules]
 
     def _observe(self, path: str, operand: str, t: torch.Tensor) -> None:
-        recipe = self.recipes[path]
-        element = recipe.element(operand)
-        length = recipe.forward.amax_history
         values = t.detach()
-        amax = values.abs().amax().float() if values.numel() else values.new_zeros((), dtype=torch.float32)
-        ring, at = self._rings.setdefault((path, operand), (amax.new_zeros(length), [0]))
-        history_amax = ring.max()  # 0: a fresh history (or one of all-zero tensors)
-        scale = torch.where(history_amax > 0, element.max_finite / history_amax.clamp_min(2.0**-126),
-                            torch.ones_like(history_amax))
-        jump = amax * scale > clip_limit(element)
-        self.events.append((self._step(), path, operand, torch.stack([jump.float(), amax, history_amax])))
+        # two reductions: on the CPU several times faster than abs().amax() or an inf-norm
+        amax = torch.maximum(values.amax(), -values.amin()) if values.numel() else values.new_zeros(())
+        queued = self._queued.setdefault((path, operand), [])
         if self.sampled is not None:
-            self.sampled(path, operand, delayed_figures(values, scale, amax, history_amax, element))
-        ring[at[0] % length] = amax
-        at[0] += 1
+            recipe = self.recipes[path]
+            element = recipe.element(operand)
+            length = recipe.forward.amax_history
+            recent = [a.float() for _, a in queued[-length:]]
+            older = self._past.get((path, operand), [])[-(length - len(recent)):] if len(recent) < length else []
+            history_amax = torch.stack(recent + [amax.new_tensor(max(older, default=0.0), dtype=torch.float32)]).max()
+            scale = torch.where(history_amax > 0, element.max_finite / history_amax.clamp_min(2.0**-126),
+                                torch.ones_like(history_amax))
+            self.sampled(path, operand, delayed_figures(values, scale, amax.float(), history_amax, element))
+        queued.append((self._step(), amax))
 
     def _after_forward(self, path: str):
         def after_forward(module, args, output):
@@ -210,19 +212,36 @@ class AmaxHistory:
         return after_forward
 
     def jumps(self) -> List[Dict[str, Any]]:
-        """The steps since the last call whose amax jumped beyond the history's scale (read once)."""
-        events, self.events = self.events, []
-        if not events:
+        """The steps since the last call whose amax, at the scale of the history before it, lay beyond the
+        element's largest value by more than rounding (``clip_limit``); the history brought up to date."""
+        queued, self._queued = self._queued, {}
+        entries = [(key, step, amax) for key, items in queued.items() for step, amax in items]
+        if not entries:
             return []
         by_device: Dict[torch.device, List[int]] = {}
-        for i, (_, _, _, t) in enumerate(events):
-            by_device.setdefault(t.device, []).append(i)
-        read: Dict[int, List[float]] = {}
+        for i, (_, _, amax) in enumerate(entries):
+            by_device.setdefault(amax.device, []).append(i)
+        read = [0.0] * len(entries)
         for indices in by_device.values():
-            for i, row in zip(indices, torch.stack([events[i][3].double() for i in indices]).tolist()):
-                read[i] = row
-        return [dict(step=step, layer=path, operand=operand, amax=read[i][1], history_amax=read[i][2])
-                for i, (step, path, operand, _) in enumerate(events) if read[i][0]]
+            for i, value in zip(indices, torch.stack([entries[i][2].double() for i in indices]).tolist()):
+                read[i] = value
+        found, at = [], 0
+        for (path, operand), items in queued.items():
+            recipe = self.recipes[path]
+            element, length = recipe.element(operand), recipe.forward.amax_history
+            new = read[at:at + len(items)]
+            at += len(items)
+            past = self._past.get((path, operand), [])
+            sequence = torch.tensor([0.0] * length + past + new, dtype=torch.float64)
+            # each new amax's history: the `length` amaxes before it (zeros: none yet)
+            start = length + len(past)
+            history = sequence[start - length:].unfold(0, length, 1)[:len(new)].amax(dim=1).tolist()
+            for (step, _), amax, before in zip(items, new, history):
+                scale = element.max_finite / before if before > 0 else 1.0
+                if amax * scale > clip_limit(element):
+                    found.append(dict(step=step, layer=path, operand=operand, amax=amax, history_amax=before))
+            self._past[(path, operand)] = (past + new)[-length:]
+        return sorted(found, key=lambda jump: jump["step"])
 
     def close(self) -> None:
         for handle in self._handles:
