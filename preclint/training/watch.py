@@ -26,6 +26,7 @@ from preclint.training.watch_scaled import AmaxHistory, LayerRecipe, declares_re
 
 DEFAULT_EVERY = 100  # benchmarks/watch_overhead.py: a sampled step costs 1 to 3 ordinary ones on the CPU
 SCHEMA = 1
+JUMPS_LISTED = 64  # a record's amax jumps listed (amax_jump_count counts them all)
 
 
 class Watch:
@@ -171,7 +172,8 @@ class Watch:
                       first_nonfinite_forward=recorder.first_nonfinite_forward,
                       first_nonfinite_backward=recorder.first_nonfinite_backward,
                       first_nonfinite_update=recorder.first_nonfinite_update,
-                      nonfinite_gradients=recorder.nonfinite_gradients[:8], amax_jumps=jumps)
+                      nonfinite_gradients=recorder.nonfinite_gradients[:8],
+                      amax_jumps=jumps[:JUMPS_LISTED], amax_jump_count=len(jumps))
         self._skips = []
         record = gather_record(record)
         self._armed = bool(skipped or record["first_nonfinite_forward"] or record["first_nonfinite_backward"]

@@ -34,6 +34,7 @@ NVFP4_BLOCK = 16
 GRADIENT_ELEMENTS = {"fp8": E5M2, "fp8-rowwise": E4M3, "mxfp8": E4M3, "nvfp4": E2M1}
 SATURATES = 1 + 2.0**-20  # beyond the largest value by more than float32 arithmetic's slack
 OPERANDS = ("input", "weight", "grad")
+FOLD = 1024  # queued amaxes of one operand read at the latest after this many (a long interval's memory)
 
 
 def clip_limit(element: Format) -> float:
@@ -176,6 +177,7 @@ class AmaxHistory:
         self.sampled = None
         self._past: Dict[Tuple[str, str], List[float]] = {}  # the last N amaxes read, oldest first
         self._queued: Dict[Tuple[str, str], List[Tuple[int, torch.Tensor]]] = {}  # (step, amax) not read yet
+        self._found: List[Dict[str, Any]] = []  # jumps read before the record that will list them
         modules = dict(model.named_modules())
         self._handles = [modules[path].register_forward_hook(self._after_forward(path)) for path in self.recipes
                          if path in modules]
@@ -196,6 +198,8 @@ class AmaxHistory:
                                 torch.ones_like(history_amax))
             self.sampled(path, operand, delayed_figures(values, scale, amax.float(), history_amax, element))
         queued.append((self._step(), amax))
+        if len(queued) >= FOLD:
+            self._read()
 
     def _after_forward(self, path: str):
         def after_forward(module, args, output):
@@ -213,11 +217,17 @@ class AmaxHistory:
 
     def jumps(self) -> List[Dict[str, Any]]:
         """The steps since the last call whose amax, at the scale of the history before it, lay beyond the
-        element's largest value by more than rounding (``clip_limit``); the history brought up to date."""
+        element's largest value by more than rounding (``clip_limit``), in step order."""
+        self._read()
+        found, self._found = self._found, []
+        return sorted(found, key=lambda jump: jump["step"])
+
+    def _read(self) -> None:
+        """Read the queued amaxes (one transfer a device), find their jumps, bring the history up to date."""
         queued, self._queued = self._queued, {}
         entries = [(key, step, amax) for key, items in queued.items() for step, amax in items]
         if not entries:
-            return []
+            return
         by_device: Dict[torch.device, List[int]] = {}
         for i, (_, _, amax) in enumerate(entries):
             by_device.setdefault(amax.device, []).append(i)
@@ -225,7 +235,7 @@ class AmaxHistory:
         for indices in by_device.values():
             for i, value in zip(indices, torch.stack([entries[i][2].double() for i in indices]).tolist()):
                 read[i] = value
-        found, at = [], 0
+        found, at = self._found, 0
         for (path, operand), items in queued.items():
             recipe = self.recipes[path]
             element, length = recipe.element(operand), recipe.forward.amax_history
@@ -241,7 +251,6 @@ class AmaxHistory:
                 if amax * scale > clip_limit(element):
                     found.append(dict(step=step, layer=path, operand=operand, amax=amax, history_amax=before))
             self._past[(path, operand)] = (past + new)[-length:]
-        return sorted(found, key=lambda jump: jump["step"])
 
     def close(self) -> None:
         for handle in self._handles:

@@ -94,7 +94,10 @@ def test_delayed_scaling_saturates_at_the_jump_and_not_before():
     assert monitor.summary()["amax_jumps"] >= 1
 
 
-def test_a_jump_between_samples_is_listed_in_the_next_record():
+@pytest.mark.parametrize("fold", [watch_scaled.FOLD, 2])
+def test_a_jump_between_samples_is_listed_in_the_next_record(fold, monkeypatch):
+    """(``fold`` 2: the queued amaxes are read every second step, as a long interval's are every FOLD.)"""
+    monkeypatch.setattr(watch_scaled, "FOLD", fold)
     model, _, _ = mlp()
     monitor, _ = jumping_run(model, JUMP + 2, every=3, scaled="all", recipe="fp8 amax-history=4")
     assert [r["step"] for r in monitor.records] == [0, 3, 6]
@@ -102,6 +105,8 @@ def test_a_jump_between_samples_is_listed_in_the_next_record():
     assert before == []
     listed = [j for j in monitor.records[2]["amax_jumps"] if j["layer"] == "0" and j["operand"] == "input"]
     assert [j["step"] for j in listed] == [JUMP] and listed[0]["amax"] > 500 * listed[0]["history_amax"]
+    assert monitor.records[2]["layers"]["0"]["delayed"]["input"]["saturated_fraction"] == 0.0
+    assert monitor.records[2]["amax_jump_count"] >= len(monitor.records[2]["amax_jumps"]) >= 1
 
 
 def test_a_layer_that_names_its_recipe_is_watched_with_it():
