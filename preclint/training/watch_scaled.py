@@ -33,7 +33,6 @@ NVFP4_BLOCK = 16
 # the gradient's element format per recipe (measure/scaled_training.py GRADIENT_ELEMENTS, the same table)
 GRADIENT_ELEMENTS = {"fp8": E5M2, "fp8-rowwise": E4M3, "mxfp8": E4M3, "nvfp4": E2M1}
 SATURATES = 1 + 2.0**-20  # beyond the largest value by more than float32 arithmetic's slack
-OPERANDS = ("input", "weight", "grad")
 FOLD = 1024  # queued amaxes of one operand read at the latest after this many (a long interval's memory)
 
 
