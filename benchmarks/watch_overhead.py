@@ -14,6 +14,11 @@ three hooks cost a step between samples (``hooks_between_samples_us``), and what
 default interval (``predicted_overhead = (sampled_step_cost - 1) / every + hooks / step``): on a shared
 machine, whose neighbours move a block's time by 10% either way, the figure measured least badly, and the
 one ``within_limit`` judges (the direct ratios' quartiles are in ``ratio_quartiles``).
+
+``--recipe "fp8 amax-history=1024"`` (or ``nvfp4``) watches every Linear and Conv as running that recipe
+(``scaled="all"``). Delayed scaling's hooks then run on every step, not only on sampled ones, so such a run
+also times blocks whose steps are none of them sampled against plain ones (``unsampled_ratio``), and the
+prediction adds that ratio's excess in place of the three hooks' cost.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -83,7 +88,8 @@ class Loop:
     """One model's training loop on ``device``: ``block(n, every)`` times n steps (every=0: no monitor; else
     a monitor started for the block, so its first step is sampled)."""
 
-    def __init__(self, build, device: torch.device) -> None:
+    def __init__(self, build, device: torch.device, recipe: Optional[str] = None) -> None:
+        self.watch_args = dict(scaled="all", recipe=recipe) if recipe else {}
         torch.manual_seed(0)
         model, x, y, self.loss_fn = build()
         self.model, self.x, self.y, self.device = model.to(device), x.to(device), y.to(device), device
@@ -102,10 +108,13 @@ class Loop:
         loss.backward()
         self.optimizer.step()
 
-    def block(self, steps: int, every: int) -> float:
+    def block(self, steps: int, every: int, first: int = 0) -> float:
+        """``first``: the monitor's step count at the start (past 0, the block's first step is not sampled)."""
         sync(self.device)
         start = self.clock()
-        monitor = Watch(self.model, self.optimizer, every=every).start() if every else None
+        monitor = Watch(self.model, self.optimizer, every=every, **self.watch_args).start() if every else None
+        if monitor is not None:
+            monitor.step = first
         for _ in range(steps):
             self.step()
         if monitor is not None:
@@ -117,7 +126,7 @@ class Loop:
 def hook_seconds(loop: Loop, calls: int = 20000) -> float:
     """What the monitor's hooks cost a step between samples: its three hooks (the model's call, the
     optimizer's pre- and post-step), called as torch calls them, on steps that are not sampled."""
-    monitor = Watch(loop.model, loop.optimizer, every=10 ** 9).start()
+    monitor = Watch(loop.model, loop.optimizer, every=10 ** 9, **loop.watch_args).start()
     monitor.step = 1
     clock = time.process_time
     start = clock()
@@ -130,13 +139,16 @@ def hook_seconds(loop: Loop, calls: int = 20000) -> float:
     return elapsed / calls
 
 
-def measure(name: str, build, device: torch.device, steps: int, rounds: int, every: int) -> Dict[str, Any]:
+def measure(name: str, build, device: torch.device, steps: int, rounds: int, every: int,
+            recipe: Optional[str] = None) -> Dict[str, Any]:
     """Plain and watched blocks of ``steps`` steps, alternating, on one loop."""
-    loop = Loop(build, device)
-    plain, watched = [], []
+    loop = Loop(build, device, recipe)
+    plain, watched, unsampled = [], [], []
     for _ in range(rounds):
         plain.append(loop.block(steps, 0))
         watched.append(loop.block(steps, every))
+        if recipe:
+            unsampled.append(loop.block(steps, 10 ** 9, first=1))
     ratios = [b / a for a, b in zip(plain, watched)]
     single_plain = [loop.block(1, 0) for _ in range(5)]
     single_sampled = [loop.block(1, 1) for _ in range(5)]
@@ -145,6 +157,9 @@ def measure(name: str, build, device: torch.device, steps: int, rounds: int, eve
     cost = statistics.median(single_sampled) / statistics.median(single_plain)
     step_s = statistics.median(single_plain)
     predicted = (cost - 1) / every + hooks_us * 1e-6 / step_s
+    unsampled_ratio = statistics.median(b / a for a, b in zip(plain, unsampled)) if unsampled else None
+    if unsampled_ratio is not None:
+        predicted = (cost - 1) / every + unsampled_ratio - 1
     result = dict(step_ms=round(1000 * statistics.median(plain) / steps, 3),
                   watched_step_ms=round(1000 * statistics.median(watched) / steps, 3),
                   ratio=round(ratio, 4), overhead=round(ratio - 1, 4), ratios=[round(r, 4) for r in ratios],
@@ -154,6 +169,8 @@ def measure(name: str, build, device: torch.device, steps: int, rounds: int, eve
                   steps_per_s_watched=round(steps / statistics.median(watched), 2),
                   sampled_step_cost=round(cost, 3), hooks_between_samples_us=round(hooks_us, 2),
                   predicted_overhead=round(predicted, 4))
+    if unsampled_ratio is not None:
+        result["unsampled_ratio"] = round(unsampled_ratio, 4)
     print(f"{name}: {result['step_ms']:.2f} ms a step, watched x{ratio:.3f} (fastest x{result['ratio_of_fastest']:.3f}, "
           f"rounds {result['ratios']}); a sampled step costs {cost:.2f} steps -> "
           f"{100 * result['predicted_overhead']:.2f}% at every={every}", flush=True)
@@ -167,14 +184,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--every", type=int, default=DEFAULT_EVERY)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--recipe", help='watch every GEMM as running this recipe ("nvfp4", "fp8 amax-history=1024")')
     parser.add_argument("--out")
     args = parser.parse_args()
     device = torch.device(args.device)
-    results = {name: measure(name, build, device, args.steps, args.rounds, args.every)
+    results = {name: measure(name, build, device, args.steps, args.rounds, args.every, args.recipe)
                for name, build in loops(args.batch).items()}
     worst = max(r["overhead"] for r in results.values())
     worst_predicted = max(r["predicted_overhead"] for r in results.values())
-    summary = dict(every=args.every, steps_a_block=args.steps, rounds=args.rounds, device=str(device),
+    summary = dict(every=args.every, recipe=args.recipe, steps_a_block=args.steps, rounds=args.rounds, device=str(device),
                    threads=torch.get_num_threads(), limit=LIMIT, worst_overhead=worst,
                    worst_predicted_overhead=worst_predicted,
                    # judged on the prediction: the direct ratio's rounds spread wider than the limit on a shared

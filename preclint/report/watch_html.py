@@ -48,17 +48,24 @@ def _line(x: Sequence[Any], y: Sequence[Any], name: str) -> Dict[str, Any]:
     return dict(type="scatter", mode="lines+markers", x=list(x), y=list(y), name=chart_label(name))
 
 
-def _layer_traces(records: List[Dict[str, Any]], figure: str) -> List[Dict[str, Any]]:
-    peaks: Dict[str, float] = {}
+def _value(layer: Dict[str, Any], figure: str, kind: str = "", operand: str = ""):
+    """A layer's ``figure``, or (``kind``: "scales", "delayed") that of one operand's recipe statistics."""
+    return layer.get(kind, {}).get(operand, {}).get(figure) if kind else layer.get(figure)
+
+
+def _layer_traces(records: List[Dict[str, Any]], figure: str, kind: str = "") -> List[Dict[str, Any]]:
+    """The layers (with ``kind``: layer and operand) whose ``figure`` peaks highest, one line each."""
+    peaks: Dict[tuple, float] = {}
     for record in records:
         for path, layer in record.get("layers", {}).items():
-            value = layer.get(figure)
-            if value is not None:
-                peaks[path] = max(peaks.get(path, 0.0), value)
+            for operand in (layer.get(kind, {}) if kind else [""]):
+                value = _value(layer, figure, kind, operand)
+                if value is not None:
+                    peaks[path, operand] = max(peaks.get((path, operand), 0.0), value)
     shown = sorted((p for p in peaks if peaks[p] > 0), key=lambda p: -peaks[p])[:LAYERS_SHOWN]
     steps = [r["step"] for r in records]
-    return [_line(steps, [r.get("layers", {}).get(path, {}).get(figure) for r in records], path or "(model)")
-            for path in shown]
+    return [_line(steps, [_value(r.get("layers", {}).get(path, {}), figure, kind, operand) for r in records],
+                  f"{path or '(model)'} {operand}".strip()) for path, operand in shown]
 
 
 def charts(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -80,7 +87,28 @@ def charts(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         traces = _layer_traces(records, figure)
         if traces:
             found.append(dict(title=f"{title} (the {len(traces)} with most)", traces=traces, log=False))
+    # the scaled layers' recipe statistics (watch_scaled.py), per layer and operand
+    for kind, figure, title in (("delayed", "saturated_fraction", "Delayed scaling: values the stale scale saturates"),
+                                ("delayed", "underflow_fraction", "Delayed scaling: values the stale scale flushes"),
+                                ("scales", "underflow_fraction", "NVFP4 block scales: values flushed"),
+                                ("scales", "saturated_fraction", "NVFP4 block scales: values saturated")):
+        traces = _layer_traces(records, figure, kind)
+        if traces:
+            found.append(dict(title=f"{title} (the {len(traces)} with most)", traces=traces, log=False))
     return found
+
+
+def _jumps(records: List[Dict[str, Any]]) -> str:
+    """Delayed scaling's amax jumps: the steps whose amax outran the history's scale."""
+    rows = [f"<tr><td>{j['step']}</td><td>{html_text(j['layer'] or '(model)')}</td><td>{html_text(j['operand'])}</td>"
+            f"<td>{j['amax']:.4g}</td><td>{j['history_amax']:.4g}</td></tr>"
+            for record in records for j in record.get("amax_jumps", []) if j.get("amax") is not None
+            and j.get("history_amax") is not None]
+    if not rows:
+        return ""
+    return ("<h2>Delayed scaling: amax jumps</h2><p>Steps whose amax, at the scale its history gave, lies beyond "
+            "the element's largest value: the values above the history's amax saturate.</p><table><tr><th>step</th>"
+            "<th>layer</th><th>operand</th><th>amax</th><th>history's amax</th></tr>" + "".join(rows) + "</table>")
 
 
 def _events(records: List[Dict[str, Any]]) -> str:
@@ -117,7 +145,7 @@ def render(records: List[Dict[str, Any]]) -> str:
     head = (f"<h1>preclint.watch</h1><p>{len(records)} sampled steps, the last {last['step']}; "
             f"autocast {html_text(str(last.get('autocast')))}; world size {last.get('world_size', 1)}.</p>")
     body = (f"</head><body><div class='preclint-watch' id='{scope}'>{head}{divs}<h2>Non-finite values</h2>"
-            f"{_events(records)}<script>{script}</script></div></body></html>\n")
+            f"{_events(records)}{_jumps(records)}<script>{script}</script></div></body></html>\n")
     prefix = prefix_of((body,), scope)
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>preclint.watch</title>"
             f"<script>{plotly_js()}</script>" + body.replace(scope, prefix))

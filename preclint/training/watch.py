@@ -20,21 +20,28 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from preclint.training.watch_record import LayerCounts, StepRecorder
+from preclint.training.watch_record import LayerCounts, StepRecorder, scaled_paths
 from preclint.training.watch_reduce import gather_record, is_distributed, rank
+from preclint.training.watch_scaled import AmaxHistory, LayerRecipe, declares_recipe, layer_recipe, parse_recipe
 
 DEFAULT_EVERY = 100  # benchmarks/watch_overhead.py: a sampled step costs 1 to 3 ordinary ones on the CPU
 SCHEMA = 1
+JUMPS_LISTED = 64  # a record's amax jumps listed (amax_jump_count counts them all)
 
 
 class Watch:
     """The monitor (``preclint.watch(...)`` makes one): a context manager, or ``start()``/``close()``."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None,
-                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None) -> None:
+                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None, *,
+                 recipe: Any = None) -> None:
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"preclint.watch: every={every!r}; give a whole number of steps, 1 or more")
         self.model, self.scaler, self.every, self.path, self.scaled = model, scaler, every, path, scaled
+        self.recipe = parse_recipe(recipe)  # the scaled layers' recipe, where a layer does not name its own
+        self.recipes: Dict[str, LayerRecipe] = {}
+        self._history: Optional[AmaxHistory] = None
+        self._jump_total = 0
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps one
         self.records: List[Dict[str, Any]] = []
         self.step = 0  # optimizer steps taken or skipped so far
@@ -53,6 +60,12 @@ class Watch:
         if self._handles:
             return self
         self._named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        modules = dict(self.model.named_modules())
+        paths = set(scaled_paths(self.model, self.scaled)) | {p for p, m in modules.items() if declares_recipe(m)}
+        found = {path: layer_recipe(modules[path], self.recipe) for path in sorted(paths)}
+        self.recipes = {path: r for path, r in found.items() if r is not None}
+        if any(r.delayed for r in self.recipes.values()):  # hooks on every step, on these layers only
+            self._history = AmaxHistory(self.model, self.recipes, lambda: self.step)
         self._handles = self._step_hooks() + [self.model.register_forward_pre_hook(self._on_forward)]
         if self.scaler is not None and getattr(self.scaler, "is_enabled", lambda: True)():
             original = self.scaler.step  # a bound method: the instance attribute below shadows it until close()
@@ -83,6 +96,9 @@ class Watch:
         if self._recorder is not None:
             self._recorder.close()
             self._recorder = None
+        if self._history is not None:
+            self._history.close()
+            self._history = None
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -99,12 +115,18 @@ class Watch:
 
     def _on_forward(self, module, args) -> None:
         if self._recorder is None and torch.is_grad_enabled() and self._sampling():
-            self._recorder = StepRecorder(self.model, self.scaled)
+            self._sample()
+
+    def _sample(self) -> None:
+        """Hook every module for this step (and have the amax history hand it the step's figures)."""
+        self._recorder = StepRecorder(self.model, self.scaled, self.recipes)
+        if self._history is not None:
+            self._history.sampled = self._recorder.delayed(self.recipes)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         self._stepped = True
         if self._recorder is None and self._sampling():  # a step whose forward ran outside the model's call
-            self._recorder = StepRecorder(self.model, self.scaled)
+            self._sample()
         if self._recorder is not None:
             self._before = self._recorder.before_step(self._named)
 
@@ -138,6 +160,11 @@ class Watch:
         recorder, self._recorder = self._recorder, None
         recorder.close()
         recorder.settle()
+        jumps = []
+        if self._history is not None:
+            self._history.sampled = None
+            jumps = self._history.jumps()
+            self._jump_total += len(jumps)
         if skipped:
             recorder.nonfinite_gradients = list(self._skips[-1]["parameters"]) if self._skips else []
         record = dict(schema=SCHEMA, step=self.step, skipped=skipped, scale=self._scale(), autocast=recorder.autocast,
@@ -145,7 +172,8 @@ class Watch:
                       first_nonfinite_forward=recorder.first_nonfinite_forward,
                       first_nonfinite_backward=recorder.first_nonfinite_backward,
                       first_nonfinite_update=recorder.first_nonfinite_update,
-                      nonfinite_gradients=recorder.nonfinite_gradients[:8])
+                      nonfinite_gradients=recorder.nonfinite_gradients[:8],
+                      amax_jumps=jumps[:JUMPS_LISTED], amax_jump_count=len(jumps))
         self._skips = []
         record = gather_record(record)
         self._armed = bool(skipped or record["first_nonfinite_forward"] or record["first_nonfinite_backward"]
@@ -169,10 +197,11 @@ class Watch:
                 layers.setdefault(path, LayerCounts()).add(counts)
         total = LayerCounts()
         for counts in layers.values():
-            total.add(LayerCounts(**{**vars(counts), "blocks": {}}))
+            total.add(counts.counts_only())
         first = next((r for r in self.records if r["first_nonfinite_forward"] or r["first_nonfinite_backward"]
                       or r["first_nonfinite_update"]), None)
         return dict(steps=self.step, sampled_steps=len(self.records), skipped_steps=self._skip_total,
+                    amax_jumps=self._jump_total,
                     underflow_fraction=total.as_json()["underflow_fraction"],
                     lost_update_fraction=total.as_json()["lost_update_fraction"],
                     zero_gradient_fraction=total.as_json()["zero_gradient_fraction"],
@@ -204,9 +233,10 @@ def _json_record(record: Dict[str, Any]) -> Dict[str, Any]:
                      for path, counts in record["layers"].items()}
     total = LayerCounts()
     for counts in record["layers"].values():
-        total.add(LayerCounts(**{**vars(counts), "blocks": {}}))
+        total.add(counts.counts_only())
     totals = total.as_json()
     out["skips"] = _number(out["skips"])
+    out["amax_jumps"] = _number(out["amax_jumps"])
     out["totals"] = {k: totals[k] for k in ("gradient_elements", "gradient_flushed", "underflow_fraction", "weights",
                                             "zero_gradients", "zero_gradient_fraction", "weights_expected_to_move",
                                             "updates_lost", "lost_update_fraction", "nonfinite_updates")}

@@ -13,15 +13,16 @@ from preclint.training.watch_trainer import trainer_callback
 
 
 class _Entry:
-    """``preclint.watch(model, optimizer, scaler=None, every=100, path=None, scaled=None)``: a Watch of the
+    """``preclint.watch(model, optimizer, scaler=None, every=100, path=None, scaled=None, recipe=None)``: a Watch of the
     training loop it wraps (``with preclint.watch(...) as w:``), writing one JSON line a sampled step to
     ``path``; ``preclint.watch.TrainerCallback(every=..., path=...)`` is the callback for transformers'
     Trainer and ``preclint.watch.LightningCallback(every=..., path=...)`` Lightning's (each made on first use:
     transformers and Lightning are optional). docs/training.md, "Watching a training run"."""
 
     def __call__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None,
-                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None) -> Watch:
-        return Watch(model, optimizer, scaler=scaler, every=every, path=path, scaled=scaled)
+                 every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None, *,
+                 recipe: Any = None) -> Watch:
+        return Watch(model, optimizer, scaler=scaler, every=every, path=path, scaled=scaled, recipe=recipe)
 
     def __getattr__(self, name: str):
         if name == "TrainerCallback":

@@ -20,7 +20,6 @@ import functools
 from typing import Any, List, Optional
 
 from preclint.training.watch import DEFAULT_EVERY, Watch
-from preclint.training.watch_record import StepRecorder
 
 
 class LightningWatch(Watch):
@@ -32,7 +31,7 @@ class LightningWatch(Watch):
     def batch_starts(self) -> None:
         """A training batch starts: on a sampled step, hook every module before its forward runs."""
         if self._recorder is None and self._handles and self._sampling():
-            self._recorder = StepRecorder(self.model, self.scaled)
+            self._sample()
 
     def gradients_ready(self) -> None:
         """The step's gradients are final (and unscaled): what the pre-step hook does in a plain loop."""
@@ -67,11 +66,11 @@ def lightning_callback() -> type:
         callback.watch.records, "p.html")`` draws the charts."""
 
         def __init__(self, every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None,
-                     summary: bool = True) -> None:
+                     summary: bool = True, *, recipe: Any = None) -> None:
             if not isinstance(every, int) or every < 1:
                 raise ValueError(f"preclint.watch.LightningCallback: every={every!r}; give a whole number of steps, "
                                  "1 or more")
-            self.every, self.path, self.scaled, self.print = every, path, scaled, summary
+            self.every, self.path, self.scaled, self.print, self.recipe = every, path, scaled, summary, recipe
             self.watch: Optional[LightningWatch] = None
 
         def on_train_start(self, trainer, pl_module) -> None:
@@ -79,7 +78,7 @@ def lightning_callback() -> type:
                 return
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             self.watch = LightningWatch(pl_module, trainer.optimizers[0], scaler=scaler, every=self.every,
-                                        path=self.path, scaled=self.scaled).start()
+                                        path=self.path, scaled=self.scaled, recipe=self.recipe).start()
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             if self.watch is not None:

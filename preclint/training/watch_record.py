@@ -11,7 +11,8 @@ that add up across steps and ranks.
 - **Non-finite values.** The first module in forward order whose output is inf/NaN, the first in backward
   order whose output's gradient is, and the weights the step made inf/NaN.
 - **Block scales** (the layers that run a scaled format, or every GEMM on request): per block of 32
-  elements, the amax statistics of the layer's input, weight and output gradient (``statistics.block_scales``).
+  elements, the amax statistics of the layer's input, weight and output gradient (``statistics.block_scales``);
+  under an NVFP4 recipe its block scales, under delayed scaling its stale scale (watch_scaled.py).
 
 Tensors of a sharded parameter (FSDP2's DTensor) are read through their local shard, so counts add up.
 """
@@ -23,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from preclint.training.statistics import BlockScales, LOW_DTYPES, block_scales
+from preclint.training.watch_scaled import LayerRecipe, declares_recipe, finish, merge, nvfp4_figures
 
 GEMM_MODULES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 BLOCK = 32  # elements per scale block: MXFP8's block along the reduction dimension
@@ -51,7 +53,15 @@ def is_scaled(module: torch.nn.Module) -> bool:
     name = f"{kind.__module__}.{kind.__name__}".lower()
     if "float8" in name or "fp8" in name or "transformer_engine" in name or ".mx" in name:
         return True
-    return any("float8" in str(p.dtype) for p in module.parameters(recurse=False))
+    return declares_recipe(module) or any("float8" in str(p.dtype) for p in module.parameters(recurse=False))
+
+
+def scaled_paths(model: torch.nn.Module, scaled: Any = None) -> List[str]:
+    """The module paths whose block scales are recorded: every GEMM (``scaled="all"``), the paths named, or
+    (``None``) the modules that run a scaled format."""
+    return [path for path, module in model.named_modules()
+            if scaled == "all" and isinstance(module, GEMM_MODULES) or (
+                isinstance(scaled, (list, tuple, set)) and path in scaled) or (scaled is None and is_scaled(module))]
 
 
 @dataclass
@@ -68,6 +78,8 @@ class LayerCounts:
     nonfinite_updates: int = 0  # weights finite before the step and inf/NaN after it
     grad_absmax: float = 0.0  # largest |gradient| of its weights (unscaled)
     blocks: Dict[str, Dict[str, float]] = field(default_factory=dict)  # tensor -> BlockScales as a dict
+    scales: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # operand -> NVFP4 block scales (watch_scaled)
+    delayed: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # operand -> delayed scaling's stale scale
 
     def add(self, other: "LayerCounts") -> None:
         self.grad_dtype = self.grad_dtype or other.grad_dtype
@@ -78,15 +90,23 @@ class LayerCounts:
         for tensor, stats in other.blocks.items():
             mine = self.blocks.get(tensor)
             self.blocks[tensor] = stats if mine is None else merge_blocks(mine, stats)
+        for mine, theirs in ((self.scales, other.scales), (self.delayed, other.delayed)):
+            for operand, figures in theirs.items():
+                mine[operand] = dict(figures) if operand not in mine else merge(mine[operand], figures)
 
     def as_json(self) -> Dict[str, Any]:
         record = asdict(self)
         record["underflow_fraction"] = _fraction(self.gradient_flushed, self.gradient_elements)
         record["lost_update_fraction"] = _fraction(self.updates_lost, self.weights_expected_to_move)
         record["zero_gradient_fraction"] = _fraction(self.zero_gradients, self.weights)
-        if not record["blocks"]:
-            del record["blocks"]
+        for key in ("blocks", "scales", "delayed"):
+            if not record[key]:
+                del record[key]
         return record
+
+    def counts_only(self) -> "LayerCounts":
+        """These counts without the per-operand statistics (what a total over layers adds)."""
+        return LayerCounts(**{**vars(self), "blocks": {}, "scales": {}, "delayed": {}})
 
 
 def _fraction(part: int, whole: int) -> Optional[float]:
@@ -188,7 +208,8 @@ class StepRecorder:
     Counts and finiteness flags stay tensors on their device until ``settle()`` reads them all at once (one
     synchronization a device, not one a tensor: on a GPU each read waits for the work queued before it)."""
 
-    def __init__(self, model: torch.nn.Module, scaled: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, scaled: Any = None,
+                 recipes: Optional[Dict[str, LayerRecipe]] = None) -> None:
         self.layers: Dict[str, LayerCounts] = {}
         self.first_nonfinite_forward: Optional[str] = None
         self.first_nonfinite_backward: Optional[str] = None
@@ -198,12 +219,11 @@ class StepRecorder:
         self._expected: Dict[str, torch.Tensor] = {}  # weight name -> gradient elements expected nonzero
         self._pending: List[Tuple[str, str, torch.Tensor]] = []  # (layer, LayerCounts field, a 0-d tensor)
         self._flags: List[Tuple[str, str, torch.Tensor]] = []  # (forward/backward/gradient/update, name, flag)
-        self._scaled = set()
+        self._recipes = {path: r for path, r in (recipes or {}).items() if r.nvfp4}
+        self._scaled = set(scaled_paths(model, scaled)) | set(self._recipes)
+        # (layer, "scales" or "delayed", operand, recipe, figures known here, figures as tensors)
+        self._stats: List[Tuple[str, str, str, LayerRecipe, Dict[str, Any], Dict[str, torch.Tensor]]] = []
         modules = list(model.named_modules())
-        for path, module in modules:
-            if scaled == "all" and isinstance(module, GEMM_MODULES) or (
-                    isinstance(scaled, (list, tuple, set)) and path in scaled) or (scaled is None and is_scaled(module)):
-                self._scaled.add(path)
         self._modules = modules
         self._handles = [m.register_forward_hook(self._after_forward(path)) for path, m in modules]
 
@@ -233,6 +253,11 @@ class StepRecorder:
                 weight = getattr(module, "weight", None)
                 if isinstance(weight, torch.Tensor):
                     blocks["weight"] = _blocks(weight)
+                recipe = self._recipes.get(path)
+                if recipe is not None:
+                    self._nvfp4(path, "input", args[0], recipe)
+                    if isinstance(weight, torch.Tensor):
+                        self._nvfp4(path, "weight", local(weight), recipe)
             for t in outputs:
                 if t.requires_grad:
                     t.register_hook(self._on_output_grad(path, gemm))
@@ -249,8 +274,23 @@ class StepRecorder:
                     self._expected[name] = expected if known is None or known.shape != expected.shape else known | expected
             if path in self._scaled:
                 self.layer(path).blocks["grad"] = _blocks(grad)
+                if path in self._recipes:
+                    self._nvfp4(path, "grad", grad, self._recipes[path])
 
         return on_output_grad
+
+    def _nvfp4(self, path: str, operand: str, t: torch.Tensor, recipe: LayerRecipe) -> None:
+        tiled = operand == "weight" and t.dim() == 2 and t.shape[0] % 16 == 0 and t.shape[1] % 16 == 0
+        stochastic = operand == "grad" and recipe.stochastic_gradient
+        figures = nvfp4_figures(t, recipe.element(operand), stochastic, tiled)
+        self._stats.append((path, "scales", operand, recipe, dict(tiled=tiled), figures))
+
+    def delayed(self, recipes: Dict[str, LayerRecipe]):
+        """A receiver of delayed scaling's figures for this step (watch_scaled.AmaxHistory's ``sampled``)."""
+        def receive(path: str, operand: str, figures: Dict[str, torch.Tensor]) -> None:
+            self._stats.append((path, "delayed", operand, recipes[path], {}, figures))
+
+        return receive
 
     def _on_input_grad(self, path: str, gemm: _GemmCall):
         def on_input_grad(grad):
@@ -297,7 +337,9 @@ class StepRecorder:
 
     def settle(self) -> None:
         """Read the step's tensors (one transfer a device) into the layers' counts and the first producers."""
-        tensors = [t for _, _, t in self._pending] + [t for _, _, t in self._flags]
+        stats = [(entry, name) for entry in self._stats for name in entry[5]]
+        tensors = [t for _, _, t in self._pending] + [t for _, _, t in self._flags] + \
+            [entry[5][name] for entry, name in stats]
         values: List[float] = [0.0] * len(tensors)
         by_device: Dict[torch.device, List[int]] = {}
         for i, t in enumerate(tensors):
@@ -323,7 +365,15 @@ class StepRecorder:
         self.first_nonfinite_forward = first["forward"]
         self.first_nonfinite_backward = first["backward"]
         self.first_nonfinite_update = first["update"]
-        self._pending, self._flags = [], []
+        raw: Dict[int, Dict[str, Any]] = {}
+        for (entry, name), value in zip(stats, values[len(self._pending) + len(self._flags):]):
+            raw.setdefault(id(entry), dict(entry[4]))[name] = value
+        for entry in self._stats:
+            path, kind, operand, recipe = entry[:4]
+            figures = finish(kind, recipe, operand, raw.get(id(entry), dict(entry[4])))
+            kept = getattr(self.layer(path), kind)
+            kept[operand] = figures if operand not in kept else merge(kept[operand], figures)  # a layer called twice
+        self._pending, self._flags, self._stats = [], [], []
 
     def close(self) -> None:
         for handle in self._handles:

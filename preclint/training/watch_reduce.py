@@ -46,5 +46,7 @@ def merge_records(records: List[Dict[str, Any]]) -> Dict[str, Any]:
         merged[f"{key}_by_rank"] = found
     merged["skipped"] = any(record["skipped"] for record in records)
     merged["skips"] = [dict(skip, rank=r) for r, record in enumerate(records) for skip in record["skips"]]
+    merged["amax_jumps"] = [dict(jump, rank=r) for r, record in enumerate(records) for jump in record.get("amax_jumps", [])]
+    merged["amax_jump_count"] = sum(record.get("amax_jump_count", 0) for record in records)
     merged["nonfinite_gradients"] = sorted({n for record in records for n in record["nonfinite_gradients"]})[:8]
     return merged

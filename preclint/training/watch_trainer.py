@@ -26,15 +26,16 @@ def trainer_callback() -> type:
         """Watches a Trainer's run (preclint.watch's arguments, less the model and optimizer)."""
 
         def __init__(self, every: int = DEFAULT_EVERY, path: Optional[str] = None, scaled: Any = None,
-                     scaler: Any = None, summary: bool = True) -> None:
+                     scaler: Any = None, summary: bool = True, *, recipe: Any = None) -> None:
             self.every, self.path, self.scaled, self.scaler, self.print = every, path, scaled, scaler, summary
+            self.recipe = recipe
             self.watch: Optional[Watch] = None
 
         def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
             if model is None or optimizer is None:
                 return
             self.watch = Watch(model, optimizer, scaler=self.scaler, every=self.every, path=self.path,
-                               scaled=self.scaled).start()
+                               scaled=self.scaled, recipe=self.recipe).start()
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.watch is not None:

@@ -149,3 +149,15 @@ def test_under_ddp_the_ranks_records_are_summed(tmp_path):
 def test_every_must_be_a_whole_number_of_steps():
     with pytest.raises(ValueError, match="every=0"):
         preclint.watch.LightningCallback(every=0)
+
+
+def test_the_callback_reads_scaled_layers_with_their_recipe():
+    """``recipe=`` reaches the monitor: NVFP4 block scales per operand, and a delayed scale drawn from the
+    amax of the steps before it (the history is kept across the Trainer's steps)."""
+    nvfp4 = fit(Regression(), preclint.watch.LightningCallback(every=1, summary=False, scaled="all", recipe="nvfp4"))
+    figures = nvfp4.records[0]["layers"]["net.0"]["scales"]
+    assert set(figures) == {"input", "weight", "grad"} and figures["input"]["blocks"] == 64 * 32 // 16
+    delayed = fit(Regression(), preclint.watch.LightningCallback(every=1, summary=False, scaled="all",
+                                                                 recipe="fp8 amax-history=2"))
+    first, second = (r["layers"]["net.0"]["delayed"]["input"] for r in delayed.records[:2])
+    assert first["scale"] == 1.0 and second["scale"] == pytest.approx(448 / first["amax"], rel=1e-6)
