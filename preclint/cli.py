@@ -24,7 +24,7 @@ from preclint.core.numerics import DEFAULT_MODES, MODES, scaling_value
 from preclint.report.formats import help_text as output_format_help
 from preclint.rules import installed_pack_rules, all_rules
 from preclint.report.formats import names as output_format_names
-from preclint.capture.usercode import end_process, interrupt_signals, Interrupted
+from preclint.capture.usercode import interrupt_signals, Interrupted
 from preclint.core import progress
 from preclint.diff.command import add_parser as add_diff_parser
 from preclint.load import processes
@@ -468,6 +468,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is None:
             processes.end_descendants()  # a child holding stdout would keep `preclint ... | cat` waiting
     if argv is None:
+        from preclint.capture.usercode import end_process  # lazy: looked up at each call, so that it can be replaced
+
         end_process(code)  # the exit code is preclint's: no exit handler of the model's code runs after it
     return code
 

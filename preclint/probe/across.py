@@ -34,7 +34,6 @@ from preclint.measure.runners import NativeRunner
 from preclint.probe.device import is_out_of_memory
 from preclint.probe.readback import finish, queue_figures
 from preclint.probe.reference_pass import reference_pass, resolve_reference
-from preclint.probe.sweep import sweep
 
 # the mode whose float32 runs are compared: the one that judges float32 itself
 FLOOR_MODE = "fp32"
@@ -61,6 +60,7 @@ def measure_across(session, result) -> None:
 
 def _sweep_across(session, target: torch.device) -> Optional[ModeMeasure]:
     """The sweep of float32 on the probe's device against the float32 run on ``target``."""
+    from preclint.probe.sweep import sweep  # lazy: looked up at each call, so that it can be replaced
 
     setting, copies = session.setting, session.copies
     device, program = setting.device, copies.program

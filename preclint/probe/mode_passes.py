@@ -15,7 +15,6 @@ from preclint.measure.runners import runner_for
 from preclint.probe.ablate import ablate
 from preclint.probe.ledger import ModeMeasure
 from preclint.probe.readback import finish, queue_figures
-from preclint.probe.sweep import sweep
 
 
 @dataclass
@@ -32,6 +31,8 @@ class ModePasses:
         """Run the mode's sweep, backward pass and plain run and issue its figures; nothing is read
         back. Returns (measure, what ``finish`` needs, or None after a failure)."""
         import torch
+
+        from preclint.probe.sweep import sweep  # lazy: looked up at each call, so that it can be replaced
 
         setting, copies, clock, sens = self.session.setting, self.session.copies, self.session.clock, self.sens
         device, graph = setting.device, setting.graph

@@ -19,7 +19,7 @@ from preclint.report import render, Report
 from preclint.report.escape import console_line, diff_path, log_lines, visible_text
 from preclint.rules import graph_rules
 from preclint.source.baseline import filter_baseline, finding_key, read_baseline, write_baseline as write
-from preclint.source.run import check_paths, reports_unused, selected_rules
+from preclint.source.run import reports_unused
 from preclint.source.suppress import apply_suppressions
 
 
@@ -81,6 +81,7 @@ def model_file_source_findings(filename: str, config: Config) -> Tuple[List[Find
     before suppression comments: the graph check suppresses them with its own findings, in one pass,
     so that an unused or unknown suppression is reported once. Reads the file; never runs it, and
     writes no cache (the check of a model was never a source run's)."""
+    from preclint.source.run import check_paths  # lazy: looked up at each call, so that it can be replaced
 
     run = check_paths([filename], config, cache=False, jobs=1, suppress=False)
     return run.findings, run.codes
@@ -132,6 +133,7 @@ def run_source_only(
     stderr as warnings and in the report. The diff and the warnings show names as report.escape
     does: a file name or a source line cannot move the terminal or give a CI runner a command.
     """
+    from preclint.source.run import check_paths, selected_rules  # lazy: looked up at each call, so that it can be replaced
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -18,7 +18,6 @@ from preclint.core.tolerances import MARGIN
 from preclint.testing.modes import not_deterministic_text, train_mode_effect
 from preclint.testing.tolerances import (PREDICTION_ONLY, OutputBound, MeetableTolerance, as_inputs,
                                          tolerance as meetable_tolerance)
-from preclint.api import check
 from preclint.core.errors import UserError
 from preclint.load.modelio import output_leaves
 from preclint.report.document import ranked_ledger
@@ -131,6 +130,7 @@ def explain(found: Difference, output: OutputBound, tol: MeetableTolerance, mode
 def carrying_layers(tol: MeetableTolerance, model, inputs, probe: Optional[str], most: int = 3) -> List[Tuple[str, float]]:
     """(module, share of the output error) of the layers that carry most of the precision's error:
     measured by the probe's ledger where the tolerance was measured, else predicted."""
+    from preclint.api import check  # lazy: looked up at each call, so that it can be replaced
 
     report = tol.report
     if report is None or (probe is not None and report.ledger is None):

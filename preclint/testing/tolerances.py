@@ -31,7 +31,6 @@ from preclint.core.errors import UserError
 from preclint.core.numerics import MODES
 from preclint.core.tolerances import CONFIDENCE, MARGIN, Meetable, meetable
 from preclint.rules import rule_named
-from preclint.api import check
 from preclint.capture.global_state import preserved
 from preclint.load.modelio import Inputs, output_leaves
 from preclint.testing.recording import Recorder
@@ -182,6 +181,8 @@ def reference_outputs(model: torch.nn.Module, inputs: Any, *,
 
 
 def _predicted(model, inputs, precision: str, margin: float, outputs) -> MeetableTolerance:
+    from preclint.api import check  # lazy: looked up at each call, so that it can be replaced
+
     report = check(model, inputs, precisions=(precision,), select=PREDICTION_ONLY)
     row = report.outputs[precision]
     if row.finite is False:
