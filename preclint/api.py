@@ -29,6 +29,13 @@ from preclint.core.errors import UserError
 from preclint.core.findings import ErrorFigure
 from preclint.core.notes import texts
 from preclint.core.numerics import DEFAULT_MODES
+from preclint.capture.global_state import preserved
+from preclint.config import Config
+from preclint.engine import CheckOptions, LoadOptions, PlanOptions, Session
+from preclint.load.modelio import Inputs
+from preclint.load.training import training_step_of, TrainingStep
+from preclint.report import render_reports
+from preclint.report.formats import names
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +52,6 @@ PROBE_DEVICES = ("cpu", "cuda", "auto")
 def inputs(*args: Any, **kwargs: Any):
     """The inputs of one call of a model, ``model(*args, **kwargs)``, for a model that takes keywords:
     ``preclint.check(model, preclint.inputs(ids, attention_mask=mask))``."""
-    from preclint.load.modelio import Inputs
 
     return Inputs(tuple(args), dict(kwargs))
 
@@ -56,7 +62,6 @@ def training_step(*, loss_fn=None, targets=None, make_optimizer=None, optimizer=
     or an optimizer whose class and hyperparameters are reused) and an optional ``torch.amp.GradScaler``.
     ``batch``: a Lightning module's example batch: the loss is its ``training_step(batch, 0)`` and the
     optimizer, unless given, its ``configure_optimizers()``'s (docs/training.md, "PyTorch Lightning")."""
-    from preclint.load.training import training_step_of
 
     return training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer, optimizer=optimizer,
                             scaler=scaler, batch=batch, label="preclint.training_step")
@@ -156,8 +161,6 @@ class Report:
     def render(self, fmt: str = "full", color: bool = False) -> str:
         """The report in one of the command line's output formats (full, concise, json, sarif,
         github, rdjson, html), byte for byte what ``--output-format fmt`` writes."""
-        from preclint.report import render_reports
-        from preclint.report.formats import names
 
         if fmt not in names():
             raise UserError(f"unknown output format {fmt!r} (choose from {', '.join(names())})")
@@ -182,10 +185,9 @@ class Report:
         if document.environment is None and self._environment is not None:
             document = replace(document, environment=self._environment)
         if self.plan is not None:
-            from preclint.plan.command import render_plan
+            from preclint.plan.command import render_plan  # lazy: the plain check loads no probe/measure/plan
 
             return render_plan(document, self.plan, "html")
-        from preclint.report import render_reports
 
         return render_reports([document], "html")
 
@@ -231,10 +233,6 @@ def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
     Configuration files are not read (the command line's ``--isolated``): the arguments are the
     whole configuration. The output errors are predicted whatever rules are selected.
     """
-    from preclint.capture.global_state import preserved
-    from preclint.config import Config
-    from preclint.engine import CheckOptions, LoadOptions, PlanOptions, Session
-    from preclint.load.training import TrainingStep
 
     if probe is not None and probe not in PROBE_DEVICES:
         raise UserError(f"probe must be None or one of {', '.join(PROBE_DEVICES)}, not {probe!r}")
@@ -256,7 +254,7 @@ def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
             made = session.plan(model, inputs)[1] if plan else None
         environment = None
         if document.environment is None:
-            from preclint.probe.device import check_environment
+            from preclint.probe.device import check_environment  # lazy: the plain check loads no probe/measure/plan
 
             environment = check_environment()
     if document is None:  # a rank that only measures: the API runs in one process
@@ -267,6 +265,6 @@ def check(model: Union["torch.nn.Module", str], inputs: Any = None, *,
 def _probe_options(device: Optional[str]):
     if device is None:
         return None
-    from preclint.probe import ProbeOptions
+    from preclint.probe import ProbeOptions  # lazy: the plain check loads no probe/measure/plan
 
     return ProbeOptions(device=device, ledger=True)

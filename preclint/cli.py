@@ -20,10 +20,17 @@ from preclint.core.errors import UserError, one_line
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.core.choices import PROBE_BACKEND_CHOICES as PROBE_BACKENDS
 from preclint.core.choices import PROBE_DEVICE_CHOICES as PROBE_DEVICES
-from preclint.core.numerics import DEFAULT_MODES, MODES
+from preclint.core.numerics import DEFAULT_MODES, MODES, scaling_value
 from preclint.report.formats import help_text as output_format_help
-from preclint.rules import installed_pack_rules
+from preclint.rules import installed_pack_rules, all_rules
 from preclint.report.formats import names as output_format_names
+from preclint.capture.usercode import interrupt_signals, Interrupted
+from preclint.core import progress
+from preclint.diff.command import add_parser as add_diff_parser
+from preclint.load import processes
+from preclint.load.interrupts import interrupts_deferred, say_interrupted
+from preclint.report import render_reports
+from preclint.report.output import report_destination, run_inputs, write_output_file, write_report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,8 +57,6 @@ def _precisions(text: str) -> List[str]:
 
 
 def _scaling_option(text: str):
-    from preclint.core.numerics import scaling_value
-
     option, sep, value = text.partition("=")
     try:
         if not sep:
@@ -210,11 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                        no_cache=False, unsafe_fixes=False,
                        ledger=True)
 
-    from preclint.plan.arguments import add_parser as add_plan_parser
+    from preclint.plan.arguments import add_parser as add_plan_parser  # lazy: the plain check loads no probe/measure/plan
 
     add_plan_parser(sub, _add_model_arguments, _add_output_arguments)
-
-    from preclint.diff.command import add_parser as add_diff_parser
 
     add_diff_parser(sub, _add_model_arguments, _add_output_arguments)
 
@@ -226,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_options(args):
-    from preclint.engine import LoadOptions
+    from preclint.engine import LoadOptions  # lazy: torch-free path
 
     return LoadOptions(model=args.model, inputs=args.inputs, input_shapes=args.input_shapes,
                        input_dtype=args.input_dtype, weights=args.weights, seed=args.seed,
@@ -234,7 +237,7 @@ def _load_options(args):
 
 
 def _config(args):
-    from preclint.config import load_config
+    from preclint.config import load_config  # lazy: start-up time: only the commands that use it load it
 
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     return config.with_flags(select=args.select, ignore=args.ignore, extend_select=args.extend_select,
@@ -253,12 +256,12 @@ def _use_color(args) -> bool:
 
 
 def cmd_check(args) -> int:
-    from preclint.source.command import check_baseline_arguments
+    from preclint.source.command import check_baseline_arguments  # lazy: start-up time: only the commands that use it load it
 
     config = _config(args)
     _check_output(args, config.output_format, config.path)
     if args.source_only:
-        from preclint.source.command import run_source_only
+        from preclint.source.command import run_source_only  # lazy: start-up time: only the commands that use it load it
 
         buffer = io.StringIO() if args.output else None
         code = run_source_only(args.paths, config, fix=args.fix, diff=args.diff, baseline=args.baseline,
@@ -278,17 +281,14 @@ def cmd_check(args) -> int:
     _import_torch()  # here, not on a model's clock
 
     probe = _probe_options(args, every_node=config.output_format == "html")
-    from preclint.report.output import run_inputs
 
     check_baseline_arguments(args.baseline, args.write_baseline, args.paths, inputs=run_inputs(args, config.path))
     return _check_all(args, config, probe)
 
 
 def _check_all(args, config, probe) -> int:
-    from preclint.engine import CheckOptions, Session
-    from preclint.report import render_reports
-    from preclint.report.output import write_report
-    from preclint.source.command import apply_baseline_to_reports
+    from preclint.engine import CheckOptions, Session  # lazy: torch-free path
+    from preclint.source.command import apply_baseline_to_reports  # lazy: start-up time: only the commands that use it load it
 
     # (the probe compares the predicted errors with its measurements, and the HTML page draws them
     # for every layer: both need them whatever the selected rules read)
@@ -332,11 +332,9 @@ def _check_all(args, config, probe) -> int:
 
 
 def cmd_plan(args) -> int:
-    from preclint.config import load_config
-    from preclint.engine import CheckOptions, PlanOptions, Session
-    from preclint.plan.command import render_plan
-    from preclint.report.output import report_destination, run_inputs
-    from preclint.report.output import write_report
+    from preclint.config import load_config  # lazy: start-up time: only the commands that use it load it
+    from preclint.engine import CheckOptions, PlanOptions, Session  # lazy: torch-free path
+    from preclint.plan.command import render_plan  # lazy: the plain check loads no probe/measure/plan
 
     config = load_config(config_file=args.config_file, isolated=args.isolated)
     config = config.with_flags(rtol=args.rtol, atol=args.atol, max_flip=args.max_flip, timeout=args.timeout,
@@ -344,7 +342,7 @@ def cmd_plan(args) -> int:
                                scaling=dict(args.scaling) if getattr(args, "scaling", None) else None)
     formats = ()
     if args.formats is not None:
-        from preclint.plan.formats import parse_formats
+        from preclint.plan.formats import parse_formats  # lazy: the plain check loads no probe/measure/plan
 
         if args.precisions:
             raise UserError("--formats chooses the formats itself: give it without --precision")
@@ -369,14 +367,11 @@ def cmd_plan(args) -> int:
 
 def _check_output(args, fmt: str, config_path: Optional[str]) -> None:
     """Mistakes in --output, found before any model runs; an HTML page is not printed on a terminal."""
-    from preclint.report.output import report_destination, run_inputs
 
     args.output = report_destination(args.output, fmt, args.paths, run_inputs(args, config_path))
 
 
 def _write_output(filename: str, text: str) -> None:
-    from preclint.report.output import write_output_file
-
     write_output_file(filename, text, "report")
 
 
@@ -396,7 +391,7 @@ def _probe_options(args, every_node: bool = False):
         return None
     if args.no_run:
         raise UserError("--probe measures against the reference pass that --no-run skips: use one of them")
-    from preclint.probe import ProbeOptions
+    from preclint.probe import ProbeOptions  # lazy: the plain check loads no probe/measure/plan
 
     return ProbeOptions(device=device, ablate=args.ablate, ledger=getattr(args, "ledger", False) or every_node,
                         stream=True if args.stream else None, backend=getattr(args, "backend", "eager"),
@@ -404,9 +399,6 @@ def _probe_options(args, every_node: bool = False):
 
 
 def cmd_rule(args) -> int:
-    from preclint.rules import all_rules
-    from preclint.report.output import write_report
-
     rules = all_rules()
     if args.all:
         write_report("\n".join(rules[code].documentation() for code in sorted(rules)))
@@ -455,19 +447,17 @@ def _debug_warning(warning: str) -> None:
 def _console_line(text: str) -> str:
     """A line for stderr: the names in it (paths, modules, the model's own messages) shown with
     escapes, so that it stays one line that no terminal acts on and no CI runner reads as a command."""
-    from preclint.report.escape import console_line
+    from preclint.report.escape import console_line  # lazy: start-up time: only the commands that use it load it
 
     return console_line(text) + "\n"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``preclint`` command; ``argv`` None means the process's own arguments (the program itself)."""
-    from preclint.load import processes
-    from preclint.load.interrupts import say_interrupted
 
     if argv is None:  # the command's own process: what the model's code starts ends with it
         processes.take_charge()
-        from preclint.load.allocator import keep_freed_memory
+        from preclint.load.allocator import keep_freed_memory  # lazy: start-up time: only the commands that use it load it
 
         keep_freed_memory()  # freed temporaries are reused, not faulted in again (load/allocator.py)
     try:
@@ -478,7 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is None:
             processes.end_descendants()  # a child holding stdout would keep `preclint ... | cat` waiting
     if argv is None:
-        from preclint.capture.usercode import end_process
+        from preclint.capture.usercode import end_process  # lazy: looked up at each call, so that it can be replaced
 
         end_process(code)  # the exit code is preclint's: no exit handler of the model's code runs after it
     return code
@@ -486,16 +476,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _import_torch() -> None:
     """torch (with numpy) is imported whole or not at all: an interrupt waits until it is in."""
-    from preclint.load.interrupts import interrupts_deferred
 
     with interrupts_deferred():
-        import preclint.load.loader  # noqa: F401  (imports torch)
+        import preclint.load.loader  # noqa: F401  # lazy: torch-free path (it imports torch)
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
-    from preclint.load.interrupts import say_interrupted
-    from preclint.capture.usercode import Interrupted, interrupt_signals
-
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -505,7 +491,6 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
-    from preclint.core import progress
 
     progress.enable(progress.wanted(getattr(args, "quiet", False)))
     try:
@@ -524,7 +509,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
                 _import_torch()
                 return cmd_plan(args)
             if args.command == "diff":
-                from preclint.diff.command import cmd_diff
+                from preclint.diff.command import cmd_diff  # lazy: torch-free path
 
                 _import_torch()
                 return cmd_diff(args, _use_color(args))

@@ -41,6 +41,10 @@ from preclint.core.errors import UserError
 from preclint.core.findings import SEVERITIES
 from preclint.core.numerics import DEFAULT_MODES, MODES, scaling_value
 from preclint.report.formats import names as output_formats
+from preclint.rules import all_rules
+from preclint.text.globs import compiled, GlobError
+from preclint.text.paths import glob_match
+from preclint.text.safe_io import read_regular
 
 # Seconds one model may take (import, build, capture, reference pass, probe) before preclint gives up on
 # it: minutes for the largest models preclint runs on a CPU, and a bound on a model file that never
@@ -84,7 +88,6 @@ class Config:
         if not self.per_file_ignores:
             return False
         rel = self._relative(path)
-        from preclint.text.paths import glob_match
 
         return any(
             glob_match(pattern, rel) and any(_matches(s, code) for s in codes)
@@ -178,7 +181,6 @@ def _is_finite_non_negative(value: Any) -> bool:
 
 def check_glob(pattern: str, where: str) -> None:
     """A pattern of ``exclude`` or ``per-file-ignores`` that preclint can match; else a UserError."""
-    from preclint.text.globs import GlobError, compiled
 
     try:
         compiled(pattern.strip().replace(os.sep, "/").strip("/"))
@@ -194,8 +196,6 @@ _SELECTOR = re.compile(r"^[A-Z]+[0-9]*$")  # PCL, PCL1, PCL101; an installed pac
 
 
 def known_codes() -> List[str]:
-    from preclint.rules import all_rules
-
     return sorted(all_rules())
 
 
@@ -277,8 +277,6 @@ MAX_SIZE = 16 << 20  # a configuration larger than this is no configuration
 
 
 def _load_toml(path: str) -> Dict[str, Any]:
-    from preclint.text.safe_io import read_regular
-
     try:  # a FIFO or a link to /dev/zero is refused at once, not read for ever
         data = read_regular(path, max_size=MAX_SIZE)
     except OSError as exc:

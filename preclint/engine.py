@@ -26,11 +26,28 @@ from preclint.core.findings import Finding
 from preclint.capture.heap import long_lived_frozen
 from preclint.core.ir import Graph
 from preclint.core.notes import Note
-from preclint.core.numerics import MODES
+from preclint.core.numerics import MODES, SCALED_MODES, scaled_recipes
 from preclint.locations.attach import attach_source_locations, model_location, model_name, relativize
 from preclint.report import Report
 from preclint.report.summary import predicted_profile, scaled_notes, summarize
 from preclint.rules.base import RuleContext
+from preclint.capture.eager import compiled_code_eager
+from preclint.capture.graph import capture
+from preclint.capture.model_error import ModelRunError
+from preclint.capture.usercode import guard
+from preclint.core.launch import launched
+from preclint.core.progress import task
+from preclint.load.loader import load_model, loaded_from_module
+from preclint.load.model_classes import modes_as_stored
+from preclint.load.modelio import Inputs, output_notes, tensor_output_paths
+from preclint.load.training import for_module
+from preclint.predict.error_model import errors_need, predict, PREDICTED_ERRORS_NEED
+from preclint.predict.kernel_cases import kernel_cases
+from preclint.predict.routing import routing_note
+from preclint.reference.analyses import every_analysis, resolve, WeightAnalysis
+from preclint.reference.statistics_pass import ReferenceObserver
+from preclint.rules import rules_to_run, selected_rules
+from preclint.source.command import model_file_source_findings, suppress_graph_findings
 
 
 @dataclass
@@ -54,7 +71,6 @@ class CheckOptions:
 def analyses_needed(rules: Iterable[type], also: Iterable[type] = ()) -> list:
     """The analyses (preclint.reference.analyses) that write the records ``rules`` read (``Rule.needs``; None:
     every record) and the records in ``also``, each after those it depends on."""
-    from preclint.reference.analyses import every_analysis, resolve
 
     records: List[type] = []
     for rule in rules:
@@ -74,8 +90,6 @@ def prepare_inputs(inputs, track: bool):
             v.requires_grad_(True)
         return v
 
-    from preclint.load.modelio import Inputs
-
     return Inputs.of(inputs).map(prep)
 
 
@@ -84,13 +98,6 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
     probe's device with ``options.placement``) with ``analyses`` (every one where None), then the
     analyses of the weights."""
     import torch
-
-    from preclint.reference.analyses import WeightAnalysis, every_analysis, resolve
-    from preclint.capture.graph import capture
-    from preclint.capture.model_error import ModelRunError
-    from preclint.load.modelio import output_notes, tensor_output_paths
-    from preclint.core.progress import task
-    from preclint.reference.statistics_pass import ReferenceObserver
 
     if analyses is None:
         analyses = resolve(a.record for a in every_analysis())
@@ -147,14 +154,10 @@ def build_graph(loaded, options: CheckOptions, analyses: Optional[Sequence[type]
 
 
 def _describe_inputs(inputs) -> str:
-    from preclint.load.modelio import Inputs
-
     return Inputs.of(inputs).describe()
 
 
 def run_rules(ctx: RuleContext, config: Optional[Config]) -> List[Finding]:
-    from preclint.rules import rules_to_run
-
     findings: List[Finding] = []
     for rule, rule_ctx in rules_to_run(ctx, config):
         for finding in rule.check_graph(rule_ctx):
@@ -167,11 +170,6 @@ def run_rules(ctx: RuleContext, config: Optional[Config]) -> List[Finding]:
 def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, Graph, RuleContext]:
     """Capture, reference pass, predictions, rules: the report of ``loaded``, its findings in the
     order the rules made them and not yet pointed at the source (``locate``)."""
-    from preclint.load.model_classes import modes_as_stored
-    from preclint.predict.error_model import PREDICTED_ERRORS_NEED, errors_need, predict
-    from preclint.predict.kernel_cases import kernel_cases
-    from preclint.predict.routing import routing_note
-    from preclint.rules import selected_rules
 
     for mode in options.modes:
         if mode not in MODES:
@@ -233,7 +231,7 @@ def check_graph(loaded, config: Config, options: CheckOptions) -> Tuple[Report, 
 
 def _predict_training(loaded, ctx: RuleContext, options: CheckOptions) -> List[Note]:
     """The training step's predicted figures, into ``ctx`` (the rules and the probe read them); the notes."""
-    from preclint.predict.training import predict_step
+    from preclint.predict.training import predict_step  # lazy: the plain check loads no probe/measure/plan
 
     if getattr(loaded, "training", None) is None:
         raise UserError(f"{loaded.name}: --train needs the training step: give loss_fn and example_targets (or a "
@@ -272,8 +270,6 @@ class LoadOptions:
     train: bool = False  # the file also gives a training step (--train; load/training.py)
 
     def load(self, path: str):
-        from preclint.load.loader import load_model
-
         return load_model(path, model=self.model, input_shapes=self.input_shapes, input_dtype=self.input_dtype,
                           weights=self.weights, seed=self.seed, inputs=self.inputs, train=self.train)
 
@@ -325,7 +321,6 @@ class Session:
     @property
     def distributed(self) -> bool:
         """Whether torchrun started this process among others."""
-        from preclint.core.launch import launched
 
         return launched()
 
@@ -336,7 +331,7 @@ class Session:
 
     def __enter__(self) -> "Session":
         if self.probe is not None:
-            from preclint.probe.distributed import strategy
+            from preclint.probe.distributed import strategy  # lazy: the plain check loads no probe/measure/plan
 
             self._strategy = strategy(self.probe.device, self.config.timeout)
         return self
@@ -363,16 +358,15 @@ class Session:
         """(the check's report, the plan) of one model (a path, or an nn.Module and its ``inputs``):
         the fewest units to keep in float32 that meet the tolerance under the session's one
         precision, verified unless the plan's options say not to."""
-        from preclint.plan.command import build_plan
-        from preclint.plan.default_atol import with_default_atol
-        from preclint.capture.usercode import guard
+        from preclint.plan.command import build_plan  # lazy: the plain check loads no probe/measure/plan
+        from preclint.plan.default_atol import with_default_atol  # lazy: the plain check loads no probe/measure/plan
 
         mode, tolerance = self._plan_request()
         settings = self.plan_options or PlanOptions()
         with guard(_name_of(target), self.config.timeout), self._model(target, inputs) as loaded:
             report, graph, _ = check_model(loaded, self.config, self.options)
             if settings.formats or MODES[mode].recipe is not None:  # scaled formats: plan/scaled.py, plan/formats.py
-                from preclint.plan.formats import scaled_plan
+                from preclint.plan.formats import scaled_plan  # lazy: the plain check loads no probe/measure/plan
 
                 return report, scaled_plan(loaded, graph, mode, tolerance.rtol, settings)
             tolerance, atol_note = with_default_atol(graph, tolerance)
@@ -384,10 +378,8 @@ class Session:
 
     def _plan_request(self):
         """(precision, tolerance) of the plan: one precision a plan can reduce to, and a tolerance."""
-        from preclint.measure.compare import Tolerance
-        from preclint.plan.planner import PLAN_MODES
-
-        from preclint.core.numerics import SCALED_MODES
+        from preclint.measure.compare import Tolerance  # lazy: the plain check loads no probe/measure/plan
+        from preclint.plan.planner import PLAN_MODES  # lazy: the plain check loads no probe/measure/plan
 
         if self.plan_options is not None and self.plan_options.formats:  # a format per layer (plan/formats.py)
             if self.config.rtol is None:
@@ -405,9 +397,6 @@ class Session:
         return modes[0], tolerance
 
     def _walk(self, target, inputs, on_error: Optional[Callable[[Exception], str]]) -> Optional[Report]:
-        from preclint.capture.usercode import guard
-        from preclint.source.command import suppress_graph_findings
-
         if not self.reports_here:
             self._measure_share(target, inputs)
             return None
@@ -415,8 +404,8 @@ class Session:
         guarded = None
         part = None
         if self.probe is not None:
-            from preclint.probe import place_for_probe
-            from preclint.probe.distributed import OneProcess
+            from preclint.probe import place_for_probe  # lazy: the plain check loads no probe/measure/plan
+            from preclint.probe.distributed import OneProcess  # lazy: the plain check loads no probe/measure/plan
 
             # this model's part of the measurements: under torchrun, the other ranks' (gathered once)
             part = (self._strategy or OneProcess()).model(self.options.modes)
@@ -427,7 +416,7 @@ class Session:
                 if self.probe is not None:
                     self._probe(loaded, report, ctx, placement, part, unplaced)
                 elif self.config.output_format == "html":  # the page's header records where the predictions ran
-                    from preclint.probe.device import check_environment
+                    from preclint.probe.device import check_environment  # lazy: the plain check loads no probe/measure/plan
 
                     report.environment = check_environment()
         except Exception as exc:  # UserError: a mistake or a model that fails; anything else: a bug in preclint
@@ -453,7 +442,6 @@ class Session:
         """The source rules' findings on the file a path names (``model.py``, ``model.py:Net``),
         and the codes that ran; nothing for a module path, a built module, or a file checked
         before in this session (two models of one file report its source findings once)."""
-        from preclint.source.command import model_file_source_findings
 
         filename = _model_file(target)
         if filename is None or os.path.realpath(filename) in self._source_files:
@@ -464,8 +452,7 @@ class Session:
     def _measure_share(self, target, inputs) -> None:
         """A rank other than 0: measure its share of the modes of one model and send them to rank 0,
         which reports any failure (and measures those modes itself)."""
-        from preclint.capture.usercode import guard
-        from preclint.probe import place_for_probe, probed, tolerance_of
+        from preclint.probe import place_for_probe, probed, tolerance_of  # lazy: the plain check loads no probe/measure/plan
 
         part = self._strategy.model(self.options.modes)
         try:
@@ -485,7 +472,7 @@ class Session:
         try:
             return (*self._check(loaded, placement), placement, None)
         except Exception as exc:
-            from preclint.probe.device import device_mismatch, is_out_of_memory
+            from preclint.probe.device import device_mismatch, is_out_of_memory  # lazy: the plain check loads no probe/measure/plan
 
             if placement is None:
                 raise
@@ -507,14 +494,14 @@ class Session:
     def _probe(self, loaded, report, ctx, placement, part, unplaced: Optional[Note]) -> None:
         """The probe's measurements merged into ``report``; where the model cannot run on the probe's
         device, one note that says why, and the check's findings and predictions as they are."""
-        from preclint.probe import probe_report
-        from preclint.probe.device import device_mismatch, select_device
+        from preclint.probe import probe_report  # lazy: the plain check loads no probe/measure/plan
+        from preclint.probe.device import device_mismatch, select_device  # lazy: the plain check loads no probe/measure/plan
 
         if unplaced is None:
             try:
                 probe_report(loaded, report, ctx, self.config, self.probe, placement=placement, measurer=part)
                 if ctx.training_reference is not None:  # --train: each precision's step, measured
-                    from preclint.probe.training import measure_training_into
+                    from preclint.probe.training import measure_training_into  # lazy: the plain check loads no probe/measure/plan
 
                     measure_training_into(report, loaded, ctx, self.probe.device, steps=self.options.steps)
                 return
@@ -528,8 +515,6 @@ class Session:
 
     @long_lived_frozen()
     def _check(self, loaded, placement) -> Tuple[Report, Graph, RuleContext]:
-        from preclint.capture.eager import compiled_code_eager
-
         with compiled_code_eager():
             return check_graph(loaded, self.config, replace(self.options, placement=placement))
 
@@ -537,7 +522,6 @@ class Session:
     def _model(self, target, inputs) -> Iterator[Any]:
         """The LoadedModel of ``target``: a path loaded, or an nn.Module with ``inputs``, in eval mode
         while the session works on it and given back in the mode it came in."""
-        from preclint.core.numerics import scaled_recipes
 
         if isinstance(target, str):
             if inputs is not None:
@@ -545,9 +529,6 @@ class Session:
             with scaled_recipes(self.config.scaling):
                 yield self.load.load(target)
             return
-        from preclint.load.loader import loaded_from_module
-
-        from preclint.load.training import for_module
 
         loaded = loaded_from_module(target, inputs)
         loaded.training = None if self.training is None else for_module(self.training, loaded.module)

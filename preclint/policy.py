@@ -89,7 +89,7 @@ def load_policy(source: Union[str, os.PathLike, Dict[str, Any], Policy]) -> Poli
     if isinstance(source, dict):
         data = source
     else:
-        from preclint.text.safe_io import load_json
+        from preclint.text.safe_io import load_json  # lazy: a deployed model imports the policy alone
 
         try:  # a regular file of a bounded size: a FIFO or a link to /dev/zero is refused at once
             data = load_json(os.fspath(source), MAX_SIZE)

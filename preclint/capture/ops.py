@@ -141,7 +141,7 @@ def classify_module(module) -> Tuple[str, str]:
     """(kind, fn) of a leaf module, by its class or the nearest known base class; a quantized module
     is no float op of its kind (no precision mode changes its int8 arithmetic): ``quantized_linear``."""
     # (imported here: this module is read by torch-free analyses; a module to classify means torch is in)
-    from preclint.load.model_classes import is_quantized_module
+    from preclint.load.model_classes import is_quantized_module  # lazy: torch-free path
 
     if is_quantized_module(module):
         return Kind.OTHER, "quantized_" + type(module).__name__.lower()

@@ -371,7 +371,7 @@ def _is_user_file(path: str) -> bool:
     if absolute.startswith(_NOT_USER):
         return False
     if "torch" in sys.modules:
-        from preclint.capture.frames import is_internal_file
+        from preclint.capture.frames import is_internal_file  # lazy: torch-free path (the command line handles signals with it)
 
         return not is_internal_file(absolute)
     return f"{os.sep}site-packages{os.sep}" not in absolute

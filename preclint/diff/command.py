@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from preclint.core.errors import UserError
+from preclint.core.exitcodes import EXIT_FINDINGS, EXIT_OK
+from preclint.report.output import report_destination, write_output_file, write_report
 
 FORMATS = ("full", "json", "sarif", "html")
 
@@ -28,7 +30,7 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
 
 
 def request_of(args):
-    from preclint.diff.walk import DiffRequest
+    from preclint.diff.walk import DiffRequest  # lazy: the plain check loads no probe/measure/plan
 
     weights = list(args.weights or [])
     if len(weights) > 2:
@@ -43,12 +45,10 @@ def cmd_diff(args, use_color: bool) -> int:
     """Run `preclint diff` for the parsed ``args``: 0 once the comparison is written, 1 where a side's
     weights are not valid (inf/NaN, a negative running variance) or its output is inf/NaN under a
     precision compared (unless --exit-zero)."""
-    from preclint.config import load_config
-    from preclint.core.exitcodes import EXIT_FINDINGS, EXIT_OK
-    from preclint.diff.render import render
-    from preclint.diff.walk import check_request, run_diff
-    from preclint.engine import CheckOptions, LoadOptions
-    from preclint.report.output import report_destination, write_output_file, write_report
+    from preclint.config import load_config  # lazy: start-up time: only the commands that use it load it
+    from preclint.diff.render import render  # lazy: the plain check loads no probe/measure/plan
+    from preclint.diff.walk import check_request, run_diff  # lazy: the plain check loads no probe/measure/plan
+    from preclint.engine import CheckOptions, LoadOptions  # lazy: torch-free path
 
     del use_color  # the console output is plain text
     request = request_of(args)
@@ -68,7 +68,7 @@ def cmd_diff(args, use_color: bool) -> int:
     check = CheckOptions(modes=precisions, rtol=config.rtol, atol=config.atol, capture=args.capture, predict_errors=True)
     probe = None
     if args.probe is not None:
-        from preclint.probe import ProbeOptions
+        from preclint.probe import ProbeOptions  # lazy: the plain check loads no probe/measure/plan
 
         probe = ProbeOptions(device=args.probe, ledger=True)
     result = run_diff(config, load, check, request, probe)

@@ -26,7 +26,7 @@ import torch
 from preclint.capture.calls import is_inplace_call
 from preclint.core.errors import one_line
 from preclint.core.ir import Kind
-from preclint.load.modelio import Inputs
+from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.compare import LARGEST, compare, relative_rms
 from preclint.measure.program import Program
 from preclint.measure.runners import runner_for
@@ -251,8 +251,6 @@ def _run(program: Program, run, first: Optional[RecordedRun] = None, **observing
 
 
 def _output_difference(output, reference) -> Optional[float]:
-    from preclint.load.modelio import output_tensors
-
     outs = [t.detach().cpu() for t in output_tensors(output) if t.is_floating_point()]
     refs = [t.detach().cpu().double() for t in output_tensors(reference) if t.is_floating_point()]
     if len(outs) != len(refs):

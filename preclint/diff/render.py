@@ -11,6 +11,11 @@ from preclint.core.findings import Finding, Location, percent, sci
 from preclint.diff.ledgers import ModeDifference
 from preclint.diff.walk import DiffResult
 from preclint.diff.weights import stored_sentence
+from preclint.locations.attach import display_location
+from preclint.report import Report
+from preclint.report.escape import json_text, visible_text
+from preclint.report.html import PlanSection, render_many
+from preclint.report.sarif import to_dict as sarif_document
 
 SHOWN = 8  # layers listed per precision on the console
 SARIF_SHARE = 0.1  # a layer that accounts for this fraction of a gap or more is a SARIF result
@@ -65,14 +70,10 @@ def to_dict(result: DiffResult) -> dict:
 
 
 def render_json(result: DiffResult) -> str:
-    from preclint.report.escape import json_text
-
     return json_text(to_dict(result), indent=2, allow_nan=False) + "\n"
 
 
 def render_console(result: DiffResult) -> str:
-    from preclint.report.escape import visible_text
-
     a, b = result.labels
     how = "measured" if result.measured else "predicted"
     where = f", runs on {result.device}"
@@ -178,8 +179,6 @@ def findings(result: DiffResult) -> List[Finding]:
     if parting is not None and parting.first is not None:
         node = result.sides[0].graph.get(parting.first.name)
         if node is not None and node.location is not None:
-            from preclint.locations.attach import display_location
-
             a, b = parting.labels
             found.append(Finding("diff/runs-part", "runs-part", "info",
                                  f"The runs of {a} and {b} part here: difference {sci(parting.first.difference)} "
@@ -203,10 +202,6 @@ def _location(data) -> Optional[Location]:
 
 
 def render_sarif(result: DiffResult) -> str:
-    from preclint.report import Report
-    from preclint.report.escape import json_text
-    from preclint.report.sarif import to_dict as sarif_document
-
     report = Report(findings=findings(result), model=" vs ".join(result.labels))
     document = sarif_document(report)
     driver = document["runs"][0]["tool"]["driver"]
@@ -227,8 +222,6 @@ def _descriptor(rule_id: str, name: str, text: str, level: str = "warning") -> d
 
 
 def render_html(result: DiffResult) -> str:
-    from preclint.report.html import PlanSection, render_many
-
     columns = ["precision", "layer", "of the difference"] + [f"{s} {k}" for s in result.labels for k in ("local", "received")] \
         + ["own / inherited"]
     rows = []

@@ -16,9 +16,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from preclint.core.errors import UserError
 from preclint.core.numerics import MODES
 from preclint.diff.ledgers import ModeDifference, compare_ledgers, ledger_of, sentence_of
-from preclint.diff.weights import CheckpointFacts, checkpoint_facts
+from preclint.diff.weights import CheckpointFacts, checkpoint_facts, invalid_values
 from preclint.engine import CheckOptions, LoadOptions, Session
 from preclint.reference.analyses.margins import DecisionMargins
+from preclint.capture.usercode import guard
+from preclint.diff.parting import part, Setting
+from preclint.measure.copies import copy_to
+from preclint.probe.device import select_device
 
 DEVICE_SETTINGS = ("cpu", "cuda")  # --against a device: the same precision there, on its own kernels
 FLOAT32 = "fp32"
@@ -165,7 +169,6 @@ def run_diff(config, load: LoadOptions, check: CheckOptions, request: DiffReques
     modes = [compare_ledgers(sides[0].ledger(mode, measured), sides[1].ledger(mode, measured), labels, _statistics(sides))
              for mode in check.modes]
     result = DiffResult(labels, sides, modes, measured=measured, device=_device(probe))
-    from preclint.diff.parting import Setting
 
     mode = check.modes[0]
     result.parting = _parting(config, sides[0], Setting(labels[0], None, mode), Setting(labels[1], None, mode),
@@ -174,8 +177,6 @@ def run_diff(config, load: LoadOptions, check: CheckOptions, request: DiffReques
 
 
 def _against(config, load, check: CheckOptions, request: DiffRequest, probe) -> DiffResult:
-    from preclint.diff.parting import Setting
-
     first = check.modes[0]
     setting = request.against
     modes = tuple(dict.fromkeys((first, setting))) if setting in MODES else (first,)
@@ -209,7 +210,6 @@ def _against(config, load, check: CheckOptions, request: DiffRequest, probe) -> 
 def _device(probe) -> str:
     if probe is None:
         return "cpu"
-    from preclint.probe.device import select_device
 
     return str(select_device(probe.device))
 
@@ -233,7 +233,6 @@ def _side(config, load: LoadOptions, check: CheckOptions, target: str, label: st
 def _blamed(session: _KeepingSession, label: str, message: str) -> str:
     """``message`` (why a side's check ended), after what is wrong with its weights where something is:
     a run that cannot go on (the probe's float64 reference of NaN weights) still names the checkpoint."""
-    from preclint.diff.weights import invalid_values
 
     invalid = invalid_values(session.kept[0].module) if session.kept is not None else []
     if not invalid:
@@ -288,10 +287,6 @@ def node_statistics(side: Side) -> Dict[str, Dict[str, float]]:
 def _parting(config, side: Side, first, second, second_module, result: DiffResult):
     """The two settings' runs on the first side's inputs, followed along its graph."""
     import torch
-
-    from preclint.capture.usercode import guard
-    from preclint.diff.parting import part
-    from preclint.measure.copies import copy_to
 
     device = torch.device(result.device)
     with guard(side.loaded.name, config.timeout):

@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional
 
 from preclint.core.errors import UserError
 from preclint.load.downloads import DownloadRefused
+from preclint.text.paths import display_path
 
 # Messages quote user exceptions; they are cut so the line stays readable.
 _MAX_QUOTED_CHARS = 240
@@ -25,7 +26,6 @@ def check_is_file(path: str, what: str) -> None:
 
 def path_label(path: str) -> str:
     """Relative to the working directory when inside it, else absolute."""
-    from preclint.text.paths import display_path
 
     return display_path(path, inside_only=True)
 

@@ -10,6 +10,9 @@ from typing import Dict, List, Optional, Sequence
 
 from preclint.core.findings import Finding, Location
 from preclint.core.ir import Graph
+from preclint.capture.frames import is_internal_file
+from preclint.text.lines import file_text
+from preclint.text.paths import display_place, library_path
 
 
 def model_location(loaded) -> Optional[Location]:
@@ -64,7 +67,6 @@ def _class_line(path: str, cls: type) -> Optional[int]:
 
 def _module_tree(path: str):
     """The ast of ``path`` (None where it does not parse), parsed once for its text."""
-    from preclint.text.lines import file_text
 
     text = file_text(path)
     return _parsed(text) if text else None
@@ -103,7 +105,6 @@ def display_location(location: Location) -> Location:
     to the directory the library is imported from (source.paths.display_place)."""
     if location.library:
         return location
-    from preclint.text.paths import display_place
 
     path, library = display_place(location.path)
     return Location(path, location.line, location.column, library)
@@ -126,8 +127,7 @@ def module_definition_locations(root, paths, model_file: Optional[str] = None, m
     ``model = nn.Sequential(nn.Linear(...), ...)``), by the line of ``model_file`` that builds the
     model ``model_name`` names, or the entry there that builds the module.
     """
-    from preclint.capture.frames import is_internal_file
-    from preclint.locations.definitions import FILE, definition_location
+    from preclint.locations.definitions import FILE, definition_location  # lazy: libcst only where a source file is parsed
 
     modules = dict(root.named_modules(remove_duplicate=False))  # a shared module under each of its names
     files: Dict[str, Optional[str]] = {}
@@ -171,7 +171,6 @@ def attach_source_locations(findings: List[Finding], loaded, graph: Optional[Gra
     with no line of its own goes to the line that builds its module, else stays at the model's
     definition.
     """
-    from preclint.text.paths import library_path
 
     modules = {f.module for f in findings if f.module}
     # nothing to place: don't pay for parsing (or importing libcst)

@@ -27,6 +27,7 @@ from preclint.measure.compare import Tolerance, compare
 from preclint.measure.copies import copy_to
 from preclint.measure.detections import DetectionChanges, compare_detections, detection_tensor_ids
 from preclint.measure.runners import run_reference
+from preclint.capture.trees import map_tensors
 
 
 def reference_device(choice: str) -> torch.device:
@@ -166,6 +167,5 @@ def across_devices(model32: torch.nn.Module, inputs32, device: torch.device, ref
 
 def _on(value: Any, device: torch.device) -> Any:
     """``value`` (an output: tensors in lists, tuples and dicts) with its tensors on ``device``."""
-    from preclint.capture.trees import map_tensors
 
     return map_tensors(lambda t: t.to(device), value)

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 import torch
 
 from preclint.measure.grouped import quantise_along
+from preclint.measure.scaled import round_element
 
 BLOCK = 32  # the block of the per-block figures (MX's, and what Transformer Engine's debug features log)
 
@@ -99,7 +100,6 @@ def delayed_statistics(values: torch.Tensor, recipe, scale: float, read: Optiona
     """``scale_statistics`` of ``values`` quantised with one given per-tensor ``scale`` (a delayed-scaling
     recipe's, from earlier steps' amax): the flushes of ``read`` (the values the GEMM read; by default
     ``values`` rounded at that scale), the values the scale pushes beyond the element's largest value."""
-    from preclint.measure.scaled import round_element
 
     original = values.detach()
     scaled = original.float() * scale

@@ -36,6 +36,7 @@ from preclint.core.numerics import E2M1, E4M3, E5M2, MODES
 from preclint.measure.grouped import quantise_along
 from preclint.measure.scaled import converts, round_element
 from preclint.measure.scale_statistics import delayed_statistics, scale_statistics
+from preclint.measure.nvfp4_training import quantise_weight_2d, rotated, tile_recipe, tiles
 
 SCALED_TRAINING_MODES = ("fp8", "fp8-rowwise", "mxfp8", "nvfp4")
 GRADIENT_ELEMENTS = {"fp8": E5M2, "fp8-rowwise": E4M3, "mxfp8": E4M3, "nvfp4": E2M1}
@@ -52,8 +53,6 @@ def weight_operand(w: torch.Tensor, mode: str, recipe):
     """(the weight as the forward reads it, along K; as the input's gradient reads it, along N): NVFP4's
     one 16 x 16-tiled quantisation for both, else one quantisation along each."""
     if mode == "nvfp4":
-        from preclint.measure.nvfp4_training import quantise_weight_2d
-
         both = quantise_weight_2d(w, recipe)
         return both, both
     return quantise_along(w, recipe).values, quantise_along(w, recipe, 0).values
@@ -62,8 +61,6 @@ def weight_operand(w: torch.Tensor, mode: str, recipe):
 def weight_statistics(w: torch.Tensor, mode: str, recipe) -> dict:
     """The weight's scale statistics as the recipe scales it (NVFP4: per 16 x 16 tile)."""
     if mode == "nvfp4":
-        from preclint.measure.nvfp4_training import tile_recipe, tiles
-
         return scale_statistics(tiles(w), tile_recipe(recipe))
     return scale_statistics(w, recipe)
 
@@ -123,8 +120,6 @@ class _ScaledLinearStep(torch.autograd.Function):
             g_dgrad = quantise_along(g2, gradient, -1, generator).values
             g_wgrad, x_wgrad = g2, x2
             if layer.mode == "nvfp4":
-                from preclint.measure.nvfp4_training import rotated
-
                 g_wgrad, x_wgrad = rotated(g2), rotated(x2)
             g_wgrad_read = quantise_along(g_wgrad, gradient, 0, generator).values
             grad_x = g_dgrad @ w_backward

@@ -25,9 +25,9 @@ from torch.utils._pytree import tree_map
 
 from preclint.core.errors import UserError
 from preclint.core.notes import Note
-from preclint.load.modelio import Inputs
+from preclint.load.modelio import Inputs, output_tensors
 from preclint.measure.copies import copy_to
-from preclint.measure.scaled_training import SCALED_TRAINING_MODES
+from preclint.measure.scaled_training import SCALED_TRAINING_MODES, convert_for_training, recorded_statistics
 
 STEP_DTYPES = {"float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                "fp16-full": torch.float16, "bf16-full": torch.bfloat16,
@@ -129,8 +129,6 @@ class _Watch:
 
 
 def _tensors(value: Any) -> List[torch.Tensor]:
-    from preclint.load.modelio import output_tensors
-
     try:
         return [t for t in output_tensors(value) if t.is_floating_point()]
     except Exception:  # noqa: BLE001 - an output no walker knows is simply not watched
@@ -156,8 +154,6 @@ def prepared(request: StepRequest, mode: str):
         p.data = p.data.clone()
     model.train()
     if mode in SCALED_TRAINING_MODES:
-        from preclint.measure.scaled_training import convert_for_training
-
         convert_for_training(model, mode)
     value_dtype = torch.float32 if mode in AUTOCAST_MODES else dtype
     inputs = request.step.call_inputs(Inputs.of(request.inputs)).map(lambda t: cast_values(t, value_dtype, request.device))
@@ -223,8 +219,6 @@ def _one_step(request: StepRequest, mode: str, scale: float) -> StepRun:
     loss_value = float(loss.detach())
     scaled = {}
     if mode in SCALED_TRAINING_MODES:
-        from preclint.measure.scaled_training import recorded_statistics
-
         scaled = recorded_statistics(model)
     return StepRun(mode, loss_value, parameters, scale, first_nonfinite_forward=watch.forward,
                    first_nonfinite_backward=watch.backward, optimizer=optimizer, scaled=scaled)

@@ -24,6 +24,8 @@ from typing import List, Optional
 import torch
 
 from preclint.measure.training_step import StepRequest, autocast_for, loss_of, prepared
+from preclint.measure.scale_statistics import gradient_totals
+from preclint.measure.scaled_training import recorded_statistics
 
 PART = 0.01  # a loss 1% away from float32's has parted from it
 
@@ -99,8 +101,6 @@ class Trajectory:
 
     def record_scaled(self, model: torch.nn.Module) -> None:
         """The step's flushed and saturated shares of the converted layers' output gradients."""
-        from preclint.measure.scale_statistics import gradient_totals
-        from preclint.measure.scaled_training import recorded_statistics
 
         layers = recorded_statistics(model)
         if layers:

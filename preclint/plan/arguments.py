@@ -1,6 +1,7 @@
 """`preclint plan`'s arguments, apart from the plan itself (plan/command.py): every command's parser
 has them, and a check imports nothing of the plan."""
 from __future__ import annotations
+from preclint.core.choices import PROBE_BACKEND_CHOICES as BACKEND_CHOICES
 
 
 def _fraction(text: str) -> float:
@@ -28,7 +29,6 @@ def add_parser(sub, add_model_arguments, add_output_arguments) -> None:
                            "that meets --rtol; instead of --precision")
     plan.add_argument("--no-verify", action="store_true", help="only predict: do not run the model with the plan")
     plan.add_argument("--policy", metavar="FILE", help="verify this plan (a JSON plan) instead of choosing one")
-    from preclint.core.choices import PROBE_BACKEND_CHOICES as BACKEND_CHOICES
 
     plan.add_argument("--backend", choices=BACKEND_CHOICES, default="eager",
                       help="also run the verified plan compiled (inductor: torch.compile) and check that its kept "

@@ -10,6 +10,19 @@ from typing import Any, Optional, Sequence
 
 from preclint.core.errors import UserError, one_line
 from preclint.reference.analyses.margins import DecisionMargins
+from preclint.core.findings import percent, sci
+from preclint.core.numerics import MODES
+from preclint.load.modelio import Inputs
+from preclint.measure.copies import copy_to
+from preclint.plan.document import KeepEntry
+from preclint.plan.compiled_check import verify_compiled
+from preclint.plan.exports import onnx_exclude_patterns
+from preclint.plan.planner import make_plan, output_margins, Planner
+from preclint.plan.units import Unit
+from preclint.plan.verify import Verifier
+from preclint.policy import apply_policy, load_policy, PolicyError
+from preclint.report.escape import log_lines, visible, visible_text
+from preclint.report.html import PlanSection, render_many
 
 MAX_RUNS = 3  # runs of the model with a plan applied, the first one included
 
@@ -23,8 +36,6 @@ def render_plan(report, plan, fmt: str, color: bool = False) -> str:
     if fmt == "json":
         return json.dumps(plan.to_json(), indent=2) + "\n"
     if fmt == "html":
-        from preclint.report.html import render_many
-
         return render_many([report], plan=plan_section(plan))
     return render_console(plan, color)
 
@@ -37,8 +48,6 @@ def _tolerance_text(tol) -> str:
 def plan_section(plan):
     """The plan as the HTML report shows it: what is kept and why, and the output error before and
     after it, predicted and (when a run verified it) measured."""
-    from preclint.core.findings import percent
-    from preclint.report.html import PlanSection
 
     wanted = _tolerance_text(plan.tolerance)
     verdict = "meets" if plan.meets_tolerance else "does not meet"
@@ -71,7 +80,6 @@ class PlanBasis:
 
     def make(self, margin: float = 1.0, extra_must: Sequence[Any] = ()):
         """The plan the error model chooses, its predictions asked to hold by ``margin``."""
-        from preclint.plan.planner import make_plan
 
         return make_plan(self.graph, self.mode, self.tolerance, self.loaded.name, self.findings, margin=margin,
                          extra_must=extra_must, output_margins=self.margins)
@@ -80,18 +88,14 @@ class PlanBasis:
 def build_plan(loaded, graph, findings, mode: str, tolerance, *, verify: bool = True, device: str = "auto",
                policy_file: Optional[str] = None, backend: str = "eager"):
     """Plan (or take the given policy), verify, refine: at most MAX_RUNS runs with a plan."""
-    from preclint.plan.exports import onnx_exclude_patterns
 
     try:
-        from preclint.plan.source_edit import source_diff
+        from preclint.plan.source_edit import source_diff  # lazy: libcst only where a source file is parsed
     except ImportError:  # libcst missing (a serving machine): the plan without the source diff
         source_diff = None
 
     margins = ()
     if tolerance.max_flip is not None and not any(n.record(DecisionMargins) is not None for n in graph.nodes):
-        from preclint.load.modelio import Inputs
-        from preclint.plan.planner import output_margins
-
         margins = output_margins(loaded.module, Inputs(tuple(loaded.args), dict(loaded.kwargs)))
     basis = PlanBasis(loaded, graph, findings, mode, tolerance, margins)
     plan = basis.make()
@@ -109,12 +113,6 @@ def build_plan(loaded, graph, findings, mode: str, tolerance, *, verify: bool = 
 
 def _take_policy(plan, policy_file: str, module, graph) -> None:
     """The plan's keep list from a policy file, checked against the model."""
-    from preclint.measure.copies import copy_to
-    from preclint.core.numerics import MODES
-    from preclint.plan.document import KeepEntry
-    from preclint.plan.planner import Planner
-    from preclint.plan.units import Unit
-    from preclint.policy import PolicyError, apply_policy, load_policy
 
     try:
         policy = load_policy(policy_file)
@@ -140,9 +138,6 @@ def _take_policy(plan, policy_file: str, module, graph) -> None:
 def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = False, backend: str = "eager"):
     """The plan measured on ``device``, and refined where the measurement fails it (unless ``fixed``:
     a policy the user gave): the plan that was run last."""
-    from preclint.load.modelio import Inputs
-    from preclint.plan.units import Unit
-    from preclint.plan.verify import Verifier
 
     loaded, tolerance = basis.loaded, basis.tolerance
     try:
@@ -167,8 +162,6 @@ def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = F
                          "how": verifier.how, "runs": 0}
         plan.meets_tolerance = True
         if backend != "eager":
-            from preclint.plan.compiled_check import verify_compiled
-
             verify_compiled(plan, verifier, basis.graph, backend)
         return plan
     margin, extra = 1.0, []
@@ -205,8 +198,6 @@ def verify_plan(plan, basis: PlanBasis, device: str = "auto", *, fixed: bool = F
         plan.notes.append("float32 itself misses the tolerance against float64 in this measurement: no plan can meet it")
     plan.meets_tolerance = after.meets
     if backend != "eager":
-        from preclint.plan.compiled_check import verify_compiled
-
         verify_compiled(plan, verifier, basis.graph, backend)
     return plan
 
@@ -215,7 +206,6 @@ def _noise_floor(plan, verifier, name: str) -> None:
     """A model that does not give the same output twice (probe/noise.py): a tolerance its own noise
     misses ends the plan in one line (no plan can meet it, and runs spent on one would only measure
     the noise); one the noise meets is noted, since every measurement includes the noise."""
-    from preclint.core.findings import percent, sci
 
     floor, noise = verifier.noise_floor, verifier.noise.summary
     differ = f"differ by relative RMS {sci(floor)}" if math.isfinite(floor) else "differ in shape or in integer outputs"
@@ -260,9 +250,6 @@ def render_console(plan, color: bool) -> str:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
-
-    from preclint.core.findings import percent, sci
-    from preclint.report.escape import log_lines, visible, visible_text
 
     def say(text: str) -> None:  # the names in it (the model, its modules) as text, never as markup
         console.print(Text(visible(text)))

@@ -12,21 +12,20 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from preclint.core.errors import one_line
+from preclint.core.findings import sci
+from preclint.load.modelio import output_tensors
+from preclint.measure.compare import compare
+from preclint.measure.compiled import CompiledRunner
+from preclint.measure.compilers import backend_named
+from preclint.measure.copies import copy_to
+from preclint.policy import apply_policy, load_policy
+from preclint.probe.compiled import check_sites, kept_sites, module_sites
 
 
 def verify_compiled(plan, verifier, graph, backend: str) -> None:
     """Run ``plan`` (verified eagerly by ``verifier``) compiled by ``backend``; its figures go in
     ``plan.measured['compiled']`` and its audit in ``plan.measured['compiled_audit']`` and the notes."""
     import torch
-
-    from preclint.core.findings import sci
-    from preclint.load.modelio import output_tensors
-    from preclint.measure.compare import compare
-    from preclint.measure.compiled import CompiledRunner
-    from preclint.measure.compilers import backend_named
-    from preclint.measure.copies import copy_to
-    from preclint.policy import apply_policy, load_policy
-    from preclint.probe.compiled import check_sites, kept_sites, module_sites
 
     chosen = backend_named(backend)
     reason = chosen.unavailable(verifier.device)

@@ -4,9 +4,8 @@ from __future__ import annotations
 from typing import List
 
 from preclint.plan.document import Plan
+from preclint.policy import Kept, onnx_patterns
 
 
 def onnx_exclude_patterns(plan: Plan) -> List[str]:
-    from preclint.policy import Kept, onnx_patterns
-
     return onnx_patterns([Kept(k.module, k.op) for k in plan.keep])

@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from preclint.core.errors import UserError
-from preclint.core.numerics import MODES, SCALED_MODES
+from preclint.core.numerics import MODES, SCALED_MODES, scaled_recipes
 from preclint.plan.scaled import with_kept
 from preclint.predict.error_model import predict_mode
 from preclint.predict.scaled import converted
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.predict.flops import flops
+from preclint.load.modelio import Inputs, output_tensors
+from preclint.measure.runners import run_mode, run_reference, runner_for
+from preclint.measure.scaled import gemm_backend, ScaledLinear
+from preclint.plan import scaled
 
 BF16 = "bf16"  # the format of the layers no scaled format takes (bf16 autocast)
 
@@ -206,11 +210,6 @@ def verify(plan: FormatsPlan, model, inputs, graph, device: str = "cpu") -> Form
     with the rest kept."""
     import torch
 
-    from preclint.core.numerics import scaled_recipes
-    from preclint.load.modelio import Inputs, output_tensors
-    from preclint.measure.runners import run_mode, run_reference, runner_for
-    from preclint.measure.scaled import ScaledLinear, gemm_backend
-
     target = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
     model = model.to(target)
     inputs = Inputs.of(inputs).map(lambda t: t.to(target))
@@ -242,7 +241,6 @@ def scaled_plan(loaded, graph, mode: Optional[str], rtol: float, settings):
     """The plan of scaled formats a session asks for (``settings``: engine.PlanOptions): a format per
     layer from ``settings.formats``, else the layers to keep in bfloat16 under ``mode``; verified
     unless the settings say not to."""
-    from preclint.plan import scaled
 
     plan = choose(graph, settings.formats, rtol) if settings.formats else scaled.choose(graph, mode, rtol)
     if settings.verify:

@@ -38,6 +38,8 @@ from preclint.plan.conditional import conditional_units
 from preclint.plan.document import KeepEntry, Plan
 from preclint.plan.units import (INPUTS_UNIT, NO_ARITHMETIC, OUTPUTS_UNIT, Unit, is_model_tensor, module_within, node_flops,
                                  parent, promotes, unit_nodes, unit_of)
+from preclint.core.errors import UserError
+from preclint.load.modelio import output_tensors
 
 PLAN_MODES = ("fp16", "bf16", "fp16-full", "bf16-full")
 
@@ -384,8 +386,6 @@ def output_margins(module, inputs) -> List[float]:
     dimension holds more than one score), from one float32 forward pass; at most 4096 rows."""
     import torch
 
-    from preclint.load.modelio import output_tensors
-
     with torch.no_grad():
         outputs = output_tensors(inputs.call(module))
     margins: List[float] = []
@@ -411,7 +411,6 @@ def float32_floor(graph: Graph, mode: Mode) -> Optional[ModePrediction]:
 def make_plan(graph: Graph, mode_name: str, tolerance: Tolerance, model: str, findings: Sequence[Any] = (), *,
               margin: float = 1.0, extra_must: Sequence[Unit] = (), output_margins: Sequence[float] = ()) -> Plan:
     """The plan for ``mode_name`` from the error model (no run of the model)."""
-    from preclint.core.errors import UserError
 
     if mode_name not in PLAN_MODES:
         raise UserError(f"plan chooses layers for a reduced precision: --precision one of {', '.join(PLAN_MODES)}, "

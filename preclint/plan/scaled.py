@@ -14,11 +14,13 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
-from preclint.core.numerics import MODES, Mode
+from preclint.core.numerics import MODES, Mode, scaled_recipes
 from preclint.predict.error_model import predict_mode
 from preclint.predict.scaled import converted
 from preclint.reference.analyses.scaled_operands import ScaledOperands
 from preclint.predict.flops import flops
+from preclint.load.modelio import Inputs, output_tensors
+from preclint.measure.runners import run_mode, run_reference, runner_for
 
 MAX_STEPS = 512  # layers kept at most (a model whose every layer must stay is reported as such)
 
@@ -130,10 +132,6 @@ def choose(graph, precision: str, rtol: float) -> ScaledPlan:
 def verify(plan: ScaledPlan, model, inputs, graph, device: str = "cpu") -> ScaledPlan:
     """Run the model under the plan's precision with its layers kept, and with none kept, against float64."""
     import torch
-
-    from preclint.core.numerics import scaled_recipes
-    from preclint.load.modelio import Inputs, output_tensors
-    from preclint.measure.runners import run_mode, run_reference, runner_for
 
     target = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
     model = model.to(target)

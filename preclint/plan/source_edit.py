@@ -13,12 +13,12 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
+from preclint.plan.units import Unit, unit_nodes
 
 
 def source_diff(plan, graph, source_path: Optional[str]) -> Optional[str]:
     if not plan.keep or plan.precision.endswith("-full") or not source_path:
         return None
-    from preclint.plan.units import Unit, unit_nodes
 
     target = os.path.realpath(source_path)
     calls: Dict[int, Set[str]] = {}  # line -> names of the callees kept there

@@ -22,6 +22,7 @@ from preclint.measure.copies import copy_to
 from preclint.measure.runners import FirstNonfinite, NativeRunner, run_reference
 from preclint.policy import LOW_DTYPES, apply_policy, load_policy
 from preclint.probe.noise import floor_of, run_to_run
+from preclint.core.progress import task
 
 
 @dataclass
@@ -77,7 +78,6 @@ class Verifier:
 
     def run(self, policy: Optional[dict]) -> Run:
         """The model under the precision, with ``policy`` applied (None: without a plan)."""
-        from preclint.core.progress import task
 
         with task(f"plan: run {self.runs + 1} ({'with the plan' if policy is not None else 'without a plan'})"):
             return self._run(policy)

@@ -27,10 +27,12 @@ import torch
 
 from preclint.core.notes import Note
 from preclint.core.numerics import C_INPUT, MODES
-from preclint.reference.training_step import ModeStatistics, TrainingReference
-from preclint.measure.training_step import STEP_DTYPES, storage_dtype
+from preclint.reference.training_step import ModeStatistics, TrainingReference, reference_step
+from preclint.measure.training_step import STEP_DTYPES, storage_dtype, TRAINING_MODES, StepRequest
 from preclint.training.statistics import (flush_threshold, flushes, lost_updates, overflows, relative_error,
                                           scale_window)
+from preclint.measure.scale_statistics import gradient_totals
+from preclint.measure.scaled_training import recipes
 
 SECOND_MOMENTS = ("exp_avg_sq", "square_avg", "sum")  # Adam/AdamW, RMSprop, Adagrad: the divisor's state
 WINDOW_UNDERFLOW = 0.01  # the scale window's low end keeps all but this fraction of low-dtype gradients
@@ -96,8 +98,6 @@ class TrainingFigures:
         if self.scale_window is not None:
             out["scale_window"] = list(self.scale_window)
         if self.scaled:
-            from preclint.measure.scale_statistics import gradient_totals
-
             out.update(gradient_totals(self.scaled))
             out["scaled"] = self.scaled
         return out
@@ -197,7 +197,6 @@ def _backward_unit_roundoff(mode: str) -> float:
     recipe = MODES[mode].recipe
     if recipe is None:
         return MODES[mode].dot_format.unit_roundoff
-    from preclint.measure.scaled_training import recipes
 
     forward, gradient = recipes(mode)
     return math.hypot(forward.element.unit_roundoff, gradient.element.unit_roundoff)
@@ -282,7 +281,6 @@ def _dtype(dtype: torch.dtype) -> str:
 def training_modes(modes, model: torch.nn.Module) -> tuple:
     """The precisions a training step is checked under: those of ``modes`` a step has (TRAINING_MODES); a
     model whose weights are already float16 or bfloat16 trains as written, in that dtype (``-full``)."""
-    from preclint.measure.training_step import TRAINING_MODES
 
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     for dtype, mode in ((torch.float16, "fp16-full"), (torch.bfloat16, "bf16-full")):
@@ -294,8 +292,6 @@ def training_modes(modes, model: torch.nn.Module) -> tuple:
 def predict_step(loaded, modes, forward_errors: Optional[Dict[str, Optional[float]]] = None, seed: int = 0):
     """(the reference step, each training precision's predicted figures, notes) of ``loaded`` (a LoadedModel
     with ``training``), on the CPU."""
-    from preclint.measure.training_step import TRAINING_MODES, StepRequest
-    from preclint.reference.training_step import reference_step
 
     chosen = training_modes(modes, loaded.module)
     notes: List[Note] = []

@@ -31,6 +31,13 @@ from preclint.capture.heap import long_lived_frozen
 
 from preclint.core.choices import PROBE_BACKEND_CHOICES as BACKEND_CHOICES
 from preclint.core.choices import PROBE_DEVICE_CHOICES as DEVICE_CHOICES
+from preclint.core.ir import Graph, TensorStats
+from preclint.core.progress import task
+from preclint.probe.ledger import node_row, ProbeResult
+from preclint.probe.mismatch import mismatch_notes
+from preclint.probe.verdict import judge, probe_notes, summary_entries
+from preclint.reference.degenerate import all_outputs_degenerate
+from preclint.rules import rules_to_run
 
 if TYPE_CHECKING:
     from preclint.measure.compare import Tolerance
@@ -62,7 +69,7 @@ class ProbeOptions:
         if self.backend not in BACKEND_CHOICES:
             raise UserError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if self.reference_device is not None:
-            from preclint.measure.devices import reference_device
+            from preclint.measure.devices import reference_device  # lazy: torch-free path
 
             reference_device(self.reference_device)  # one clear line now, not after the passes
 
@@ -78,7 +85,7 @@ class _Clock:
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        from preclint.probe.device import synchronize
+        from preclint.probe.device import synchronize  # lazy: torch-free path
 
         if self.sync:
             synchronize(self.device)
@@ -104,11 +111,11 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
     (None: nothing but finiteness and decisions)."""
     import torch
 
-    from preclint.probe.device import environment, is_out_of_memory, select_device
-    from preclint.measure.compare import Tolerance
-    from preclint.measure.copies import copy_to
-    from preclint.measure.program import Program
-    from preclint.measure.runners import emulates_by_default
+    from preclint.probe.device import environment, is_out_of_memory, select_device  # lazy: torch-free path
+    from preclint.measure.compare import Tolerance  # lazy: torch-free path
+    from preclint.measure.copies import copy_to  # lazy: torch-free path
+    from preclint.measure.program import Program  # lazy: torch-free path
+    from preclint.measure.runners import emulates_by_default  # lazy: torch-free path
 
     records_graph = graph is None
     if records_graph:
@@ -131,7 +138,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
             # (the user's own model on the CPU is copied as ever: streaming on the CPU is for tests)
             resident = device.type != "cpu" and _whole_on(module, device)
             if streams(options, module, device, resident):
-                from preclint.probe.stream import WeightStream
+                from preclint.probe.stream import WeightStream  # lazy: torch-free path
 
                 stream = program.stream = WeightStream(module, device)
                 # a float32 model on the device already (device_copy.py) is measured as it is
@@ -158,7 +165,7 @@ def measure_model(module, inputs: tuple, graph, modes: Sequence[str], options: P
         session = ProbeSession(setting, copies, clock, env, notes, records_graph)
         result = session.measure()
         if options.backend != "eager":
-            from preclint.probe.compiled import measure_compiled
+            from preclint.probe.compiled import measure_compiled  # lazy: torch-free path
 
             measure_compiled(result, session, stream is not None)
     if records_graph:
@@ -170,8 +177,7 @@ def _graph_to_record(module, inputs, name: str):
     """Where ``measure_model`` is given no graph (a rank measuring beside the check, distributed.py):
     the graph torch.fx traces, as the check's capture does first (no run), or an empty eager one
     that the float64 reference pass records (ProbeSession._recorded_graph). Either has no statistics."""
-    from preclint.capture.fx_capture import capture_fx
-    from preclint.core.ir import Graph
+    from preclint.capture.fx_capture import capture_fx  # lazy: torch-free path
 
     traced: list = []
     try:
@@ -229,12 +235,12 @@ class ProbeSession:
         env, clock, notes = self.env, self.clock, self.notes
         program, stream, model32, inputs32 = copies.program, copies.stream, copies.model32, copies.inputs32
 
-        from preclint.probe.device import is_out_of_memory, release, tf32_on_gpu
-        from preclint.measure.program import RunFailed
-        from preclint.probe.mode_passes import ModePasses
-        from preclint.probe.reference_pass import reference_pass, resolve_reference
-        from preclint.probe.sensitivity import sensitivity_pass
-        from preclint.probe.noise import generator_states, rerun, settle_floor
+        from preclint.probe.device import is_out_of_memory, release, tf32_on_gpu  # lazy: torch-free path
+        from preclint.measure.program import RunFailed  # lazy: torch-free path
+        from preclint.probe.mode_passes import ModePasses  # lazy: torch-free path
+        from preclint.probe.reference_pass import reference_pass, resolve_reference  # lazy: torch-free path
+        from preclint.probe.sensitivity import sensitivity_pass  # lazy: torch-free path
+        from preclint.probe.noise import generator_states, rerun, settle_floor  # lazy: torch-free path
 
         reference_copy = (copies.model64, copies.inputs64)
         drawn_from = generator_states(device)
@@ -303,8 +309,7 @@ class ProbeSession:
             notes.append(Note("reference", f"the model computes some values below float64 even in the reference run "
                                            f"({shown}): the reference there is as precise as the model makes it"))
 
-        from preclint.probe.ledger import ProbeResult
-        from preclint.measure.modes import SharedCopies
+        from preclint.measure.modes import SharedCopies  # lazy: torch-free path
 
         result = ProbeResult(env, {}, list(ref.order), clock.timings, notes)
         result.reference_nonfinite = reference_nonfinite
@@ -327,7 +332,7 @@ class ProbeSession:
                 passes.finish(result.modes[mode], pending)
         env["modes"] = {mode: measure.how for mode, measure in result.modes.items()}
         if options.reference_device is not None:
-            from preclint.probe.across import measure_across
+            from preclint.probe.across import measure_across  # lazy: torch-free path
 
             measure_across(self, result)
         how = ""
@@ -342,7 +347,6 @@ class ProbeSession:
         """The graph the passes run on, completed by the reference pass: an eager recording's nodes
         are that run's, and every node gets its values' shapes (what the modes read of the check's
         statistics: a product's rows, a value's size)."""
-        from preclint.core.ir import Graph, TensorStats
 
         graph, program = self.setting.graph, self.copies.program
         if not program.is_fx:
@@ -363,7 +367,7 @@ def streams(options: ProbeOptions, module, device, resident: bool = False) -> bo
         return False
     import torch
 
-    from preclint.probe.stream import model_bytes
+    from preclint.probe.stream import model_bytes  # lazy: torch-free path
 
     free, _ = torch.cuda.mem_get_info(device)
     return (2.5 if resident else 3.5) * model_bytes(module) > 0.8 * free
@@ -386,8 +390,8 @@ def _sensitivity_autocast(device, program):
 
 def _move(inputs, device, dtype):
     """The inputs on ``device``; with ``dtype``, floating ones in it (token ids and masks stay)."""
-    from preclint.load.modelio import Inputs
-    from preclint.measure.copies import to_device
+    from preclint.load.modelio import Inputs  # lazy: torch-free path
+    from preclint.measure.copies import to_device  # lazy: torch-free path
 
     def move(v):
         v = to_device(v, device) if v.device != device else v.detach()
@@ -397,13 +401,13 @@ def _move(inputs, device, dtype):
 
 
 def _tensors(value) -> list:
-    from preclint.measure.execute import tensors
+    from preclint.measure.execute import tensors  # lazy: torch-free path
 
     return tensors(value)
 
 
 def _failure(name: str, what: str, device, exc: BaseException) -> str:
-    from preclint.probe.device import is_out_of_memory
+    from preclint.probe.device import is_out_of_memory  # lazy: torch-free path
 
     if is_out_of_memory(exc):
         return (f"out of memory on {device} while running {name} {what} for the probe's reference; "
@@ -417,11 +421,6 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
     (Rule.check_probe, selected by ``config``), notes, environment; with ``ledger``, every node's
     figures. Where the new findings point, and which are suppressed, the session decides after
     (preclint.engine), for every finding at once."""
-    from preclint.reference.degenerate import all_outputs_degenerate
-    from preclint.probe.ledger import node_row
-    from preclint.probe.verdict import judge, probe_notes, summary_entries
-    from preclint.probe.mismatch import mismatch_notes
-    from preclint.rules import rules_to_run
 
     graph = ctx.graph
     degenerate = all_outputs_degenerate(graph)
@@ -434,7 +433,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
             if finding.location is None:
                 finding.location = ctx.model_location
         report.findings = list(report.findings) + hot
-    from preclint.probe.across import FLOOR_MODE, across_notes, across_summary
+    from preclint.probe.across import FLOOR_MODE, across_notes, across_summary  # lazy: torch-free path
 
     for mode, entry in summary_entries(result, degenerate).items():
         report.summary.setdefault(mode, {"predicted_output": {"rel_error": None, "max_abs_error": None, "finite": None}})
@@ -444,7 +443,7 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
     report.notes = [*report.notes, *probe_notes(result, ctx.display), *across_notes(result, ctx), *mismatch_notes(report, ctx, result)]
     report.environment = result.environment
     if getattr(result, "backend", None) is not None:
-        from preclint.probe.compiled import merge_compiled
+        from preclint.probe.compiled import merge_compiled  # lazy: torch-free path
 
         merge_compiled(report, result.backend)
     if ledger:
@@ -454,8 +453,8 @@ def merge_into_report(report, ctx, result, config=None, *, ledger: bool = False)
 def place_for_probe(loaded, options: ProbeOptions):
     """The model's float32 copy on the probe's device, which the check's reference pass then runs
     (device_copy.py); None where the reference pass stays on the CPU."""
-    from preclint.probe.device import device_mismatch, is_out_of_memory, release, select_device
-    from preclint.probe.device_copy import place
+    from preclint.probe.device import device_mismatch, is_out_of_memory, release, select_device  # lazy: torch-free path
+    from preclint.probe.device_copy import place  # lazy: torch-free path
 
     device = select_device(options.device)
     try:
@@ -487,7 +486,6 @@ def probe_report(loaded, report, ctx, config, options: ProbeOptions, *, placemen
     ``report``. ``measurer``: who measures the modes (a model's part of a distributed.py strategy:
     under torchrun rank 0 takes the other ranks' measurements and measures only what they could
     not); None: this process, every mode."""
-    from preclint.core.progress import task
 
     tolerance = tolerance_of(ctx.rtol, ctx.atol)
     module, inputs = probed(loaded, placement)

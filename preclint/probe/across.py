@@ -22,6 +22,18 @@ import torch
 from preclint.core.errors import one_line
 from preclint.core.notes import Note
 from preclint.probe.ledger import ModeMeasure
+from preclint.capture.trees import map_tensors
+from preclint.core.findings import percent, sci
+from preclint.load.modelio import Inputs
+from preclint.measure.backends import tf32
+from preclint.measure.compare import output_differences
+from preclint.measure.copies import copy_to
+from preclint.measure.devices import across_devices, kernels_of, other_kernels, reference_device
+from preclint.measure.modes import SharedCopies
+from preclint.measure.runners import NativeRunner
+from preclint.probe.device import is_out_of_memory
+from preclint.probe.readback import finish, queue_figures
+from preclint.probe.reference_pass import reference_pass, resolve_reference
 
 # the mode whose float32 runs are compared: the one that judges float32 itself
 FLOOR_MODE = "fp32"
@@ -30,8 +42,6 @@ FLOOR_MODE = "fp32"
 def measure_across(session, result) -> None:
     """Fill ``result.cross_device`` (the outputs, measure/devices.py) and ``result.across`` (the
     nodes: a ModeMeasure of float32 here against float32 on the reference device)."""
-    from preclint.measure.devices import across_devices, reference_device
-    from preclint.probe.device import is_out_of_memory
 
     setting, copies = session.setting, session.copies
     target = reference_device(setting.options.reference_device)
@@ -50,16 +60,7 @@ def measure_across(session, result) -> None:
 
 def _sweep_across(session, target: torch.device) -> Optional[ModeMeasure]:
     """The sweep of float32 on the probe's device against the float32 run on ``target``."""
-    from preclint.load.modelio import Inputs
-    from preclint.measure.backends import tf32
-    from preclint.measure.compare import output_differences
-    from preclint.measure.copies import copy_to
-    from preclint.measure.devices import kernels_of, other_kernels
-    from preclint.measure.modes import SharedCopies
-    from preclint.measure.runners import NativeRunner
-    from preclint.probe.readback import finish, queue_figures
-    from preclint.probe.reference_pass import reference_pass, resolve_reference
-    from preclint.probe.sweep import sweep
+    from preclint.probe.sweep import sweep  # lazy: looked up at each call, so that it can be replaced
 
     setting, copies = session.setting, session.copies
     device, program = setting.device, copies.program
@@ -86,8 +87,6 @@ def _sweep_across(session, target: torch.device) -> Optional[ModeMeasure]:
 
 
 def _on(value, device: torch.device):
-    from preclint.capture.trees import map_tensors
-
     return map_tensors(lambda t: t.to(device), value)
 
 
@@ -99,7 +98,6 @@ def across_notes(result, ctx) -> List[Note]:
     """The report's notes on float32 across devices: the outputs (here against there, each against
     float64) and each decision that went the other way on the other device, with what the fp32 mode
     predicts for it (``ctx``: the check's RuleContext, its predictions)."""
-    from preclint.core.findings import percent, sci
 
     cross, across = result.cross_device, result.across
     if cross is None:

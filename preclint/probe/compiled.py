@@ -30,6 +30,7 @@ import torch
 import torch._dynamo
 
 from preclint.core.numerics import MODES
+from preclint.core.errors import one_line
 from preclint.core.ir import Kind
 from preclint.core.notes import Note
 from preclint.predict.ordinary import FLOAT32_NOISE  # a compiled-vs-eager difference under it is reassociation
@@ -40,6 +41,9 @@ from preclint.measure.compilers import backend_named
 from preclint.measure.compiled_graph import (CompiledNode, KeptSite, computed_dtypes, float_calls, foreign_dtypes,
                                              kept_float32_lost, reduced_user_casts)
 from preclint.measure.copies import copy_to
+from preclint.core.findings import sci
+from preclint.measure.backends import tf32
+from preclint.probe.compiled_blocks import attribute, BlockRuns, model_blocks, record_blocks
 
 
 _COMPUTING = frozenset({Kind.CONV, Kind.LINEAR, Kind.MATMUL, Kind.BATCHNORM, Kind.NORM, Kind.SOFTMAX, Kind.REDUCTION,
@@ -184,7 +188,6 @@ def check_sites(nodes: Sequence[CompiledNode], kept: Sequence[KeptSite]):
 def compare_backend(module32: torch.nn.Module, inputs32, graph, modes: Sequence[str], device, backend: str, *,
                     attribute: bool = True) -> BackendComparison:
     """Every mode of ``modes`` eager and compiled by ``backend``, on ``device`` (module docstring)."""
-    from preclint.probe.compiled_blocks import model_blocks
 
     start = time.perf_counter()
     device = torch.device(device)
@@ -217,8 +220,6 @@ def compare_backend(module32: torch.nn.Module, inputs32, graph, modes: Sequence[
 def _reference(module32, inputs32, device, paths, notes: List[Note]):
     """(the float64 reference's outputs, its blocks' values); a model that casts its own values to
     float32 and then refuses them beside float64 ones is run in float32 (TF32 off), as the probe does."""
-    from preclint.measure.backends import tf32
-    from preclint.probe.compiled_blocks import record_blocks
 
     outputs: list = []
     try:
@@ -227,8 +228,6 @@ def _reference(module32, inputs32, device, paths, notes: List[Note]):
             inputs64 = inputs32.map(lambda t: t.double() if t.is_floating_point() else t)
             blocks = record_blocks(model64, paths, lambda: outputs.append(inputs64.call(model64)))
     except Exception as exc:  # noqa: BLE001 - float32 is still 2^13 times finer than the modes compared
-        from preclint.core.errors import one_line
-
         notes.append(Note("reference", f"the reference ran in float32 (TF32 off): the model cannot run in float64 "
                                        f"({one_line(exc)})"))
         outputs.clear()
@@ -255,8 +254,6 @@ class _Setting:
 
 
 def _one_mode(mode: str, setting: _Setting) -> CompiledMode:
-    from preclint.probe.compiled_blocks import BlockRuns, attribute, record_blocks
-
     device, backend, reference, kept = setting.device, setting.backend, setting.reference, setting.kept
     module32, inputs32 = setting.module32, setting.inputs32
     paths, left, reference_blocks = setting.blocks
@@ -277,8 +274,6 @@ def _one_mode(mode: str, setting: _Setting) -> CompiledMode:
         compiled = output_tensors(runner.run(prepared))
         runner.run(prepared)  # the same inputs again: any graph compiled now is a recompilation
     except Exception as exc:  # noqa: BLE001 - the mode could not run; the other modes are still measured
-        from preclint.core.errors import one_line
-
         figures.error = one_line(exc)
         return figures
     compilation = figures.compilation = runner.compilation(prepared)
@@ -315,7 +310,6 @@ def _differs(value: Optional[float]) -> bool:
 
 def backend_notes(result: BackendComparison) -> List[Note]:
     """The comparison's lines for the report's notes."""
-    from preclint.core.findings import sci
 
     notes = [n.prefixed("compiled: ") for n in result.notes]
     for mode, m in result.modes.items():

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from preclint.load.modelio import output_tensors
+from preclint.core.errors import one_line
 from preclint.measure.compare import relative_rms
 from preclint.measure.compiled_graph import elided_roundings
 
@@ -176,8 +177,6 @@ def attribute(runs: BlockRuns, paths: Sequence[str]) -> List[BlockFigure]:
             with _Swap(runs.variant, path, _Compiled(compiled)), torch.no_grad(), runs.context():
                 out = [t for t in output_tensors(runs.call(runs.variant))]
         except Exception as exc:  # noqa: BLE001 - a block that cannot run compiled is reported, the rest measured
-            from preclint.core.errors import one_line
-
             figure.error = one_line(exc)
             continue
         figure.error = compiled.compilation.error

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch
 
 from preclint.core.errors import UserError
-from preclint.measure.backends import new_tf32_api
+from preclint.measure.backends import new_tf32_api, tf32
 
 
 def select_device(choice: str) -> torch.device:
@@ -151,7 +151,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
 @contextmanager
 def tf32_on_gpu(device, enabled: bool) -> Iterator[None]:
     """TF32 on or off for the stage, on a GPU (the CPU has no TF32)."""
-    from preclint.measure.backends import tf32
 
     if device.type != "cuda":
         yield

@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 
 from preclint.load.modelio import Inputs
+from preclint.measure.copies import copy_to, to_device
+from preclint.probe.stream import model_bytes
 
 # The reference pass keeps, beside the weights, the activations of the run and their gradients:
 # the float32 copy may take at most this share of the device's free memory.
@@ -31,8 +33,6 @@ class Placement:
 def place(module: torch.nn.Module, inputs, device: torch.device, force: bool = False) -> Optional[Placement]:
     """The float32 copy of ``module`` on ``device``; None (reference pass on the CPU, as the model is)
     for a CPU device unless ``force`` (tests run this path on the CPU), or where it does not fit."""
-    from preclint.measure.copies import copy_to, to_device
-    from preclint.probe.stream import model_bytes
 
     if device.type == "cpu" and not force:
         return None

@@ -28,10 +28,12 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
-from preclint.core.errors import one_line
+from preclint.core.errors import one_line, UserError
 from preclint.core.launch import launch_ranks, launched
 from preclint.core.notes import Note
 from preclint.probe import measure_model
+from preclint.probe.readback import tf32_applied
+from preclint.probe.sweep import counts_flips
 
 if TYPE_CHECKING:
     from preclint.measure.compare import Tolerance
@@ -56,8 +58,6 @@ def join(device_choice: str, timeout_s: float = 1800.0) -> Ranks:
 
     import torch
     import torch.distributed as dist
-
-    from preclint.core.errors import UserError
 
     rank, world, local_rank = launch_ranks()  # (a UserError for an environment torchrun did not set whole)
     gpu = device_choice != "cpu" and torch.cuda.is_available()
@@ -121,8 +121,6 @@ def adopt(parts: Sequence[Optional[Measured]], graph, modes: Sequence[str]):
     """On rank 0: the measured modes of the parts that recorded ``graph`` (the check's) node for node,
     as a ledger.ProbeResult with what needed the check's statistics filled in from ``graph``; and the
     modes left to measure here, with why. (None, modes, reasons) when no part measured anything."""
-    from preclint.probe.readback import tf32_applied
-    from preclint.probe.sweep import counts_flips
 
     order = [n.name for n in graph.nodes]
     result, measured, reasons = None, {}, []

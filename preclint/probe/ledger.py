@@ -112,13 +112,13 @@ class ProbeResult:
     @property
     def noise_margin(self) -> float:
         """How many times the noise floor a measured error must exceed to tell it from the noise."""
-        from preclint.probe.noise import NOISE_MARGIN
+        from preclint.probe.noise import NOISE_MARGIN  # lazy: torch-free path
 
         return NOISE_MARGIN
 
     def within_noise(self, measured: Optional[float]) -> bool:
         """Whether a measured relative error cannot be told from the model's run-to-run noise."""
-        from preclint.probe.noise import within_noise
+        from preclint.probe.noise import within_noise  # lazy: torch-free path
 
         return within_noise(self.noise_floor, measured)
 
@@ -137,7 +137,7 @@ def node_row(graph, ctx, result: ProbeResult, name: str) -> Dict[str, Any]:
     node = graph[name]
     location = None
     if node.location is not None:
-        from preclint.locations.attach import display_location
+        from preclint.locations.attach import display_location  # lazy: torch-free path
 
         location = display_location(node.location).as_dict()
     row: Dict[str, Any] = {

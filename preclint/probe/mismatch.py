@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 from preclint.core.numerics import MODES
 from preclint.core.findings import percent, sci
-from preclint.core.ir import DOT_PRODUCT_KINDS
+from preclint.core.ir import DOT_PRODUCT_KINDS, Kind
 from preclint.core.notes import Note
 from preclint.predict.ordinary import FLOAT32_NOISE, ordinary_local
 
@@ -141,7 +141,6 @@ def _producer(graph, output: Optional[str], figures: List[Dict]) -> Optional[str
 def _sliced_from(graph, output: Optional[str], figures: List[Dict]) -> Optional[tuple]:
     """(the output's producer, the node it is a slice or view of: getitem, select, reshape, and that
     node's output name where the model returns it too), where the output's producer is a slice."""
-    from preclint.core.ir import Kind
 
     producers = _output_producers(graph, figures)
     if producers is None or output not in producers:

@@ -10,6 +10,11 @@ from preclint.core.errors import one_line
 from preclint.core.notes import Note
 from preclint.measure.program import RunFailed
 from preclint.probe.device import is_out_of_memory, release, tf32_on_gpu
+from preclint.measure.compare import output_differences
+from preclint.measure.runners import runner_for
+from preclint.probe.ablate import ablate
+from preclint.probe.ledger import ModeMeasure
+from preclint.probe.readback import finish, queue_figures
 
 
 @dataclass
@@ -27,11 +32,7 @@ class ModePasses:
         back. Returns (measure, what ``finish`` needs, or None after a failure)."""
         import torch
 
-        from preclint.measure.compare import output_differences
-        from preclint.measure.runners import runner_for
-        from preclint.probe.ledger import ModeMeasure
-        from preclint.probe.readback import queue_figures
-        from preclint.probe.sweep import sweep
+        from preclint.probe.sweep import sweep  # lazy: looked up at each call, so that it can be replaced
 
         setting, copies, clock, sens = self.session.setting, self.session.copies, self.session.clock, self.sens
         device, graph = setting.device, setting.graph
@@ -100,8 +101,6 @@ class ModePasses:
 
     def finish(self, measure, pending) -> None:
         """Read the mode's figures back into ``measure`` (and run the ablation, if asked)."""
-        from preclint.probe.ablate import ablate
-        from preclint.probe.readback import finish
 
         session, swept = self.session, pending.swept
         graph, copies = session.setting.graph, session.copies

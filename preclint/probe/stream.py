@@ -30,6 +30,7 @@ from preclint.core.ir import Kind
 from preclint.load.modelio import output_tensors as tensors
 from preclint.capture.trees import leaves
 from preclint.capture.recorder import unseen
+from preclint.measure.copies import clone_module, detached_state, to_device
 
 # A container of layers (not of single ops) is split into its layers; any other module is split into
 # its children while it holds more than this share of the model's bytes (a wrapper around the model).
@@ -122,7 +123,6 @@ class WeightStream:
     def copy(self, dtype: Optional[torch.dtype] = None) -> nn.Module:
         """A copy of the source on the device whose floating tensors are ``dtype``: streamed tensors
         empty, the rest (tensors outside every block) filled now."""
-        from preclint.measure.copies import clone_module, detached_state
 
         memo = detached_state(self.source)
         for path, t in self._source_tensors.items():
@@ -424,7 +424,6 @@ def _empty_like(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> to
 
 def _converter(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     """The source tensor on the device in ``dtype``, made anew at each call (staged, not kept)."""
-    from preclint.measure.copies import to_device
 
     def make() -> torch.Tensor:
         return to_device(t, device, dtype)

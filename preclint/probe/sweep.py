@@ -25,6 +25,7 @@ from preclint.probe.noise import RANDOM_OPS
 from preclint.probe.reference_pass import ReferenceStore
 from preclint.probe.scalars import Scalars, difference, error_dtype
 from preclint.capture.trees import flatten
+from preclint.load.modelio import Inputs
 
 # ops that keep the value they are given (casts, clamps to a format's range): a precision may add them
 _VALUE_KEEPING = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone",
@@ -335,8 +336,6 @@ class SweepObserver(Sweep):
 
 
 def _input_tensors(inputs) -> List[torch.Tensor]:
-    from preclint.load.modelio import Inputs
-
     return Inputs.of(inputs).tensors()
 
 

@@ -19,6 +19,9 @@ from preclint.measure.training_step import StepRequest, run_step
 from preclint.predict.ordinary import STEP_SHARE
 from preclint.predict.training import ParameterFigures, TrainingFigures, totals
 from preclint.training.statistics import nonfinite_count, relative_error, unchanged_fraction
+from preclint.core.findings import ErrorFigure
+from preclint.measure.trajectory import trajectories
+from preclint.rules import all_rules
 
 
 def probe_device(choice: str) -> torch.device:
@@ -72,8 +75,6 @@ def measure_training_into(report, loaded, ctx, device_choice: str, steps: int = 
         report.summary[mode]["training"]["measured"] = figures.as_dict()
     judge_training(report.findings, measured, ctx.training)
     if steps:
-        from preclint.measure.trajectory import trajectories
-
         request = StepRequest(loaded.module, loaded.inputs, loaded.training, device=probe_device(device_choice))
         for mode, path in trajectories(request, list(measured), steps).items():
             report.summary[mode]["training"]["trajectory"] = path.as_dict()
@@ -83,8 +84,6 @@ def measure_training_into(report, loaded, ctx, device_choice: str, steps: int = 
 def judge_training(findings, measured: Dict[str, TrainingFigures], predicted: Dict[str, TrainingFigures]) -> None:
     """Confirm or refute each training-step finding by its rule's measured figure (Rule.training_figure):
     above the threshold (beyond float32's own lost updates for PCL602; any for a count) confirms it."""
-    from preclint.core.findings import ErrorFigure
-    from preclint.rules import all_rules
 
     rules = all_rules()
     for finding in findings:

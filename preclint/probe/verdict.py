@@ -29,6 +29,8 @@ from preclint.core.findings import ErrorFigure, Finding, percent, sci
 from preclint.core.notes import Note
 from preclint.reference.analyses.margins import DecisionMargins
 from preclint.probe.ledger import ModeMeasure, ProbeResult
+from preclint.rules import all_rules
+from preclint.rules.base import Rule
 
 CONFIRM_FRACTION = 1.0 / 3.0
 # Measurements a model's run-to-run noise (probe/noise.py) can make on its own: an error's size and
@@ -45,8 +47,6 @@ def judge(findings: List[Finding], graph, result: ProbeResult, reference_nonfini
     """Fill ``measured`` and ``status`` of each finding the probe can measure. ``degenerate``: the
     output is all zero or rounding residue (preclint.reference.degenerate), and its relative error is
     noise over noise: not reported."""
-    from preclint.rules.base import Rule
-    from preclint.rules import all_rules
 
     rules = all_rules()
     for f in findings:

@@ -96,7 +96,7 @@ class _Kinks(TorchFunctionMode):
 def mask_errors(request, units: Dict[str, float], grads: Dict[str, torch.Tensor]) -> Dict[str, Dict[str, float]]:
     """Per precision (``units``: mode -> the unit roundoff of its forward's dot products), each parameter's
     gradient error from the kinks its forward crosses, relative to its float64 gradient in ``grads``."""
-    from preclint.measure.training_step import loss_of, prepared
+    from preclint.measure.training_step import loss_of, prepared  # lazy: the plain check loads no probe/measure/plan
 
     model, inputs, targets = prepared(request, "float64")
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]

@@ -29,6 +29,7 @@ from preclint.measure.grouped import quantise_along
 from preclint.measure.scaled_training import converted_paths, recipes, weight_statistics
 from preclint.measure.scale_statistics import delayed_statistics, scale_statistics
 from preclint.measure.scaled import round_element
+from preclint.measure.nvfp4_training import rotated
 
 FIRST_SCALE = 1.0  # a delayed-scaling recipe's scale before any amax is recorded (Transformer Engine's)
 
@@ -100,8 +101,6 @@ class ScaledFlushes:
                 stats["grad_output"] = self._statistics(g2, self.gradient_recipe)
                 g_wgrad, x_wgrad = g2, x2
                 if self.mode == "nvfp4":
-                    from preclint.measure.nvfp4_training import rotated
-
                     g_wgrad, x_wgrad = rotated(g2), rotated(x2)
                     stats["grad_output_wgrad"] = scale_statistics(g_wgrad, self.gradient_recipe, 0)
                 prefix = f"{path}." if path else ""

@@ -28,6 +28,9 @@ from preclint.measure.training_step import (AUTOCAST_MODES, SCALED_TRAINING_MODE
 from preclint.core.notes import Note
 from preclint.load.modelio import output_tensors
 from preclint.training.statistics import Magnitudes, flush_threshold, flushes, magnitudes, overflows
+from preclint.core.numerics import MODES
+from preclint.reference.kinks import mask_errors
+from preclint.reference.scaled_training import ScaledFlushes
 
 # modules whose weight gradient is a low-precision GEMM's output under autocast (autocast's lower list)
 LOWERED_MODULES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
@@ -86,9 +89,6 @@ def reference_step(request: StepRequest, modes) -> TrainingReference:
 
 
 def _add_mask_errors(request: StepRequest, reference: TrainingReference) -> None:
-    from preclint.core.numerics import MODES
-    from preclint.reference.kinks import mask_errors
-
     units = {mode: MODES[mode].dot_format.unit_roundoff for mode in reference.modes if mode in MODES}
     grads = {name: p.grad for name, p in reference.step.parameters.items() if p.grad is not None}
     try:
@@ -210,8 +210,6 @@ def _mode_statistics(request: StepRequest, backward: _Backward, reference: Train
     scale, skipped = settled_scale(spread.largest, request.step.scaler_for(mode), dtype)
     scaled = None
     if mode in SCALED_TRAINING_MODES:
-        from preclint.reference.scaled_training import ScaledFlushes
-
         scaled = ScaledFlushes(request, backward, mode)
     flushed = backward.flushed(set(low), dtype, scale, scaled.transforms if scaled is not None else None)
     if scaled is not None:

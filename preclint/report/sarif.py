@@ -27,6 +27,8 @@ from preclint.report.escape import file_uri, json_text
 from preclint.report.document import Report, failure_line, is_refuted, merged, moved_note, review_place
 from preclint.report.fingerprint import SARIF_KEY, stable_fingerprints
 from preclint.text.lines import line_text, primary_location_line_hash
+from preclint.rules import all_rules
+from preclint.rules.base import SourceRule
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
@@ -52,8 +54,6 @@ def _markdown(rule) -> str:
 
 
 def _rule_descriptor(rule) -> dict:
-    from preclint.rules.base import SourceRule
-
     source = isinstance(rule, type) and issubclass(rule, SourceRule)
     tags = ["precision", FAMILIES.get(rule.code[3:4], "other")] + list(rule.precisions)
     return {
@@ -137,8 +137,6 @@ def _result(finding, rule_index: dict, fingerprint: str) -> dict:
 
 
 def to_dict(report: Report) -> dict:
-    from preclint.rules import all_rules
-
     rules = [rule for _, rule in sorted(all_rules().items())]
     rule_index = {rule.code: i for i, rule in enumerate(rules)}
     findings = report.sorted_findings()

@@ -11,6 +11,9 @@ from preclint.core.numerics import MODES
 from preclint.locations.attach import display_location
 from preclint.predict.outputs import output_figures
 from preclint.rules.base import RuleContext
+from preclint.predict.error_model import relative_errors
+from preclint.predict.scaled import converted
+from preclint.reference.analyses.scaled_operands import ScaledOperands
 
 
 def summarize(ctx: RuleContext, degenerate: bool = False, predicted: bool = True, cases=None) -> Dict[str, Dict]:
@@ -62,7 +65,6 @@ def distinct_labels(ctx: RuleContext, names: Sequence[str]) -> List[str]:
 def predicted_profile(ctx: RuleContext) -> List[Dict]:
     """Every node's predicted errors in execution order (the picture of the whole model the HTML
     report draws): local and received relative RMS error and share of the output error, per mode."""
-    from preclint.predict.error_model import relative_errors
 
     received = {mode: relative_errors(ctx.graph, ctx.predictions[mode]) for mode in ctx.modes}
     rows = []
@@ -84,8 +86,6 @@ def predicted_profile(ctx: RuleContext) -> List[Dict]:
 
 def scaled_notes(graph: Graph, modes: Sequence[str]) -> List[Note]:
     """One note per scaled mode checked: its recipe, and the linear layers it converts (once per module)."""
-    from preclint.predict.scaled import converted
-    from preclint.reference.analyses.scaled_operands import ScaledOperands
 
     notes: List[Note] = []
     for mode in modes:

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Dict, Iterator, List, Tuple, Type
 
 from preclint.core.errors import UserError, one_line
+from preclint.rules.base import Rule, SourceRule
 
 KINDS = ("model", "source")  # the subpackages that hold rules
 ENTRY_POINTS = "preclint.rules"  # the entry-point group of installed rule packs
@@ -42,7 +43,6 @@ def rule_modules(kinds: Tuple[str, ...] = KINDS) -> List[str]:
 
 def rules_of(module) -> List[type]:
     """The rule classes a module defines (not those it imports)."""
-    from preclint.rules.base import Rule, SourceRule
 
     return [
         value for value in vars(module).values()
@@ -82,8 +82,6 @@ def _pack_name(entry) -> str:
 
 
 def _rules_of_entry(entry, pack: str) -> List[type]:
-    from preclint.rules.base import Rule, SourceRule
-
     try:
         loaded = entry.load()
     except Exception as exc:  # a pack's own import error, whatever it is: one line that names the pack
@@ -141,14 +139,10 @@ def rediscover() -> None:
 
 
 def graph_rules() -> List[Type]:
-    from preclint.rules.base import Rule
-
     return [rule for rule in _discover_kind("model") + installed_pack_rules() if issubclass(rule, Rule)]
 
 
 def source_rules() -> List[Type]:
-    from preclint.rules.base import SourceRule
-
     return [rule for rule in _discover_kind("source") + installed_pack_rules() if issubclass(rule, SourceRule)]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, Optional, Pattern, Sequence, Tuple, Union
 
 from preclint.core.findings import ErrorFigure, Finding, Location
+from preclint.core.numerics import gaussian_max_factor
 
 if TYPE_CHECKING:
     from preclint.core.ir import Graph, Node
@@ -56,7 +57,6 @@ class RuleContext:
 
     def node_figure(self, node: "Node", mode: str) -> ErrorFigure:
         """The node's own (local) predicted error under ``mode``: relative to its RMS, and max-abs."""
-        from preclint.core.numerics import gaussian_max_factor
 
         local = self.predictions[mode].nodes[node.name].local
         out = node.out

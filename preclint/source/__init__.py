@@ -17,15 +17,15 @@ from __future__ import annotations
 def __getattr__(name):
     # lazy, so that importing one submodule does not import them all
     if name == "apply_suppressions":
-        from preclint.source.suppress import apply_suppressions
+        from preclint.source.suppress import apply_suppressions  # lazy: one submodule imported loads not all of them
 
         return apply_suppressions
     if name in ("run_source_only", "suppress_graph_findings", "apply_baseline", "apply_baseline_to_reports"):
-        from preclint.source import command
+        from preclint.source import command  # lazy: one submodule imported loads not all of them
 
         return getattr(command, name)
     if name in ("check_text", "check_file"):
-        from preclint.source import run
+        from preclint.source import run  # lazy: one submodule imported loads not all of them
 
         return getattr(run, name)
     raise AttributeError(name)

@@ -20,6 +20,7 @@ from preclint.core.findings import Finding
 from preclint.report.escape import json_text
 from preclint.report.fingerprint import content_fingerprint, finding_path, normalised_line
 from preclint.report.output import write_output_file
+from preclint.text.safe_io import load_json, TooDeep
 
 FORMAT = "preclint-baseline"
 VERSION = 1
@@ -51,7 +52,6 @@ def write_baseline(findings: Iterable[Finding], filename: str) -> int:
 def read_baseline(filename: str) -> Counter:
     """The records of the baseline ``filename``: a regular file of at most ``MAX_SIZE`` bytes (a FIFO
     or a link to /dev/zero, which git can commit, is refused at once), or a UserError."""
-    from preclint.text.safe_io import TooDeep, load_json
 
     try:
         document = load_json(filename, MAX_SIZE)

@@ -43,8 +43,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from preclint.core.findings import SEVERITIES, Finding, Location
 from preclint.core.notes import Note
 from preclint.core.numerics import BF16, FP16, FP32, MODES, TF32
-from preclint.rules import installed_pack_rules
+from preclint.rules import installed_pack_rules, all_rules, unreadable_file_rule
 from preclint.source.suppress import Directive
+from preclint import __version__
+from preclint.text.safe_io import NotOurs, PrivateDirectory, TooLarge
 
 FORMAT = 4
 MAX_SIZE = 256 << 20  # a project of a million files; a larger file is not read
@@ -75,8 +77,6 @@ def content_digest(data: bytes) -> str:
 def settings_key(codes: Sequence[str]) -> str:
     """A hash of everything besides a file that decides its raw findings."""
     import libcst
-
-    from preclint import __version__
 
     parts = [f"format={FORMAT}", f"preclint={__version__}", f"python={platform.python_version()}",
              f"libcst={getattr(libcst, '__version__', '') or _libcst_version()}", "codes=" + ",".join(sorted(codes))]
@@ -241,7 +241,6 @@ Directives = Dict[int, List[Directive]]
 def rule_names(codes: Sequence[str]) -> Dict[str, str]:
     """Code -> name of the rules whose findings a cache of a run of ``codes`` can hold: those rules,
     and the one that reports files no rule could check (it reports whatever is selected)."""
-    from preclint.rules import all_rules, unreadable_file_rule
 
     rules = all_rules()
     names = {code: rules[code].name for code in codes if code in rules}
@@ -277,7 +276,6 @@ class Cache:
     def open(cls, project_root: str, codes: Sequence[str]) -> "Cache":
         """The cache for ``project_root`` and ``codes``: empty (and noted) when its file cannot be
         trusted; not written either when its directory or file is not preclint's own."""
-        from preclint.text.safe_io import NotOurs, PrivateDirectory, TooLarge
 
         root_key = hashlib.blake2b(os.path.abspath(project_root).encode("utf-8", "surrogateescape"),
                                    digest_size=10).hexdigest()
@@ -347,7 +345,6 @@ class Cache:
                                             "those files were checked again"))
         if not self._changed or self.directory is None:
             return
-        from preclint.text.safe_io import NotOurs, PrivateDirectory
 
         data = encode_document(self.settings, self.entries)
         try:

@@ -13,15 +13,20 @@ from preclint.core.errors import UserError
 from preclint.core.exitcodes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, exit_code
 from preclint.core.findings import Finding
 from preclint.core.notes import Note
-from preclint.report.output import write_report
+from preclint.report.output import write_report, check_output_target
 from preclint.text.paths import display_path
+from preclint.report import render, Report
+from preclint.report.escape import console_line, diff_path, log_lines, visible_text
+from preclint.rules import graph_rules
+from preclint.source.baseline import filter_baseline, finding_key, read_baseline, write_baseline as write
+from preclint.source.run import reports_unused
+from preclint.source.suppress import apply_suppressions
 
 
 def apply_baseline(
     findings: List[Finding], baseline: Optional[str] = None, write_baseline: Optional[str] = None
 ) -> Tuple[List[Finding], List[Note]]:
     """(findings to report, notes for the report) after ``--baseline`` / ``--write-baseline``."""
-    from preclint.source.baseline import filter_baseline, write_baseline as write
 
     notes: List[Note] = []
     if write_baseline:
@@ -45,11 +50,8 @@ def check_baseline_arguments(baseline: Optional[str], write_baseline: Optional[s
     invalid baseline; a baseline target that is a directory, one of the checked ``paths``, another
     of the run's ``inputs`` (its configuration, a weights file; the baseline it reads may be
     refreshed) or the report's own stdout."""
-    from preclint.report.output import check_output_target
 
     if baseline:
-        from preclint.source.baseline import read_baseline
-
         read_baseline(baseline)
     if write_baseline:
         others = [(path, role) for path, role in inputs if path not in (baseline, write_baseline)]
@@ -79,7 +81,7 @@ def model_file_source_findings(filename: str, config: Config) -> Tuple[List[Find
     before suppression comments: the graph check suppresses them with its own findings, in one pass,
     so that an unused or unknown suppression is reported once. Reads the file; never runs it, and
     writes no cache (the check of a model was never a source run's)."""
-    from preclint.source.run import check_paths
+    from preclint.source.run import check_paths  # lazy: looked up at each call, so that it can be replaced
 
     run = check_paths([filename], config, cache=False, jobs=1, suppress=False)
     return run.findings, run.codes
@@ -90,8 +92,6 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
     """Suppressions (and per-file-ignores) for the findings of a graph check: the codes judged for
     unused suppressions are the graph rules that ran and ``also_checked`` (the source rules run on
     the model's file); ``model_files`` are searched for them too."""
-    from preclint.rules import graph_rules
-    from preclint.source.suppress import apply_suppressions
 
     findings = list(findings)
     files = [display_path(p) for p in model_files if os.path.isfile(p)]
@@ -106,8 +106,6 @@ def suppress_graph_findings(findings: Iterable[Finding], config: Config, model_f
 
 
 def _reports_unused(config: Config) -> bool:
-    from preclint.source.run import reports_unused  # (the source side's modules, only where asked)
-
     return reports_unused(config)
 
 
@@ -135,9 +133,7 @@ def run_source_only(
     stderr as warnings and in the report. The diff and the warnings show names as report.escape
     does: a file name or a source line cannot move the terminal or give a CI runner a command.
     """
-    from preclint.report import Report, render
-    from preclint.report.escape import console_line, diff_path, log_lines, visible_text
-    from preclint.source.run import check_paths, selected_rules
+    from preclint.source.run import check_paths, selected_rules  # lazy: looked up at each call, so that it can be replaced
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -152,13 +148,13 @@ def run_source_only(
     notes = list(run.notes)
     unwritable = 0
     if fix or diff:
-        from preclint.source.fix import fix_run, unified_diff, write_fixes
+        from preclint.source.fix import fix_run, unified_diff, write_fixes  # lazy: libcst only where a source file is parsed
 
         rules = [rule() for rule in selected_rules(config)]
         keep = _baseline_keep(run.findings, baseline)
         result = fix_run(run, rules, config, keep, unsafe=unsafe_fixes)
         if result.unfinished:
-            from preclint.source.fix import MAX_ROUNDS
+            from preclint.source.fix import MAX_ROUNDS  # lazy: libcst only where a source file is parsed
 
             first, more = result.unfinished[0], len(result.unfinished) - 1
             notes.append(Note("source", f"{first}{f' and {more} more file(s)' if more else ''}: fixes still left "
@@ -206,7 +202,6 @@ def _baseline_keep(findings: List[Finding], baseline: Optional[str]):
     """A predicate that is False for findings the baseline accepts: those are not fixed either."""
     if not baseline:
         return lambda finding: True
-    from preclint.source.baseline import finding_key, filter_baseline
 
     kept, _ = filter_baseline(findings, baseline)
     new_keys = {finding_key(f) for f in kept}

@@ -28,6 +28,9 @@ from preclint.text.paths import display_path
 from preclint.text.safe_io import NotRegularFile
 from preclint.text.sourcefile import ParseFailure, SourceFile
 from preclint.source.suppress import Directive, apply_suppressions, file_directives
+from preclint.rules import source_rules, unreadable_file_rule, unused_suppression_rule
+from preclint.source.cache import Cache, content_digest
+from preclint.source.parallel import available_cores, map_checked
 
 
 @dataclass
@@ -46,14 +49,12 @@ class SourceRun:
 
 def selected_rules(config: Config) -> List[type]:
     """The source rule classes the configuration selects (those the runner reports through included)."""
-    from preclint.rules import source_rules
 
     return [rule for rule in source_rules() if config.is_selected(rule.code)]
 
 
 def reports_unused(config: Config) -> bool:
     """Whether the configuration selects the rule that reports unused suppressions."""
-    from preclint.rules import unused_suppression_rule
 
     return config.is_selected(unused_suppression_rule().code)
 
@@ -157,7 +158,6 @@ def check_source(source: SourceFile, rules: Sequence, focus: bool = False) -> Li
 
 def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> List[Finding]:
     """The finding for a file no rule could check."""
-    from preclint.rules import unreadable_file_rule
 
     return [unreadable_file_rule().unreadable_file(path, message, line, column)]
 
@@ -219,8 +219,6 @@ _WORKER_RULES: Dict[Tuple[str, ...], List] = {}
 def _rules_for(codes: Tuple[str, ...]) -> List:
     rules = _WORKER_RULES.get(codes)
     if rules is None:
-        from preclint.rules import source_rules
-
         rules = _WORKER_RULES[codes] = [rule() for rule in source_rules() if rule.code in codes]
     return rules
 
@@ -251,7 +249,6 @@ def check_paths(
     number of processes (default: the cores this process may use). ``suppress=False``: the findings
     after per-file-ignores but before suppression comments, for a caller that suppresses them together
     with findings of its own (the graph check of a model file, in one pass)."""
-    from preclint.source.parallel import available_cores, map_checked
 
     cwd = cwd or os.getcwd()
     run = SourceRun()
@@ -263,8 +260,6 @@ def check_paths(
     codes = tuple(run.codes)
     store = None
     if cache:
-        from preclint.source.cache import Cache, content_digest
-
         store = Cache.open(config.root or cwd, codes)
         run.notes.extend(store.notes)
         store.notes = []
@@ -311,8 +306,6 @@ def check_paths(
             store.put(run.filenames[shown], shown, digests[shown], raw[shown], known[shown])
         store.save()
         run.notes.extend(store.notes)
-
-    from preclint.rules import unreadable_file_rule, unused_suppression_rule
 
     parse_code = unreadable_file_rule().code
     findings: List[Finding] = []

@@ -29,6 +29,9 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from preclint.core.findings import Finding, Location
 from preclint.text import lexical
+from preclint.rules import all_rules, unused_suppression_rule
+from preclint.text.safe_io import read_regular_or_none
+from preclint.text.sourcefile import decode, ParseFailure
 
 _NOQA = re.compile(r"#\s*noqa(?::\s?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
 _PRECLINT = re.compile(r"#\s*preclint:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
@@ -65,8 +68,6 @@ def _comments(text: str) -> Iterable[Tuple[int, int, str]]:
 
 @functools.lru_cache(maxsize=1)
 def _known():
-    from preclint.rules import all_rules
-
     rules = all_rules()
     return set(rules), {rule.name: code for code, rule in rules.items()}
 
@@ -128,8 +129,6 @@ def file_directives(text: str, has_findings: bool) -> Dict[int, List[Directive]]
 def _read(path: str, texts: Mapping[str, str]) -> Optional[str]:
     if path in texts:
         return texts[path]
-    from preclint.text.safe_io import read_regular_or_none
-    from preclint.text.sourcefile import ParseFailure, decode
 
     data = read_regular_or_none(path)
     if data is None:
@@ -201,8 +200,6 @@ def apply_suppressions(
     # imports no source rule)
     if not with_directives or (callable(report_unused) and not report_unused()):
         return kept
-
-    from preclint.rules import all_rules, unused_suppression_rule
 
     reporter = unused_suppression_rule()
     every = set(all_rules())

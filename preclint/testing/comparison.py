@@ -18,6 +18,9 @@ from preclint.core.tolerances import MARGIN
 from preclint.testing.modes import not_deterministic_text, train_mode_effect
 from preclint.testing.tolerances import (PREDICTION_ONLY, OutputBound, MeetableTolerance, as_inputs,
                                          tolerance as meetable_tolerance)
+from preclint.core.errors import UserError
+from preclint.load.modelio import output_leaves
+from preclint.report.document import ranked_ledger
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,6 @@ def assert_close(actual: Any, expected: Any, *, model: torch.nn.Module, inputs: 
     Tensors are matched to the model's outputs by their place where ``actual`` is the whole output,
     else by shape and closeness. On a failure the AssertionError carries torch's message and
     preclint's explanation (see the module's docstring)."""
-    from preclint.load.modelio import output_leaves
 
     # the dtype is the precision's (autocast returns bfloat16 where float32 was recorded): values are compared
     kwargs.setdefault("check_dtype", False)
@@ -128,8 +130,7 @@ def explain(found: Difference, output: OutputBound, tol: MeetableTolerance, mode
 def carrying_layers(tol: MeetableTolerance, model, inputs, probe: Optional[str], most: int = 3) -> List[Tuple[str, float]]:
     """(module, share of the output error) of the layers that carry most of the precision's error:
     measured by the probe's ledger where the tolerance was measured, else predicted."""
-    from preclint.api import check
-    from preclint.core.errors import UserError
+    from preclint.api import check  # lazy: looked up at each call, so that it can be replaced
 
     report = tol.report
     if report is None or (probe is not None and report.ledger is None):
@@ -141,8 +142,6 @@ def carrying_layers(tol: MeetableTolerance, model, inputs, probe: Optional[str],
                 return []
             tol.explained[probe] = report
     if report.ledger is not None:
-        from preclint.report.document import ranked_ledger
-
         rows = ranked_ledger(report.ledger, tol.precision)
         shares = [(row["module"] or row["node"], row["modes"][tol.precision].get("contribution")) for row in rows]
         return [(name, share) for name, share in shares if share][:most]

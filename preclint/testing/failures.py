@@ -34,6 +34,7 @@ from preclint.testing import comparison as preclint_comparison
 from preclint.testing.comparison import carrying_layers, difference
 from preclint.testing.recording import RecordedCall, Recorder, Settings, settings_now
 from preclint.testing.tolerances import as_inputs, tolerance
+from preclint.testing.modes import not_deterministic_text, train_mode_effect
 
 TORCH_ASSERT_CLOSE = torch_comparison.assert_close.__code__
 PRECLINT_ASSERT_CLOSE = preclint_comparison.assert_close.__code__
@@ -321,7 +322,6 @@ class Explainer:
 def train_mode_of(subject: Subject):
     """What the train mode the model was called in does to its output (testing.modes), or None where
     it was called in eval mode or its mode changes nothing."""
-    from preclint.testing.modes import train_mode_effect
 
     if subject.settings is not None and not subject.settings.training:
         return None
@@ -338,7 +338,6 @@ def train_mode_of(subject: Subject):
 
 def not_deterministic(precision: str, why: str, effect) -> Explanation:
     """A comparison of two random draws (dropout active): neither a precision difference nor a change."""
-    from preclint.testing.modes import not_deterministic_text
 
     return Explanation(not_deterministic_text(precision, why, effect),
                        f"{RANDOM}: output under {precision}, dropout active in train mode")

@@ -17,6 +17,8 @@ from typing import Optional, Tuple
 import torch
 
 from preclint.measure.compare import LARGEST, relative_rms
+from preclint.capture.global_state import preserved
+from preclint.load.modelio import output_leaves
 
 # modules whose train mode changes what they compute: named in the explanation
 BATCH_STATISTICS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.instancenorm._InstanceNorm)
@@ -48,9 +50,7 @@ def train_mode_effect(model: torch.nn.Module, inputs) -> Optional[TrainModeEffec
     None where it is in eval mode or its mode changes nothing."""
     if not in_train_mode(model):
         return None
-    from preclint.capture.global_state import preserved
-    from preclint.load.modelio import output_leaves
-    from preclint.measure.copies import copy_to
+    from preclint.measure.copies import copy_to  # lazy: the plain check loads no probe/measure/plan
 
     def run(evaluating: bool):
         copy = copy_to(model, None, torch.float32)

@@ -46,7 +46,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     argument only where that is a precision (argparse would take a path as the value)."""
     if "--preclint" not in args:
         return
-    from preclint.core.numerics import MODES
+    from preclint.core.numerics import MODES  # lazy: importing the package or its pytest plugin loads no more of preclint
 
     for i, arg in enumerate(args[:-1]):
         if arg == "--preclint" and args[i + 1] not in MODES and args[i + 1] != AUTO:
@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     precision = config.getoption("preclint", None)
     if precision is None:
         return
-    from preclint.core.numerics import MODES
+    from preclint.core.numerics import MODES  # lazy: importing the package or its pytest plugin loads no more of preclint
 
     if precision != AUTO and precision not in MODES:
         raise pytest.UsageError(f"--preclint={precision}: unknown precision (known: {', '.join(MODES)})")
@@ -91,14 +91,14 @@ class Explaining:
     """The hooks --preclint adds: watch each test's body, explain its failed comparison, sum up."""
 
     def __init__(self, precision: str, probe: Optional[str]) -> None:
-        from preclint.testing.failures import Explainer
+        from preclint.testing.failures import Explainer  # lazy: importing the package or its pytest plugin loads no more of preclint
 
         self.explainer = Explainer(precision, probe)
         self.summaries: List[Tuple[str, str]] = []  # (test id, summary line)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):
-        from preclint.testing.recording import Recorder
+        from preclint.testing.recording import Recorder  # lazy: importing the package or its pytest plugin loads no more of preclint
 
         recorder = Recorder()
         try:
@@ -135,7 +135,7 @@ class Explaining:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.summaries:
             return
-        from preclint.testing.failures import counts
+        from preclint.testing.failures import counts  # lazy: importing the package or its pytest plugin loads no more of preclint
 
         terminalreporter.section("preclint", sep="=")
         for nodeid, line in self.summaries:

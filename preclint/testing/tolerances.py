@@ -31,6 +31,9 @@ from preclint.core.errors import UserError
 from preclint.core.numerics import MODES
 from preclint.core.tolerances import CONFIDENCE, MARGIN, Meetable, meetable
 from preclint.rules import rule_named
+from preclint.capture.global_state import preserved
+from preclint.load.modelio import Inputs, output_leaves
+from preclint.testing.recording import Recorder
 
 # the rules a tolerance's check runs: the one that reads the predicted output error alone, so that
 # the check computes what the prediction needs and nothing more
@@ -150,7 +153,6 @@ def tolerance(model: torch.nn.Module, inputs: Any, precision: str, *, probe: Opt
     were. ``keep_mode``: the model judged in the mode it is in (train mode: batch statistics), not in
     eval mode; measured then (on ``probe``, the CPU by default), since the error model predicts the
     model in eval mode. Raises UserError where the model cannot be checked."""
-    from preclint.capture.global_state import preserved
 
     if precision not in MODES:
         raise UserError(f"unknown precision {precision!r} (known: {', '.join(MODES)})")
@@ -167,8 +169,7 @@ def reference_outputs(model: torch.nn.Module, inputs: Any, *,
                       keep_mode: bool = False) -> Tuple[List[str], List[torch.Tensor]]:
     """(names, values) of the float outputs of the model in float32 as it is, in eval mode (``keep_mode``:
     a copy in the mode it is in, so that a batch norm's running statistics stay as they are), on the CPU."""
-    from preclint.load.modelio import output_leaves
-    from preclint.measure.copies import copy_to
+    from preclint.measure.copies import copy_to  # lazy: the plain check loads no probe/measure/plan
 
     with (contextlib.nullcontext() if keep_mode else evaluating(model)), torch.no_grad():
         output = as_inputs(inputs).call(copy_to(model, None) if keep_mode else model)
@@ -180,7 +181,7 @@ def reference_outputs(model: torch.nn.Module, inputs: Any, *,
 
 
 def _predicted(model, inputs, precision: str, margin: float, outputs) -> MeetableTolerance:
-    from preclint.api import check
+    from preclint.api import check  # lazy: looked up at each call, so that it can be replaced
 
     report = check(model, inputs, precisions=(precision,), select=PREDICTION_ONLY)
     row = report.outputs[precision]
@@ -202,9 +203,8 @@ def _predicted(model, inputs, precision: str, margin: float, outputs) -> Meetabl
 
 
 def _measured(model, inputs, precision: str, margin: float, probe: str, outputs, *, keep_mode: bool = False) -> MeetableTolerance:
-    from preclint.load.modelio import output_leaves
-    from preclint.measure.runners import run_reference
-    from preclint.probe.device import select_device
+    from preclint.measure.runners import run_reference  # lazy: the plain check loads no probe/measure/plan
+    from preclint.probe.device import select_device  # lazy: the plain check loads no probe/measure/plan
 
     device = select_device(probe)
     with (contextlib.nullcontext() if keep_mode else evaluating(model)):
@@ -244,15 +244,13 @@ def output_under(model: torch.nn.Module, inputs: Any, precision: str, *, device:
     float32 copy of the model runs on ``device`` (None: the device of its first parameter), in eval
     mode (``keep_mode``: in the mode the model is in); the model and the process's settings are left as
     they were."""
-    from preclint.capture.global_state import preserved
-    from preclint.measure.copies import copy_to
-    from preclint.measure.runners import run_mode
+    from preclint.measure.copies import copy_to  # lazy: the plain check loads no probe/measure/plan
+    from preclint.measure.runners import run_mode  # lazy: the plain check loads no probe/measure/plan
 
     if precision not in MODES:
         raise UserError(f"unknown precision {precision!r} (known: {', '.join(MODES)})")
     if device is None:
         device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
-    from preclint.testing.recording import Recorder
 
     with preserved(), (contextlib.nullcontext() if keep_mode else evaluating(model)):
         copy = copy_to(model, torch.device(device), torch.float32)
@@ -265,7 +263,6 @@ def output_under(model: torch.nn.Module, inputs: Any, precision: str, *, device:
 def as_inputs(inputs: Any):
     """``inputs`` as one call (load.modelio.Inputs): a tensor, a tuple or list of positional inputs,
     a dict of keyword inputs, or Inputs."""
-    from preclint.load.modelio import Inputs
 
     if isinstance(inputs, Inputs):
         return inputs

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import libcst as cst
+from preclint.text.index import literal
 
 
 def keyword(call: cst.Call, name: str) -> Optional[cst.BaseExpression]:
@@ -33,8 +34,6 @@ def has_star(call: cst.Call) -> bool:
 
 def string(node: Optional[cst.BaseExpression]) -> Optional[str]:
     if isinstance(node, cst.SimpleString):
-        from preclint.text.index import literal
-
         value = literal(node)
         return value if isinstance(value, str) else None
     return None

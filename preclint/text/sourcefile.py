@@ -167,7 +167,7 @@ class SourceFile:
     @property
     def index(self):
         if self._index is None:
-            from preclint.text.index import build_index
+            from preclint.text.index import build_index  # lazy: libcst only where a source file is parsed
 
             self._index = build_index(self.module)
         return self._index
@@ -176,7 +176,7 @@ class SourceFile:
     def evidence(self):
         """Reduced precision the code shows (preclint.text.evidence.EvidenceMap)."""
         if self._evidence is None:
-            from preclint.text.evidence import EvidenceMap
+            from preclint.text.evidence import EvidenceMap  # lazy: libcst only where a source file is parsed
 
             self._evidence = EvidenceMap(self.index)
         return self._evidence
@@ -189,7 +189,7 @@ class SourceFile:
 
     def _position(self, node: cst.CSTNode):
         if self._positions is None:
-            from preclint.text.positions import Positions
+            from preclint.text.positions import Positions  # lazy: libcst only where a source file is parsed
 
             self._positions = Positions(self.module, self._parsed_text)
         return self._positions[node]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 from preclint.reference.analyses import ForwardAnalysis
 from preclint.capture.observer import Call
 from preclint.core.ir import Kind, Node
+from preclint.reference.analyses._nms_swaps import swap_margins
 
 if TYPE_CHECKING:
     import torch
@@ -122,8 +123,6 @@ def nms_margins(fn: str, args, kwargs) -> Optional[torch.Tensor]:
     are alike too: no swap. (A box whose IoU with a kept one lies near the threshold flips on the
     boxes' error, which these margins, in score units, do not count.)"""
     import torch
-
-    from preclint.reference.analyses._nms_swaps import swap_margins
 
     boxes = args[0] if args else kwargs.get("boxes")
     scores = args[1] if len(args) > 1 else kwargs.get("scores")

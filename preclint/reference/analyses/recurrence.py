@@ -96,7 +96,7 @@ class RecurrenceAnalysis(GradientAnalysis, GradientListener):
         module = call.callee
         if not isinstance(module, (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN)):
             return []  # (before the import: a check of a model without RNNs loads none of measure/)
-        from preclint.measure.recurrent import Steps, run_steps, steppable
+        from preclint.measure.recurrent import Steps, run_steps, steppable  # lazy: the plain check loads no probe/measure/plan
 
         if not steppable(module, call.args):
             return []

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple
 from preclint.capture.observer import Call
 from preclint.core.ir import Node
 from preclint.reference.analyses import ForwardAnalysis
+from preclint.core.numerics import E5M2, MODES, SCALED_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +89,6 @@ def scaled_operands(x: torch.Tensor, weight: torch.Tensor) -> ScaledOperands:
     """The record of a linear layer reading ``x`` (..., K) with ``weight`` (N x K)."""
     import torch
 
-    from preclint.core.numerics import MODES, SCALED_MODES
-
     # autocast hands the layer a bfloat16 input; the weight is quantised from its float32 master copy
     x2 = x.reshape(-1, x.shape[-1]).float().to(torch.bfloat16).float()
     w = weight.float()
@@ -112,8 +111,6 @@ def scaled_operands(x: torch.Tensor, weight: torch.Tensor) -> ScaledOperands:
         q_w = _describe(w, w.double(), recipe, a2, terms)
         record.modes[mode] = {"input": q_x, "weight": q_w}
     from dataclasses import replace
-
-    from preclint.core.numerics import E5M2
 
     if "fp8" in MODES and MODES["fp8"].recipe is not None:
         record.input_e5m2 = _describe(x2, x_original, replace(MODES["fp8"].recipe, element=E5M2), w2, terms)
@@ -152,7 +149,7 @@ def _describe(values: torch.Tensor, original: torch.Tensor, recipe, other_energy
 
     import torch
 
-    from preclint.measure.scaled import Quantised
+    from preclint.measure.scaled import Quantised  # lazy: the plain check loads no probe/measure/plan
 
     quantised = Quantised(values, recipe)
     element = recipe.element

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple
 from preclint.capture.observer import Call
 from preclint.core.ir import Node
 from preclint.reference.analyses import GradientAnalysis, GradientListener
+from preclint.core.numerics import FORMATS
 
 if TYPE_CHECKING:
     import torch
@@ -53,8 +54,6 @@ class StoredParameters:
 
 
 def _limits(fmt: str) -> Tuple[float, float]:
-    from preclint.core.numerics import FORMATS
-
     return FORMATS[fmt].max_finite, FORMATS[fmt].min_subnormal / 2
 
 

@@ -37,7 +37,7 @@ def regression(*, precision_loss: float = 1e-3, optimizer: str = "sgd", lr: floa
                 return torch.optim.Adam(params, lr=lr, eps=eps)
             return torch.optim.SGD(params, lr=lr)
 
-        from preclint.load.training import training_step_of
+        from preclint.load.training import training_step_of  # lazy: torch-free path
 
         step = training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer,
                                 scaler=torch.amp.GradScaler("cpu") if scaler else None)
@@ -67,7 +67,7 @@ def classifier(*, temperature: float = 1.0, optimizer: str = "adam", lr: float =
                 return torch.optim.Adam(params, lr=lr)
             return torch.optim.SGD(params, lr=lr)
 
-        from preclint.load.training import training_step_of
+        from preclint.load.training import training_step_of  # lazy: torch-free path
 
         return model, inputs, training_step_of(loss_fn=loss_fn, targets=targets, make_optimizer=make_optimizer)
 

@@ -5,8 +5,9 @@ import math
 
 from preclint.core.findings import ErrorFigure, sci
 from preclint.reference.analyses.batchnorm import BatchNormFolding
-from preclint.predict.error_model import PREDICTED_ERRORS_NEED
+from preclint.predict.error_model import PREDICTED_ERRORS_NEED, amplification
 from preclint.rules.base import Example, Rule
+from preclint.core.numerics import C_OUTPUT, MODES
 
 # A batch norm that multiplies the relative error of its input by more than this is beyond ordinary
 # rounding: healthy layers sit near 1 (random init: exactly 1).
@@ -143,7 +144,6 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
         input does) or where the reference pass did not run; fresh statistics (mean 0, var 1) say
         nothing about the data. A layer whose output is 0 (zero-initialised gamma and beta, as
         residual branches start) passes nothing on: no factor."""
-        from preclint.predict.error_model import amplification
 
         estimate = facts.amplification
         estimate = estimate if estimate == estimate and estimate > 0 else None
@@ -155,7 +155,6 @@ norms into the conv in float32 or float64 before casting, or keep the layer in f
     @staticmethod
     def _received_rel(ctx, node, mode, amplification):
         """Relative error this layer's output carries: the unit roundoff of its input, amplified."""
-        from preclint.core.numerics import C_OUTPUT, MODES
 
         fmt = MODES[mode].low or MODES[mode].dot_format
         if amplification is None or not math.isfinite(amplification):

@@ -11,6 +11,7 @@ from preclint.predict.error_model import PREDICTED_ERRORS_NEED, passed_on, relat
 from preclint.rules.base import Example, Rule
 from preclint.rules.model._norun import undecided
 from preclint.rules.model._dataflow import ancestors
+from preclint.reference.analyses.gains import Gains
 
 # the share of a mode's predicted output error (RMS) from which an amplifier is a warning: below it, the
 # amplified error is the op's own business, and the finding is information
@@ -143,7 +144,6 @@ or scale logits down (temperature, 1/sqrt(d) for attention).
     def _output_share(ctx, node, mode, outgoing):
         """The fraction of the mode's predicted output error (RMS) that the error leaving ``node`` makes
         there, by the node's gain to the output; None where the gains do not tell."""
-        from preclint.reference.analyses.gains import Gains
 
         gains, prediction = node.record(Gains), ctx.predictions[mode]
         if gains is None or not prediction.output_error or node.out is None:

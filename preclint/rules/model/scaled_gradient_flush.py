@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from preclint.core.findings import ErrorFigure, percent, sci
-from preclint.core.numerics import MODES
+from preclint.core.numerics import MODES, ELEMENT_FORMATS
 from preclint.rules.base import Example, Rule
 from preclint.rules.model._training import SCALED_TRAINING, STOCHASTIC_GRADIENTS, classifier, regression
 
@@ -120,6 +120,5 @@ only where the spread is across rows or blocks, and E4M3 gradients span less tha
 
 def _flush_value(grad) -> float:
     """The magnitude below which the per-tensor scale flushes a value: half the element's smallest subnormal."""
-    from preclint.core.numerics import ELEMENT_FORMATS
 
     return ELEMENT_FORMATS[grad["element"]].min_subnormal / 2 / grad["tensor_scale"]
