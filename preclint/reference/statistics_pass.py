@@ -510,6 +510,7 @@ class ReferenceObserver(Observer):
             if self.first_nonfinite is not None and not self._nonfinite_reaches(graph, output):
                 self.first_nonfinite = None  # inf or NaN at elements the model discards before its output
             self.poison.clear()
+            self._forward_done()
             if self.with_sensitivity:
                 self._backward_passes(graph, output)
         finally:
@@ -533,6 +534,17 @@ class ReferenceObserver(Observer):
             self.input_leaves.clear()
             self.computed_weights.clear()
             self.saved.clear()
+
+    def _forward_done(self) -> None:
+        """Let go of what only the forward pass reads (statistics by tensor, versions read, producers,
+        views' origins): they hold every value the run made, and the backward passes that follow need
+        only those in ``values``, ``watched`` and ``operands``. A value nothing else holds (an integer
+        index, a float the model computed without gradient) is freed before the passes add their own
+        gradients to the peak."""
+        self.by_id.clear()
+        self.read.clear()
+        self.producers.clear()
+        self.view_origin.clear()
 
     def _backward_passes(self, graph: Graph, output: Any) -> None:
         passes = BackwardPasses(self, graph, output)
