@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import preclint  # noqa: E402
-from benchmarks.provenance import stamp  # noqa: E402
+from benchmarks.provenance import stamp, write_stamped  # noqa: E402
 from preclint.capture import global_state  # noqa: E402
 
 
@@ -79,11 +78,7 @@ def main() -> int:
         "added_s": round(checks["restoring"] - checks["not restoring"], 4),
         "repeat": args.repeat,
     })
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    write_stamped(result, args.out)
     return 0
 
 

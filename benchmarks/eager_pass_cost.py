@@ -27,7 +27,6 @@ work does not shrink with the GPU's work (benchmarks/README.md, "Large models").
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,7 +38,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.large_models import MODES, SIZES, build, probe, sync  # noqa: E402
-from benchmarks.provenance import stamp  # noqa: E402
+from benchmarks.provenance import stamp, write_stamped  # noqa: E402
 from preclint.capture.observer import Observer  # noqa: E402
 from preclint.capture.recorder import capture_function_mode  # noqa: E402
 from preclint.capture.trees import flatten, leaves  # noqa: E402
@@ -165,11 +164,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = stamp(measure(args.size, torch.device(args.device), args.repeat))
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    write_stamped(result, args.out)
     return 0
 
 

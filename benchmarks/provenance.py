@@ -42,6 +42,15 @@ def stamp(result: Dict[str, Any]) -> Dict[str, Any]:
     return {"provenance": run_provenance(), **{k: v for k, v in result.items() if k != "provenance"}}
 
 
+def write_stamped(result: Dict[str, Any], path: Optional[str]) -> None:
+    """``result`` (stamped already) printed as JSON, and written to ``path`` where one is given."""
+    text = json.dumps(result, indent=1)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
 def store_labelled(path, label: str, record: Dict[str, Any]) -> None:
     """``record`` under ``label`` in the JSON file ``path``, beside the labels other runs stored there
     (a "before" and an "after" side by side); the file's own provenance is this run's."""

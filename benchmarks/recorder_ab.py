@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ if __package__ in (None, ""):
 
 from benchmarks.eager_pass_cost import tape_of  # noqa: E402
 from benchmarks.large_models import MODES, build, probe  # noqa: E402
-from benchmarks.provenance import stamp  # noqa: E402
+from benchmarks.provenance import stamp, write_stamped  # noqa: E402
 from preclint.capture import graph as capture_graph  # noqa: E402
 from preclint.capture import recorder as this_recorder  # noqa: E402
 from preclint.capture.observer import Observer  # noqa: E402
@@ -117,11 +116,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = stamp(measure(args.before, args.size, args.repeat))
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    write_stamped(result, args.out)
     return 0
 
 
