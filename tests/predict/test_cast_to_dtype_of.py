@@ -9,6 +9,21 @@ import pytest
 
 from preclint.cli import main
 
+# torchvision's box decoding (detection/_utils.py BoxCoder.decode_single), from the anchors' cast on
+DECODE = """\
+        boxes = self.anchors.to(deltas.dtype)
+        widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+        ctr_x, ctr_y = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
+        px, py = deltas[:, 0] * widths + ctr_x, deltas[:, 1] * heights + ctr_y
+        pw, ph = torch.exp(deltas[:, 2]) * widths, torch.exp(deltas[:, 3]) * heights
+        return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], dim=1)
+
+
+torch.manual_seed(0)
+model = Decoder().eval()
+example_inputs = (torch.randn(256, 16),)
+"""
+
 DECODER = """\
 import torch
 from torch import nn
@@ -23,18 +38,7 @@ class Decoder(nn.Module):
 
     def forward(self, x):
         deltas = self.head(x) * 0.1
-{branch}        boxes = self.anchors.to(deltas.dtype)
-        widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-        ctr_x, ctr_y = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
-        px, py = deltas[:, 0] * widths + ctr_x, deltas[:, 1] * heights + ctr_y
-        pw, ph = torch.exp(deltas[:, 2]) * widths, torch.exp(deltas[:, 3]) * heights
-        return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], dim=1)
-
-
-torch.manual_seed(0)
-model = Decoder().eval()
-example_inputs = (torch.randn(256, 16),)
-"""
+{branch}{decode}"""
 
 # a branch on a value FX cannot trace: the recorded (function-mode) capture reads ``deltas.dtype`` instead
 UNTRACEABLE = "        if float(deltas.abs().max()) > 1e9:\n            deltas = deltas * 0.5\n"
@@ -44,7 +48,7 @@ UNTRACEABLE = "        if float(deltas.abs().max()) > 1e9:\n            deltas =
 @pytest.mark.parametrize("branch,capture", [("", "fx"), (UNTRACEABLE, "function-mode")])
 def test_boxes_decoded_in_the_deltas_dtype_are_predicted_as_rounded_there(tmp_path, capsys, branch, capture):
     path = tmp_path / "decoder.py"
-    path.write_text(DECODER.format(branch=branch))
+    path.write_text(DECODER.format(branch=branch, decode=DECODE))
     code = main(["check", str(path), "--precision", "fp16,bf16", "--probe", "cpu", "--output-format", "json",
                  "--exit-zero"])
     out, err = capsys.readouterr()

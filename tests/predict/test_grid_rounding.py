@@ -7,6 +7,7 @@ import json
 import pytest
 
 from preclint.cli import main
+from tests.predict.test_cast_to_dtype_of import DECODE
 
 GRID_DECODER = """\
 import torch
@@ -23,25 +24,14 @@ class Decoder(nn.Module):
 
     def forward(self, x):
         deltas = self.head(x) * {scale}
-        boxes = self.anchors.to(deltas.dtype)
-        widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-        ctr_x, ctr_y = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
-        px, py = deltas[:, 0] * widths + ctr_x, deltas[:, 1] * heights + ctr_y
-        pw, ph = torch.exp(deltas[:, 2]) * widths, torch.exp(deltas[:, 3]) * heights
-        return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], dim=1)
-
-
-torch.manual_seed(0)
-model = Decoder().eval()
-example_inputs = (torch.randn(256, 16),)
-"""
+{decode}"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", ["0.002", "0.5"])  # centres a hundredth of a pixel off the grid; spread over it
 def test_boxes_on_the_pixel_grid_are_predicted_by_their_own_rounding(tmp_path, capsys, scale):
     path = tmp_path / "decoder.py"
-    path.write_text(GRID_DECODER.format(scale=scale))
+    path.write_text(GRID_DECODER.format(scale=scale, decode=DECODE))
     code = main(["check", str(path), "--precision", "fp16,bf16", "--probe", "cpu", "--output-format", "json",
                  "--exit-zero"])
     out, err = capsys.readouterr()
